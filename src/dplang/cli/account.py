@@ -1,0 +1,120 @@
+"""``dplang account``: the InvisibleInk privacy calculation."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import typer
+
+from ..privacy import (
+    calibrate_clip,
+    epsilon_to_rho,
+    invisibleink_rho,
+    per_token_pure_epsilon,
+    rho_to_epsilon,
+    topk_plus_margin,
+)
+from .errors import fail
+
+ADJACENCY_CHOICES = ("replace-by-null", "zero-out")
+
+
+def validate_budget_flags(
+    epsilon: float | None, rho: float | None, clip: float | None, delta: float
+) -> None:
+    """Exactly one of --epsilon, --rho, --clip; each in range."""
+    given = [name for name, v in (("--epsilon", epsilon), ("--rho", rho), ("--clip", clip))
+             if v is not None]
+    if len(given) != 1:
+        fail("give exactly one of --epsilon, --rho or --clip"
+             + (f" (got {', '.join(given)})" if given else ""))
+    if epsilon is not None and not (epsilon > 0 and math.isfinite(epsilon)):
+        fail(f"--epsilon must be > 0, got {epsilon}")
+    if rho is not None and not (rho > 0 and math.isfinite(rho)):
+        fail(f"--rho must be > 0, got {rho}")
+    if clip is not None and not (clip > 0 and math.isfinite(clip)):
+        fail(f"--clip must be > 0, got {clip}")
+    if not 0 < delta < 1:
+        fail(f"--delta must be in (0, 1), got {delta}")
+
+
+def validate_generation_flags(tokens: int, batch_size: int, temperature: float,
+                              adjacency: str) -> None:
+    if tokens < 1:
+        fail(f"--tokens must be >= 1, got {tokens}")
+    if batch_size < 1:
+        fail(f"--batch-size must be >= 1, got {batch_size}")
+    if not (temperature > 0 and math.isfinite(temperature)):
+        fail(f"--temperature must be > 0, got {temperature}")
+    if adjacency not in ADJACENCY_CHOICES:
+        fail(f"--adjacency must be one of {', '.join(ADJACENCY_CHOICES)}, got {adjacency}")
+
+
+def invisibleink_budget(
+    *, epsilon: float | None, rho: float | None, clip: float | None, delta: float,
+    tokens: int, batch_size: int, temperature: float, adjacency: str,
+) -> dict[str, float | int | str]:
+    """The full calculation as a dict (after validation)."""
+    if clip is None:
+        rho_value = rho if rho is not None else epsilon_to_rho(epsilon, delta)  # type: ignore[arg-type]
+        clip_value = calibrate_clip(rho_value, tokens, batch_size, temperature, adjacency)
+    else:
+        clip_value = clip
+        rho_value = invisibleink_rho(tokens, clip, batch_size, temperature, adjacency)
+    eps_value = epsilon if epsilon is not None else rho_to_epsilon(rho_value, delta)
+    return {
+        "rho": rho_value,
+        "epsilon": eps_value,
+        "delta": delta,
+        "clip": clip_value,
+        "margin": topk_plus_margin(clip_value, batch_size),
+        "per_token_epsilon": per_token_pure_epsilon(clip_value, batch_size, temperature,
+                                                    adjacency),
+        "tokens": tokens,
+        "batch_size": batch_size,
+        "temperature": temperature,
+        "adjacency": adjacency,
+    }
+
+
+def account(
+    epsilon: float | None = typer.Option(None, "--epsilon", help="Target ε (with --delta)."),
+    delta: float = typer.Option(1e-6, "--delta", help="Target δ."),
+    rho: float | None = typer.Option(None, "--rho", help="zCDP budget ρ instead of ε."),
+    clip: float | None = typer.Option(
+        None, "--clip", help="Clip norm C instead of a budget: print the ε it implies."
+    ),
+    tokens: int = typer.Option(..., "--tokens", "-T", help="Maximum tokens T per generation."),
+    batch_size: int = typer.Option(
+        ..., "--batch-size", "-B", help="Private references B per generation."
+    ),
+    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature τ."),
+    adjacency: str = typer.Option(
+        "replace-by-null", "--adjacency", help="replace-by-null (default) or zero-out."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """InvisibleInk privacy calculation: ρ ↔ (ε, δ), the clip norm C, the Top-k+ margin."""
+    validate_budget_flags(epsilon, rho, clip, delta)
+    validate_generation_flags(tokens, batch_size, temperature, adjacency)
+    r = invisibleink_budget(epsilon=epsilon, rho=rho, clip=clip, delta=delta, tokens=tokens,
+                            batch_size=batch_size, temperature=temperature, adjacency=adjacency)
+    if as_json:
+        typer.echo(json.dumps(r))
+        return
+    lines = [
+        f"InvisibleInk privacy calculation ({adjacency} adjacency, unit = one reference)",
+        f"  T = {tokens} tokens, B = {batch_size} references, temperature = {temperature:g}",
+        f"  zCDP                       rho     = {r['rho']:.6g}",
+        f"  (epsilon, delta)-DP        epsilon = {r['epsilon']:.6g}, delta = {delta:g}"
+        "  (tight conversion)",
+        f"  clip norm                  C       = {r['clip']:.6g}"
+        + ("  (calibrated: C = B*tau*sqrt(2*rho/T)"
+           + (" / 2)" if adjacency == "zero-out" else ")") if clip is None else "  (given)"),
+        f"  Top-k+ margin              2C/B    = {r['margin']:.6g}",
+        f"  per-token pure-DP bound    2*sens/tau = {r['per_token_epsilon']:.6g}",
+        "  The whole run is charged for T tokens whatever it emits; generations over",
+        "  disjoint batches compose in parallel, so rho does not grow with their number.",
+    ]
+    typer.echo("\n".join(lines))

@@ -1,0 +1,76 @@
+"""The ``dplang`` command-line application (typer).
+
+The CLI only parses, calls the library, prints and writes files. User errors are reported as
+one line on stderr (``error: ...``) with a non-zero exit code (2 for bad input).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+try:  # typer >= 0.20 vendors click as typer._click
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - older typer depends on click
+    from click import exceptions as click_exceptions
+
+from .. import __version__
+from . import account
+from .errors import CliError, echo_error
+
+app = typer.Typer(
+    name="dplang",
+    help="Differentially private language generation.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"dplang {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """dplang: private text generation, reports and sampling with proven guarantees."""
+
+
+app.command("account")(account.account)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: runs the app and turns usage errors into one-line messages."""
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=argv, prog_name="dplang", standalone_mode=False)
+    except CliError as exc:
+        echo_error(str(exc))
+        return exc.code
+    except click_exceptions.NoArgsIsHelpError as exc:
+        typer.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
+        return 2
+    except click_exceptions.UsageError as exc:
+        echo_error(exc.format_message().replace("\n", " "))
+        return 2
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        echo_error("aborted")
+        return 130
+    except KeyboardInterrupt:
+        echo_error("interrupted; finished work was kept")
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+def run() -> None:  # pragma: no cover - console script
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""One-line errors for the command line."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import typer
+
+
+class CliError(Exception):
+    """A user error: printed as one line ``error: ...`` and exit code ``code``."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Abort the command with a one-line error message."""
+    raise CliError(message, code)
+
+
+def echo_error(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)

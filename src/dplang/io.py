@@ -1,0 +1,505 @@
+"""Read private references from CSV, TSV, JSONL, Parquet or plain text, streaming.
+
+Formats (chosen by extension, or by an explicit ``fmt=``):
+
+=================  ============  ========================================================
+extension          ``fmt``       how rows are read
+=================  ============  ========================================================
+``.csv``           ``csv``       :mod:`csv` module, header row required, RFC 4180 quoting
+``.tsv``           ``tsv``       as CSV with a tab delimiter (same quoting rules)
+``.jsonl``         ``jsonl``     one JSON object per line; blank lines are not rows
+``.ndjson``
+``.parquet``       ``parquet``   :meth:`pyarrow.parquet.ParquetFile.iter_batches`
+``.txt``           ``txt``       one reference per line (its only column is ``text``;
+                                 ``text_column`` is ignored); a blank line is a row whose
+                                 text is blank, so the skip rule below applies to it
+=================  ============  ========================================================
+
+CSV/TSV go through the :mod:`csv` module rather than pandas on purpose: pandas turns strings
+such as ``"NA"`` or ``"null"`` into missing values and would silently change references.
+
+**Skip rule** (the same for every format). A row's text is *unusable* when it is
+
+* ``missing`` -- the column is absent from that row (short CSV row, JSON object without the
+  key) or the value is null (JSON ``null``, Parquet null);
+* ``not_string`` -- the value is not a string (a JSON number, object, list, boolean; a
+  non-string Parquet column);
+* ``blank`` -- the string is empty or only whitespace.
+
+Otherwise the text is kept verbatim, except that ``\\r\\n`` is normalised to ``\\n``.
+Unusable rows are counted by reason in :class:`ReadStats` and handled according to
+``on_unusable``:
+
+* ``"null"`` (default) -- the row stays in its position as the *null reference*
+  (``Record.text is None``); prompts render it exactly as the public prompt (DESIGN.md
+  invariant 1). This is what the paper's replace-by-null adjacency needs: replacing one
+  reference by the empty one must not move any other reference to another batch, so a
+  content-independent partition (Corollary 11) must not drop rows because they are blank.
+* ``"skip"`` -- the row is dropped. Row indices of later records are unchanged, but
+  position-based batching then depends on which rows were blank: use this only when the
+  file is a cleaned data set in which no reference can be null.
+
+Bytes that are not valid UTF-8 raise :class:`ReferenceDataError` naming the file and line
+(or Parquet row); nothing is silently replaced. A UTF-8 byte-order mark is tolerated.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+__all__ = [
+    "FORMATS",
+    "ReadStats",
+    "Record",
+    "ReferenceDataError",
+    "demo_corpus_path",
+    "detect_format",
+    "file_digest",
+    "load_references",
+    "read_records",
+]
+
+#: Extension -> format name.
+FORMATS: dict[str, str] = {
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".txt": "txt",
+}
+_FMT_NAMES = frozenset(FORMATS.values())
+
+#: Reasons a row's text is unusable (keys of ``ReadStats.skipped_by_reason``).
+REASONS = ("missing", "not_string", "blank")
+
+OnUnusable = Literal["null", "skip"]
+
+
+class ReferenceDataError(ValueError):
+    """A reference file cannot be read as asked; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One row of a reference file.
+
+    ``index`` is the 0-based position of the row among the file's data rows (header and, for
+    JSONL, blank lines excluded), counting unusable rows too. ``text`` is the reference, or
+    ``None`` for the null reference (an unusable row kept in place). ``labels`` holds the
+    requested extra columns as strings (``""`` when absent or null).
+    """
+
+    index: int
+    text: str | None
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ReadStats:
+    """Counts from one read.
+
+    ``rows_seen``: data rows read. ``used``: rows with a usable text.
+    ``skipped_by_reason``: unusable rows by reason (``missing``, ``not_string``, ``blank``);
+    with ``on_unusable="null"`` these rows were kept as null references (``nulls`` of them),
+    with ``"skip"`` they were dropped.
+    """
+
+    rows_seen: int = 0
+    used: int = 0
+    skipped_by_reason: dict[str, int] = field(default_factory=dict)
+    on_unusable: str = "null"
+
+    @property
+    def unusable(self) -> int:
+        return sum(self.skipped_by_reason.values())
+
+    @property
+    def nulls(self) -> int:
+        """Rows kept in position as null references."""
+        return self.unusable if self.on_unusable == "null" else 0
+
+    @property
+    def records(self) -> int:
+        """Records yielded (``used`` plus ``nulls``)."""
+        return self.used + self.nulls
+
+    def _count(self, reason: str) -> None:
+        self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + 1
+
+    def summary(self) -> str:
+        parts = [f"{self.rows_seen} rows read", f"{self.used} usable"]
+        if self.skipped_by_reason:
+            verb = "kept as null" if self.on_unusable == "null" else "skipped"
+            detail = ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped_by_reason.items()))
+            parts.append(f"{self.unusable} {verb} ({detail})")
+        return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def detect_format(path: str | Path, fmt: str | None = None) -> str:
+    """The format name for ``path`` (from ``fmt`` when given, else from the extension)."""
+    if fmt is not None:
+        name = fmt.lower().lstrip(".")
+        name = FORMATS.get("." + name, name)
+        if name not in _FMT_NAMES:
+            raise ReferenceDataError(
+                f"unsupported format {fmt!r}; choose one of {', '.join(sorted(_FMT_NAMES))}"
+            )
+        return name
+    suffix = Path(path).suffix.lower()
+    if suffix not in FORMATS:
+        raise ReferenceDataError(
+            f"{path}: unsupported extension {suffix or '(none)'!r}; "
+            f"supported: {', '.join(FORMATS)} (or pass fmt=)"
+        )
+    return FORMATS[suffix]
+
+
+def _classify(value: Any) -> tuple[str | None, str | None]:
+    """(text, reason): exactly one of the two is None."""
+    if value is None:
+        return None, "missing"
+    if isinstance(value, float) and value != value:  # NaN from a float column
+        return None, "missing"
+    if not isinstance(value, str):
+        return None, "not_string"
+    if not value.strip():
+        return None, "blank"
+    return value.replace("\r\n", "\n"), None
+
+
+def _label_str(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    if isinstance(value, str):
+        return value.replace("\r\n", "\n")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return str(value)
+
+
+def _check_columns(
+    path: Path, available: Sequence[str], text_column: str | None, columns: Sequence[str]
+) -> None:
+    shown = ", ".join(repr(c) for c in available) or "(none)"
+    if text_column is not None and text_column not in available:
+        raise ReferenceDataError(
+            f"{path}: unknown text column {text_column!r}; available columns: {shown}"
+        )
+    missing = [c for c in columns if c not in available]
+    if missing:
+        raise ReferenceDataError(
+            f"{path}: unknown group-by/label column(s) {', '.join(map(repr, missing))}; "
+            f"available columns: {shown}"
+        )
+
+
+def _decoded_lines(path: Path, handle: BinaryIO) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line with its ending) decoded strictly as UTF-8."""
+    for lineno, raw in enumerate(handle, start=1):
+        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            yield lineno, raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ReferenceDataError(
+                f"{path}: line {lineno} is not valid UTF-8 (byte offset {exc.start} in the line)"
+            ) from None
+
+
+def _ensure_nonempty(path: Path) -> None:
+    if not path.exists():
+        raise ReferenceDataError(f"{path}: no such file")
+    if not path.is_file():
+        raise ReferenceDataError(f"{path}: not a regular file")
+    if path.stat().st_size == 0:
+        raise ReferenceDataError(f"{path}: empty file")
+
+
+# --------------------------------------------------------------------------------------------
+# per-format row iterators: yield (text value, {label column: raw value}) per data row
+
+
+_CSV_FIELD_LIMIT_SET = False
+
+
+def _raise_csv_field_limit() -> None:
+    # The csv module refuses fields over 128 KiB by default; long documents (court cases,
+    # clinical notes) exceed that. The limit is process-global, so raise it once.
+    global _CSV_FIELD_LIMIT_SET
+    if not _CSV_FIELD_LIMIT_SET:
+        csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+        _CSV_FIELD_LIMIT_SET = True
+
+
+def _rows_delimited(
+    path: Path, delimiter: str, text_column: str, columns: Sequence[str]
+) -> Iterator[tuple[Any, dict[str, Any]]]:
+    _raise_csv_field_limit()
+    with path.open("rb") as handle:
+        lines = _decoded_lines(path, handle)
+        current = [0]
+
+        def feed() -> Iterator[str]:
+            for lineno, line in lines:
+                current[0] = lineno
+                yield line
+
+        reader = csv.reader(feed(), delimiter=delimiter)
+        try:
+            header = next(reader, None)
+            while header is not None and not any(h.strip() for h in header):
+                header = next(reader, None)  # leading blank lines
+            if header is None:
+                raise ReferenceDataError(f"{path}: empty file (no header row)")
+            _check_columns(path, header, text_column, columns)
+            text_pos = header.index(text_column)
+            label_pos = {c: header.index(c) for c in columns}
+            for row in reader:
+                if not row:
+                    continue  # a completely empty line is not a row in CSV
+                text = row[text_pos] if text_pos < len(row) else None
+                labels = {c: (row[i] if i < len(row) else None) for c, i in label_pos.items()}
+                yield text, labels
+        except csv.Error as exc:
+            raise ReferenceDataError(f"{path}: line {current[0]}: malformed CSV ({exc})") from None
+
+
+def _rows_jsonl(
+    path: Path, text_column: str, columns: Sequence[str]
+) -> Iterator[tuple[Any, dict[str, Any]]]:
+    with path.open("rb") as handle:
+        first = True
+        for lineno, line in _decoded_lines(path, handle):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ReferenceDataError(
+                    f"{path}: line {lineno}: invalid JSON ({exc.msg} at column {exc.colno})"
+                ) from None
+            if not isinstance(obj, dict):
+                raise ReferenceDataError(
+                    f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}"
+                )
+            if first:
+                # Columns are checked against the first object's keys (a later object may
+                # still lack a key; its value then counts as missing).
+                _check_columns(path, list(obj), text_column, columns)
+                first = False
+            yield obj.get(text_column), {c: obj.get(c) for c in columns}
+        if first:
+            raise ReferenceDataError(f"{path}: empty file (no JSON objects)")
+
+
+def _rows_txt(path: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
+    with path.open("rb") as handle:
+        for _lineno, line in _decoded_lines(path, handle):
+            yield line.rstrip("\n").rstrip("\r"), {}
+
+
+def _rows_parquet(
+    path: Path, text_column: str, columns: Sequence[str], chunk_rows: int
+) -> Iterator[tuple[Any, dict[str, Any]]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pfile = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ReferenceDataError(f"{path}: not a readable Parquet file ({first_line})") from None
+    names = list(pfile.schema_arrow.names)
+    _check_columns(path, names, text_column, columns)
+    wanted = list(dict.fromkeys([text_column, *columns]))
+    start = 0
+    try:
+        for batch in pfile.iter_batches(batch_size=chunk_rows, columns=wanted):
+            data = {}
+            for name in wanted:
+                col = batch.column(batch.schema.get_field_index(name))
+                if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+                    data[name] = _decode_binary_column(path, col.to_pylist(), start)
+                else:
+                    data[name] = col.to_pylist()
+            for i in range(batch.num_rows):
+                yield data[text_column][i], {c: data[c][i] for c in columns}
+            start += batch.num_rows
+    except pa.ArrowException as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ReferenceDataError(
+            f"{path}: cannot read Parquet rows from row {start} ({first_line})"
+        ) from None
+
+
+def _decode_binary_column(path: Path, values: list[Any], start: int) -> list[Any]:
+    out: list[Any] = []
+    for i, value in enumerate(values):
+        if value is None:
+            out.append(None)
+            continue
+        try:
+            out.append(value.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ReferenceDataError(f"{path}: row {start + i} is not valid UTF-8") from None
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+
+
+def read_records(
+    path: str | Path,
+    text_column: str = "text",
+    columns: Sequence[str] = (),
+    *,
+    fmt: str | None = None,
+    on_unusable: OnUnusable = "null",
+    stats: ReadStats | None = None,
+    chunk_rows: int = 4096,
+) -> Iterator[Record]:
+    """Stream the rows of a reference file as :class:`Record` objects, in file order.
+
+    ``columns`` are extra columns (group-by labels, metadata) copied into ``Record.labels``.
+    Pass a :class:`ReadStats` as ``stats`` to have it filled while iterating. Existence,
+    emptiness and format are checked at the call; column names when iteration starts. If the whole
+    file holds no usable text, :class:`ReferenceDataError` is raised once it is exhausted.
+    See the module docstring for the skip rule and ``on_unusable``.
+    """
+    path = Path(path)
+    name = detect_format(path, fmt)
+    if on_unusable not in ("null", "skip"):
+        raise ValueError(f"on_unusable must be 'null' or 'skip', not {on_unusable!r}")
+    columns = tuple(columns)
+    if len(set(columns)) != len(columns):
+        raise ReferenceDataError(f"{path}: duplicate label columns in {columns!r}")
+    _ensure_nonempty(path)
+    if stats is None:
+        stats = ReadStats()
+    stats.on_unusable = on_unusable
+    return _iterate(path, name, text_column, columns, on_unusable, stats, chunk_rows)
+
+
+def _iterate(
+    path: Path,
+    name: str,
+    text_column: str,
+    columns: tuple[str, ...],
+    on_unusable: str,
+    stats: ReadStats,
+    chunk_rows: int,
+) -> Iterator[Record]:
+    rows: Iterable[tuple[Any, dict[str, Any]]]
+    if name == "csv":
+        rows = _rows_delimited(path, ",", text_column, columns)
+    elif name == "tsv":
+        rows = _rows_delimited(path, "\t", text_column, columns)
+    elif name == "jsonl":
+        rows = _rows_jsonl(path, text_column, columns)
+    elif name == "parquet":
+        rows = _rows_parquet(path, text_column, columns, chunk_rows)
+    else:
+        if columns:
+            raise ReferenceDataError(
+                f"{path}: unknown group-by/label column(s) {', '.join(map(repr, columns))}; "
+                "a .txt file has only the column 'text'"
+            )
+        rows = _rows_txt(path)
+    for value, raw_labels in rows:
+        index = stats.rows_seen
+        stats.rows_seen += 1
+        text, reason = _classify(value)
+        if reason is not None:
+            stats._count(reason)
+            if on_unusable == "skip":
+                continue
+        else:
+            stats.used += 1
+        labels = {c: _label_str(v) for c, v in raw_labels.items()}
+        yield Record(index=index, text=text, labels=labels)
+    if stats.used == 0:
+        raise ReferenceDataError(_no_usable_message(path, stats))
+
+
+def _no_usable_message(path: Path, stats: ReadStats) -> str:
+    if stats.rows_seen == 0:
+        return f"{path}: no data rows"
+    return f"{path}: no usable references ({stats.summary()})"
+
+
+def load_references(
+    path: str | Path,
+    text_column: str = "text",
+    columns: Sequence[str] = (),
+    limit: int | None = None,
+    *,
+    fmt: str | None = None,
+    on_unusable: OnUnusable = "null",
+) -> tuple[list[Record], ReadStats]:
+    """Read records into a list, stopping as soon as ``limit`` records were read.
+
+    ``limit`` counts returned records: with ``on_unusable="skip"`` these are usable rows;
+    with ``"null"`` they are rows (null references included), so the rows read are the first
+    ``limit`` rows of the file whatever their content. The rest of the file is not read.
+    Raises :class:`ReferenceDataError` when no usable reference was found.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    stats = ReadStats()
+    records: list[Record] = []
+    iterator = read_records(
+        path, text_column, columns, fmt=fmt, on_unusable=on_unusable, stats=stats
+    )
+    try:
+        for record in iterator:
+            records.append(record)
+            if limit is not None and len(records) >= limit:
+                break
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+    if stats.used == 0:
+        raise ReferenceDataError(_no_usable_message(Path(path), stats))
+    return records, stats
+
+
+def file_digest(path: str | Path, chunk_size: int = 1 << 20) -> str:
+    """Hex SHA-256 of the file's bytes, read in chunks (for manifests)."""
+    digest = hashlib.sha256()
+    try:
+        with Path(path).open("rb") as handle:
+            while chunk := handle.read(chunk_size):
+                digest.update(chunk)
+    except FileNotFoundError:
+        raise ReferenceDataError(f"{path}: no such file") from None
+    return digest.hexdigest()
+
+
+def demo_corpus_path() -> Path:
+    """Path of the built-in demo corpus: 42 short fictional restaurant/café reviews (JSONL).
+
+    Keys per line: ``text``, ``stars`` (``"1.0"`` .. ``"5.0"``) and ``category``
+    (``"Restaurants"``). Written for this project; it contains no real reviews.
+    """
+    resource = resources.files("dplang").joinpath("data", "demo_reviews.jsonl")
+    path = Path(str(resource))
+    if not path.is_file():  # e.g. installed from a zip archive
+        raise ReferenceDataError(f"demo corpus not found as a file at {resource}")
+    return path

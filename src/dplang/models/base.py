@@ -1,0 +1,99 @@
+"""The small protocol every language model backend implements.
+
+The generation engine decodes many rows at once (one row per prompt). A decode step is split
+in two so that the engine can compute the public rows' logits first, derive the Top-k+
+candidate set from them, and then ask for the private rows' logits only on those candidates
+(the *sparse LM head*):
+
+1. ``next_hidden(state, tokens)`` appends one token per row (``None`` on the first step, right
+   after ``encode_prompts``) and returns the final hidden state of every row, ``[rows, H]``.
+2. ``logits_from_hidden(hidden, candidates)`` applies the LM head: the full vocabulary when
+   ``candidates`` is ``None`` (``[rows, V]``), or only the token ids in ``candidates``
+   (``[rows, K]`` of int64, one candidate list per row) returning ``[rows, K]``.
+
+``next_logits`` is the convenience composition of the two (DESIGN.md's signature).
+
+Privacy contract: a backend is a deterministic function of its inputs (prompts, tokens). It
+never sees which rows are private; the caller decides which rows get which candidates. The same
+prompt text must always produce bit-identical logits whatever other rows share the batch, up to
+floating-point reduction order (the engine never relies on cross-batch bit equality for privacy:
+the public logits used for a group are the ones computed in that group's own row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+DecodeState = Any
+"""Backend-specific decoding state (KV cache, attention mask, positions)."""
+
+
+@runtime_checkable
+class LogitsModel(Protocol):
+    """A causal language model that exposes next-token logits for a batch of rows."""
+
+    #: Size of the output vocabulary (number of logits per row).
+    vocab_size: int
+    #: Token ids that end a generation.
+    eos_token_ids: frozenset[int]
+    #: Human-readable identity recorded in manifests (path or package name).
+    model_id: str
+
+    def weights_digest(self) -> str:
+        """A hash identifying the weights (recorded in manifests)."""
+        ...
+
+    def render_prompt(self, user: str, system: str | None = None) -> str:
+        """Turn a user message into the text fed to the model.
+
+        Uses the model's chat template (with a generation prompt) when it has one, else
+        returns ``user`` unchanged (base models continue text)."""
+        ...
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether :meth:`render_prompt` applies a chat template."""
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        """Number of tokens of ``text`` (no special tokens)."""
+        ...
+
+    def truncate_tokens(self, text: str, max_tokens: int) -> str:
+        """``text`` cut to its first ``max_tokens`` tokens (data-independent rule)."""
+        ...
+
+    def encode_prompts(self, prompts: Sequence[str]) -> DecodeState:
+        """Tokenize and left-pad rendered prompts; nothing is run yet."""
+        ...
+
+    def next_hidden(self, state: DecodeState, tokens: torch.Tensor | None) -> torch.Tensor:
+        """Append ``tokens`` (int64 ``[rows]``; ``None`` on the first call) and return the
+        last hidden state of every row, ``[rows, H]``."""
+        ...
+
+    def logits_from_hidden(
+        self, hidden: torch.Tensor, candidates: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """float32 logits: ``[rows, V]`` or, with ``candidates`` ``[rows, K]``, ``[rows, K]``."""
+        ...
+
+    def next_logits(
+        self,
+        state: DecodeState,
+        tokens: torch.Tensor | None,
+        candidates: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``logits_from_hidden(next_hidden(state, tokens), candidates)``."""
+        ...
+
+    def drop_rows(self, state: DecodeState, keep: torch.Tensor) -> DecodeState:
+        """Keep only the rows whose indices are in ``keep`` (int64, increasing)."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Detokenize generated ids (special tokens skipped)."""
+        ...

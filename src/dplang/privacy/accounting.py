@@ -1,0 +1,275 @@
+"""Privacy accounting: zCDP, pure and approximate DP, composition and calibration.
+
+Conversions
+-----------
+``rho_to_delta`` is the tight zCDP → (ε, δ) conversion of Canonne, Kamath and Steinke (2020,
+Prop. 12 / Cor. 13; equivalently Balle et al. 2020, Thm 21 as used by the InvisibleInk paper):
+
+    δ(ρ, ε) = inf_{α>1} exp((α−1)(αρ−ε)) / (α−1) · (1 − 1/α)^α .
+
+The log of the objective is convex in α with derivative (2α−1)ρ − ε + log(1 − 1/α), which is
+increasing, so the infimum is found by a root search on the derivative. We implement it here
+rather than calling OpenDP because the inverse maps (ε → ρ, and ρ → ε at fixed δ) are needed
+for calibration and OpenDP exposes only the forward privacy profile; the tests cross-check this
+implementation against OpenDP's ``make_zCDP_to_approxDP`` and dp-accounting's RDP conversion.
+Inverses are computed by bisection and always rounded to the *safe* side (ε up, ρ down).
+
+InvisibleInk calibration
+------------------------
+For the DClip aggregate φ̄ = φ_pub + (1/B) Σ clip_C(φ_i − φ_pub) the ℓ∞ sensitivity is C/B
+under replace-by-null adjacency and 2C/B under zero-out (spec 002 §2.4, §5). Sampling
+softmax(φ̄/τ) costs ρ_tok = Δ²/(2τ²), and T tokens cost ρ_seq = T·ρ_tok, charged for T whatever
+the realised length (ex-ante accounting).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from scipy.optimize import brentq
+
+from .guarantees import Guarantee
+
+_BISECTION_STEPS = 200
+
+
+def _check_rho(rho: float) -> None:
+    if not (rho >= 0 and math.isfinite(rho)):
+        raise ValueError(f"rho must be finite and >= 0, got {rho}")
+
+
+def _check_epsilon(epsilon: float) -> None:
+    if not (epsilon > 0 and math.isfinite(epsilon)):
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon}")
+
+
+def _check_delta(delta: float) -> None:
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+
+
+def _log_delta_objective(alpha: float, rho: float, epsilon: float) -> float:
+    return (
+        (alpha - 1.0) * (alpha * rho - epsilon)
+        + alpha * math.log1p(-1.0 / alpha)
+        - math.log(alpha - 1.0)
+    )
+
+
+def rho_to_delta(rho: float, epsilon: float) -> float:
+    """Smallest δ such that ρ-zCDP implies (ε, δ)-DP (tight CKS 2020 conversion)."""
+    _check_rho(rho)
+    if not epsilon >= 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    if rho == 0:
+        return 0.0
+
+    def derivative(alpha: float) -> float:
+        return (2 * alpha - 1) * rho - epsilon + math.log1p(-1.0 / alpha)
+
+    lo = 1.0 + 1e-12
+    if derivative(lo) >= 0:  # objective increasing on (1, ∞): infimum is the limit α → 1, δ = 1
+        return 1.0
+    hi = (epsilon + 1.0) / (2.0 * rho) + 2.0
+    while derivative(hi) <= 0:  # pragma: no cover - the bound above always suffices
+        hi *= 2.0
+    alpha = brentq(derivative, lo, hi, xtol=1e-14, rtol=1e-14, maxiter=500)
+    log_delta = _log_delta_objective(alpha, rho, epsilon)
+    return min(1.0, math.exp(log_delta))
+
+
+def simple_rho_to_epsilon(rho: float, delta: float) -> float:
+    """The simple (loose) bound ε = ρ + 2·sqrt(ρ·ln(1/δ)) (Bun–Steinke 2016, Prop. 1.3)."""
+    _check_rho(rho)
+    _check_delta(delta)
+    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+
+def rho_to_epsilon(rho: float, delta: float) -> float:
+    """Smallest ε such that ρ-zCDP implies (ε, δ)-DP (tight; rounded up)."""
+    _check_rho(rho)
+    _check_delta(delta)
+    if rho == 0 or rho_to_delta(rho, 0.0) <= delta:
+        return 0.0
+    lo, hi = 0.0, simple_rho_to_epsilon(rho, delta)
+    for _ in range(_BISECTION_STEPS):
+        mid = 0.5 * (lo + hi)
+        if rho_to_delta(rho, mid) <= delta:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-13 * max(1.0, hi):
+            break
+    return hi
+
+
+def epsilon_to_rho(epsilon: float, delta: float) -> float:
+    """Largest ρ such that ρ-zCDP implies (ε, δ)-DP (tight; rounded down)."""
+    _check_epsilon(epsilon)
+    _check_delta(delta)
+    lo, hi = 0.0, epsilon + 1.0
+    while rho_to_delta(hi, epsilon) <= delta:  # pragma: no cover - defensive
+        hi *= 2.0
+    for _ in range(_BISECTION_STEPS):
+        mid = 0.5 * (lo + hi)
+        if rho_to_delta(mid, epsilon) <= delta:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-13 * max(1e-300, hi):
+            break
+    return lo
+
+
+def pure_to_zcdp(epsilon: float) -> float:
+    """ε-DP implies ε²/2-zCDP (Bun–Steinke 2016, Prop. 1.4)."""
+    _check_epsilon(epsilon)
+    return epsilon * epsilon / 2.0
+
+
+def bounded_range_to_zcdp(epsilon: float) -> float:
+    """An ε-bounded-range mechanism (e.g. the exponential mechanism whose scores have
+    sensitivity Δ, run with ε = 2Δ/τ) is ε²/8-zCDP (Cesar–Rogers 2021)."""
+    _check_epsilon(epsilon)
+    return epsilon * epsilon / 8.0
+
+
+def exponential_mechanism_rho(sensitivity: float, temperature: float) -> float:
+    """zCDP cost of sampling softmax(u/τ) when ‖u(D) − u(D')‖∞ ≤ sensitivity: Δ²/(2τ²)."""
+    if not sensitivity >= 0 or not temperature > 0:
+        raise ValueError("sensitivity must be >= 0 and temperature > 0")
+    return sensitivity * sensitivity / (2.0 * temperature * temperature)
+
+
+# --------------------------------------------------------------------------------------------
+# Composition
+
+
+def _common(guarantees: Sequence[Guarantee], what: str) -> tuple[str, str]:
+    if not guarantees:
+        raise ValueError(f"{what} composition needs at least one guarantee")
+    units = {g.unit for g in guarantees}
+    adjacencies = {g.adjacency for g in guarantees}
+    if len(units) > 1 or len(adjacencies) > 1:
+        raise ValueError(
+            f"cannot compose guarantees over different units/adjacencies: "
+            f"{sorted(units)} / {sorted(adjacencies)}"
+        )
+    return units.pop(), adjacencies.pop()
+
+
+def compose_sequential(
+    guarantees: Sequence[Guarantee], delta: float | None = None, mechanism: str | None = None
+) -> Guarantee:
+    """Adaptive sequential composition (all releases see the same data).
+
+    zCDP parameters add (pure ε-DP releases enter as ε²/2-zCDP) and the sum is converted at
+    ``delta`` (default: the largest δ among the inputs, or pure when all are pure). When some
+    release is approximate DP without a zCDP parameter, basic composition is used (ε and δ add).
+    All releases must assume the same unit and adjacency.
+    """
+    unit, adjacency = _common(guarantees, "sequential")
+    name = mechanism or "+".join(dict.fromkeys(g.mechanism for g in guarantees))
+    ex_ante = all(g.ex_ante for g in guarantees)
+    details = {"composition": "sequential", "parts": len(guarantees)}
+    if all(g.is_pure and g.rho is None for g in guarantees):
+        return Guarantee(
+            name, unit, adjacency, None, sum(g.epsilon for g in guarantees), 0.0, ex_ante, details
+        )
+    if any(g.rho is None and not g.is_pure for g in guarantees):
+        eps = sum(g.epsilon for g in guarantees)
+        dlt = sum(g.delta for g in guarantees)
+        return Guarantee(name, unit, adjacency, None, eps, dlt, ex_ante, details)
+    rho = sum(g.rho if g.rho is not None else pure_to_zcdp(g.epsilon) for g in guarantees)
+    target = delta if delta is not None else max(g.delta for g in guarantees)
+    return Guarantee(
+        name, unit, adjacency, rho, rho_to_epsilon(rho, target), target, ex_ante, details
+    )
+
+
+def compose_parallel(
+    guarantees: Sequence[Guarantee], mechanism: str | None = None
+) -> Guarantee:
+    """Parallel composition over a fixed, data-independent partition: the maximum.
+
+    Valid only when each release reads a disjoint part of the data and the partition itself
+    does not depend on the data's content (InvisibleInk paper, Lemma 13(b) / Corollary 11).
+    """
+    unit, adjacency = _common(guarantees, "parallel")
+    name = mechanism or "+".join(dict.fromkeys(g.mechanism for g in guarantees))
+    worst = max(guarantees, key=lambda g: (g.rho if g.rho is not None else -1, g.epsilon, g.delta))
+    if any(g.rho is None for g in guarantees):
+        eps = max(g.epsilon for g in guarantees)
+        dlt = max(g.delta for g in guarantees)
+        rho = None
+    else:
+        rho, eps, dlt = worst.rho, worst.epsilon, worst.delta
+    details = {"composition": "parallel over a data-independent partition",
+               "parts": len(guarantees)}
+    return Guarantee(
+        name, unit, adjacency, rho, eps, dlt, all(g.ex_ante for g in guarantees), details
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# InvisibleInk calibration helpers (spec 002 §2.4–§2.5)
+
+#: Adjacencies for which the DClip aggregate has a known sensitivity, with its factor on C/B.
+DCLIP_SENSITIVITY_FACTOR = {"replace-by-null": 1.0, "zero-out": 2.0}
+
+
+def dclip_sensitivity(clip: float, batch_size: int, adjacency: str = "replace-by-null") -> float:
+    """ℓ∞ sensitivity of (1/B) Σ DClip_C(φ_i, φ_pub): C/B (replace-by-null), 2C/B (zero-out)."""
+    if adjacency not in DCLIP_SENSITIVITY_FACTOR:
+        raise ValueError(
+            f"adjacency must be one of {sorted(DCLIP_SENSITIVITY_FACTOR)}, got {adjacency!r}"
+        )
+    if not clip >= 0 or batch_size < 1:
+        raise ValueError("clip must be >= 0 and batch_size >= 1")
+    return DCLIP_SENSITIVITY_FACTOR[adjacency] * clip / batch_size
+
+
+def invisibleink_rho(
+    tokens: int,
+    clip: float,
+    batch_size: int,
+    temperature: float,
+    adjacency: str = "replace-by-null",
+) -> float:
+    """ρ_seq = T·Δ²/(2τ²) with Δ the DClip sensitivity; = T·C²/(2B²τ²) under replace-by-null."""
+    if tokens < 1:
+        raise ValueError(f"tokens must be >= 1, got {tokens}")
+    sens = dclip_sensitivity(clip, batch_size, adjacency)
+    return tokens * exponential_mechanism_rho(sens, temperature)
+
+
+def calibrate_clip(
+    rho: float,
+    tokens: int,
+    batch_size: int,
+    temperature: float,
+    adjacency: str = "replace-by-null",
+) -> float:
+    """The clip norm C that spends exactly ρ over T tokens: C = Bτ·sqrt(2ρ/T) / factor.
+
+    (The InvisibleInk paper's §5.4 prints C = Bτ/sqrt(2ρ/T), a typo; §4 and Thm 2 give this.)
+    """
+    _check_rho(rho)
+    if tokens < 1 or batch_size < 1 or not temperature > 0:
+        raise ValueError("tokens >= 1, batch_size >= 1 and temperature > 0 are required")
+    # Δ = factor·C/B and ρ = T·Δ²/(2τ²)  ⇒  C = Bτ·sqrt(2ρ/T) / factor
+    unit_sensitivity = dclip_sensitivity(1.0, 1, adjacency)
+    return batch_size * temperature * math.sqrt(2.0 * rho / tokens) / unit_sensitivity
+
+
+def topk_plus_margin(clip: float, batch_size: int) -> float:
+    """The Top-k+ expansion margin 2C/B (a property of the public logits; any adjacency)."""
+    return 2.0 * clip / batch_size
+
+
+def per_token_pure_epsilon(
+    clip: float, batch_size: int, temperature: float, adjacency: str = "replace-by-null"
+) -> float:
+    """Per-token pure-DP bound of the exponential mechanism: 2Δ/τ (= 2C/(Bτ) by default)."""
+    return 2.0 * dclip_sensitivity(clip, batch_size, adjacency) / temperature

@@ -1,0 +1,97 @@
+"""What a release promises: the :class:`Guarantee` every private output carries."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ADJACENCIES = ("replace-by-null", "replace-one", "add-remove", "zero-out")
+
+_ADJACENCY_WORDS = {
+    "replace-by-null": "replacing one {unit} by the empty {unit}",
+    "replace-one": "replacing one {unit} by any other",
+    "add-remove": "adding or removing one {unit}",
+    "zero-out": "replacing one {unit} by the zero-logit null element",
+}
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """A differential-privacy guarantee attached to a release.
+
+    ``rho`` is the zero-concentrated DP parameter when the mechanism is analysed in zCDP (then
+    ``epsilon`` is its tight conversion at ``delta``); for a pure ε-DP release ``rho`` may be
+    ``None`` and ``delta`` is 0. ``ex_ante`` is False for data-dependent guarantees (their value
+    depends on the private data and is itself not private); ``details`` holds mechanism
+    parameters worth recording (clip norm, batch size, ...).
+    """
+
+    mechanism: str
+    unit: str
+    adjacency: str
+    rho: float | None
+    epsilon: float
+    delta: float
+    ex_ante: bool = True
+    details: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.adjacency not in ADJACENCIES:
+            raise ValueError(f"unknown adjacency {self.adjacency!r}; expected one of {ADJACENCIES}")
+        if self.rho is not None and not (self.rho >= 0 and math.isfinite(self.rho)):
+            raise ValueError(f"rho must be finite and >= 0, got {self.rho}")
+        if not self.epsilon >= 0:
+            raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
+        if not 0 <= self.delta < 1:
+            raise ValueError(f"delta must be in [0, 1), got {self.delta}")
+
+    @property
+    def is_pure(self) -> bool:
+        """True for a pure ε-DP guarantee (δ = 0)."""
+        return self.delta == 0
+
+    def summary(self) -> str:
+        """One paragraph, in plain words, of what this guarantee promises."""
+        neighbours = _ADJACENCY_WORDS[self.adjacency].format(unit=self.unit)
+        if self.rho is not None:
+            level = (
+                f"{self.rho:.6g}-zero-concentrated differential privacy (zCDP), which implies "
+                f"({self.epsilon:.4g}, {self.delta:.3g})-differential privacy"
+            )
+        elif self.delta == 0:
+            level = f"pure {self.epsilon:.4g}-differential privacy"
+        else:
+            level = f"({self.epsilon:.4g}, {self.delta:.3g})-differential privacy"
+        kind = (
+            "This bound is fixed before the data is read (ex ante)."
+            if self.ex_ante
+            else "This bound is DATA-DEPENDENT: it was computed from the private data, is not "
+            "an ex-ante guarantee, and its value is itself not privatised."
+        )
+        return (
+            f"The {self.mechanism} release satisfies {level} with respect to {neighbours}: "
+            f"whatever any single {self.unit} contains, the probability of any output changes "
+            f"by at most a factor e^{self.epsilon:.4g} (plus {self.delta:.3g}) when that "
+            f"{self.unit} is changed this way. {kind}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (inverse: :meth:`from_dict`)."""
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Guarantee:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown Guarantee fields: {sorted(unknown)}")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> Guarantee:
+        return cls.from_dict(json.loads(text))

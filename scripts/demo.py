@@ -1,12 +1,53 @@
-"""The quick-start demo (``make demo``): a worked privacy calculation.
+"""The quick-start demo (``make demo``): a real private generation.
 
-Replaced by a real private generation once the engine lands.
+Runs ``dplang generate`` with the embedded default model (Gemma 3 270M) on the 42 fictional
+reviews shipped with dplang, at ε = 10 (δ = 1e-6), B = 7, T = 64 tokens, then prints the texts
+and the guarantee. Output goes to ``demo-out/`` (rewritten on each run). The demo ledger is
+``demo-out/ledger.sqlite`` so that the demo never touches a user's real ledger.
 """
 
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from importlib.resources import files
+from pathlib import Path
+
 from dplang.cli.app import main
+from dplang.io import demo_corpus_path
+
+OUT_DIR = Path("demo-out")
+
+
+def run() -> int:
+    shutil.rmtree(OUT_DIR, ignore_errors=True)
+    OUT_DIR.mkdir()
+    template = Path(str(files("dplang") / "data" / "demo_template.toml"))
+    out = OUT_DIR / "demo.jsonl"
+    code = main([
+        "generate", "--data", str(demo_corpus_path()), "--model", "default",
+        "--epsilon", "10", "--delta", "1e-6", "--batch-size", "7", "--max-tokens", "64",
+        "--temperature", "1.0", "--top-k", "50", "--prompt", str(template),
+        "--seed", "2026", "--out", str(out), "--ledger", str(OUT_DIR / "ledger.sqlite"),
+        "--quiet",
+    ])
+    if code != 0:
+        return code
+    print("\n=== private synthetic reviews (InvisibleInk, default model) ===")
+    for line in out.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        print(f"\n[{rec['group']}] ({rec['num_tokens']} tokens, references "
+              f"{rec['reference_ids'][0]}–{rec['reference_ids'][-1]})")
+        print(rec["text"].strip())
+    manifest = json.loads((OUT_DIR / "demo.manifest.json").read_text())
+    print("\n=== guarantee ===")
+    print(manifest["guarantee_summary"])
+    print(f"rho={manifest['rho']:.4g} epsilon={manifest['epsilon']:.4g} "
+          f"delta={manifest['delta']:g} clip={manifest['clip']:.4g}")
+    print(f"\nfiles: {out}, {OUT_DIR / 'demo.manifest.json'}")
+    return 0
+
 
 if __name__ == "__main__":
-    raise SystemExit(
-        main(["account", "--epsilon", "10", "--delta", "1e-6", "--tokens", "64",
-              "--batch-size", "7", "--temperature", "1.2"])
-    )
+    sys.exit(run())

@@ -7,14 +7,7 @@ import math
 
 import typer
 
-from ..privacy import (
-    calibrate_clip,
-    epsilon_to_rho,
-    invisibleink_rho,
-    per_token_pure_epsilon,
-    rho_to_epsilon,
-    topk_plus_margin,
-)
+from ..privacy.accounting import invisibleink_budget
 from .errors import fail
 
 ADJACENCY_CHOICES = ("replace-by-null", "zero-out")
@@ -49,33 +42,6 @@ def validate_generation_flags(tokens: int, batch_size: int, temperature: float,
         fail(f"--temperature must be > 0, got {temperature}")
     if adjacency not in ADJACENCY_CHOICES:
         fail(f"--adjacency must be one of {', '.join(ADJACENCY_CHOICES)}, got {adjacency}")
-
-
-def invisibleink_budget(
-    *, epsilon: float | None, rho: float | None, clip: float | None, delta: float,
-    tokens: int, batch_size: int, temperature: float, adjacency: str,
-) -> dict[str, float | int | str]:
-    """The full calculation as a dict (after validation)."""
-    if clip is None:
-        rho_value = rho if rho is not None else epsilon_to_rho(epsilon, delta)  # type: ignore[arg-type]
-        clip_value = calibrate_clip(rho_value, tokens, batch_size, temperature, adjacency)
-    else:
-        clip_value = clip
-        rho_value = invisibleink_rho(tokens, clip, batch_size, temperature, adjacency)
-    eps_value = epsilon if epsilon is not None else rho_to_epsilon(rho_value, delta)
-    return {
-        "rho": rho_value,
-        "epsilon": eps_value,
-        "delta": delta,
-        "clip": clip_value,
-        "margin": topk_plus_margin(clip_value, batch_size),
-        "per_token_epsilon": per_token_pure_epsilon(clip_value, batch_size, temperature,
-                                                    adjacency),
-        "tokens": tokens,
-        "batch_size": batch_size,
-        "temperature": temperature,
-        "adjacency": adjacency,
-    }
 
 
 def account(

@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover - older typer depends on click
     from click import exceptions as click_exceptions
 
 from .. import __version__
-from . import account
+from . import account, generate
 from .errors import CliError, echo_error
 
 app = typer.Typer(
@@ -45,6 +45,7 @@ def _root(
 
 
 app.command("account")(account.account)
+app.command("generate")(generate.generate)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -273,3 +273,35 @@ def per_token_pure_epsilon(
 ) -> float:
     """Per-token pure-DP bound of the exponential mechanism: 2Δ/τ (= 2C/(Bτ) by default)."""
     return 2.0 * dclip_sensitivity(clip, batch_size, adjacency) / temperature
+
+
+def invisibleink_budget(
+    *, epsilon: float | None, rho: float | None, clip: float | None, delta: float,
+    tokens: int, batch_size: int, temperature: float, adjacency: str,
+) -> dict[str, float | int | str]:
+    """The whole InvisibleInk calculation from exactly one of ε (at δ), ρ or a clip norm C.
+
+    Returns ``rho``, ``epsilon``, ``delta``, ``clip``, ``margin`` (2C/B), ``per_token_epsilon``
+    (2Δ/τ) and the inputs. The guarantee is ρ-zCDP, charged for T tokens."""
+    if sum(v is not None for v in (epsilon, rho, clip)) != 1:
+        raise ValueError("give exactly one of epsilon, rho or clip")
+    if clip is None:
+        rho_value = rho if rho is not None else epsilon_to_rho(epsilon, delta)
+        clip_value = calibrate_clip(rho_value, tokens, batch_size, temperature, adjacency)
+    else:
+        clip_value = clip
+        rho_value = invisibleink_rho(tokens, clip, batch_size, temperature, adjacency)
+    eps_value = epsilon if epsilon is not None else rho_to_epsilon(rho_value, delta)
+    return {
+        "rho": rho_value,
+        "epsilon": eps_value,
+        "delta": delta,
+        "clip": clip_value,
+        "margin": topk_plus_margin(clip_value, batch_size),
+        "per_token_epsilon": per_token_pure_epsilon(clip_value, batch_size, temperature,
+                                                    adjacency),
+        "tokens": tokens,
+        "batch_size": batch_size,
+        "temperature": temperature,
+        "adjacency": adjacency,
+    }

@@ -48,6 +48,8 @@ class DecodingParams:
     top_k: int
     max_tokens: int
     sparse_head: bool = True
+    #: Stop a generation at EOS (always, except in benchmarks that time fixed-length decoding).
+    stop_at_eos: bool = True
 
     def __post_init__(self) -> None:
         if not (self.clip >= 0 and math.isfinite(self.clip)):
@@ -196,7 +198,7 @@ def _run_wave(
                 g.expansion += 1
             row_tokens[g.rows] = token
             row_tokens[g.public_row] = token
-            if token in eos:
+            if token in eos and params.stop_at_eos:
                 finished.append(j)
                 continue
             g.tokens.append(token)
@@ -254,3 +256,54 @@ def _private_logits(
             cand[offset:offset + m] = padded
         offset += m
     return model.logits_from_hidden(rows_hidden, cand)
+
+
+def run_plain(
+    model: LogitsModel,
+    prompts: Sequence[str],
+    max_tokens: int,
+    temperature: float,
+    top_k: int,
+    streams: RandomStreams,
+    stop_at_eos: bool = True,
+    on_step: Callable[[int], None] | None = None,
+) -> list[list[int]]:
+    """Non-private top-k sampling, one independent text per prompt (row ``i`` uses stream
+    ``i``). Used for public-only generation (no references: no privacy cost) and as the
+    non-private baseline in benchmarks. Returns the token ids of each text (EOS excluded)."""
+    rngs = [streams.generator(i) for i in range(len(prompts))]
+    outputs: list[list[int]] = [[] for _ in prompts]
+    alive = list(range(len(prompts)))
+    state = model.encode_prompts(list(prompts))
+    next_tokens: torch.Tensor | None = None
+    eos = model.eos_token_ids
+    while alive:
+        logits = model.logits_from_hidden(model.next_hidden(state, next_tokens))
+        if 0 < top_k < logits.shape[-1]:
+            values, ids = torch.topk(logits, top_k, dim=-1)
+        else:
+            values = logits
+            ids = torch.arange(logits.shape[-1]).expand_as(logits)
+        tokens = torch.empty(len(alive), dtype=torch.long)
+        keep: list[int] = []
+        for j, row in enumerate(alive):
+            scores = values[j].to(torch.float64).numpy()
+            token = sample_from_candidates(scores, ids[j].numpy(), temperature, rngs[row])
+            tokens[j] = token
+            if token in eos and stop_at_eos:
+                continue
+            outputs[row].append(token)
+            if len(outputs[row]) < max_tokens:
+                keep.append(j)
+        if on_step is not None:
+            on_step(len(alive))
+        if len(keep) < len(alive):
+            if not keep:
+                break
+            keep_t = torch.tensor(keep, dtype=torch.long)
+            state = model.drop_rows(state, keep_t)
+            alive = [alive[j] for j in keep]
+            next_tokens = tokens[keep_t]
+        else:
+            next_tokens = tokens
+    return outputs

@@ -1,0 +1,133 @@
+"""``dplang generate``: private text generation with InvisibleInk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from ..io import ReferenceDataError
+from ..models import resolve_model
+from ..privacy.ledger import BudgetExceeded
+from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS
+from ..textgen.runner import (
+    DEFAULT_CONCURRENT_GROUPS,
+    GenerationError,
+    GenerationRequest,
+    execute_plan,
+    plan_generation,
+)
+from .errors import fail
+
+
+def _load_model(spec: str):  # indirection so tests can substitute a toy model
+    return resolve_model(spec)
+
+
+def generate(
+    data: Path = typer.Option(..., "--data", help="References: CSV, TSV, JSONL, Parquet or text."),
+    out: Path = typer.Option(..., "--out", help="Output JSONL; a manifest is written beside it."),
+    model: str = typer.Option("default", "--model", help="'default' (Gemma 3 270M) or a path."),
+    epsilon: float | None = typer.Option(None, "--epsilon", help="Target ε (with --delta)."),
+    delta: float = typer.Option(1e-6, "--delta", help="Target δ."),
+    rho: float | None = typer.Option(None, "--rho", help="zCDP budget instead of ε."),
+    clip: float | None = typer.Option(None, "--clip", help="Clip norm C instead of a budget."),
+    batch_size: int = typer.Option(7, "--batch-size", "-B", help="References per generation."),
+    max_tokens: int = typer.Option(64, "--max-tokens", "-T", help="Maximum tokens T."),
+    temperature: float = typer.Option(1.2, "--temperature", help="Sampling temperature τ."),
+    top_k: int = typer.Option(50, "--top-k", help="Top-k+ parameter k; 0 = full vocabulary."),
+    num: int | None = typer.Option(None, "--num", "-n", help="Generations (default ⌊N/B⌋)."),
+    seed: int | None = typer.Option(
+        None, "--seed", help="Secret seed (default: fresh OS entropy, kept in OUT.seed)."
+    ),
+    concurrent_groups: int = typer.Option(
+        DEFAULT_CONCURRENT_GROUPS, "--concurrent-groups", "-G", help="Groups decoded at once."
+    ),
+    prompt: str = typer.Option("yelp", "--prompt", help="yelp, tab, mimic or a .toml file."),
+    system: str | None = typer.Option(None, "--system", help="System prompt (chat models)."),
+    text_column: str = typer.Option("text", "--text-column", help="Column with the text."),
+    group_by: str | None = typer.Option(
+        None, "--group-by", help="Comma-separated PUBLIC label columns to batch within."
+    ),
+    adjacency: str = typer.Option("replace-by-null", "--adjacency",
+                                  help="replace-by-null (default) or zero-out."),
+    max_reference_tokens: int = typer.Option(
+        DEFAULT_MAX_REFERENCE_TOKENS, "--max-reference-tokens",
+        help="References are cut to their first this-many tokens.",
+    ),
+    dense: bool = typer.Option(False, "--dense", help="Full LM head for private rows."),
+    ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger (SQLite) path."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or texts."),
+) -> None:
+    """Generate private synthetic texts from references with InvisibleInk."""
+    request = GenerationRequest(
+        data=data, out=out, batch_size=batch_size, max_tokens=max_tokens,
+        temperature=temperature, top_k=top_k, epsilon=epsilon, delta=delta, rho=rho, clip=clip,
+        adjacency=adjacency, num=num, seed=seed, concurrent_groups=concurrent_groups,
+        prompt=prompt, system=system, text_column=text_column,
+        group_by=tuple(c.strip() for c in group_by.split(",") if c.strip()) if group_by else (),
+        model=model, max_reference_tokens=max_reference_tokens, sparse_head=not dense,
+        ledger=ledger,
+    )
+    console = Console(stderr=True, quiet=quiet)
+    try:
+        with console.status("loading model and data…"):
+            plan = plan_generation(request, _load_model)
+    except (GenerationError, ReferenceDataError, FileNotFoundError) as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    g = plan.guarantee
+    console.print(
+        f"[bold]InvisibleInk[/]: {len(plan.jobs)} generations, B={request.batch_size}, "
+        f"T={request.max_tokens}, k={request.top_k}, C={plan.params.clip:.4g}, "
+        f"ρ={g.rho:.4g} (ε={g.epsilon:.4g}, δ={g.delta:g}), model {plan.model.model_id}"
+    )
+    progress = Progress(
+        TextColumn("[progress.description]{task.description}"), BarColumn(),
+        MofNCompleteColumn(), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+        TimeRemainingColumn(), console=console, transient=False,
+    )
+    state = {"tokens": 0, "t0": 0.0}
+    task = progress.add_task("generations", total=len(plan.jobs), rate="")
+
+    def on_start(total: int, done: int) -> None:
+        import time
+
+        state["t0"] = time.time()
+        progress.update(task, completed=done)
+        if done:
+            console.print(f"resuming: {done} of {total} generations already in {out}")
+
+    def on_step(n: int) -> None:
+        import time
+
+        state["tokens"] += n
+        elapsed = max(time.time() - state["t0"], 1e-9)
+        progress.update(task, rate=f"{state['tokens'] / elapsed:.1f} tok/s")
+
+    def on_result(record: dict) -> None:
+        progress.advance(task)
+        if not quiet:
+            progress.console.print(f"[dim]#{record['group']}[/] {record['text'][:300]!r}")
+
+    try:
+        with progress:
+            summary = execute_plan(plan, on_result=on_result, on_step=on_step,
+                                   on_start=on_start)
+    except BudgetExceeded as exc:
+        fail(str(exc), code=3)
+    except GenerationError as exc:
+        fail(str(exc))
+    console.print(
+        f"wrote {summary.written} new generations ({summary.skipped_existing} already there) "
+        f"to {out}; manifest {plan.manifest_path}"
+    )
+    typer.echo(g.summary())

@@ -1,0 +1,403 @@
+"""A whole private generation run: data → batches → prompts → engine → JSONL + manifest.
+
+``plan_generation`` validates everything (hyperparameters, data, prompt template, model) and
+writes nothing; ``execute_plan`` charges the privacy ledger, writes the manifest, and appends
+each finished generation to the output at once (flushed and fsynced), so a crash or Ctrl-C
+loses no finished generation. Rerunning the same command continues after the finished groups;
+each group's text depends only on (seed, group index), so the result equals an uninterrupted
+run's.
+
+Privacy contract: the released texts, as a whole, satisfy ρ-zCDP with
+ρ = T·C²/(2B²τ²) (×4 under zero-out) with respect to replacing one reference by the empty one:
+each generation reads one disjoint, data-independently formed batch (parallel composition), and
+each is charged for T tokens whatever it emits. The random seed is a secret: an adversary who
+knows it can invert the sampler, so it is kept in a private side file (``OUT.seed``, mode 600),
+never in the manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..io import ReadStats, ReferenceDataError, file_digest, load_references
+from ..models.base import LogitsModel
+from ..privacy.accounting import invisibleink_budget
+from ..privacy.guarantees import Guarantee
+from ..privacy.ledger import PrivacyLedger
+from ..privacy.randomness import RandomStreams
+from .batching import Batch, make_batches
+from .engine import DecodingParams, GroupJob, GroupResult, run_invisibleink
+from .prompts import DEFAULT_MAX_REFERENCE_TOKENS, PromptTemplate, get_template
+
+DEFAULT_CONCURRENT_GROUPS = 8
+
+
+class GenerationError(ValueError):
+    """A user error detected before anything was written (one-line message)."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Everything a ``dplang generate`` run needs (all of it public except the data)."""
+
+    data: Path
+    out: Path
+    batch_size: int
+    max_tokens: int
+    temperature: float
+    top_k: int
+    epsilon: float | None = None
+    delta: float = 1e-6
+    rho: float | None = None
+    clip: float | None = None
+    adjacency: str = "replace-by-null"
+    num: int | None = None
+    seed: int | None = None
+    concurrent_groups: int = DEFAULT_CONCURRENT_GROUPS
+    prompt: str = "yelp"
+    system: str | None = None
+    text_column: str = "text"
+    group_by: tuple[str, ...] = ()
+    model: str = "default"
+    max_reference_tokens: int = DEFAULT_MAX_REFERENCE_TOKENS
+    sparse_head: bool = True
+    ledger: Path | None = None
+
+
+@dataclass
+class GenerationPlan:
+    """A validated run: what will be generated, from which batches, at what guarantee."""
+
+    request: GenerationRequest
+    model: LogitsModel
+    template: PromptTemplate
+    batches: list[Batch]
+    read_stats: ReadStats
+    data_digest: str
+    guarantee: Guarantee
+    params: DecodingParams
+    truncated_references: int = 0
+    jobs: list[GroupJob] = field(default_factory=list)
+
+    @property
+    def manifest_path(self) -> Path:
+        return manifest_path_for(self.request.out)
+
+    @property
+    def seed_path(self) -> Path:
+        return self.request.out.with_name(self.request.out.name.removesuffix(".jsonl") + ".seed")
+
+
+def manifest_path_for(out: Path) -> Path:
+    """``runs/x.jsonl`` → ``runs/x.manifest.json``."""
+    stem = out.name.removesuffix(".jsonl")
+    return out.with_name(stem + ".manifest.json")
+
+
+def _validate(req: GenerationRequest) -> None:
+    given = [n for n, v in (("--epsilon", req.epsilon), ("--rho", req.rho), ("--clip", req.clip))
+             if v is not None]
+    if len(given) != 1:
+        raise GenerationError("give exactly one of --epsilon, --rho or --clip")
+    for name, value in (("--epsilon", req.epsilon), ("--rho", req.rho), ("--clip", req.clip)):
+        if value is not None and not value > 0:
+            raise GenerationError(f"{name} must be > 0, got {value}")
+    checks = [
+        (0 < req.delta < 1, f"--delta must be in (0, 1), got {req.delta}"),
+        (req.batch_size >= 1, f"--batch-size must be >= 1, got {req.batch_size}"),
+        (req.max_tokens >= 1, f"--max-tokens must be >= 1, got {req.max_tokens}"),
+        (req.temperature > 0, f"--temperature must be > 0, got {req.temperature}"),
+        (req.top_k >= 0, f"--top-k must be >= 0 (0 = full vocabulary), got {req.top_k}"),
+        (req.num is None or req.num >= 1, f"--num must be >= 1, got {req.num}"),
+        (req.seed is None or req.seed >= 0, f"--seed must be >= 0, got {req.seed}"),
+        (req.concurrent_groups >= 1,
+         f"--concurrent-groups must be >= 1, got {req.concurrent_groups}"),
+        (req.max_reference_tokens >= 1,
+         f"--max-reference-tokens must be >= 1, got {req.max_reference_tokens}"),
+        (req.adjacency in ("replace-by-null", "zero-out"),
+         f"--adjacency must be replace-by-null or zero-out, got {req.adjacency}"),
+        (req.out.suffix == ".jsonl", f"--out must end in .jsonl, got {req.out}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise GenerationError(message)
+
+
+def _make_guarantee(req: GenerationRequest) -> tuple[Guarantee, float]:
+    budget = invisibleink_budget(
+        epsilon=req.epsilon, rho=req.rho, clip=req.clip, delta=req.delta,
+        tokens=req.max_tokens, batch_size=req.batch_size, temperature=req.temperature,
+        adjacency=req.adjacency,
+    )
+    clip = float(budget["clip"])
+    guarantee = Guarantee(
+        mechanism="invisibleink",
+        unit="reference",
+        adjacency=req.adjacency,
+        rho=float(budget["rho"]),
+        epsilon=float(budget["epsilon"]),
+        delta=req.delta,
+        details={"clip": clip, "batch_size": req.batch_size, "max_tokens": req.max_tokens,
+                 "temperature": req.temperature, "top_k": req.top_k,
+                 "composition": "parallel over disjoint batches formed in file order"},
+    )
+    return guarantee, clip
+
+
+def plan_generation(
+    req: GenerationRequest, load_model: Callable[[str], LogitsModel]
+) -> GenerationPlan:
+    """Validate the request, read the data, form the batches and load the model.
+
+    Writes nothing. Raises :class:`GenerationError` (or ``ReferenceDataError`` /
+    ``FileNotFoundError``) with a one-line message on bad input."""
+    _validate(req)
+    guarantee, clip = _make_guarantee(req)
+    if not req.data.exists():
+        raise GenerationError(f"data file not found: {req.data}")
+    try:  # checked before the (slow) model load; the model decides the form later
+        template = get_template(req.prompt, chat=False)
+        template.check_labels(list(req.group_by))
+    except (ValueError, OSError) as exc:
+        raise GenerationError(f"--prompt: {exc}") from exc
+    limit = None if req.num is None or req.group_by else req.num * req.batch_size
+    records, stats = load_references(req.data, req.text_column, req.group_by, limit=limit)
+    try:
+        batches = make_batches(records, req.batch_size, req.num, req.group_by)
+    except ValueError as exc:
+        raise GenerationError(str(exc)) from exc
+    model = load_model(req.model)
+    template = get_template(req.prompt, chat=model.has_chat_template)
+    if req.system is not None:
+        template = PromptTemplate(template.name, template.private_text, template.public_text,
+                                  req.system, template.form, template.label_normaliser)
+    params = DecodingParams(clip, req.batch_size, req.temperature, req.top_k, req.max_tokens,
+                            req.sparse_head)
+    plan = GenerationPlan(req, model, template, batches, stats, file_digest(req.data),
+                          guarantee, params)
+    plan.jobs = [_job(plan, b) for b in batches]
+    return plan
+
+
+def _job(plan: GenerationPlan, batch: Batch) -> GroupJob:
+    model, template = plan.model, plan.template
+    limit = plan.request.max_reference_tokens
+    labels = batch.labels
+    public = model.render_prompt(template.render(None, labels), template.system)
+    private = []
+    for ref in batch.references:
+        if ref and model.count_tokens(ref) > limit:
+            ref = model.truncate_tokens(ref, limit)
+            plan.truncated_references += 1
+        private.append(model.render_prompt(template.render(ref, labels), template.system))
+    return GroupJob(batch.index, public, tuple(private))
+
+
+def _fingerprint(plan: GenerationPlan) -> dict[str, Any]:
+    req = plan.request
+    params = {k: v for k, v in asdict(req).items() if k not in ("seed", "ledger", "out",
+                                                                "concurrent_groups")}
+    params["data"] = str(req.data)
+    params["group_by"] = list(req.group_by)
+    params["clip"] = plan.params.clip
+    return {
+        "parameters": params,
+        "data_sha256": plan.data_digest,
+        "model_id": plan.model.model_id,
+        "model_sha256": plan.model.weights_digest(),
+        "prompt": {"name": plan.template.name, "form": plan.template.form,
+                   "private": plan.template.private_text, "public": plan.template.public_text,
+                   "system": plan.template.system},
+        "num_generations": len(plan.batches),
+    }
+
+
+@dataclass
+class RunSummary:
+    written: int
+    skipped_existing: int
+    total: int
+    guarantee: Guarantee
+    elapsed_s: float
+    tokens: int
+
+
+def _atomic_write_json(path: Path, data: dict[str, Any], mode: int | None = None) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    if mode is not None:
+        os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _finished_groups(out: Path) -> set[int]:
+    """Groups already in ``out``; a torn last line (killed mid-write) is cut off."""
+    if not out.exists():
+        return set()
+    done: set[int] = set()
+    good_bytes = 0
+    with open(out, "rb") as fh:
+        for line in fh:
+            if not line.endswith(b"\n"):
+                break
+            try:
+                done.add(int(json.loads(line)["group"]))
+            except (ValueError, KeyError, TypeError):
+                break
+            good_bytes += len(line)
+    if good_bytes != out.stat().st_size:
+        with open(out, "r+b") as fh:
+            fh.truncate(good_bytes)
+    return done
+
+
+def _resolve_seed(plan: GenerationPlan, resuming: bool) -> int:
+    req = plan.request
+    if resuming and plan.seed_path.exists():
+        stored = int(json.loads(plan.seed_path.read_text())["seed"])
+        if req.seed is not None and req.seed != stored:
+            raise GenerationError(
+                f"{req.out} was started with another --seed; use the same seed or a new --out"
+            )
+        return stored
+    if resuming:
+        raise GenerationError(f"cannot resume {req.out}: its seed file {plan.seed_path} is gone")
+    return req.seed if req.seed is not None else secrets.randbits(128)
+
+
+def execute_plan(
+    plan: GenerationPlan,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+    on_step: Callable[[int], None] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+) -> RunSummary:
+    """Charge the ledger, write the manifest and generate every group not yet in the output.
+
+    ``on_start(total, already_done)`` is called once before decoding; ``on_result(record)``
+    after each generation is persisted; ``on_step(n)`` after each decode step."""
+    req = plan.request
+    fingerprint = _fingerprint(plan)
+    manifest_path = plan.manifest_path
+    resuming = req.out.exists() or manifest_path.exists()
+    if resuming:
+        if not manifest_path.exists():
+            raise GenerationError(f"{req.out} exists without a manifest; choose another --out")
+        old = json.loads(manifest_path.read_text())
+        if old.get("fingerprint") != fingerprint:
+            raise GenerationError(
+                f"{req.out} holds a different run (other data, model or parameters); "
+                "choose another --out or delete it"
+            )
+    seed = _resolve_seed(plan, resuming)
+    done = _finished_groups(req.out)
+    release_id = hashlib.sha256(
+        (json.dumps(fingerprint, sort_keys=True) + str(req.out.resolve())).encode()
+    ).hexdigest()
+
+    req.out.parent.mkdir(parents=True, exist_ok=True)
+    ledger = PrivacyLedger(req.ledger)
+    ledger.charge(plan.data_digest, release_id, plan.guarantee,
+                  f"dplang generate → {req.out}")  # before any output (invariant 6)
+    if not plan.seed_path.exists():
+        _atomic_write_json(plan.seed_path, {"seed": seed, "note": "SECRET: knowing the seed "
+                                            "voids the privacy guarantee; needed to resume"},
+                           mode=0o600)
+    manifest: dict[str, Any] = {
+        "dplang_version": __version__,
+        "guarantee": plan.guarantee.to_dict(),
+        "guarantee_summary": plan.guarantee.summary(),
+        "rho": plan.guarantee.rho,
+        "epsilon": plan.guarantee.epsilon,
+        "delta": plan.guarantee.delta,
+        "clip": plan.params.clip,
+        "adjacency": req.adjacency,
+        "fingerprint": fingerprint,
+        "data": {"path": str(req.data), "sha256": plan.data_digest,
+                 "read": {"rows_seen": plan.read_stats.rows_seen,
+                          "used": plan.read_stats.used,
+                          "unusable_by_reason": dict(plan.read_stats.skipped_by_reason),
+                          "unusable_rule": plan.read_stats.on_unusable},
+                 "truncated_references": plan.truncated_references,
+                 "max_reference_tokens": req.max_reference_tokens},
+        "ledger": {"path": str(ledger.path), "release_id": release_id},
+        "concurrent_groups": req.concurrent_groups,
+        "status": "running",
+        "started": time.time(),
+    }
+    _atomic_write_json(manifest_path, manifest)
+
+    pending = [j for j in plan.jobs if j.index not in done]
+    if on_start is not None:
+        on_start(len(plan.jobs), len(plan.jobs) - len(pending))
+    batches = {b.index: b for b in plan.batches}
+    start = time.time()
+    written = 0
+    tokens = 0
+
+    with open(req.out, "a", encoding="utf-8") as fh:
+
+        def persist(res: GroupResult) -> None:
+            nonlocal written, tokens
+            record = _record(res, batches[res.index])
+            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+            written += 1
+            tokens += res.num_tokens
+            if on_result is not None:
+                on_result(record)
+
+        status = "interrupted"
+        try:
+            run_invisibleink(plan.model, pending, plan.params, RandomStreams(seed),
+                             req.concurrent_groups, on_result=persist, on_step=on_step)
+            status = "complete"
+        finally:
+            manifest["status"] = status
+            manifest["finished"] = time.time()
+            manifest["generations_written"] = len(done) + written
+            with contextlib.suppress(OSError):
+                _atomic_write_json(manifest_path, manifest)
+    return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
+                      time.time() - start, tokens)
+
+
+def _record(res: GroupResult, batch: Batch) -> dict[str, Any]:
+    return {
+        "group": res.index,
+        "text": res.text,
+        "num_tokens": res.num_tokens,
+        "stopped": res.stopped,
+        "reference_ids": list(batch.reference_ids),
+        "labels": dict(batch.labels),
+        "topk_plus_mean": res.topk_plus_mean,
+        "topk_plus_std": res.topk_plus_std,
+        "expansion_tokens": res.expansion_tokens,
+        "token_ids": res.token_ids,
+    }
+
+
+__all__ = [
+    "GenerationError",
+    "GenerationPlan",
+    "GenerationRequest",
+    "ReferenceDataError",
+    "RunSummary",
+    "execute_plan",
+    "manifest_path_for",
+    "plan_generation",
+]

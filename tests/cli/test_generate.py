@@ -1,0 +1,146 @@
+import json
+import os
+
+import pytest
+
+import dplang.cli.generate as gen_cli
+from dplang.cli.app import main
+from dplang.models import ToyModel
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    model = ToyModel(vocab_size=30, eos_after=None)
+    monkeypatch.setattr(gen_cli, "_load_model", lambda spec: model)
+    return model
+
+
+def write_csv(path, n, blank_at=()):
+    lines = ["text,label"]
+    for i in range(n):
+        lines.append(("" if i in blank_at else f"review number {i} was fine") + f",L{i % 2}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run(capsys, *args):
+    code = main(["generate", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def base_args(data, out, *extra):
+    template = custom_template(data.parent)
+    return ["--data", str(data), "--out", str(out), "--epsilon", "10", "--batch-size", "3",
+            "--max-tokens", "5", "--top-k", "4", "--seed", "1", "--prompt", str(template),
+            "--quiet", *extra]
+
+
+def custom_template(tmp_path):
+    t = tmp_path / "t.toml"
+    t.write_text('private = "Here: {reference}\\nAnother:"\npublic = "Another:"\n')
+    return t
+
+
+def test_generate_writes_records_and_manifest(tmp_path, capsys, toy):
+    data = write_csv(tmp_path / "d.csv", 10, blank_at=(4,))
+    out = tmp_path / "runs" / "x.jsonl"
+    code, stdout, err = run(capsys, *base_args(data, out, "--prompt",
+                                                str(custom_template(tmp_path))))
+    assert code == 0, err
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["group"] for r in recs) == [0, 1, 2]  # ⌊10/3⌋
+    ids = [i for r in recs for i in r["reference_ids"]]
+    assert len(ids) == len(set(ids)) == 9 and sorted(ids) == list(range(9))
+    for r in recs:
+        assert set(r) >= {"group", "text", "num_tokens", "reference_ids", "topk_plus_mean",
+                          "expansion_tokens"}
+        assert r["num_tokens"] == 5
+    manifest = json.loads((tmp_path / "runs" / "x.manifest.json").read_text())
+    for key in ("rho", "epsilon", "delta", "clip", "adjacency"):
+        assert key in manifest
+    assert manifest["epsilon"] == pytest.approx(10)
+    assert manifest["status"] == "complete"
+    assert manifest["data"]["read"]["unusable_by_reason"] == {"blank": 1}
+    assert manifest["fingerprint"]["model_sha256"] == toy.weights_digest()
+    assert "seed" not in json.dumps(manifest["fingerprint"]["parameters"])
+    seed_file = tmp_path / "runs" / "x.seed"
+    assert oct(seed_file.stat().st_mode & 0o777) == "0o600"
+    assert "zCDP" in stdout
+
+
+def test_resume_equals_uninterrupted(tmp_path, capsys, toy):
+    data = write_csv(tmp_path / "d.csv", 15)
+    t = str(custom_template(tmp_path))
+    full = tmp_path / "full.jsonl"
+    assert run(capsys, *base_args(data, full, "--prompt", t, "-G", "2"))[0] == 0
+    part = tmp_path / "part.jsonl"
+    assert run(capsys, *base_args(data, part, "--prompt", t, "-G", "2"))[0] == 0
+    lines = part.read_text().splitlines(keepends=True)
+    # simulate a kill after two finished generations and a torn third line
+    part.write_text("".join(lines[:2]) + lines[2][:10])
+    assert run(capsys, *base_args(data, part, "--prompt", t, "-G", "3"))[0] == 0
+
+    def by_group(p):
+        return {json.loads(x)["group"]: json.loads(x)["text"] for x in p.read_text().splitlines()}
+
+    assert by_group(part) == by_group(full)
+    # a different run into the same file is refused
+    code, _, err = run(capsys, *base_args(data, part, "--prompt", t, "--max-tokens", "7"))
+    assert code == 2 and "different run" in err
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda a, tmp: a.__setitem__(1, str(tmp / "missing.csv")), "not found"),
+        (lambda a, tmp: a.extend(["--text-column", "body"]), "body"),
+        (lambda a, tmp: a.extend(["--num", "9"]), "9"),
+        (lambda a, tmp: a.extend(["--temperature", "0"]), "--temperature"),
+        (lambda a, tmp: a.extend(["--top-k", "-1"]), "--top-k"),
+        (lambda a, tmp: a.extend(["--delta", "2"]), "--delta"),
+        (lambda a, tmp: a.extend(["--clip", "1"]), "exactly one"),
+        (lambda a, tmp: a.extend(["--prompt", "nonexistent-template"]), "template"),
+        (lambda a, tmp: a.extend(["--prompt", "yelp"]), "group by"),  # needs label columns
+    ],
+)
+def test_bad_input_writes_nothing(tmp_path, capsys, toy, mutate, needle):
+    data = write_csv(tmp_path / "d.csv", 10)
+    out = tmp_path / "o" / "x.jsonl"
+    args = base_args(data, out)
+    mutate(args, tmp_path)
+    code, _, err = run(capsys, *args)
+    assert code != 0
+    assert err.startswith("error:") and err.count("\n") == 1 and needle in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_undecodable_and_too_few_references(tmp_path, capsys, toy):
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"text\nok\n\xff\xfe broken\n")
+    code, _, err = run(capsys, *base_args(bad, tmp_path / "o.jsonl"))
+    assert code == 2 and "utf-8" in err.lower()
+    few = write_csv(tmp_path / "few.csv", 2)
+    code, _, err = run(capsys, *base_args(few, tmp_path / "o.jsonl"))
+    assert code == 2 and err.count("\n") == 1
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    code, _, err = run(capsys, *base_args(empty, tmp_path / "o.jsonl"))
+    assert code == 2
+    assert not os.path.exists(tmp_path / "o.jsonl")
+
+
+def test_budget_refusal(tmp_path, capsys, toy, monkeypatch):
+    from dplang.io import file_digest
+    from dplang.privacy.ledger import PrivacyLedger
+
+    data = write_csv(tmp_path / "d.csv", 6)
+    ledger = tmp_path / "ledger.sqlite"
+    PrivacyLedger(ledger).set_budget(file_digest(data), epsilon=12.0, delta=1e-6)
+    t = str(custom_template(tmp_path))
+    args = [*base_args(data, tmp_path / "a.jsonl", "--prompt", t), "--ledger", str(ledger)]
+    assert run(capsys, *args)[0] == 0
+    code, _, err = run(capsys, *base_args(data, tmp_path / "b.jsonl", "--prompt", t),
+                       "--ledger", str(ledger))
+    assert code == 3 and "budget" in err
+    assert not (tmp_path / "b.jsonl").exists()

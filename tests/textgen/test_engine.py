@@ -1,0 +1,130 @@
+import numpy as np
+import pytest
+import torch
+
+import dplang.textgen.engine as engine_mod
+from dplang.models import ToyModel
+from dplang.privacy import RandomStreams
+from dplang.textgen.engine import DecodingParams, GroupJob, run_invisibleink, run_plain
+
+
+def jobs(n, b=3, nulls=0):
+    out = []
+    for g in range(n):
+        public = f"public prompt {g % 2}"
+        private = [f"reference {g}-{i}" for i in range(b - nulls)] + [public] * nulls
+        out.append(GroupJob(g, public, tuple(private)))
+    return out
+
+
+class CountingModel(ToyModel):
+    """Toy model that records how many rows each decode step runs."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.rows_per_step = []
+
+    def next_hidden(self, state, tokens):
+        self.rows_per_step.append(state.rows if hasattr(state, "rows") else len(state.prompts))
+        return super().next_hidden(state, tokens)
+
+
+PARAMS = DecodingParams(clip=1.0, batch_size=3, temperature=1.0, top_k=4, max_tokens=12)
+
+
+def texts(results):
+    return {r.index: r.token_ids for r in results}
+
+
+def test_same_text_for_any_concurrency_and_order():
+    model = ToyModel(vocab_size=24, eos_after=6)
+    base = texts(run_invisibleink(model, jobs(5), PARAMS, RandomStreams(3), 1))
+    for g in (2, 3, 5, 8):
+        assert texts(run_invisibleink(model, jobs(5), PARAMS, RandomStreams(3), g)) == base
+    # resume: running only the last groups gives the same texts for them
+    tail = texts(run_invisibleink(model, jobs(5)[3:], PARAMS, RandomStreams(3), 2))
+    assert tail == {k: v for k, v in base.items() if k >= 3}
+    other_seed = texts(run_invisibleink(model, jobs(5), PARAMS, RandomStreams(4), 2))
+    assert other_seed != base
+
+
+def test_sparse_and_dense_paths_agree():
+    model = ToyModel(vocab_size=40, eos_after=None)
+    dense = DecodingParams(1.0, 3, 1.0, 5, 10, sparse_head=False)
+    a = texts(run_invisibleink(model, jobs(4), PARAMS.__class__(1.0, 3, 1.0, 5, 10),
+                               RandomStreams(1), 4))
+    b = texts(run_invisibleink(model, jobs(4), dense, RandomStreams(1), 4))
+    assert a == b
+
+
+def test_b_plus_one_rows_per_token_and_stops():
+    model = CountingModel(vocab_size=20, eos_after=None)
+    res = run_invisibleink(model, jobs(2), PARAMS, RandomStreams(0), 2)
+    assert all(r.num_tokens == PARAMS.max_tokens and r.stopped == "length" for r in res)
+    assert model.rows_per_step == [2 * (3 + 1)] * PARAMS.max_tokens
+    assert all(len(r.topk_plus_sizes) == PARAMS.max_tokens for r in res)
+    assert all(min(r.topk_plus_sizes) >= PARAMS.top_k for r in res)
+
+
+def test_eos_ends_generation_and_retires_rows():
+    model = CountingModel(vocab_size=20, eos_after=3)
+    res = run_invisibleink(model, jobs(3), PARAMS, RandomStreams(0), 3)
+    assert all(r.stopped == "eos" for r in res)
+    assert all(model.eos_token_id not in r.token_ids for r in res)
+    assert model.rows_per_step[0] == 12 and model.rows_per_step[-1] <= 12
+
+
+def test_null_reference_gets_public_logits_exactly(monkeypatch):
+    """Invariant 1: an empty reference never gets a row and contributes exactly φ_pub, so a
+    group whose references are all empty samples from the public Top-k+ distribution."""
+    model = CountingModel(vocab_size=30, eos_after=None)
+    seen = []
+    real = engine_mod.candidate_scores
+
+    def spy(priv, pub, clip, b):
+        seen.append((priv.shape[0], pub.clone(), real(priv, pub, clip, b)))
+        return real(priv, pub, clip, b)
+
+    monkeypatch.setattr(engine_mod, "candidate_scores", spy)
+    run_invisibleink(model, jobs(1, b=3, nulls=3), PARAMS, RandomStreams(0), 1)
+    assert model.rows_per_step[0] == 1  # only the public row is decoded
+    for m, pub, scores in seen:
+        assert m == 0
+        assert np.array_equal(scores, pub.to(torch.float64).numpy())
+    model.rows_per_step.clear()
+    run_invisibleink(model, jobs(1, b=3, nulls=1), PARAMS, RandomStreams(0), 1)
+    assert model.rows_per_step[0] == 3
+
+
+def test_wrong_batch_size_refused():
+    with pytest.raises(ValueError, match="references"):
+        run_invisibleink(ToyModel(), jobs(1, b=2), PARAMS, RandomStreams(0), 1)
+    with pytest.raises(ValueError):
+        DecodingParams(1.0, 3, 0.0, 4, 10)
+
+
+def test_run_plain_is_deterministic_and_respects_top_k():
+    model = ToyModel(vocab_size=30, eos_after=None)
+    a = run_plain(model, ["x", "y", "z"], 8, 1.0, 3, RandomStreams(2))
+    b = run_plain(model, ["x", "y", "z"], 8, 1.0, 3, RandomStreams(2))
+    assert a == b and all(len(t) == 8 for t in a)
+    # every token is among the row's top-3 at its step
+    for prompt, toks in zip(["x", "y", "z"], a, strict=True):
+        for t, tok in enumerate(toks):
+            logits = model.logits_for(prompt, toks[:t])
+            assert tok in np.argsort(logits)[-3:]
+
+
+def test_tiny_hf_model_sparse_dense_and_concurrency(tmp_path):
+    from dplang.models import TransformersModel, make_tiny_hf_model
+
+    make_tiny_hf_model(tmp_path / "m")
+    model = TransformersModel(tmp_path / "m")
+    js = [GroupJob(g, f"the public prompt {g}",
+                   tuple(f"a private reference number {g} {i} with words" for i in range(3)))
+          for g in range(3)]
+    params = DecodingParams(1.0, 3, 1.0, 8, 6, stop_at_eos=False)
+    base = texts(run_invisibleink(model, js, params, RandomStreams(0), 1))
+    assert texts(run_invisibleink(model, js, params, RandomStreams(0), 3)) == base
+    dense = DecodingParams(1.0, 3, 1.0, 8, 6, sparse_head=False, stop_at_eos=False)
+    assert texts(run_invisibleink(model, js, dense, RandomStreams(0), 3)) == base

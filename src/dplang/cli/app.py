@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover - older typer depends on click
     from click import exceptions as click_exceptions
 
 from .. import __version__
-from . import account, generate
+from . import account, evaluate, generate, report, sample
 from .errors import CliError, echo_error
 
 app = typer.Typer(
@@ -46,6 +46,9 @@ def _root(
 
 app.command("account")(account.account)
 app.command("generate")(generate.generate)
+app.command("evaluate")(evaluate.evaluate)
+app.command("report")(report.report)
+app.command("sample")(sample.sample)
 
 
 def main(argv: list[str] | None = None) -> int:

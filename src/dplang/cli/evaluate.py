@@ -1,0 +1,81 @@
+"""``dplang evaluate``: compare synthetic texts with held-out real texts.
+
+Thin front end over :func:`dplang.evaluation.evaluate_files` (imported lazily so that other
+commands do not pay for torch / transformers at start-up).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .errors import fail
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def evaluate(
+    real: Path = typer.Option(..., "--real", help="Held-out real texts (CSV, JSONL, ...)."),
+    synthetic: list[Path] = typer.Option(
+        ..., "--synthetic", metavar="OUT.jsonl",
+        help="A dplang generate output; repeat for several seeds / runs.",
+    ),
+    out: Path = typer.Option(..., "--out", help="Directory for metrics.json, report.md, plots."),
+    text_column: str = typer.Option("text", "--text-column", help="Text column of --real."),
+    metrics: str | None = typer.Option(
+        None, "--metrics", help="Comma-separated: mauve,perplexity,length,topk (default all)."
+    ),
+    embedder: str = typer.Option(
+        "default", "--embedder",
+        help="MAUVE embedder: default (all-MiniLM-L6-v2, offline), hashing, or a folder.",
+    ),
+    model: str = typer.Option(
+        "default", "--model", help="Perplexity / tokenizer model: default (Gemma 3 270M) or path."
+    ),
+    num: int | None = typer.Option(None, "--num", "-n", help="Texts per side (default: all)."),
+    seed: int = typer.Option(25, "--seed", help="MAUVE k-means seed."),
+    num_buckets: int | None = typer.Option(
+        None, "--num-buckets", help="MAUVE buckets (default max(2, n/20))."
+    ),
+    exclude_references: bool = typer.Option(
+        False, "--exclude-references",
+        help="If --real is the generation's data file, skip its reference rows.",
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages."),
+) -> None:
+    """Evaluate synthetic texts: MAUVE, perplexity/ΔPPL, lengths, Top-k+ statistics."""
+    from dplang.evaluation import EvaluationError, evaluate_files
+    from dplang.io import ReferenceDataError
+
+    def progress(message: str) -> None:
+        if not quiet:
+            typer.echo(message, err=True)
+
+    try:
+        result = evaluate_files(
+            real, synthetic, metrics=metrics, embedder=embedder, model=model, num=num,
+            seed=seed, num_buckets=num_buckets, text_column=text_column,
+            exclude_references=exclude_references, out_dir=out, progress=progress,
+        )
+    except (EvaluationError, ReferenceDataError, FileNotFoundError, ValueError) as exc:
+        fail(_one_line(exc))
+    for warning in result["warnings"]:
+        typer.echo(f"warning: {warning}", err=True)
+    for run in result["runs"]:
+        parts = [run["name"], f"n={run['n']}"]
+        if "mauve" in run:
+            parts.append(f"MAUVE={100 * run['mauve']['mauve']:.2f}%")
+        if "perplexity" in run:
+            parts.append(f"PPL={run['perplexity']['mean']['mean']:.2f}")
+            parts.append(f"ΔPPL={run['perplexity']['delta_ppl']:.2f}")
+        if "length" in run:
+            parts.append(f"length={run['length']['tokens']['mean']:.1f}")
+        if "topk" in run:
+            parts.append(f"effective_k={run['topk']['effective_k']['mean']:.2f}")
+            parts.append(f"expansion_tokens={run['topk']['expansion_tokens']['mean']:.2f}")
+        typer.echo("  ".join(parts))
+    typer.echo(f"wrote {out / 'metrics.json'} and {out / 'report.md'}")

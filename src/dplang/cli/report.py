@@ -1,0 +1,184 @@
+"""``dplang report``: an evidence-bearing report by proposal-and-filter (spec 003).
+
+Order of work (the privacy argument depends on it): parameters and candidate statements are
+validated and deduplicated and the predicate is built *before* the data is read; the ledger is
+charged before anything is written; the outputs contain no seed, noise or exact support.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from .errors import fail
+
+
+def _load_model(spec: str) -> Any:  # indirection so tests can substitute a toy model
+    from ..models import resolve_model
+
+    return resolve_model(spec)
+
+
+def _statements(statements: Path | None, schema: Path | None, task: str | None,
+                proposer_model: str, proposals: int, proposal_seed: int) -> tuple[list, dict]:
+    from ..reports.proposers import LanguageModelProposer, ListProposer, load_schema
+
+    given = [x for x in (statements, schema, task) if x is not None]
+    if len(given) != 1:
+        fail("give exactly one of --statements FILE.txt, --schema FILE.toml or --task TEXT")
+    if statements is not None:
+        raw = ListProposer.from_file(statements).statements
+        return raw, {"source": "list", "path": str(statements), "proposed": len(raw)}
+    if schema is not None:
+        proposer = load_schema(schema)
+        raw = proposer.enumerate()
+        return raw, {"source": "schema", "path": str(schema), "proposed": len(raw)}
+    assert task is not None
+    try:
+        model = _load_model(proposer_model)
+    except (FileNotFoundError, ValueError, OSError) as exc:
+        fail(f"--proposer-model: {str(exc).splitlines()[0]}")
+    lm = LanguageModelProposer(model, task, num=proposals, seed=proposal_seed)
+    raw = lm.propose()
+    return raw, {"source": "language model", "model": getattr(model, "model_id", proposer_model),
+                 "task": task, "drafts": proposals, "proposal_seed": proposal_seed,
+                 "proposed": len(raw)}
+
+
+def _predicate(kind: str, judge: Path | None, similarity: float, chunk_words: int) -> Any:
+    from ..reports.predicates import EmbeddingPredicate, EntailmentPredicate, KeywordPredicate
+
+    if kind == "keyword":
+        return KeywordPredicate()
+    if kind == "embedding":
+        return EmbeddingPredicate(similarity, max_words=chunk_words)
+    if kind == "entailment":
+        if judge is None:
+            fail("--predicate entailment needs --judge PATH (a local NLI model or causal LM)")
+        return EntailmentPredicate(judge, max_words=chunk_words)
+    fail(f"--predicate must be keyword, embedding or entailment, got {kind!r}")
+
+
+def report(
+    data: Path = typer.Option(..., "--data", help="Private corpus: CSV, TSV, JSONL, Parquet."),
+    out: Path = typer.Option(..., "--out", help="Writes OUT.json and OUT.md."),
+    epsilon: float = typer.Option(..., "--epsilon", help="Total ε over all candidates."),
+    threshold: float = typer.Option(..., "--threshold", help="Reporting threshold θ in [0, 1]."),
+    beta: float = typer.Option(0.05, "--beta", help="Failure probability β in (0, 1/2)."),
+    statements: Path | None = typer.Option(
+        None, "--statements", help="Candidates: one per line, optional '<TAB>regex'."),
+    schema: Path | None = typer.Option(None, "--schema", help="Candidates: template schema TOML."),
+    task: str | None = typer.Option(
+        None, "--task", help="Candidates drafted by a language model from this public task."),
+    proposer_model: str = typer.Option("default", "--proposer-model",
+                                       help="Model for --task: 'default' or a path."),
+    proposals: int = typer.Option(20, "--proposals", help="Drafts to sample with --task."),
+    proposal_seed: int = typer.Option(0, "--proposal-seed", help="Seed of the (public) drafts."),
+    text_column: str = typer.Option("text", "--text-column", help="Column with the text."),
+    predicate: str = typer.Option("keyword", "--predicate",
+                                  help="keyword, embedding or entailment."),
+    judge: Path | None = typer.Option(None, "--judge", help="Entailment judge model folder."),
+    similarity: float = typer.Option(0.6, "--similarity",
+                                     help="Cosine threshold of the embedding predicate."),
+    chunk_words: int = typer.Option(48, "--chunk-words",
+                                    help="Chunk size (words) for embedding/entailment."),
+    noise: str = typer.Option("discrete-laplace", "--noise",
+                              help="discrete-laplace, laplace or gaussian."),
+    delta: float = typer.Option(1e-5, "--delta", help="Total δ (gaussian noise only)."),
+    composition: str = typer.Option("basic", "--composition",
+                                    help="basic, or zcdp (gaussian only)."),
+    bonferroni: bool = typer.Option(False, "--bonferroni",
+                                    help="β is family-wise: each test uses β/m."),
+    release_abstained_bounds: bool = typer.Option(
+        False, "--release-abstained-bounds", help="Also show L for abstentions (no extra cost)."),
+    seed: int | None = typer.Option(
+        None, "--seed", help="Secret seed for reproducible noise (default: OS entropy)."),
+    ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger (SQLite) path."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the guarantee."),
+) -> None:
+    """Certify candidate statements about a private corpus, or abstain, under DP."""
+    from .. import io
+    from ..privacy.ledger import BudgetExceeded, PrivacyLedger
+    from ..reports.mechanism import FilterConfig, ReportConfigError, calibrate, certify_counts
+    from ..reports.predicates import PredicateError, support_counts
+    from ..reports.render import certificate_line, write_report
+    from ..reports.statements import StatementError, deduplicate, validate_statements
+
+    console = Console(stderr=True, quiet=quiet)
+    config = FilterConfig(epsilon=epsilon, beta=beta, theta=threshold, noise=noise, delta=delta,
+                          composition=composition, bonferroni=bonferroni,
+                          release_abstained_bounds=release_abstained_bounds)
+    try:
+        config.validate()
+    except ReportConfigError as exc:
+        fail(str(exc))
+    if seed is not None and seed < 0:
+        fail(f"--seed must be >= 0, got {seed}")
+    if chunk_words < 1:
+        fail(f"--chunk-words must be >= 1, got {chunk_words}")
+
+    # 1. candidates: public, deduplicated before the data is touched
+    try:
+        raw, source = _statements(statements, schema, task, proposer_model, proposals,
+                                  proposal_seed)
+        candidates = deduplicate(raw)
+        validate_statements(candidates, need_rules=(predicate == "keyword"))
+    except StatementError as exc:
+        fail(str(exc))
+    source["after_deduplication"] = len(candidates)
+
+    # 2. the predicate, fixed before the data is read
+    try:
+        pred = _predicate(predicate, judge, similarity, chunk_words)
+        pred.check(candidates)
+    except PredicateError as exc:
+        fail(str(exc))
+
+    # 3. the data (n = every row, blank rows included: public under replace-one)
+    if not data.exists():
+        fail(f"data file not found: {data}")
+    try:
+        records, _stats = io.load_references(data, text_column)
+        digest = io.file_digest(data)
+    except io.ReferenceDataError as exc:
+        fail(str(exc).splitlines()[0])
+    texts = [r.text for r in records]
+    try:
+        test, guarantee = calibrate(config, len(candidates), len(texts))
+    except ReportConfigError as exc:
+        fail(str(exc))
+
+    from ..privacy.randomness import RandomStreams
+
+    streams = RandomStreams(seed) if seed is not None else RandomStreams.from_os_entropy()
+    with console.status(f"evaluating {len(candidates)} statements on {len(texts)} records…"):
+        counts = support_counts(pred, candidates, texts)
+    result = certify_counts(candidates, counts, len(texts), config, streams, pred)
+    del counts  # exact supports: never written anywhere
+
+    # 4. charge the ledger before writing anything (DESIGN.md invariant 6)
+    release_id = f"report-{uuid.uuid4().hex}"
+    try:
+        book = PrivacyLedger(ledger)
+        book.charge(digest, release_id, result.guarantee, f"dplang report → {out}")
+    except BudgetExceeded as exc:
+        fail(str(exc), code=3)
+    metadata = {
+        "data": {"path": str(data), "sha256": digest, "text_column": text_column,
+                 "n_records": len(texts)},
+        "statements": source,
+        "predicate": pred.describe(),
+        "ledger": {"path": str(book.path), "dataset": digest, "release_id": release_id},
+    }
+    json_path, md_path = write_report(result, out, metadata)
+
+    for c in sorted(result.certificates, key=lambda c: c.decision != "emit"):
+        console.print(certificate_line(c), markup=False, highlight=False)
+    console.print(f"{len(result.emitted)} emitted, {len(result.abstained)} abstained of "
+                  f"{result.m} candidates (τ = {test.tau:.4g}); wrote {json_path} and {md_path}",
+                  markup=False, highlight=False)
+    typer.echo(guarantee.summary())

@@ -1,1 +1,130 @@
-"""dplang.evaluation."""
+"""Evaluation of synthetic texts: MAUVE, perplexity / ΔPPL, lengths, Top-k+ statistics,
+99% Wald confidence intervals, reports and plots (spec 002 §4.5).
+
+Entry point: :func:`evaluate_files` (what ``dplang evaluate`` calls). Building blocks:
+
+* :mod:`~dplang.evaluation.data` — reading real and synthetic inputs, held-out checks, sizes;
+* :mod:`~dplang.evaluation.embedders` — sentence embedders (offline default: all-MiniLM-L6-v2);
+* :mod:`~dplang.evaluation.mauve_metric` — MAUVE with the paper's settings;
+* :mod:`~dplang.evaluation.perplexity` — perplexity and ΔPPL under a causal LM;
+* :mod:`~dplang.evaluation.lengths` — token lengths and Top-k+ statistics;
+* :mod:`~dplang.evaluation.stats` — Wald intervals;
+* :mod:`~dplang.evaluation.report` / :mod:`~dplang.evaluation.plots` — files.
+
+``import dplang.evaluation`` is cheap: submodules load on first attribute access.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dplang.evaluation.data import (
+        EvaluationError,
+        RealTexts,
+        SyntheticRun,
+        align_sizes,
+        load_real,
+        load_synthetic,
+    )
+    from dplang.evaluation.embedders import (
+        Embedder,
+        HashingEmbedder,
+        SentenceTransformerEmbedder,
+        resolve_embedder,
+    )
+    from dplang.evaluation.harness import (
+        ALL_METRICS,
+        EvaluationSettings,
+        evaluate_files,
+        evaluate_runs,
+        evaluate_texts,
+        parse_metrics,
+    )
+    from dplang.evaluation.lengths import (
+        TopkStats,
+        load_tokenizer,
+        token_lengths,
+        topk_statistics,
+    )
+    from dplang.evaluation.mauve_metric import (
+        MauveResult,
+        default_num_buckets,
+        mauve_from_features,
+        mauve_score,
+    )
+    from dplang.evaluation.perplexity import (
+        DeltaPPL,
+        PerplexityResult,
+        PerplexityScorer,
+        delta_ppl,
+        perplexities,
+    )
+    from dplang.evaluation.report import render_markdown, write_outputs
+    from dplang.evaluation.stats import Z_99, Interval, difference_interval, wald_interval
+
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(
+        ["EvaluationError", "RealTexts", "SyntheticRun", "align_sizes", "load_real",
+         "load_synthetic"], "data"),
+    **dict.fromkeys(
+        ["Embedder", "HashingEmbedder", "SentenceTransformerEmbedder", "resolve_embedder"],
+        "embedders"),
+    **dict.fromkeys(
+        ["ALL_METRICS", "EvaluationSettings", "evaluate_files", "evaluate_runs",
+         "evaluate_texts", "parse_metrics"], "harness"),
+    **dict.fromkeys(["TopkStats", "load_tokenizer", "token_lengths", "topk_statistics"],
+                    "lengths"),
+    **dict.fromkeys(["MauveResult", "default_num_buckets", "mauve_from_features", "mauve_score"],
+                    "mauve_metric"),
+    **dict.fromkeys(["DeltaPPL", "PerplexityResult", "PerplexityScorer", "delta_ppl",
+                     "perplexities"], "perplexity"),
+    **dict.fromkeys(["render_markdown", "write_outputs"], "report"),
+    **dict.fromkeys(["Z_99", "Interval", "difference_interval", "wald_interval"], "stats"),
+}
+
+__all__ = [
+    "ALL_METRICS",
+    "Z_99",
+    "DeltaPPL",
+    "Embedder",
+    "EvaluationError",
+    "EvaluationSettings",
+    "HashingEmbedder",
+    "Interval",
+    "MauveResult",
+    "PerplexityResult",
+    "PerplexityScorer",
+    "RealTexts",
+    "SentenceTransformerEmbedder",
+    "SyntheticRun",
+    "TopkStats",
+    "align_sizes",
+    "default_num_buckets",
+    "delta_ppl",
+    "difference_interval",
+    "evaluate_files",
+    "evaluate_runs",
+    "evaluate_texts",
+    "load_real",
+    "load_synthetic",
+    "load_tokenizer",
+    "mauve_from_features",
+    "mauve_score",
+    "parse_metrics",
+    "perplexities",
+    "render_markdown",
+    "resolve_embedder",
+    "token_lengths",
+    "topk_statistics",
+    "wald_interval",
+    "write_outputs",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module = importlib.import_module(f"dplang.evaluation.{_LAZY[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module 'dplang.evaluation' has no attribute {name!r}")

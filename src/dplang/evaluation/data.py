@@ -1,0 +1,280 @@
+"""Inputs of an evaluation: held-out real texts and one or more synthetic runs.
+
+Rules (documented in ``docs/evaluation.md`` and repeated in every report):
+
+* **Synthetic runs** are ``dplang generate`` outputs (JSONL, one generation per line) with the
+  manifest ``OUT.manifest.json`` beside them, or any other text file :mod:`dplang.io` reads
+  (column ``text``; no Top-k+ statistics then). Generations are put in ``group`` order (the
+  JSONL is appended in completion order, which depends on concurrency and resumes), file order
+  when there is no ``group``. An empty generated text is a legitimate (degenerate) output and
+  is kept; a file whose texts are all empty is refused.
+* **Real texts** are read with :func:`dplang.io.read_records`; blank or missing rows are
+  skipped (and counted). They must be *held out*: when the real file is the generation's data
+  file (same path or same SHA-256 as recorded in the manifest), the selected real rows must not
+  be references of any generation (``reference_ids``). Overlap is refused, or, with
+  ``exclude_references=True``, the reference rows are skipped.
+* **Sizes.** Every comparison uses the same number ``n`` of real and synthetic texts:
+  ``n = min(n_real, n_synthetic of every run)`` (and ``num`` when given, which may not exceed
+  what is available). The first ``n`` texts of each input, in the order above, are used.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dplang.io import ReadStats, ReferenceDataError, file_digest, read_records
+
+__all__ = [
+    "EvaluationError",
+    "RealTexts",
+    "SyntheticRun",
+    "align_sizes",
+    "load_real",
+    "load_synthetic",
+    "manifest_path_for",
+]
+
+
+class EvaluationError(ValueError):
+    """Bad evaluation input; the message is one line, fit for ``error: ...``."""
+
+
+def manifest_path_for(out: str | Path) -> Path:
+    """The manifest ``dplang generate`` writes beside ``out``: ``x.jsonl`` → ``x.manifest.json``.
+
+    (The same naming rule as :func:`dplang.textgen.runner.manifest_path_for`, repeated here
+    because ``evaluation`` does not import ``textgen``.)"""
+    out = Path(out)
+    return out.with_name(out.name.removesuffix(".jsonl") + ".manifest.json")
+
+
+@dataclass
+class SyntheticRun:
+    """One synthetic file (one seed / one run).
+
+    Attributes:
+        path: the file.
+        texts: generated texts in ``group`` order (empty strings kept).
+        records: the raw JSON objects (``{"text": ...}`` only for non-JSONL files), same order.
+        manifest: the parsed manifest, or ``None`` when there is none.
+        sha256: digest of the file.
+        label: display name (default: the file name).
+    """
+
+    path: Path
+    texts: list[str]
+    records: list[dict[str, Any]]
+    manifest: dict[str, Any] | None
+    sha256: str
+    label: str | None = None
+
+    @property
+    def name(self) -> str:
+        """A short label: :attr:`label`, else the file name."""
+        return self.label or self.path.name
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """``manifest.fingerprint.parameters`` (empty without a manifest)."""
+        if not self.manifest:
+            return {}
+        return dict((self.manifest.get("fingerprint") or {}).get("parameters") or {})
+
+    def has_field(self, key: str) -> bool:
+        """Whether every record carries ``key`` with a non-null value."""
+        return bool(self.records) and all(r.get(key) is not None for r in self.records)
+
+    def reference_ids(self) -> set[int]:
+        """Union of the ``reference_ids`` of all generations (row indices of the data file)."""
+        ids: set[int] = set()
+        for record in self.records:
+            ids.update(int(i) for i in record.get("reference_ids") or ())
+        return ids
+
+    def head(self, n: int) -> SyntheticRun:
+        """The run cut to its first ``n`` generations."""
+        return SyntheticRun(self.path, self.texts[:n], self.records[:n], self.manifest,
+                            self.sha256, self.label)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise EvaluationError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+                if not isinstance(obj, dict):
+                    raise EvaluationError(f"{path}:{lineno}: expected a JSON object")
+                text = obj.get("text")
+                if text is None:
+                    text = ""
+                if not isinstance(text, str):
+                    raise EvaluationError(f"{path}:{lineno}: 'text' is not a string")
+                obj["text"] = text
+                records.append(obj)
+    except UnicodeDecodeError:
+        raise EvaluationError(f"{path}: not UTF-8 text") from None
+    return records
+
+
+def load_synthetic(path: str | Path) -> SyntheticRun:
+    """Read one synthetic file and its manifest (if any); see the module docstring."""
+    path = Path(path)
+    if not path.is_file():
+        raise EvaluationError(f"synthetic file not found: {path}")
+    if path.suffix.lower() in (".jsonl", ".ndjson"):
+        records = _read_jsonl(path)
+        if records and all(isinstance(r.get("group"), int) for r in records):
+            records.sort(key=lambda r: r["group"])
+    else:
+        try:
+            rows = read_records(path, "text", on_unusable="null")
+            records = [{"text": r.text or ""} for r in rows]
+        except ReferenceDataError as exc:
+            raise EvaluationError(str(exc)) from None
+    if not records:
+        raise EvaluationError(f"{path}: no synthetic texts")
+    if all(not r["text"].strip() for r in records):
+        raise EvaluationError(f"{path}: all {len(records)} synthetic texts are empty")
+    manifest = None
+    mpath = manifest_path_for(path)
+    if mpath.is_file():
+        try:
+            manifest = json.loads(mpath.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise EvaluationError(f"{mpath}: cannot read the manifest ({exc})") from None
+    return SyntheticRun(path, [r["text"] for r in records], records, manifest, file_digest(path))
+
+
+@dataclass
+class RealTexts:
+    """Held-out real texts selected for the evaluation.
+
+    Attributes:
+        path: the file.
+        texts: the selected texts, in file order.
+        indices: their row indices in the file (``Record.index``).
+        stats: read statistics (rows seen, blank rows skipped, ...).
+        sha256: digest of the file.
+        excluded_references: reference rows skipped (``exclude_references=True``).
+        is_generation_data: names of the synthetic files whose data file this is.
+        exhausted: whether the whole file was read.
+    """
+
+    path: Path
+    texts: list[str]
+    indices: list[int]
+    stats: ReadStats
+    sha256: str
+    excluded_references: int = 0
+    is_generation_data: list[str] = field(default_factory=list)
+    exhausted: bool = True
+
+    def head(self, n: int) -> RealTexts:
+        """The first ``n`` selected texts."""
+        return RealTexts(self.path, self.texts[:n], self.indices[:n], self.stats, self.sha256,
+                         self.excluded_references, self.is_generation_data, self.exhausted)
+
+
+def _is_data_file(real: Path, real_sha: str, run: SyntheticRun) -> bool:
+    if not run.manifest:
+        return False
+    data = run.manifest.get("data") or {}
+    if data.get("sha256") and data.get("sha256") == real_sha:
+        return True
+    recorded = data.get("path") or run.parameters.get("data")
+    if not recorded:
+        return False
+    try:
+        return Path(recorded).resolve() == real.resolve()
+    except OSError:
+        return False
+
+
+def load_real(
+    path: str | Path,
+    runs: Sequence[SyntheticRun],
+    *,
+    text_column: str = "text",
+    limit: int | None = None,
+    exclude_references: bool = False,
+) -> RealTexts:
+    """Read up to ``limit`` held-out real texts, checking that they are not references.
+
+    Raises :class:`EvaluationError` when the file cannot be read, holds no usable text, or
+    (without ``exclude_references``) a selected row is a reference of one of ``runs``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise EvaluationError(f"real file not found: {path}")
+    sha = file_digest(path)
+    data_of = [run for run in runs if _is_data_file(path, sha, run)]
+    forbidden: set[int] = set()
+    for run in data_of:
+        forbidden |= run.reference_ids()
+    stats = ReadStats()
+    texts: list[str] = []
+    indices: list[int] = []
+    excluded = 0
+    exhausted = True
+    try:
+        iterator = read_records(path, text_column, on_unusable="skip", stats=stats)
+        for record in iterator:
+            if exclude_references and record.index in forbidden:
+                excluded += 1
+                continue
+            texts.append(record.text or "")
+            indices.append(record.index)
+            if limit is not None and len(texts) >= limit:
+                exhausted = False
+                break
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+    except ReferenceDataError as exc:
+        raise EvaluationError(str(exc).splitlines()[0]) from None
+    if not texts:
+        raise EvaluationError(f"{path}: no usable real texts in column {text_column!r}"
+                              + (f" ({excluded} reference rows excluded)" if excluded else ""))
+    overlap = sorted(set(indices) & forbidden)
+    if overlap:
+        names = ", ".join(run.name for run in data_of)
+        raise EvaluationError(
+            f"{path} is the data file of {names} and {len(overlap)} of the selected real rows "
+            f"(first: row {overlap[0]}) were references of the generation; evaluate against "
+            "held-out texts, or pass --exclude-references to skip the reference rows"
+        )
+    return RealTexts(path, texts, indices, stats, sha, excluded,
+                     [run.name for run in data_of], exhausted)
+
+
+def align_sizes(
+    real: RealTexts, runs: Sequence[SyntheticRun], num: int | None = None
+) -> tuple[int, RealTexts, list[SyntheticRun]]:
+    """Cut the real texts and every run to a common size ``n`` (see the module docstring).
+
+    ``num`` (optional) is the requested size; it may not exceed what every input provides.
+    Returns ``(n, real_head, [run_head, ...])``.
+    """
+    available = min([len(real.texts), *(len(r.texts) for r in runs)])
+    if num is not None:
+        if num < 1:
+            raise EvaluationError(f"--num must be at least 1, got {num}")
+        if num > available:
+            parts = [f"{len(real.texts)} real"] + [f"{len(r.texts)} in {r.name}" for r in runs]
+            raise EvaluationError(
+                f"--num {num} is more than the texts available ({', '.join(parts)})"
+            )
+        n = num
+    else:
+        n = available
+    return n, real.head(n), [r.head(n) for r in runs]

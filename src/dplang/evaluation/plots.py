@@ -1,0 +1,86 @@
+"""PNG plots of an evaluation (matplotlib, Agg backend: no display needed).
+
+* :func:`plot_lengths` — histograms of real vs synthetic lengths in tokens;
+* :func:`plot_metrics` — one panel per metric: real (where it has a value) and every run as
+  bars with 99% Wald error bars, plus the mean over runs when there are several.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["plot_lengths", "plot_metrics"]
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_lengths(
+    real: Sequence[int], synthetic: Mapping[str, Sequence[int]], path: str | Path
+) -> Path:
+    """Overlaid step histograms of real and synthetic lengths (shared bins); returns ``path``."""
+    plt = _pyplot()
+    path = Path(path)
+    values = [np.asarray(real, dtype=float), *(np.asarray(v, dtype=float)
+                                               for v in synthetic.values())]
+    upper = max((float(v.max()) for v in values if v.size), default=1.0)
+    bins = np.linspace(0.0, max(upper, 1.0), 31)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    try:
+        ax.hist(values[0], bins=bins, histtype="stepfilled", alpha=0.35, color="gray",
+                label=f"real (n={values[0].size})")
+        for name, v in zip(synthetic, values[1:], strict=True):
+            ax.hist(v, bins=bins, histtype="step", linewidth=1.5, label=f"{name} (n={v.size})")
+        ax.set_xlabel("length (tokens)")
+        ax.set_ylabel("texts")
+        ax.set_title("Lengths: real vs synthetic")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def plot_metrics(panels: Mapping[str, Sequence[tuple[str, float, float | None]]],
+                 path: str | Path) -> Path:
+    """One bar panel per metric.
+
+    ``panels`` maps a panel title to ``(label, value, half_width or None)`` bars. Returns
+    ``path``."""
+    plt = _pyplot()
+    path = Path(path)
+    count = max(1, len(panels))
+    cols = min(3, count)
+    rows = -(-count // cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(3.8 * cols, 3.4 * rows), squeeze=False)
+    axes = list(grid.flat)
+    try:
+        for ax, (title, bars) in zip(axes, panels.items(), strict=False):
+            labels = [b[0] for b in bars]
+            heights = [b[1] for b in bars]
+            errors = [b[2] if b[2] is not None else 0.0 for b in bars]
+            colors = ["gray" if label == "real" else f"C{i % 10}" for i, label in
+                      enumerate(labels)]
+            ax.bar(range(len(bars)), heights, yerr=errors, capsize=4, color=colors, alpha=0.8)
+            ax.set_xticks(range(len(bars)))
+            ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+            ax.set_title(title, fontsize=9)
+        for ax in axes[len(panels):]:
+            ax.axis("off")
+        fig.suptitle("Metrics (bars: mean; error bars: 99% Wald CI)", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path

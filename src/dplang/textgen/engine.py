@@ -267,11 +267,12 @@ def run_plain(
     streams: RandomStreams,
     stop_at_eos: bool = True,
     on_step: Callable[[int], None] | None = None,
+    first_stream: int = 0,
 ) -> list[list[int]]:
     """Non-private top-k sampling, one independent text per prompt (row ``i`` uses stream
-    ``i``). Used for public-only generation (no references: no privacy cost) and as the
-    non-private baseline in benchmarks. Returns the token ids of each text (EOS excluded)."""
-    rngs = [streams.generator(i) for i in range(len(prompts))]
+    ``first_stream + i``). Used for public-only generation (no references: no privacy cost)
+    and as the non-private baseline in benchmarks. Returns each text's token ids (no EOS)."""
+    rngs = [streams.generator(first_stream + i) for i in range(len(prompts))]
     outputs: list[list[int]] = [[] for _ in prompts]
     alive = list(range(len(prompts)))
     state = model.encode_prompts(list(prompts))

@@ -1,0 +1,174 @@
+"""Experiment configuration: a TOML file describing a sweep of generation cells.
+
+```toml
+name = "yelp-table12"
+
+[data]
+path = "../../shared/data/yelp/dev.csv"   # relative to this file
+text_column = "text"
+references = [0, 4000]      # rows [start, stop) used as private references
+real = [4000, 5000]         # held-out real rows for evaluation (disjoint from references)
+group_by = []               # public label columns (optional)
+prompt = "yelp_review.toml" # built-in name or a TOML template (relative to this file)
+
+[generation]
+model = "default"
+max_tokens = 64
+num = 100                   # generations per cell
+delta = 1e-6
+concurrent_groups = 8
+
+[sweep]                     # the cartesian product of these lists
+methods = ["invisibleink"]
+epsilon = [1, 3, 5, 10]
+batch_size = [7]
+top_k = [10, 50, 100]
+temperature = [1.2]
+seeds = [0]
+public_baseline = true      # add the public-only cell (ε = 0, no references)
+
+[evaluation]
+metrics = ["mauve", "length", "topk"]
+embedder = "default"
+```
+
+Row ranges are positions in the data file, so the split into references and held-out texts is
+data-independent. Every cell is charged to the experiment's own ledger (``DIR/ledger.sqlite``):
+a sweep over hyperparameters on private data costs the sequential composition of its cells,
+and ``results.md`` reports that total.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+METHODS = ("invisibleink", "public")
+
+
+class ConfigError(ValueError):
+    """A bad experiment configuration (one-line message)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the sweep."""
+
+    method: str
+    epsilon: float
+    batch_size: int
+    top_k: int
+    temperature: float
+    seed: int
+
+    @property
+    def key(self) -> str:
+        if self.method == "public":
+            return f"public_k{self.top_k}_t{self.temperature:g}_s{self.seed}"
+        return (f"{self.method}_eps{self.epsilon:g}_B{self.batch_size}_k{self.top_k}"
+                f"_t{self.temperature:g}_s{self.seed}")
+
+    @property
+    def calls_per_token(self) -> int:
+        """Next-token model calls per generated token (B private + 1 public)."""
+        return 1 if self.method == "public" else self.batch_size + 1
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    name: str
+    base_dir: Path
+    data_path: Path
+    text_column: str
+    references: tuple[int, int]
+    real: tuple[int, int]
+    group_by: tuple[str, ...]
+    prompt: str
+    model: str
+    max_tokens: int
+    num: int
+    delta: float
+    concurrent_groups: int
+    cells: tuple[Cell, ...]
+    metrics: tuple[str, ...]
+    embedder: str
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+def _range(value: Any, what: str) -> tuple[int, int]:
+    if (not isinstance(value, list) or len(value) != 2
+            or not all(isinstance(v, int) for v in value) or not 0 <= value[0] < value[1]):
+        raise ConfigError(f"[data].{what} must be [start, stop) with 0 <= start < stop")
+    return value[0], value[1]
+
+
+def _list(section: dict[str, Any], key: str, kind: type, default: Any = None) -> list[Any]:
+    value = section.get(key, default)
+    if value is None:
+        raise ConfigError(f"[sweep].{key} is required")
+    if not isinstance(value, list):
+        value = [value]
+    try:
+        return [kind(v) for v in value]
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[sweep].{key}: {exc}") from exc
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Read and validate an experiment TOML file."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config not found: {path}")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    base = path.resolve().parent
+    data = raw.get("data", {})
+    gen = raw.get("generation", {})
+    sweep = raw.get("sweep", {})
+    ev = raw.get("evaluation", {})
+    if "path" not in data:
+        raise ConfigError("[data].path is required")
+    data_path = (base / data["path"]).resolve()
+    refs = _range(data.get("references"), "references")
+    real = _range(data.get("real"), "real")
+    if refs[0] < real[1] and real[0] < refs[1]:
+        raise ConfigError("[data].references and [data].real overlap: held-out texts must "
+                          "never be references")
+    prompt = str(data.get("prompt", "yelp"))
+    if prompt.endswith(".toml"):
+        prompt = str((base / prompt).resolve())
+    methods = _list(sweep, "methods", str, ["invisibleink"])
+    for m in methods:
+        if m not in METHODS:
+            raise ConfigError(f"unknown method {m!r}; known: {', '.join(METHODS)}")
+    eps = _list(sweep, "epsilon", float)
+    bs = _list(sweep, "batch_size", int)
+    ks = _list(sweep, "top_k", int, [50])
+    taus = _list(sweep, "temperature", float, [1.2])
+    seeds = _list(sweep, "seeds", int, [0])
+    if any(e <= 0 for e in eps) or any(b < 1 for b in bs) or any(k < 0 for k in ks) \
+            or any(t <= 0 for t in taus):
+        raise ConfigError("[sweep]: epsilon > 0, batch_size >= 1, top_k >= 0, temperature > 0")
+    cells = [Cell(m, e, b, k, t, s)
+             for m, e, b, k, t, s in itertools.product(methods, eps, bs, ks, taus, seeds)]
+    if sweep.get("public_baseline", False):
+        cells += [Cell("public", 0.0, 0, k, t, s)
+                  for k, t, s in itertools.product(sorted(set(ks)), taus, seeds)]
+    num = int(gen.get("num", 100))
+    if num < 1:
+        raise ConfigError("[generation].num must be >= 1")
+    return ExperimentConfig(
+        name=str(raw.get("name", path.stem)), base_dir=base, data_path=data_path,
+        text_column=str(data.get("text_column", "text")), references=refs, real=real,
+        group_by=tuple(data.get("group_by", [])), prompt=prompt,
+        model=str(gen.get("model", "default")), max_tokens=int(gen.get("max_tokens", 64)),
+        num=num, delta=float(gen.get("delta", 1e-6)),
+        concurrent_groups=int(gen.get("concurrent_groups", 8)), cells=tuple(cells),
+        metrics=tuple(ev.get("metrics", ["mauve", "length", "topk"])),
+        embedder=str(ev.get("embedder", "default")), raw=raw,
+    )

@@ -1,0 +1,188 @@
+"""Run an experiment sweep: generation + evaluation per cell, resumable, with tables and plots.
+
+Layout of the output directory::
+
+    DIR/data/references.jsonl, DIR/data/real.jsonl   the row ranges of the config (split by
+                                                     position only)
+    DIR/cells/<key>/gen.jsonl (+ manifest, seed)     generations of one cell
+    DIR/cells/<key>/eval/metrics.json                its evaluation (the cell's "done" marker)
+    DIR/results.csv, DIR/results.md, DIR/*.png       the sweep's results
+    DIR/ledger.sqlite                                every cell's privacy charge
+
+A finished cell (its ``eval/metrics.json`` exists) is skipped on rerun; an interrupted cell
+resumes its generation where it stopped.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..io import read_records
+from ..models.base import LogitsModel
+from ..privacy.accounting import rho_to_epsilon
+from ..privacy.ledger import PrivacyLedger
+from ..textgen.batching import make_batches
+from ..textgen.prompts import get_template
+from ..textgen.public import generate_public_texts
+from ..textgen.runner import GenerationRequest, execute_plan, plan_generation
+from .config import Cell, ExperimentConfig
+from .tables import write_plots, write_results_md
+
+RESULT_COLUMNS = (
+    "method", "epsilon", "batch_size", "top_k", "temperature", "seed", "calls_per_token",
+    "clip", "rho", "n", "mauve", "ppl_synthetic", "delta_ppl", "length_mean",
+    "effective_k", "expansion_tokens", "gen_seconds",
+)
+
+
+def split_data(config: ExperimentConfig, out_dir: Path) -> tuple[Path, Path]:
+    """Write the reference and held-out row ranges to ``out_dir/data`` (once)."""
+    data_dir = out_dir / "data"
+    refs, real = data_dir / "references.jsonl", data_dir / "real.jsonl"
+    if refs.exists() and real.exists():
+        return refs, real
+    data_dir.mkdir(parents=True, exist_ok=True)
+    columns = config.group_by
+    with open(refs.with_suffix(".tmp"), "w", encoding="utf-8") as fr, \
+            open(real.with_suffix(".tmp"), "w", encoding="utf-8") as fe:
+        for rec in read_records(config.data_path, config.text_column, columns):
+            row = {"text": rec.text, **rec.labels}
+            if config.references[0] <= rec.index < config.references[1]:
+                fr.write(json.dumps(row, ensure_ascii=False) + "\n")
+            elif config.real[0] <= rec.index < config.real[1]:
+                fe.write(json.dumps(row, ensure_ascii=False) + "\n")
+            if rec.index >= max(config.references[1], config.real[1]):
+                break
+    refs.with_suffix(".tmp").replace(refs)
+    real.with_suffix(".tmp").replace(real)
+    return refs, real
+
+
+def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
+              load_model: Callable[[str], LogitsModel], ledger: Path) -> tuple[Path, float]:
+    out = cell_dir / "gen.jsonl"
+    start = time.time()
+    if cell.method == "public":
+        if not out.exists():
+            model = load_model(config.model)
+            template = get_template(config.prompt, chat=model.has_chat_template)
+            records, _ = _records(refs, config.group_by)
+            labels = ([b.labels for b in make_batches(records, 1, config.num, config.group_by)]
+                      if config.group_by else [{}] * config.num)
+            generate_public_texts(model, template, labels, config.max_tokens,
+                                  cell.temperature, cell.top_k, cell.seed, out)
+        return out, time.time() - start
+    request = GenerationRequest(
+        data=refs, out=out, batch_size=cell.batch_size, max_tokens=config.max_tokens,
+        temperature=cell.temperature, top_k=cell.top_k, epsilon=cell.epsilon,
+        delta=config.delta, num=config.num, seed=cell.seed,
+        concurrent_groups=config.concurrent_groups, prompt=config.prompt,
+        group_by=config.group_by, model=config.model, ledger=ledger,
+    )
+    plan = plan_generation(request, load_model)
+    execute_plan(plan)
+    return out, time.time() - start
+
+
+def _records(path: Path, group_by: tuple[str, ...]):
+    from ..io import load_references
+
+    return load_references(path, "text", group_by)
+
+
+def _row(cell: Cell, metrics: dict[str, Any], gen_seconds: float) -> dict[str, Any]:
+    run = metrics["runs"][0]
+    manifest = run.get("manifest") or {}
+
+    def get(*keys: str) -> Any:
+        node: Any = run
+        for k in keys:
+            if not isinstance(node, dict) or node.get(k) is None:
+                return None
+            node = node[k]
+        return node
+
+    return {
+        "method": cell.method, "epsilon": cell.epsilon, "batch_size": cell.batch_size,
+        "top_k": cell.top_k, "temperature": cell.temperature, "seed": cell.seed,
+        "calls_per_token": cell.calls_per_token, "clip": manifest.get("clip"),
+        "rho": manifest.get("rho"), "n": metrics.get("settings", {}).get("n"),
+        "mauve": get("mauve", "mauve"),
+        "ppl_synthetic": get("perplexity", "mean", "mean"),
+        "delta_ppl": get("perplexity", "delta_ppl"),
+        "length_mean": get("length", "tokens", "mean"),
+        "effective_k": get("topk", "effective_k", "mean"),
+        "expansion_tokens": get("topk", "expansion_tokens", "mean"),
+        "gen_seconds": round(gen_seconds, 2),
+    }
+
+
+def run_experiment(
+    config: ExperimentConfig,
+    out_dir: Path,
+    load_model: Callable[[str], LogitsModel],
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every cell not yet finished, then write results.csv / results.md / plots."""
+    from ..evaluation import evaluate_files
+
+    say = progress or (lambda _msg: None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    refs, real = split_data(config, out_dir)
+    ledger = out_dir / "ledger.sqlite"
+    cache: dict[str, LogitsModel] = {}
+
+    def cached_model(spec: str) -> LogitsModel:
+        if spec not in cache:
+            cache[spec] = load_model(spec)
+        return cache[spec]
+
+    rows = []
+    for i, cell in enumerate(config.cells, 1):
+        cell_dir = out_dir / "cells" / cell.key
+        metrics_path = cell_dir / "eval" / "metrics.json"
+        timing_path = cell_dir / "timing.json"
+        if metrics_path.exists():
+            say(f"[{i}/{len(config.cells)}] {cell.key}: done, skipped")
+        else:
+            say(f"[{i}/{len(config.cells)}] {cell.key}: generating")
+            cell_dir.mkdir(parents=True, exist_ok=True)
+            gen, secs = _generate(config, cell, refs, cell_dir, cached_model, ledger)
+            if not timing_path.exists():
+                timing_path.write_text(json.dumps({"gen_seconds": secs}))
+            say(f"[{i}/{len(config.cells)}] {cell.key}: evaluating")
+            model_for_eval = (cached_model(config.model)
+                              if "perplexity" in config.metrics else config.model)
+            evaluate_files(real, gen, metrics=list(config.metrics), embedder=config.embedder,
+                           model=model_for_eval, num=config.num,
+                           out_dir=cell_dir / "eval")
+        metrics = json.loads(metrics_path.read_text())
+        secs = json.loads(timing_path.read_text())["gen_seconds"] if timing_path.exists() else 0
+        rows.append(_row(cell, metrics, secs))
+    write_results(rows, out_dir, config)
+    return rows
+
+
+def sweep_spend(ledger_path: Path, dataset: str, delta: float) -> tuple[float, float]:
+    """(Σρ, ε at δ) spent by all cells on the reference file (sequential composition)."""
+    spent = PrivacyLedger(ledger_path).spent(dataset)
+    return spent.rho, (rho_to_epsilon(spent.rho, delta) if spent.rho > 0 else 0.0)
+
+
+def write_results(rows: list[dict[str, Any]], out_dir: Path, config: ExperimentConfig) -> None:
+    with open(out_dir / "results.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=RESULT_COLUMNS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow(r)
+    from ..io import file_digest
+
+    refs = out_dir / "data" / "references.jsonl"
+    rho, eps = sweep_spend(out_dir / "ledger.sqlite", file_digest(refs), config.delta)
+    write_results_md(rows, out_dir / "results.md", config, rho, eps)
+    write_plots(rows, out_dir)

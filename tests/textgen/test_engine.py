@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-import dplang.textgen.engine as engine_mod
+import dplang.textgen.invisibleink as engine_mod
 from dplang.models import ToyModel
 from dplang.privacy import RandomStreams
 from dplang.textgen.engine import DecodingParams, GroupJob, run_invisibleink, run_plain
@@ -62,8 +62,8 @@ def test_b_plus_one_rows_per_token_and_stops():
     res = run_invisibleink(model, jobs(2), PARAMS, RandomStreams(0), 2)
     assert all(r.num_tokens == PARAMS.max_tokens and r.stopped == "length" for r in res)
     assert model.rows_per_step == [2 * (3 + 1)] * PARAMS.max_tokens
-    assert all(len(r.topk_plus_sizes) == PARAMS.max_tokens for r in res)
-    assert all(min(r.topk_plus_sizes) >= PARAMS.top_k for r in res)
+    assert all(r.stats["topk_plus_min"] >= PARAMS.top_k for r in res)
+    assert all(r.stats["topk_plus_mean"] >= PARAMS.top_k for r in res)
 
 
 def test_eos_ends_generation_and_retires_rows():

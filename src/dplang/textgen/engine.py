@@ -24,18 +24,14 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from ..models.base import LogitsModel
 from ..privacy.randomness import RandomStreams
-from .invisibleink import (
-    candidate_scores,
-    expanded_topk_mask,
-    sample_from_candidates,
-    topk_threshold,
-)
+from .invisibleink import InvisibleInkPolicy, sample_from_candidates
 
 
 @dataclass(frozen=True)
@@ -76,6 +72,33 @@ class GroupJob:
     private_prompts: tuple[str, ...]
 
 
+class StepPolicy(Protocol):
+    """The per-generation decision rule of a private decoding method (one object per group).
+
+    Privacy contract for implementers: :meth:`candidates` may read only the public logits;
+    :meth:`choose` receives the private rows' logits (only the non-empty references: an empty
+    reference contributes exactly the public logits and has no row) and must account for
+    everything it releases."""
+
+    def candidates(self, public: torch.Tensor) -> torch.Tensor | None:
+        """Ascending token ids on which the private logits are needed, computed from the
+        public logits ``[V]`` only; ``None`` means the whole vocabulary."""
+        ...
+
+    def choose(
+        self, public: torch.Tensor, private: torch.Tensor, ids: torch.Tensor | None,
+        rng: np.random.Generator,
+    ) -> int | None:
+        """The next token, from the public logits ``[V]`` and the private logits (``[m, K]``
+        on ``ids``, or ``[m, V]`` when ``ids`` is None); ``None`` ends the generation before
+        sampling (e.g. a spent data-dependent budget)."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Per-generation statistics recorded in the output."""
+        ...
+
+
 @dataclass
 class GroupResult:
     """What one generation produced (EOS is not part of ``token_ids``)."""
@@ -83,32 +106,22 @@ class GroupResult:
     index: int
     token_ids: list[int]
     text: str
-    stopped: str  # "eos" or "length"
-    topk_plus_sizes: list[int] = field(repr=False)
-    expansion_tokens: int
+    stopped: str  # "eos", "length" or "budget"
+    stats: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-    @property
-    def topk_plus_mean(self) -> float:
-        return float(np.mean(self.topk_plus_sizes)) if self.topk_plus_sizes else 0.0
-
-    @property
-    def topk_plus_std(self) -> float:
-        return float(np.std(self.topk_plus_sizes)) if self.topk_plus_sizes else 0.0
-
 
 @dataclass
 class _Live:
     job: GroupJob
+    policy: StepPolicy
     rng: np.random.Generator
     rows: list[int]  # private rows in the current model batch
     public_row: int
     tokens: list[int] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)
-    expansion: int = 0
 
 
 def _waves(jobs: Iterable[GroupJob], size: int) -> Iterator[list[GroupJob]]:
@@ -126,16 +139,50 @@ def run_invisibleink(
     on_result: Callable[[GroupResult], None] | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> list[GroupResult]:
-    """Run InvisibleInk for every job, ``concurrent_groups`` at a time.
+    """Run InvisibleInk for every job, ``concurrent_groups`` at a time (see :func:`run_groups`)."""
+
+    def policy(_job: GroupJob) -> StepPolicy:
+        return InvisibleInkPolicy(params.clip, params.batch_size, params.temperature,
+                                  params.top_k, model.vocab_size)
+
+    return run_groups(model, jobs, policy, params.batch_size, params.max_tokens, streams,
+                      concurrent_groups, on_result, on_step, params.sparse_head,
+                      params.stop_at_eos)
+
+
+def run_groups(
+    model: LogitsModel,
+    jobs: Iterable[GroupJob],
+    make_policy: Callable[[GroupJob], StepPolicy],
+    batch_size: int,
+    max_tokens: int,
+    streams: RandomStreams,
+    concurrent_groups: int = 8,
+    on_result: Callable[[GroupResult], None] | None = None,
+    on_step: Callable[[int], None] | None = None,
+    sparse_head: bool = True,
+    stop_at_eos: bool = True,
+) -> list[GroupResult]:
+    """Decode every job with its policy, ``concurrent_groups`` groups at a time.
 
     ``on_result`` is called as soon as a group ends (to persist it); ``on_step(n)`` after each
     decode step with the number of tokens produced in it (for progress). Returns all results
     in completion order."""
     if concurrent_groups < 1:
         raise ValueError(f"concurrent groups must be >= 1, got {concurrent_groups}")
+    if max_tokens < 1:
+        raise ValueError(f"max tokens must be >= 1, got {max_tokens}")
     results: list[GroupResult] = []
     for wave in _waves(jobs, concurrent_groups):
-        for res in _run_wave(model, wave, params, streams, on_step):
+        for job in wave:
+            if len(job.private_prompts) != batch_size:
+                raise ValueError(
+                    f"group {job.index} has {len(job.private_prompts)} references, expected "
+                    f"{batch_size}"
+                )
+        live = [(job, make_policy(job)) for job in wave]
+        for res in _run_wave(model, live, max_tokens, streams, on_step, sparse_head,
+                             stop_at_eos):
             results.append(res)
             if on_result is not None:
                 on_result(res)
@@ -144,78 +191,69 @@ def run_invisibleink(
 
 def _run_wave(
     model: LogitsModel,
-    wave: Sequence[GroupJob],
-    params: DecodingParams,
+    wave: Sequence[tuple[GroupJob, StepPolicy]],
+    max_tokens: int,
     streams: RandomStreams,
     on_step: Callable[[int], None] | None,
+    sparse_head: bool,
+    stop_at_eos: bool,
 ) -> Iterator[GroupResult]:
-    for job in wave:
-        if len(job.private_prompts) != params.batch_size:
-            raise ValueError(
-                f"group {job.index} has {len(job.private_prompts)} references, expected "
-                f"{params.batch_size}"
-            )
     prompts: list[str] = []
     live: list[_Live] = []
-    for job in wave:
+    for job, policy in wave:
         rows = []
         for p in job.private_prompts:
             if p != job.public_prompt:  # empty reference ⇒ exactly the public logits
                 rows.append(len(prompts))
                 prompts.append(p)
-        live.append(_Live(job, streams.generator(job.index), rows, len(prompts)))
+        live.append(_Live(job, policy, streams.generator(job.index), rows, len(prompts)))
         prompts.append(job.public_prompt)
 
     state = model.encode_prompts(prompts)
     next_tokens: torch.Tensor | None = None
     eos = model.eos_token_ids
-    sparse = params.sparse_head and 0 < params.top_k < model.vocab_size
 
     while live:
         hidden = model.next_hidden(state, next_tokens)
         public = model.logits_from_hidden(hidden[[g.public_row for g in live]])
-        thresholds = topk_threshold(public, params.top_k)
-        masks = expanded_topk_mask(
-            public, params.top_k, params.clip, params.batch_size, thresholds
-        )
-        cand_ids = [torch.nonzero(masks[j]).squeeze(-1) for j in range(len(live))]
+        cand_ids = [g.policy.candidates(public[j]) for j, g in enumerate(live)]
+        sparse = sparse_head and all(ids is not None for ids in cand_ids)
         private_rows = [r for g in live for r in g.rows]
         private = _private_logits(model, hidden, live, private_rows, cand_ids, sparse)
 
         row_tokens = torch.empty(hidden.shape[0], dtype=torch.long)
-        finished: list[int] = []
+        finished: list[tuple[int, str]] = []
         offset = 0
         for j, g in enumerate(live):
             ids = cand_ids[j]
             m = len(g.rows)
             block = private[offset:offset + m]
             offset += m
-            priv = block[:, : ids.numel()] if sparse else block[:, ids]
-            scores = candidate_scores(priv, public[j, ids], params.clip, params.batch_size)
-            token = sample_from_candidates(scores, ids.numpy(), params.temperature, g.rng)
-            g.sizes.append(int(ids.numel()))
-            if public[j, token] < thresholds[j, 0]:
-                g.expansion += 1
+            if ids is not None:  # narrow to this group's candidates (sparse rows are padded)
+                block = block[:, : ids.numel()] if sparse else block[:, ids]
+            token = g.policy.choose(public[j], block, ids, g.rng)
+            if token is None:
+                finished.append((j, "budget"))
+                continue
             row_tokens[g.rows] = token
             row_tokens[g.public_row] = token
-            if token in eos and params.stop_at_eos:
-                finished.append(j)
+            if token in eos and stop_at_eos:
+                finished.append((j, "eos"))
                 continue
             g.tokens.append(token)
-            if len(g.tokens) >= params.max_tokens:
-                finished.append(j)
+            if len(g.tokens) >= max_tokens:
+                finished.append((j, "length"))
         if on_step is not None:
             on_step(len(live))
 
         if not finished:
             next_tokens = row_tokens
             continue
-        done = set(finished)
-        for j in finished:
+        done = {j for j, _ in finished}
+        for j, why in finished:
             g = live[j]
-            stopped = "length" if len(g.tokens) >= params.max_tokens else "eos"
-            yield GroupResult(g.job.index, g.tokens, model.decode(g.tokens), stopped,
-                              g.sizes, g.expansion)
+            yield GroupResult(g.job.index, g.tokens, model.decode(g.tokens), why,
+                              g.policy.stats())
         live = [g for j, g in enumerate(live) if j not in done]
         if not live:
             break
@@ -238,7 +276,7 @@ def _private_logits(
     hidden: torch.Tensor,
     live: Sequence[_Live],
     private_rows: list[int],
-    cand_ids: list[torch.Tensor],
+    cand_ids: Sequence[torch.Tensor | None],
     sparse: bool,
 ) -> torch.Tensor:
     if not private_rows:
@@ -246,12 +284,12 @@ def _private_logits(
     rows_hidden = hidden[private_rows]
     if not sparse:
         return model.logits_from_hidden(rows_hidden)
-    width = max(ids.numel() for ids in cand_ids)
+    width = max(ids.numel() for ids in cand_ids if ids is not None)
     cand = torch.empty(len(private_rows), width, dtype=torch.long)
     offset = 0
     for g, ids in zip(live, cand_ids, strict=True):
         m = len(g.rows)
-        if m:
+        if m and ids is not None:
             padded = torch.cat([ids, ids[:1].expand(width - ids.numel())])
             cand[offset:offset + m] = padded
         offset += m

@@ -151,3 +151,52 @@ def invisibleink_step(
     token = sample_from_candidates(scores, ids.numpy(), temperature, rng)
     ell = topk_threshold(public, k)
     return StepResult(token, int(ids.numel()), bool(public[token] < ell.squeeze()))
+
+
+class InvisibleInkPolicy:
+    """InvisibleInk as a per-generation step policy for the engine.
+
+    :meth:`candidates` computes V_k^+ from the public logits alone (``None`` for the full
+    vocabulary); :meth:`choose` aggregates the DClipped private logits on V_k^+ and samples
+    with the exponential mechanism. Records |V_k^+| per step and how many sampled tokens came
+    from V_k^+ \\ V_k (public logit below ℓ)."""
+
+    def __init__(self, clip_norm: float, batch_size: int, temperature: float, top_k: int,
+                 vocab_size: int) -> None:
+        self.clip_norm, self.batch_size = clip_norm, batch_size
+        self.temperature, self.top_k, self.vocab_size = temperature, top_k, vocab_size
+        self.sizes: list[int] = []
+        self.expansion = 0
+        self._ell = float("-inf")
+
+    @property
+    def full_vocabulary(self) -> bool:
+        return self.top_k <= 0 or self.top_k >= self.vocab_size
+
+    def candidates(self, public: torch.Tensor) -> torch.Tensor | None:
+        if self.full_vocabulary:
+            return None
+        ell = topk_threshold(public, self.top_k)
+        self._ell = float(ell.squeeze())
+        mask = expanded_topk_mask(public, self.top_k, self.clip_norm, self.batch_size, ell)
+        return torch.nonzero(mask).squeeze(-1)
+
+    def choose(self, public: torch.Tensor, private: torch.Tensor, ids: torch.Tensor | None,
+               rng: np.random.Generator) -> int:
+        if ids is None:
+            ids = torch.arange(public.shape[-1])
+        scores = candidate_scores(private, public[ids], self.clip_norm, self.batch_size)
+        token = sample_from_candidates(scores, ids.numpy(), self.temperature, rng)
+        self.sizes.append(int(ids.numel()))
+        if float(public[token]) < self._ell:
+            self.expansion += 1
+        return token
+
+    def stats(self) -> dict[str, float | int]:
+        sizes = np.asarray(self.sizes, dtype=np.float64)
+        return {
+            "topk_plus_mean": float(sizes.mean()) if sizes.size else 0.0,
+            "topk_plus_std": float(sizes.std()) if sizes.size else 0.0,
+            "topk_plus_min": int(sizes.min()) if sizes.size else 0,
+            "expansion_tokens": self.expansion,
+        }

@@ -384,9 +384,7 @@ def _record(res: GroupResult, batch: Batch) -> dict[str, Any]:
         "stopped": res.stopped,
         "reference_ids": list(batch.reference_ids),
         "labels": dict(batch.labels),
-        "topk_plus_mean": res.topk_plus_mean,
-        "topk_plus_std": res.topk_plus_std,
-        "expansion_tokens": res.expansion_tokens,
+        **{k: v for k, v in res.stats.items() if k != "topk_plus_min"},
         "token_ids": res.token_ids,
     }
 

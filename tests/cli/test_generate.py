@@ -144,3 +144,38 @@ def test_budget_refusal(tmp_path, capsys, toy, monkeypatch):
                        "--ledger", str(ledger))
     assert code == 3 and "budget" in err
     assert not (tmp_path / "b.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("method", "extra", "mechanism", "ex_ante"),
+    [
+        ("amin", ["--amin-private-tokens", "3"], "amin", True),
+        ("adapmixed", ["--adjacency", "add-remove"], "adapmixed", False),
+        ("adapmixed", [], "adapmixed", False),
+    ],
+)
+def test_baselines_through_the_cli(tmp_path, capsys, toy, method, extra, mechanism, ex_ante):
+    data = write_csv(tmp_path / "d.csv", 9)
+    out = tmp_path / f"{method}.jsonl"
+    code, stdout, err = run(capsys, *base_args(data, out, "--method", method, *extra))
+    assert code == 0, err
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == 3 and all(r["method"] == method for r in recs)
+    manifest = json.loads(out.with_name(f"{method}.manifest.json").read_text())
+    assert manifest["guarantee"]["mechanism"] == mechanism
+    assert manifest["guarantee"]["ex_ante"] is ex_ante
+    if method == "amin":
+        assert all(r["private_tokens"] <= 3 for r in recs)
+    else:
+        assert all(r["epsilon_spent"] <= 10 for r in recs)
+        assert "DATA-DEPENDENT" in stdout
+
+
+def test_amin_infeasible_is_an_error_with_numbers(tmp_path, capsys, toy):
+    data = write_csv(tmp_path / "d.csv", 9)
+    code, _, err = run(capsys, *base_args(data, tmp_path / "a.jsonl", "--method", "amin",
+                                          "--amin-convention", "paper", "--epsilon", "1"))
+    assert code == 2 and "infeasible" in err and "rho_SVT" in err
+    code, _, err = run(capsys, *base_args(data, tmp_path / "a.jsonl", "--method", "adapmixed",
+                                          "--adjacency", "zero-out"))
+    assert code == 2 and "--adjacency" in err

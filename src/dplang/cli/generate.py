@@ -65,6 +65,21 @@ def generate(
         help="References are cut to their first this-many tokens.",
     ),
     dense: bool = typer.Option(False, "--dense", help="Full LM head for private rows."),
+    method: str = typer.Option(
+        "invisibleink", "--method", help="invisibleink (default), amin or adapmixed."
+    ),
+    amin_sigma: float = typer.Option(0.3, "--amin-sigma", help="Amin: SVT noise σ."),
+    amin_threshold: float = typer.Option(0.7, "--amin-threshold", help="Amin: SVT θ."),
+    amin_private_tokens: int = typer.Option(
+        100, "--amin-private-tokens", help="Amin: cap on private tokens (charged)."
+    ),
+    amin_public_temperature: float = typer.Option(
+        1.0, "--amin-public-temperature", help="Amin: temperature of public tokens."
+    ),
+    amin_convention: str = typer.Option(
+        "correct", "--amin-convention",
+        help="Amin sensitivity: correct (2C/B, replace-by-null) or paper (C/B).",
+    ),
     ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger (SQLite) path."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or texts."),
 ) -> None:
@@ -76,7 +91,9 @@ def generate(
         prompt=prompt, system=system, text_column=text_column,
         group_by=tuple(c.strip() for c in group_by.split(",") if c.strip()) if group_by else (),
         model=model, max_reference_tokens=max_reference_tokens, sparse_head=not dense,
-        ledger=ledger,
+        ledger=ledger, method=method, amin_sigma=amin_sigma, amin_threshold=amin_threshold,
+        amin_private_tokens=amin_private_tokens, amin_public_temperature=amin_public_temperature,
+        amin_convention=amin_convention,
     )
     console = Console(stderr=True, quiet=quiet)
     try:
@@ -86,9 +103,11 @@ def generate(
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     g = plan.guarantee
     console.print(
-        f"[bold]InvisibleInk[/]: {len(plan.jobs)} generations, B={request.batch_size}, "
+        f"[bold]{request.method}[/]: {len(plan.jobs)} generations, B={request.batch_size}, "
         f"T={request.max_tokens}, k={request.top_k}, C={plan.params.clip:.4g}, "
-        f"ρ={g.rho:.4g} (ε={g.epsilon:.4g}, δ={g.delta:g}), model {plan.model.model_id}"
+        + (f"ρ={g.rho:.4g} " if g.rho is not None else "")
+        + f"(ε={g.epsilon:.4g}, δ={g.delta:g}{'' if g.ex_ante else ', data-dependent'}), "
+        f"model {plan.model.model_id}"
     )
     progress = Progress(
         TextColumn("[progress.description]{task.description}"), BarColumn(),

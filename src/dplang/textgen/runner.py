@@ -35,11 +35,20 @@ from ..privacy.accounting import invisibleink_budget
 from ..privacy.guarantees import Guarantee
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import RandomStreams
+from . import adapmixed, amin
 from .batching import Batch, make_batches
-from .engine import DecodingParams, GroupJob, GroupResult, run_invisibleink
+from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy, run_groups
+from .invisibleink import InvisibleInkPolicy
 from .prompts import DEFAULT_MAX_REFERENCE_TOKENS, PromptTemplate, get_template
 
 DEFAULT_CONCURRENT_GROUPS = 8
+#: Per-token methods that run on the engine (Aug-PE is a population method: see augpe.py).
+METHODS = ("invisibleink", "amin", "adapmixed")
+_ADJACENCY = {
+    "invisibleink": ("replace-by-null", "zero-out"),
+    "amin": ("replace-by-null", "zero-out"),
+    "adapmixed": ("add-remove", "replace-by-null"),
+}
 
 
 class GenerationError(ValueError):
@@ -72,6 +81,14 @@ class GenerationRequest:
     max_reference_tokens: int = DEFAULT_MAX_REFERENCE_TOKENS
     sparse_head: bool = True
     ledger: Path | None = None
+    method: str = "invisibleink"
+    #: Amin et al. baseline (spec 002 §3.1): SVT noise σ and threshold θ, cap on private
+    #: tokens, public temperature, sensitivity convention ("correct" or "paper").
+    amin_sigma: float = 0.3
+    amin_threshold: float = 0.7
+    amin_private_tokens: int = 100
+    amin_public_temperature: float = 1.0
+    amin_convention: str = "correct"
 
 
 @dataclass
@@ -86,6 +103,7 @@ class GenerationPlan:
     data_digest: str
     guarantee: Guarantee
     params: DecodingParams
+    make_policy: Callable[[GroupJob], StepPolicy]
     truncated_references: int = 0
     jobs: list[GroupJob] = field(default_factory=list)
 
@@ -124,8 +142,13 @@ def _validate(req: GenerationRequest) -> None:
          f"--concurrent-groups must be >= 1, got {req.concurrent_groups}"),
         (req.max_reference_tokens >= 1,
          f"--max-reference-tokens must be >= 1, got {req.max_reference_tokens}"),
-        (req.adjacency in ("replace-by-null", "zero-out"),
-         f"--adjacency must be replace-by-null or zero-out, got {req.adjacency}"),
+        (req.method in METHODS,
+         f"--method must be one of {', '.join(METHODS)}, got {req.method}"),
+        (req.method not in _ADJACENCY or req.adjacency in _ADJACENCY[req.method],
+         f"--adjacency for {req.method} must be one of "
+         f"{', '.join(_ADJACENCY.get(req.method, ()))}, got {req.adjacency}"),
+        (req.method == "invisibleink" or req.epsilon is not None,
+         f"--method {req.method} needs --epsilon (its accounting is calibrated from ε)"),
         (req.out.suffix == ".jsonl", f"--out must end in .jsonl, got {req.out}"),
     ]
     for ok, message in checks:
@@ -133,7 +156,37 @@ def _validate(req: GenerationRequest) -> None:
             raise GenerationError(message)
 
 
-def _make_guarantee(req: GenerationRequest) -> tuple[Guarantee, float]:
+def _make_guarantee(
+    req: GenerationRequest,
+) -> tuple[Guarantee, float, Callable[[int], Callable[[GroupJob], StepPolicy]]]:
+    """The run's guarantee, its clip norm (0 when the method has none) and a factory that,
+    given the model's vocabulary size, makes one step policy per generation."""
+    if req.method == "amin":
+        try:
+            budget = amin.calibrate(req.epsilon, req.delta, req.batch_size,  # type: ignore[arg-type]
+                                    req.temperature, req.amin_sigma, req.amin_private_tokens,
+                                    req.amin_convention)
+        except amin.InfeasibleBudget as exc:
+            raise GenerationError(str(exc)) from exc
+        except ValueError as exc:
+            raise GenerationError(f"amin: {exc}") from exc
+        guarantee = budget.guarantee(req.delta, req.epsilon)
+
+        def amin_factory(_vocab: int) -> Callable[[GroupJob], StepPolicy]:
+            return lambda _job: amin.AminPolicy(
+                budget, req.batch_size, req.temperature, req.amin_public_temperature,
+                req.amin_threshold, req.amin_sigma)
+
+        return guarantee, budget.clip, amin_factory
+    if req.method == "adapmixed":
+        prm = adapmixed.AdaPMixEDParams(epsilon=req.epsilon,  # type: ignore[arg-type]
+                                        delta=req.delta, temperature=req.temperature,
+                                        adjacency=req.adjacency)
+
+        def ada_factory(_vocab: int) -> Callable[[GroupJob], StepPolicy]:
+            return lambda _job: adapmixed.AdaPMixEDPolicy(prm, req.batch_size)
+
+        return prm.guarantee(), 0.0, ada_factory
     budget = invisibleink_budget(
         epsilon=req.epsilon, rho=req.rho, clip=req.clip, delta=req.delta,
         tokens=req.max_tokens, batch_size=req.batch_size, temperature=req.temperature,
@@ -151,7 +204,12 @@ def _make_guarantee(req: GenerationRequest) -> tuple[Guarantee, float]:
                  "temperature": req.temperature, "top_k": req.top_k,
                  "composition": "parallel over disjoint batches formed in file order"},
     )
-    return guarantee, clip
+
+    def ink_factory(vocab: int) -> Callable[[GroupJob], StepPolicy]:
+        return lambda _job: InvisibleInkPolicy(clip, req.batch_size, req.temperature,
+                                               req.top_k, vocab)
+
+    return guarantee, clip, ink_factory
 
 
 def plan_generation(
@@ -162,7 +220,7 @@ def plan_generation(
     Writes nothing. Raises :class:`GenerationError` (or ``ReferenceDataError`` /
     ``FileNotFoundError``) with a one-line message on bad input."""
     _validate(req)
-    guarantee, clip = _make_guarantee(req)
+    guarantee, clip, factory = _make_guarantee(req)
     if not req.data.exists():
         raise GenerationError(f"data file not found: {req.data}")
     try:  # checked before the (slow) model load; the model decides the form later
@@ -184,7 +242,7 @@ def plan_generation(
     params = DecodingParams(clip, req.batch_size, req.temperature, req.top_k, req.max_tokens,
                             req.sparse_head)
     plan = GenerationPlan(req, model, template, batches, stats, file_digest(req.data),
-                          guarantee, params)
+                          guarantee, params, factory(model.vocab_size))
     plan.jobs = [_job(plan, b) for b in batches]
     return plan
 
@@ -352,7 +410,7 @@ def execute_plan(
 
         def persist(res: GroupResult) -> None:
             nonlocal written, tokens
-            record = _record(res, batches[res.index])
+            record = _record(res, batches[res.index], req.method)
             fh.write(json.dumps(record, ensure_ascii=False) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
@@ -363,8 +421,9 @@ def execute_plan(
 
         status = "interrupted"
         try:
-            run_invisibleink(plan.model, pending, plan.params, RandomStreams(seed),
-                             req.concurrent_groups, on_result=persist, on_step=on_step)
+            run_groups(plan.model, pending, plan.make_policy, req.batch_size,
+                       req.max_tokens, RandomStreams(seed), req.concurrent_groups,
+                       on_result=persist, on_step=on_step, sparse_head=req.sparse_head)
             status = "complete"
         finally:
             manifest["status"] = status
@@ -376,7 +435,7 @@ def execute_plan(
                       time.time() - start, tokens)
 
 
-def _record(res: GroupResult, batch: Batch) -> dict[str, Any]:
+def _record(res: GroupResult, batch: Batch, method: str) -> dict[str, Any]:
     return {
         "group": res.index,
         "text": res.text,
@@ -385,6 +444,7 @@ def _record(res: GroupResult, batch: Batch) -> dict[str, Any]:
         "reference_ids": list(batch.reference_ids),
         "labels": dict(batch.labels),
         **{k: v for k, v in res.stats.items() if k != "topk_plus_min"},
+        "method": method,
         "token_ids": res.token_ids,
     }
 

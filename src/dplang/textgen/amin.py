@@ -1,0 +1,190 @@
+"""Baseline: Amin et al. 2024, private prediction for synthetic text (spec 002 §3.1).
+
+Per step, with B references:
+
+* re-centred clipping ``clip_amin(z, C) = clip(z + (C − max z), −C, C)``, aggregate
+  ``φ̄_A = (1/B) Σ_i clip_amin(φ_i, C)`` (an empty reference contributes ``clip_amin(φ_pub)``:
+  under replace-by-null it *is* the public prompt);
+* a sparse vector test decides whether the step needs the private distribution:
+  ``d = ‖softmax(φ̄_A) − softmax(φ_pub)‖₁``, ``d̂ = d + Lap(2σ)``; if ``d̂ > θ̂`` the token is
+  sampled from ``softmax(φ̄_A/τ)`` (a *private token*) and the threshold is refreshed,
+  ``θ̂ = θ + Lap(σ)``; otherwise from ``softmax(φ_pub/τ_pub)`` at no privacy cost;
+* generation stops at EOS, at T tokens, or after ``T_prv`` private tokens.
+
+Accounting (charged for the cap ``T_prv``): per private token, the exponential mechanism costs
+``ρ_prv = Δ²/(2τ²)`` with Δ the ℓ∞ sensitivity of φ̄_A, and the above-threshold answer costs
+``ρ_SVT = ε_SVT²/2`` with ``ε_SVT = 2Δ_d/σ`` (threshold noise Lap(σ), query noise Lap(2σ)) and
+Δ_d the sensitivity of the distance d. Two conventions:
+
+* ``correct`` (default): replace-by-null adjacency, Δ = 2C/B (both clipped vectors lie in
+  [−C, C]; paper Property 9), and Δ_d = min(2, e^{2Δ} − 1) (a logit shift of at most Δ in
+  ℓ∞ moves every softmax probability by a factor within e^{±2Δ}).
+* ``paper``: the authors' code — Δ = C/B (valid under zero-out adjacency only) and Δ_d = 1/B
+  (an assumption of their code that dplang cannot prove). With it, σ = 0.3, T_prv = 100 and
+  δ = 1e-6 reproduce the paper's infeasible (INF) cells exactly. Its guarantee is recorded as
+  zero-out adjacency and marked unverified.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..privacy.accounting import epsilon_to_rho, rho_to_epsilon
+from ..privacy.guarantees import Guarantee
+from ..privacy.mechanisms import exponential_mechanism, laplace
+
+CONVENTIONS = ("correct", "paper")
+
+
+class InfeasibleBudget(ValueError):
+    """The budget cannot pay even for the sparse vector test (the paper's "INF")."""
+
+
+@dataclass(frozen=True)
+class AminBudget:
+    """Calibration of Amin et al. for a target budget (all public)."""
+
+    clip: float
+    rho: float
+    rho_private_token: float
+    rho_svt: float
+    private_tokens: int
+    convention: str
+
+    def guarantee(self, delta: float, epsilon: float | None = None) -> Guarantee:
+        adjacency = "replace-by-null" if self.convention == "correct" else "zero-out"
+        eps = epsilon if epsilon is not None else rho_to_epsilon(self.rho, delta)
+        details = {
+            "clip": self.clip, "private_tokens_cap": self.private_tokens,
+            "rho_private_token": self.rho_private_token, "rho_svt": self.rho_svt,
+            "convention": self.convention,
+            "charged": "for the cap on private tokens, whatever is emitted",
+        }
+        if self.convention == "paper":
+            details["warning"] = ("paper convention: logit sensitivity C/B (zero-out only) and "
+                                  "an assumed SVT query sensitivity 1/B; not verified by dplang")
+        return Guarantee("amin", "reference", adjacency, self.rho, eps, delta, True, details)
+
+
+def logit_sensitivity(clip: float, batch_size: int, convention: str) -> float:
+    """ℓ∞ sensitivity of φ̄_A: 2C/B (correct, replace-by-null) or C/B (paper)."""
+    _check_convention(convention)
+    return (2.0 if convention == "correct" else 1.0) * clip / batch_size
+
+
+def svt_query_sensitivity(clip: float, batch_size: int, convention: str) -> float:
+    """Sensitivity of d = ‖softmax(φ̄_A) − softmax(φ_pub)‖₁."""
+    if convention == "paper":
+        return 1.0 / batch_size
+    delta_inf = logit_sensitivity(clip, batch_size, convention)
+    return min(2.0, math.expm1(2.0 * delta_inf))
+
+
+def step_costs(clip: float, batch_size: int, temperature: float, sigma: float,
+               convention: str) -> tuple[float, float]:
+    """(ρ_prv, ρ_SVT) of one private token."""
+    sens = logit_sensitivity(clip, batch_size, convention)
+    rho_prv = sens * sens / (2.0 * temperature * temperature)
+    eps_svt = 2.0 * svt_query_sensitivity(clip, batch_size, convention) / sigma
+    return rho_prv, eps_svt * eps_svt / 2.0
+
+
+def _check_convention(convention: str) -> None:
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+
+
+def calibrate(
+    epsilon: float, delta: float, batch_size: int, temperature: float, sigma: float = 0.3,
+    private_tokens: int = 100, convention: str = "correct",
+) -> AminBudget:
+    """The clip norm that spends (ε, δ) over ``private_tokens`` private tokens.
+
+    Raises :class:`InfeasibleBudget` (with the numbers) when the sparse vector test alone
+    exceeds the per-token budget."""
+    _check_convention(convention)
+    if batch_size < 1 or private_tokens < 1 or not sigma > 0 or not temperature > 0:
+        raise ValueError("batch_size, private_tokens >= 1 and sigma, temperature > 0")
+    rho = epsilon_to_rho(epsilon, delta)
+    rho_tok = rho / private_tokens
+    if convention == "paper":
+        rho_svt = step_costs(1.0, batch_size, temperature, sigma, convention)[1]
+        if rho_svt >= rho_tok:
+            raise InfeasibleBudget(
+                f"infeasible: the sparse vector test alone costs rho_SVT = 2/(B*sigma)^2 = "
+                f"{rho_svt:.5g} per private token, at least the per-token budget "
+                f"rho/T_prv = {rho:.5g}/{private_tokens} = {rho_tok:.5g} (B={batch_size}, "
+                f"sigma={sigma}, eps={epsilon}, delta={delta})"
+            )
+        clip = temperature * batch_size * math.sqrt(2.0 * (rho_tok - rho_svt))
+    else:
+        lo, hi = 0.0, 1.0
+        while sum(step_costs(hi, batch_size, temperature, sigma, convention)) < rho_tok:
+            hi *= 2.0
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            if sum(step_costs(mid, batch_size, temperature, sigma, convention)) <= rho_tok:
+                lo = mid
+            else:
+                hi = mid
+        clip = lo
+    rho_prv, rho_svt = step_costs(clip, batch_size, temperature, sigma, convention)
+    return AminBudget(clip, private_tokens * (rho_prv + rho_svt), rho_prv, rho_svt,
+                      private_tokens, convention)
+
+
+def clip_amin(logits: torch.Tensor, clip: float) -> torch.Tensor:
+    """Re-centred clipping: shift each row so its max is C, then clip to [−C, C]."""
+    shifted = logits + (clip - logits.max(dim=-1, keepdim=True).values)
+    return shifted.clamp(-clip, clip)
+
+
+def _softmax64(x: torch.Tensor, temperature: float = 1.0) -> np.ndarray:
+    z = x.to(torch.float64).numpy() / temperature
+    z = np.exp(z - z.max())
+    return z / z.sum()
+
+
+class AminPolicy:
+    """One generation of Amin et al. (dense: needs the private logits on the whole vocabulary)."""
+
+    def __init__(self, budget: AminBudget, batch_size: int, temperature: float,
+                 public_temperature: float = 1.0, threshold: float = 0.7,
+                 sigma: float = 0.3) -> None:
+        self.budget, self.batch_size = budget, batch_size
+        self.temperature, self.public_temperature = temperature, public_temperature
+        self.threshold, self.sigma = threshold, sigma
+        self.noisy_threshold: float | None = None
+        self.private_tokens = 0
+
+    def candidates(self, public: torch.Tensor) -> None:
+        return None
+
+    def choose(self, public: torch.Tensor, private: torch.Tensor, ids: torch.Tensor | None,
+               rng: np.random.Generator) -> int | None:
+        if self.private_tokens >= self.budget.private_tokens:
+            return None
+        if self.noisy_threshold is None:
+            self.noisy_threshold = self.threshold + float(laplace(self.sigma, rng))
+        c = self.budget.clip
+        nulls = self.batch_size - private.shape[0]
+        clipped = clip_amin(private, c).sum(dim=0)
+        if nulls:
+            clipped = clipped + nulls * clip_amin(public.unsqueeze(0), c)[0]
+        agg = clipped / self.batch_size
+        p_pub = _softmax64(public)
+        distance = float(np.abs(_softmax64(agg) - p_pub).sum())
+        if distance + float(laplace(2.0 * self.sigma, rng)) > self.noisy_threshold:
+            self.noisy_threshold = self.threshold + float(laplace(self.sigma, rng))
+            self.private_tokens += 1
+            scores = agg.to(torch.float64).numpy()
+            return int(exponential_mechanism(scores, self.temperature, rng))
+        scores = public.to(torch.float64).numpy()
+        return int(exponential_mechanism(scores, self.public_temperature, rng))
+
+    def stats(self) -> dict[str, int]:
+        return {"private_tokens": self.private_tokens}

@@ -1,0 +1,102 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dplang.privacy.audit import max_log_ratio
+from dplang.privacy.mechanisms import exponential_mechanism_probabilities
+from dplang.textgen import amin
+
+EPS = (1, 3, 5, 10)
+
+
+@pytest.mark.parametrize("b", [31, 63, 127])
+@pytest.mark.parametrize("eps", EPS)
+def test_paper_infeasible_cells_exactly(b, eps):
+    """Spec §6.1 item 18: σ = 0.3, 100 private tokens, δ = 1e-6 → INF at B=31 for every ε,
+    B=63 for ε ≤ 5, B=127 for ε = 1 (Table 2)."""
+    infeasible = b == 31 or (b == 63 and eps <= 5) or (b == 127 and eps == 1)
+    if infeasible:
+        with pytest.raises(amin.InfeasibleBudget, match="infeasible"):
+            amin.calibrate(eps, 1e-6, b, 1.0, 0.3, 100, "paper")
+    else:
+        budget = amin.calibrate(eps, 1e-6, b, 1.0, 0.3, 100, "paper")
+        assert budget.clip > 0
+
+
+@pytest.mark.parametrize(("b", "eps", "clip"),
+                         [(127, 3, 3.906), (127, 5, 10.244), (127, 10, 21.263), (63, 10, 8.817)])
+def test_paper_clip_values(b, eps, clip):
+    assert amin.calibrate(eps, 1e-6, b, 1.0, 0.3, 100, "paper").clip == pytest.approx(clip,
+                                                                                      abs=2e-3)
+
+
+@pytest.mark.parametrize("convention", ["correct", "paper"])
+def test_calibration_spends_the_budget(convention):
+    from dplang.privacy import epsilon_to_rho
+
+    budget = amin.calibrate(10, 1e-6, 127, 1.2, 0.3, 100, convention)
+    assert budget.rho == pytest.approx(epsilon_to_rho(10, 1e-6), rel=1e-6)
+    g = budget.guarantee(1e-6, 10)
+    assert g.adjacency == ("replace-by-null" if convention == "correct" else "zero-out")
+
+
+def _agg(rows, public, clip, b):
+    nulls = b - rows.shape[0]
+    total = amin.clip_amin(rows, clip).sum(0) + nulls * amin.clip_amin(public[None], clip)[0]
+    return total / b
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 9999), b=st.integers(1, 8), clip=st.floats(0.1, 10))
+def test_aggregate_sensitivity_is_2c_over_b(seed, b, clip):
+    g = torch.Generator().manual_seed(seed)
+    public = torch.randn(30, generator=g, dtype=torch.float64) * 5
+    rows = torch.randn(b, 30, generator=g, dtype=torch.float64) * 20
+    full = _agg(rows, public, clip, b)
+    for j in range(b):
+        other = _agg(torch.cat([rows[:j], rows[j + 1:]]), public, clip, b)
+        diff = float((full - other).abs().max())
+        assert diff <= amin.logit_sensitivity(clip, b, "correct") + 1e-9
+        # the SVT distance moves by at most the correct query sensitivity
+        d_full = float(np.abs(amin._softmax64(full) - amin._softmax64(public)).sum())
+        d_other = float(np.abs(amin._softmax64(other) - amin._softmax64(public)).sum())
+        assert abs(d_full - d_other) <= amin.svt_query_sensitivity(clip, b, "correct") + 1e-9
+
+
+def test_paper_convention_is_caught():
+    """The paper's C/B and 1/B sensitivities are exceeded by a replace-by-null neighbour."""
+    b, clip = 4, 2.0
+    public = torch.zeros(10, dtype=torch.float64)
+    public[0] = 10.0
+    rows = public.expand(b, 10).clone()
+    rows[0] = -public  # a reference that inverts the public preference
+    full = _agg(rows, public, clip, b)
+    other = _agg(rows[1:], public, clip, b)
+    diff = float((full - other).abs().max())
+    assert diff > amin.logit_sensitivity(clip, b, "paper") + 1e-6
+    assert diff <= amin.logit_sensitivity(clip, b, "correct") + 1e-9
+    d = [float(np.abs(amin._softmax64(x) - amin._softmax64(public)).sum()) for x in (full, other)]
+    assert abs(d[0] - d[1]) > amin.svt_query_sensitivity(clip, b, "paper")
+    # the private-token exponential mechanism: exact loss within 2Δ/τ only for the correct Δ
+    tau = 1.0
+    p = exponential_mechanism_probabilities(full.numpy(), tau)
+    q = exponential_mechanism_probabilities(other.numpy(), tau)
+    loss = max_log_ratio(p, q)
+    assert loss <= 2 * amin.logit_sensitivity(clip, b, "correct") / tau + 1e-9
+    assert loss > 2 * amin.logit_sensitivity(clip, b, "paper") / tau
+
+
+def test_policy_caps_private_tokens():
+    budget = amin.calibrate(10, 1e-6, 3, 1.0, 0.3, 2, "correct")
+    pol = amin.AminPolicy(budget, 3, 1.0, threshold=-100.0)  # SVT always says "private"
+    rng = np.random.default_rng(0)
+    public = torch.randn(20)
+    priv = torch.randn(3, 20)
+    toks = [pol.choose(public, priv, None, rng) for _ in range(3)]
+    assert toks[0] is not None and toks[1] is not None and toks[2] is None
+    assert pol.stats()["private_tokens"] == 2
+    assert math.isfinite(budget.rho)

@@ -179,3 +179,22 @@ def test_amin_infeasible_is_an_error_with_numbers(tmp_path, capsys, toy):
     code, _, err = run(capsys, *base_args(data, tmp_path / "a.jsonl", "--method", "adapmixed",
                                           "--adjacency", "zero-out"))
     assert code == 2 and "--adjacency" in err
+
+
+def test_augpe_through_the_cli(tmp_path, capsys, toy, monkeypatch):
+    import dplang.textgen.augpe as augpe_mod
+
+    real_run = augpe_mod.run_augpe
+    monkeypatch.setattr(augpe_mod, "run_augpe",
+                        lambda *a, **kw: real_run(*a, **{**kw, "embedder": "hashing"}))
+    data = write_csv(tmp_path / "d.csv", 9)
+    out = tmp_path / "pe.jsonl"
+    code, _, err = run(capsys, *base_args(data, out, "--method", "augpe", "--augpe-iterations",
+                                          "2", "--augpe-variations", "1"))
+    assert code == 0, err
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == 3 and all(r["method"] == "augpe" for r in recs)
+    manifest = json.loads(out.with_name("pe.manifest.json").read_text())
+    g = manifest["guarantee"]
+    assert g["mechanism"] == "augpe" and g["epsilon"] == pytest.approx(10, rel=1e-6)
+    assert manifest["augpe"]["model_calls"] > 0

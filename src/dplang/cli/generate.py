@@ -66,7 +66,11 @@ def generate(
     ),
     dense: bool = typer.Option(False, "--dense", help="Full LM head for private rows."),
     method: str = typer.Option(
-        "invisibleink", "--method", help="invisibleink (default), amin or adapmixed."
+        "invisibleink", "--method", help="invisibleink (default), amin, adapmixed or augpe."
+    ),
+    augpe_iterations: int = typer.Option(3, "--augpe-iterations", help="Aug-PE: iterations."),
+    augpe_variations: int = typer.Option(
+        7, "--augpe-variations", help="Aug-PE: variations per selected text."
     ),
     amin_sigma: float = typer.Option(0.3, "--amin-sigma", help="Amin: SVT noise σ."),
     amin_threshold: float = typer.Option(0.7, "--amin-threshold", help="Amin: SVT θ."),
@@ -93,7 +97,8 @@ def generate(
         model=model, max_reference_tokens=max_reference_tokens, sparse_head=not dense,
         ledger=ledger, method=method, amin_sigma=amin_sigma, amin_threshold=amin_threshold,
         amin_private_tokens=amin_private_tokens, amin_public_temperature=amin_public_temperature,
-        amin_convention=amin_convention,
+        amin_convention=amin_convention, augpe_iterations=augpe_iterations,
+        augpe_variations=augpe_variations,
     )
     console = Console(stderr=True, quiet=quiet)
     try:

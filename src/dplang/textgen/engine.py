@@ -108,10 +108,12 @@ class GroupResult:
     text: str
     stopped: str  # "eos", "length" or "budget"
     stats: dict[str, Any] = field(default_factory=dict)
+    #: Length in tokens when ``token_ids`` are not kept (population methods such as Aug-PE).
+    token_count: int | None = None
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        return len(self.token_ids) if self.token_count is None else self.token_count
 
 
 @dataclass

@@ -35,7 +35,7 @@ from ..privacy.accounting import invisibleink_budget
 from ..privacy.guarantees import Guarantee
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import RandomStreams
-from . import adapmixed, amin
+from . import adapmixed, amin, augpe
 from .batching import Batch, make_batches
 from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy, run_groups
 from .invisibleink import InvisibleInkPolicy
@@ -43,8 +43,9 @@ from .prompts import DEFAULT_MAX_REFERENCE_TOKENS, PromptTemplate, get_template
 
 DEFAULT_CONCURRENT_GROUPS = 8
 #: Per-token methods that run on the engine (Aug-PE is a population method: see augpe.py).
-METHODS = ("invisibleink", "amin", "adapmixed")
+METHODS = ("invisibleink", "amin", "adapmixed", "augpe")
 _ADJACENCY = {
+    "augpe": ("replace-by-null", "add-remove"),
     "invisibleink": ("replace-by-null", "zero-out"),
     "amin": ("replace-by-null", "zero-out"),
     "adapmixed": ("add-remove", "replace-by-null"),
@@ -89,6 +90,9 @@ class GenerationRequest:
     amin_private_tokens: int = 100
     amin_public_temperature: float = 1.0
     amin_convention: str = "correct"
+    #: Aug-PE baseline (spec 002 §3.3): iterations T_PE and variations L per selected text.
+    augpe_iterations: int = 3
+    augpe_variations: int = 7
 
 
 @dataclass
@@ -178,6 +182,12 @@ def _make_guarantee(
                 req.amin_threshold, req.amin_sigma)
 
         return guarantee, budget.clip, amin_factory
+    if req.method == "augpe":
+        try:
+            prm0 = _augpe_params(req, num_texts=1)
+        except ValueError as exc:
+            raise GenerationError(f"augpe: {exc}") from exc
+        return prm0.guarantee(), 0.0, lambda _vocab: (lambda _job: None)  # type: ignore[return-value]
     if req.method == "adapmixed":
         prm = adapmixed.AdaPMixEDParams(epsilon=req.epsilon,  # type: ignore[arg-type]
                                         delta=req.delta, temperature=req.temperature,
@@ -210,6 +220,39 @@ def _make_guarantee(
                                                req.top_k, vocab)
 
     return guarantee, clip, ink_factory
+
+
+def _augpe_params(req: GenerationRequest, num_texts: int) -> augpe.AugPEParams:
+    return augpe.AugPEParams(
+        epsilon=req.epsilon, num_texts=num_texts, delta=req.delta,  # type: ignore[arg-type]
+        iterations=req.augpe_iterations, variations=req.augpe_variations,
+        max_tokens=req.max_tokens, temperature=req.temperature, top_k=req.top_k,
+        adjacency=req.adjacency,
+    )
+
+
+def _run_augpe(plan: GenerationPlan, seed: int, persist: Callable[[GroupResult], None],
+               on_step: Callable[[int], None] | None) -> dict[str, Any]:
+    """Aug-PE over all the references of the planned batches: one text per batch. The
+    references are used only through the noisy nearest-neighbour histograms."""
+    req = plan.request
+    references = [ref for b in plan.batches for ref in b.references]
+    params = _augpe_params(req, num_texts=len(plan.batches))
+    labels = plan.batches[0].labels if plan.batches else {}
+
+    def progress(_stage: str, done: int, _total: int) -> None:
+        if on_step is not None:
+            on_step(0)
+
+    texts, _guarantee, stats = augpe.run_augpe(
+        plan.model, references, params, seed % (2**63),
+        public_prompt=plan.template.render(None, labels), on_progress=progress,
+        system_prompt=plan.template.system,
+    )
+    for i, text in enumerate(texts):
+        persist(GroupResult(i, [], text, "population", {},
+                            token_count=plan.model.count_tokens(text)))
+    return stats
 
 
 def plan_generation(
@@ -421,6 +464,12 @@ def execute_plan(
 
         status = "interrupted"
         try:
+            if req.method == "augpe":
+                if pending:  # a population method: runs whole (no per-group resume)
+                    manifest["augpe"] = _run_augpe(plan, seed, persist, on_step)
+                status = "complete"
+                return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
+                                  time.time() - start, tokens)
             run_groups(plan.model, pending, plan.make_policy, req.batch_size,
                        req.max_tokens, RandomStreams(seed), req.concurrent_groups,
                        on_result=persist, on_step=on_step, sparse_head=req.sparse_head)
@@ -445,7 +494,7 @@ def _record(res: GroupResult, batch: Batch, method: str) -> dict[str, Any]:
         "labels": dict(batch.labels),
         **{k: v for k, v in res.stats.items() if k != "topk_plus_min"},
         "method": method,
-        "token_ids": res.token_ids,
+        **({"token_ids": res.token_ids} if res.token_count is None else {}),
     }
 
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-METHODS = ("invisibleink", "public")
+METHODS = ("invisibleink", "amin", "adapmixed", "augpe", "public")
 
 
 class ConfigError(ValueError):

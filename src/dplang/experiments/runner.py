@@ -82,7 +82,8 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
         temperature=cell.temperature, top_k=cell.top_k, epsilon=cell.epsilon,
         delta=config.delta, num=config.num, seed=cell.seed,
         concurrent_groups=config.concurrent_groups, prompt=config.prompt,
-        group_by=config.group_by, model=config.model, ledger=ledger,
+        group_by=config.group_by, model=config.model, ledger=ledger, method=cell.method,
+        adjacency="add-remove" if cell.method == "adapmixed" else "replace-by-null",
     )
     plan = plan_generation(request, load_model)
     execute_plan(plan)

@@ -82,7 +82,7 @@ def report(
     predicate: str = typer.Option("keyword", "--predicate",
                                   help="keyword, embedding or entailment."),
     judge: Path | None = typer.Option(None, "--judge", help="Entailment judge model folder."),
-    similarity: float = typer.Option(0.6, "--similarity",
+    similarity: float = typer.Option(0.5, "--similarity",
                                      help="Cosine threshold of the embedding predicate."),
     chunk_words: int = typer.Option(48, "--chunk-words",
                                     help="Chunk size (words) for embedding/entailment."),
@@ -108,7 +108,7 @@ def report(
     from ..reports.render import certificate_line, write_report
     from ..reports.statements import StatementError, deduplicate, validate_statements
 
-    console = Console(stderr=True, quiet=quiet)
+    console = Console(stderr=True, quiet=quiet, soft_wrap=True)
     config = FilterConfig(epsilon=epsilon, beta=beta, theta=threshold, noise=noise, delta=delta,
                           composition=composition, bonferroni=bonferroni,
                           release_abstained_bounds=release_abstained_bounds)

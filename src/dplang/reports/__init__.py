@@ -1,1 +1,92 @@
-"""dplang.reports."""
+"""Evidence-bearing reports under differential privacy: proposal-and-filter (spec 003).
+
+A data-independent *proposer* drafts candidate statements; a frozen *support predicate*
+σ_s(r) ∈ {0,1} says which records support each one; an ε₀-DP *support test* adds noise to each
+support count and **emits** a statement, with a certified lower bound on its support, only when
+that bound clears the threshold θ — otherwise it **abstains**. The report is ε-DP (unit = record,
+replace-one adjacency) by composition over the m candidates, and a statement with support below θ
+is emitted with probability at most β.
+
+Modules (one job each): :mod:`.statements` (candidates, dedup, file format), :mod:`.proposers`
+(list, tag-template schema, language model), :mod:`.chunking`, :mod:`.predicates` (keyword,
+embedding, entailment), :mod:`.noise` (calibration, margins, exact emission law),
+:mod:`.mechanism` (the filter, certificates, guarantee), :mod:`.evaluation` (metrics and
+Theorem 5.2 checks on evaluation data), :mod:`.render` (JSON and Markdown).
+"""
+
+from .chunking import chunk_text
+from .evaluation import (
+    EmitInterval,
+    coverage,
+    emit_rate,
+    evaluate_report,
+    exact_expected_emit_rate,
+    false_emission,
+    mean_support,
+    theorem_5_2_interval,
+    true_supports,
+    unsupported_emit,
+)
+from .mechanism import (
+    Certificate,
+    FilterConfig,
+    Report,
+    ReportConfigError,
+    calibrate,
+    certify_counts,
+    proposal_and_filter,
+)
+from .noise import NOISE_FAMILIES, SupportTest
+from .predicates import (
+    CallablePredicate,
+    EmbeddingPredicate,
+    EntailmentPredicate,
+    KeywordPredicate,
+    PredicateError,
+    SupportPredicate,
+    support_counts,
+)
+from .proposers import LanguageModelProposer, ListProposer, TemplateProposer, load_schema
+from .render import report_to_dict, report_to_markdown, write_report
+from .statements import Statement, StatementError, deduplicate, read_statements_file
+
+__all__ = [
+    "NOISE_FAMILIES",
+    "CallablePredicate",
+    "Certificate",
+    "EmbeddingPredicate",
+    "EmitInterval",
+    "EntailmentPredicate",
+    "FilterConfig",
+    "KeywordPredicate",
+    "LanguageModelProposer",
+    "ListProposer",
+    "PredicateError",
+    "Report",
+    "ReportConfigError",
+    "Statement",
+    "StatementError",
+    "SupportPredicate",
+    "SupportTest",
+    "TemplateProposer",
+    "calibrate",
+    "certify_counts",
+    "chunk_text",
+    "coverage",
+    "deduplicate",
+    "emit_rate",
+    "evaluate_report",
+    "exact_expected_emit_rate",
+    "false_emission",
+    "load_schema",
+    "mean_support",
+    "proposal_and_filter",
+    "read_statements_file",
+    "report_to_dict",
+    "report_to_markdown",
+    "support_counts",
+    "theorem_5_2_interval",
+    "true_supports",
+    "unsupported_emit",
+    "write_report",
+]

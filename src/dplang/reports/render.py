@@ -1,0 +1,195 @@
+"""Writing a report: ``REPORT.json`` (machine-readable) and ``REPORT.md`` (for a human).
+
+Privacy contract: both documents are post-processing of a :class:`~dplang.reports.mechanism.
+Report` plus public metadata (parameters, file digest, n, statement sources). They never contain
+the seed, a noise draw, an exact support or count, or any other statistic of the data (not even
+the number of blank rows, which changes when one record is replaced).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from .mechanism import Certificate, Report
+
+__all__ = ["FORMAT", "report_paths", "report_to_dict", "report_to_markdown", "write_report"]
+
+FORMAT = "dplang.report/1"
+
+
+def report_paths(out: str | Path) -> tuple[Path, Path]:
+    """``REPORT`` (or ``REPORT.json`` / ``REPORT.md``) → (``REPORT.json``, ``REPORT.md``)."""
+    out = Path(out)
+    if out.suffix.lower() in (".json", ".md"):
+        out = out.with_suffix("")
+    return out.with_name(out.name + ".json"), out.with_name(out.name + ".md")
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    return x
+
+
+def report_to_dict(report: Report, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON document: format, guarantee (+ plain-words summary), parameters, certificates.
+
+    ``metadata`` (public: data path and digest, statement source, predicate description,
+    ledger entry) is merged in under its own keys."""
+    cfg = report.config
+    test = report.test
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "dplang_version": __version__,
+        "mechanism": report.guarantee.mechanism,
+        "guarantee": report.guarantee.to_dict(),
+        "guarantee_summary": report.guarantee.summary(),
+        "parameters": {
+            "epsilon": cfg.epsilon,
+            "delta": cfg.effective_delta,
+            "beta": cfg.beta,
+            "beta_per_candidate": test.beta,
+            "beta_attained": test.beta_attained,
+            "bonferroni": cfg.bonferroni,
+            "threshold": cfg.theta,
+            "noise": cfg.noise,
+            "composition": cfg.composition,
+            "tau": test.tau,
+            "tau_counts": test.tau_count,
+            "noise_scale": test.scale_support,
+            "noise_scale_counts": test.scale,
+            "epsilon_per_candidate": test.epsilon,
+            "delta_per_candidate": test.delta,
+            "rho_per_candidate": test.rho,
+            "release_abstained_bounds": cfg.release_abstained_bounds,
+            "candidates": report.m,
+            "n_records": report.n,
+            "full_support_emit_probability": report.full_support_emit_probability(),
+        },
+        "summary": {"emitted": len(report.emitted), "abstained": len(report.abstained)},
+        "certificates": [c.to_dict() for c in report.certificates],
+    }
+    if metadata:
+        for key, value in metadata.items():
+            doc.setdefault(key, value)
+    return _clean(doc)
+
+
+def _fmt(x: float | None) -> str:
+    return "—" if x is None else f"{x:.4f}"
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def report_to_markdown(report: Report, metadata: dict[str, Any] | None = None) -> str:
+    """A human-readable report: emitted statements with certified lower bounds, the
+    abstentions, and the guarantee and what a certificate means, in plain words."""
+    cfg, test = report.config, report.test
+    meta = metadata or {}
+    emitted = sorted(report.emitted, key=lambda c: (-(c.lower_bound or 0.0), c.index))
+    lines = ["# Evidence-bearing report", ""]
+    if meta.get("data"):
+        d = meta["data"]
+        lines.append(f"Data: `{d.get('path', '')}` (sha256 `{str(d.get('sha256', ''))[:16]}…`), "
+                     f"n = {report.n} records.")
+    else:
+        lines.append(f"n = {report.n} records.")
+    lines += [
+        f"Candidates: {report.m} statements, fixed before the data was read"
+        + (f" (source: {meta['statements']['source']})." if meta.get("statements") else "."),
+        f"Emitted: {len(report.emitted)}; abstained: {len(report.abstained)}.",
+        "",
+        "## Emitted statements",
+        "",
+    ]
+    if emitted:
+        lines += [f"Each statement below is supported by at least the stated fraction of "
+                  f"records, with confidence {1 - test.beta:.4g} per statement "
+                  f"(threshold θ = {cfg.theta:g}).", "",
+                  "| # | statement | certified lower bound on support |", "|---|---|---|"]
+        lines += [f"| {c.index} | {_md_escape(c.statement)} | ≥ {c.lower_bound:.4f} |"
+                  for c in emitted]
+    else:
+        lines.append("None: no candidate passed the support test.")
+    lines += ["", "## Abstentions", ""]
+    if report.abstained:
+        lines.append("For these candidates the report abstains: the private support test did "
+                     "not certify support at or above the threshold. An abstention is *not* "
+                     "evidence that the statement is false or rare.")
+        lines.append("")
+        for c in report.abstained:
+            bound = f" (lower bound {_fmt(c.lower_bound)})" if c.lower_bound is not None else ""
+            lines.append(f"- [{c.index}] {c.statement}{bound}")
+    else:
+        lines.append("None.")
+    g = report.guarantee
+    family = (f" (Bonferroni: β = {cfg.beta:g}/{report.m} per statement)" if cfg.bonferroni
+              else "")
+    lines += [
+        "",
+        "## Privacy guarantee",
+        "",
+        g.summary(),
+        "",
+        f"Each of the {report.m} support tests adds {cfg.noise} noise "
+        f"(scale {test.scale_support:.4g} in support units, i.e. {test.scale:.4g} records) to "
+        f"the number of supporting records; the budget is split equally "
+        f"({'zCDP' if cfg.composition == 'zcdp' else 'basic composition'}).",
+        "",
+        "## What a certificate means",
+        "",
+        f"- For an emitted statement, the lower bound L = f̂ − τ (τ = {test.tau:.4g}) satisfies "
+        f"Pr[true support ≥ L] ≥ {1 - test.beta:.4g}: it is a one-sided "
+        f"{1 - test.beta:.4g}-confidence lower bound on the fraction of records for which "
+        "the support predicate holds.",
+        f"- A statement whose true support is below θ = {cfg.theta:g} is emitted with "
+        f"probability at most β = {test.beta:.4g}{family} (the attained level "
+        f"Pr[noise ≥ τ] is {test.beta_attained:.4g}).",
+        "- Support is measured by the predicate recorded in each certificate "
+        f"({meta.get('predicate', {}).get('kind', 'see JSON')}); a certificate says nothing "
+        "about truth beyond that predicate, nothing about statements that were not "
+        "candidates, and gives no recall guarantee (supported statements can be abstained on).",
+        f"- A statement supported by every record would be emitted with probability "
+        f"{report.full_support_emit_probability():.4g}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_report(report: Report, out: str | Path, metadata: dict[str, Any] | None = None
+                 ) -> tuple[Path, Path]:
+    """Write ``OUT.json`` and ``OUT.md`` (atomically). Charge the ledger *before* calling this.
+    Returns the two paths."""
+    json_path, md_path = report_paths(out)
+    doc = report_to_dict(report, metadata)
+    _atomic_write(json_path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    _atomic_write(md_path, report_to_markdown(report, metadata))
+    return json_path, md_path
+
+
+def certificate_line(c: Certificate) -> str:
+    """One line for a terminal."""
+    if c.decision == "emit":
+        return f"EMIT     L ≥ {c.lower_bound:.4f}  {c.statement}"
+    return f"ABSTAIN             {c.statement}"

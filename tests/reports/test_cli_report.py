@@ -1,0 +1,225 @@
+"""``dplang report`` end to end (keyword predicate, small corpus) and its bad-input errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import dplang.cli.report as report_cli
+from dplang.cli.app import main
+from dplang.io import file_digest
+from dplang.models import ToyModel
+from dplang.privacy.ledger import PrivacyLedger
+
+REVIEWS = [
+    "The pasta was great and the staff were friendly.",
+    "Great coffee, but the service was slow.",
+    "Slow service and cold food. Never again.",
+    "Friendly staff, great desserts.",
+    "The parking lot was full.",
+    "",
+    "Great food, great staff, great prices.",
+    "The waiter was friendly and the soup was great.",
+]
+
+
+def write_corpus(tmp: Path, copies: int = 25) -> Path:
+    lines = ['text,stars']
+    for i in range(copies):
+        for j, r in enumerate(REVIEWS):
+            lines.append(f'"{r}",{(i + j) % 5 + 1}')
+    path = tmp / "reviews.csv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def write_statements(tmp: Path) -> Path:
+    path = tmp / "statements.txt"
+    path.write_text(
+        "# statement<TAB>regex\n"
+        "Reviewers praise the food\tgreat (food|pasta|coffee|desserts|soup)|soup was great\n"
+        "Staff are described as friendly\tfriendly\n"
+        "Service is slow\tslow\n"
+        "service is slow.\tslow\n"
+        "Dogs are welcome\t\\bdogs?\\b\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["report", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_report_end_to_end_with_keyword_predicate(tmp_path, capsys) -> None:
+    data, statements = write_corpus(tmp_path), write_statements(tmp_path)
+    out = tmp_path / "out" / "rep"
+    code, stdout, err = run(capsys, "--data", str(data), "--statements", str(statements),
+                            "--epsilon", "4", "--beta", "0.05", "--threshold", "0.2",
+                            "--predicate", "keyword", "--seed", "7", "--out", str(out))
+    assert code == 0, err
+    assert "pure 4-differential privacy" in stdout
+    doc = json.loads((tmp_path / "out" / "rep.json").read_text())
+    md = (tmp_path / "out" / "rep.md").read_text()
+    assert doc["guarantee"]["epsilon"] == 4 and doc["guarantee"]["unit"] == "record"
+    assert doc["guarantee"]["adjacency"] == "replace-one"
+    assert doc["parameters"]["candidates"] == 4  # the duplicate was removed before the data
+    assert doc["statements"] == {"source": "list", "path": str(statements), "proposed": 5,
+                                 "after_deduplication": 4}
+    assert doc["parameters"]["n_records"] == 200  # blank rows count
+    decisions = {c["statement"]: c["decision"] for c in doc["certificates"]}
+    assert decisions["Reviewers praise the food"] == "emit"
+    assert decisions["Dogs are welcome"] == "abstain"
+    for c in doc["certificates"]:
+        assert c["predicate"]["id"].startswith("keyword:")
+        if c["decision"] == "emit":
+            assert c["lower_bound"] >= 0.2
+            assert c["statement"] in md
+    assert "Privacy guarantee" in md and "Abstentions" in md
+    assert "seed" not in json.dumps(doc) and "seed" not in md
+    # the ledger holds the release under the data file's digest
+    ledger = PrivacyLedger(os.environ["DPLANG_LEDGER"])
+    releases = ledger.releases(file_digest(data))
+    assert len(releases) == 1 and releases[0]["guarantee"]["epsilon"] == 4
+    assert doc["ledger"]["release_id"] == releases[0]["release_id"]
+
+
+def test_report_with_schema_and_gaussian(tmp_path, capsys) -> None:
+    data = write_corpus(tmp_path)
+    schema = tmp_path / "schema.toml"
+    schema.write_text(
+        'template = "Reviews mention {aspect} in a {sentiment} way."\n'
+        '[[aspect]]\ntext = "the staff"\npattern = "staff|waiter"\n'
+        '[[aspect]]\ntext = "the service"\npattern = "service"\n'
+        '[[sentiment]]\ntext = "positive"\npattern = "friendly|great"\n'
+        '[[sentiment]]\ntext = "negative"\npattern = "slow|cold|never"\n', encoding="utf-8")
+    out = tmp_path / "rep.json"  # a suffix is accepted and replaced
+    code, _stdout, err = run(capsys, "--data", str(data), "--schema", str(schema),
+                            "--epsilon", "2", "--threshold", "0.1", "--noise", "gaussian",
+                            "--composition", "zcdp", "--delta", "1e-6", "--bonferroni",
+                            "--seed", "1", "--out", str(out), "--quiet")
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert doc["parameters"]["candidates"] == 4
+    assert doc["parameters"]["beta_per_candidate"] == pytest.approx(0.05 / 4)
+    assert doc["guarantee"]["rho"] is not None and doc["guarantee"]["delta"] == 1e-6
+    assert (tmp_path / "rep.md").exists()
+
+
+class WordToy(ToyModel):
+    """A toy model whose tokens decode to words (so drafts look like sentences)."""
+
+    def decode(self, token_ids) -> str:
+        return " ".join(f"w{int(t)}" for t in token_ids)
+
+
+def test_report_with_language_model_proposer(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(report_cli, "_load_model",
+                        lambda spec: WordToy(vocab_size=31, eos_token_id=0))
+    data = write_corpus(tmp_path, copies=2)
+    out = tmp_path / "lm"
+    code, _, err = run(capsys, "--data", str(data), "--task", "Summarise the reviews",
+                       "--proposals", "5", "--predicate", "embedding", "--epsilon", "1",
+                       "--threshold", "0.5", "--seed", "0", "--out", str(out), "-q")
+    assert code == 0, err
+    doc = json.loads((tmp_path / "lm.json").read_text())
+    assert doc["statements"]["source"] == "language model"
+    assert doc["predicate"]["kind"] == "embedding"
+
+
+def test_budget_exceeded_is_refused_before_writing(tmp_path, capsys) -> None:
+    data, statements = write_corpus(tmp_path), write_statements(tmp_path)
+    ledger = PrivacyLedger(os.environ["DPLANG_LEDGER"])
+    ledger.set_budget(file_digest(data), 5.0, 1e-6)
+    args = ["--data", str(data), "--statements", str(statements), "--threshold", "0.2",
+            "--seed", "1", "-q"]
+    assert run(capsys, *args, "--epsilon", "3", "--out", str(tmp_path / "a"))[0] == 0
+    code, _, err = run(capsys, *args, "--epsilon", "3", "--out", str(tmp_path / "b"))
+    assert code == 3 and err.startswith("error: ") and "budget" in err
+    assert not (tmp_path / "b.json").exists() and not (tmp_path / "b.md").exists()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--epsilon", "0"], "epsilon must be"),
+    (["--epsilon", "-1"], "epsilon must be"),
+    (["--threshold", "1.5"], "theta must be in [0, 1]"),
+    (["--threshold", "-0.1"], "theta must be in [0, 1]"),
+    (["--beta", "0.5"], "beta must be in (0, 1/2)"),
+    (["--beta", "0"], "beta must be in (0, 1/2)"),
+    (["--noise", "cauchy"], "noise must be one of"),
+    (["--noise", "laplace", "--composition", "zcdp"], "zcdp"),
+    (["--predicate", "oracle"], "--predicate must be"),
+    (["--predicate", "entailment"], "--judge"),
+    (["--seed", "-3"], "--seed"),
+])
+def test_bad_parameters(tmp_path, capsys, extra: list[str], message: str) -> None:
+    data, statements = write_corpus(tmp_path), write_statements(tmp_path)
+    base = {"--epsilon": "1", "--threshold": "0.1"}
+    args = ["--data", str(data), "--statements", str(statements), "--out",
+            str(tmp_path / "r")]
+    for key, value in base.items():
+        if key not in extra:
+            args += [key, value]
+    code, _, err = run(capsys, *args, *extra)
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err
+    assert not (tmp_path / "r.json").exists()
+
+
+def bad_input_case(tmp_path: Path, case: str) -> tuple[list[str], str]:
+    data, statements = write_corpus(tmp_path), write_statements(tmp_path)
+    if case == "no statements":
+        statements.write_text("# only a comment\n\n", encoding="utf-8")
+        return ["--data", str(data), "--statements", str(statements)], "no candidate"
+    if case == "long statement":
+        statements.write_text("x" * 400 + "\tx\n", encoding="utf-8")
+        return ["--data", str(data), "--statements", str(statements)], "characters long"
+    if case == "no rule":
+        statements.write_text("A statement without a rule\n", encoding="utf-8")
+        return ["--data", str(data), "--statements", str(statements)], "no keyword rule"
+    if case == "bad regex":
+        statements.write_text("Broken\t(unclosed\n", encoding="utf-8")
+        return ["--data", str(data), "--statements", str(statements)], "regular expression"
+    if case == "empty corpus":
+        empty = tmp_path / "empty.csv"
+        empty.write_text("text\n", encoding="utf-8")
+        return ["--data", str(empty), "--statements", str(statements)], "no data rows"
+    if case == "blank corpus":
+        blank = tmp_path / "blank.csv"
+        blank.write_text('text\n""\n"  "\n', encoding="utf-8")
+        return ["--data", str(blank), "--statements", str(statements)], "no usable"
+    if case == "missing data":
+        return ["--data", str(tmp_path / "nope.csv"), "--statements", str(statements)], \
+            "not found"
+    if case == "missing statements":
+        return ["--data", str(data), "--statements", str(tmp_path / "nope.txt")], "not found"
+    if case == "two sources":
+        return ["--data", str(data), "--statements", str(statements), "--schema",
+                str(statements)], "exactly one of"
+    if case == "no source":
+        return ["--data", str(data)], "exactly one of"
+    if case == "bad column":
+        return ["--data", str(data), "--statements", str(statements), "--text-column",
+                "body"], "body"
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["no statements", "long statement", "no rule", "bad regex",
+                                  "empty corpus", "blank corpus", "missing data",
+                                  "missing statements", "two sources", "no source",
+                                  "bad column"])
+def test_bad_input_gives_one_line_error(tmp_path, capsys, case: str) -> None:
+    args, message = bad_input_case(tmp_path, case)
+    code, _, err = run(capsys, *args, "--epsilon", "1", "--threshold", "0.1", "--out",
+                       str(tmp_path / "r"))
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err, err
+    assert not (tmp_path / "r.json").exists()
+    ledger = PrivacyLedger(os.environ["DPLANG_LEDGER"])
+    assert all(not ledger.releases(d) for d in [file_digest(write_corpus(tmp_path))])

@@ -1,0 +1,598 @@
+"""Exact and Monte Carlo evaluation of samplers: output laws, TV distances, privacy audits.
+
+The output law of a sampler A on P with n records is
+``Q(z) = Σ_x Pr[X = x]·Pr[A(x) = z]`` (spec §1). This module computes it
+
+* **exactly** for k-ary samplers by enumerating the count vectors (multinomial, restricted to
+  the support of P) and using each sampler's exact law given the counts
+  (:func:`exact_output_law`); for *Poisson* samplers (dataset size N ~ Po(n), the setting of
+  the lower bound) of the Laplace-histogram family for any k and n, because the counts are then
+  independent Po(nP_j) and the one-integral formula of :mod:`dplang.sampling._histlaw` applies
+  with mixed φ, ψ (:func:`exact_output_law_poisson`); in closed form for reveal-or-obscure;
+* **exactly** for the clipped-mean and marginal product samplers, whose Q is a product with
+  marginals given by binomial sums; TV between products is exact up to d = 16 (enumeration of
+  {0,1}^d) and bracketed beyond (:func:`product_tv`);
+* **by Monte Carlo** otherwise, Rao–Blackwellised (the law given data and noise is averaged,
+  never single draws), with a conservative confidence interval (:func:`estimate_tv`).
+
+:func:`exact_privacy_audit` enumerates all pairs of neighbouring datasets for small n and
+reports the largest privacy loss of the exact output laws (and the exact δ at the claimed ε).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.special import gammaln
+from scipy.stats import norm, poisson
+
+from . import _histlaw
+from .baselines import FirstRecordSampler, RandomRecordSampler
+from .kary import KarySampler, LaplaceHistogramSampler, RevealOrObscureSampler
+from .product import (
+    BucketedProductSampler,
+    SparseBinaryRows,
+    binomial_expectation,
+    clipped_gaussian_mean,
+)
+
+__all__ = [
+    "LawEstimate",
+    "PrivacyAudit",
+    "ProductTV",
+    "TVEstimate",
+    "bucketed_product_tv",
+    "claim24_probability",
+    "compositions",
+    "estimate_output_law",
+    "estimate_tv",
+    "exact_output_law",
+    "exact_output_law_poisson",
+    "exact_privacy_audit",
+    "exact_tv",
+    "learning_error_quantile",
+    "minimal_n",
+    "product_tv",
+    "support_miss_probability",
+    "tv_distance",
+]
+
+
+def tv_distance(p: np.ndarray, q: np.ndarray) -> float:
+    """½‖p − q‖₁.
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+    return 0.5 * float(np.abs(np.asarray(p, dtype=np.float64) - np.asarray(q, np.float64)).sum())
+
+
+def _check_p(p: np.ndarray) -> np.ndarray:
+    arr = np.asarray(p, dtype=np.float64)
+    if arr.ndim != 1 or np.any(arr < 0) or not abs(arr.sum() - 1) < 1e-9:
+        raise ValueError("P must be a probability vector")
+    return arr
+
+
+# --------------------------------------------------------------------------------------------
+# k-ary: exact
+
+
+def compositions(n: int, k: int) -> Iterator[np.ndarray]:
+    """All count vectors (c_0..c_{k−1}) of non-negative integers summing to n (stars and
+    bars; there are C(n+k−1, k−1) of them).
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+    for bars in itertools.combinations(range(n + k - 1), k - 1):
+        edges = np.array((-1, *bars, n + k - 1))
+        yield np.diff(edges) - 1
+
+
+def _multinomial_logpmf(c: np.ndarray, n: int, logp: np.ndarray) -> float:
+    mask = c > 0
+    return float(gammaln(n + 1) - gammaln(c + 1).sum() + (c[mask] * logp[mask]).sum())
+
+
+def exact_output_law(sampler: Any, p: np.ndarray, n: int, max_datasets: int = 200_000
+                     ) -> np.ndarray:
+    """Exact Q for a k-ary sampler with n records drawn i.i.d. from P.
+
+    Reveal-or-obscure, first record and random record have closed forms ((1−q)P + qU, P, P);
+    other frequency-count samplers are evaluated by enumerating the count vectors supported by
+    P (at most ``max_datasets`` of them) with their exact law given the counts.
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+    p = _check_p(p)
+    if isinstance(sampler, RevealOrObscureSampler):
+        q = sampler.mixing_probability(n)
+        return (1 - q) * p + q / sampler.k
+    if isinstance(sampler, (FirstRecordSampler, RandomRecordSampler)):
+        return p.copy()
+    if not isinstance(sampler, KarySampler):
+        raise TypeError(f"exact_output_law needs a k-ary sampler, got {type(sampler).__name__}")
+    support = np.flatnonzero(p > 0)
+    m = support.size
+    count = math.comb(n + m - 1, m - 1)
+    if count > max_datasets:
+        raise ValueError(f"{count} count vectors exceed max_datasets={max_datasets}; use "
+                         "exact_output_law_poisson or estimate_output_law")
+    logp = np.log(p[support])
+    q = np.zeros(sampler.k)
+    full = np.zeros(sampler.k, dtype=np.int64)
+    law = _symmetric_law_cache(sampler)
+    for c in compositions(n, m):
+        full[:] = 0
+        full[support] = c
+        q += math.exp(_multinomial_logpmf(c, n, logp)) * law(full)
+    return q / q.sum()
+
+
+def _symmetric_law_cache(sampler: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """The exact law given counts, computed once per multiset of counts: a frequency-count
+    sampler's law commutes with permutations of the elements."""
+    cache: dict[tuple[int, ...], np.ndarray] = {}
+
+    def law(counts: np.ndarray) -> np.ndarray:
+        c = np.asarray(counts, dtype=np.int64)
+        order = np.argsort(c, kind="stable")
+        key = tuple(int(v) for v in c[order])
+        if key not in cache:
+            cache[key] = sampler.exact_law_given_counts(np.array(key))
+        out = np.empty(c.shape[0])
+        out[order] = cache[key]
+        return out
+
+    return law
+
+
+def exact_output_law_poisson(sampler: Any, p: np.ndarray, n: float) -> np.ndarray:
+    """Exact Q of the *Poisson* version of a sampler: dataset size N ~ Po(n), X ~ P^{⊗N}.
+
+    Supported: the Laplace-histogram family (continuous or discrete Laplace noise; counts are
+    independent Po(nP_j), so the one-integral law applies with Poisson-mixed φ, ψ — exact for
+    any k and n, cost growing with the number of distinct values of P), reveal-or-obscure
+    (Q = (1 − E[q(N)])P + E[q(N)]U with q(0) = 1), and first/random record (Q = P given
+    N ≥ 1, uniform when N = 0).
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+    p = _check_p(p)
+    k = p.shape[0]
+    if isinstance(sampler, LaplaceHistogramSampler):
+        groups, inverse = _histlaw.poisson_count_groups(n * p)
+        return _histlaw.histogram_sampler_law(groups, inverse, sampler.noise_scale,
+                                              sampler.noise)
+    if isinstance(sampler, RevealOrObscureSampler):
+        lo = 0
+        hi = math.ceil(n + 14 * math.sqrt(n + 1) + 30)
+        big_n = np.arange(lo, hi + 1)
+        w = poisson.pmf(big_n, n)
+        q = np.where(big_n == 0, 1.0, k / (k + np.maximum(big_n, 1) * math.expm1(
+            sampler.epsilon)))
+        eq = float(np.dot(w, q) / w.sum())
+        return (1 - eq) * p + eq / k
+    if isinstance(sampler, (FirstRecordSampler, RandomRecordSampler)):
+        p0 = math.exp(-n)
+        return (1 - p0) * p + p0 / k
+    raise TypeError(f"no exact Poisson law for {type(sampler).__name__}")
+
+
+def exact_tv(sampler: Any, p: np.ndarray, n: float, poisson_size: bool = False) -> float:
+    """d_TV(Q, P), exactly (see :func:`exact_output_law`, :func:`exact_output_law_poisson`).
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+    q = exact_output_law_poisson(sampler, p, n) if poisson_size else exact_output_law(
+        sampler, p, int(n))
+    return tv_distance(q, p)
+
+
+def support_miss_probability(q: np.ndarray, p: np.ndarray) -> float:
+    """Q(outside the support of P) — the quantity Lemma 2.1 bounds from below.
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+    return float(np.asarray(q)[np.asarray(p) == 0].sum())
+
+
+# --------------------------------------------------------------------------------------------
+# k-ary: Monte Carlo
+
+
+@dataclass(frozen=True)
+class LawEstimate:
+    """Rao–Blackwellised estimate of Q: the mean of the per-replication laws and its standard
+    error per outcome.
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+
+    mean: np.ndarray
+    se: np.ndarray
+    reps: int
+
+
+@dataclass(frozen=True)
+class TVEstimate:
+    """A Monte Carlo estimate of d_TV(Q, P) with a conservative confidence interval.
+
+    ``tv`` is the plug-in ½Σ|Q̂ − P| (biased upward by at most about ``noise_floor`` =
+    ½Σ se_z·√(2/π) when Q = P). [``lower``, ``upper``] = tv ∓ ½Σ_z h_z with h_z simultaneous
+    (Bonferroni) normal half-widths at ``confidence``; it contains d_TV(Q, P) whenever every
+    |Q̂_z − Q_z| ≤ h_z, because |d_TV(Q̂, P) − d_TV(Q, P)| ≤ d_TV(Q̂, Q).
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+
+    tv: float
+    lower: float
+    upper: float
+    noise_floor: float
+    reps: int
+    confidence: float
+
+
+def _counts_draw(p: np.ndarray, n: float, size: int, rng: np.random.Generator,
+                 poisson_size: bool) -> np.ndarray:
+    if poisson_size:
+        return rng.poisson(n * p, size=(size, p.shape[0]))
+    return rng.multinomial(int(n), p, size=size)
+
+
+def estimate_output_law(sampler: Any, p: np.ndarray, n: float, reps: int,
+                        rng: np.random.Generator, poisson_size: bool = False,
+                        exact_noise: bool = False, chunk: int = 4096) -> LawEstimate:
+    """Monte Carlo estimate of Q for a frequency-count k-ary sampler: ``reps`` datasets (count
+    vectors) are drawn; for each, the law given the counts and one noise draw is averaged
+    (or, with ``exact_noise``, the exact law given the counts — slower, less variance).
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+    p = _check_p(p)
+    total = np.zeros(p.shape[0])
+    total_sq = np.zeros(p.shape[0])
+    done = 0
+    while done < reps:
+        m = min(chunk, reps - done)
+        counts = _counts_draw(p, n, m, rng, poisson_size)
+        if exact_noise:
+            laws = np.vstack([sampler.exact_law_given_counts(c) for c in counts])
+        else:
+            laws = sampler.batch_law_given_counts(counts, rng)
+        total += laws.sum(axis=0)
+        total_sq += (laws * laws).sum(axis=0)
+        done += m
+    mean = total / reps
+    var = np.maximum(total_sq / reps - mean * mean, 0.0) * reps / max(reps - 1, 1)
+    return LawEstimate(mean, np.sqrt(var / reps), reps)
+
+
+def tv_with_interval(estimate: LawEstimate, p: np.ndarray, confidence: float = 0.95
+                     ) -> TVEstimate:
+    """The plug-in TV of a law estimate with its conservative interval (see TVEstimate).
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+    k = estimate.mean.shape[0]
+    z = float(norm.ppf(1 - (1 - confidence) / (2 * k)))
+    half = 0.5 * float(estimate.se.sum()) * z
+    tv = tv_distance(estimate.mean, p)
+    floor = 0.5 * float(estimate.se.sum()) * math.sqrt(2 / math.pi)
+    return TVEstimate(tv, max(0.0, tv - half), tv + half, floor, estimate.reps, confidence)
+
+
+def estimate_tv(sampler: Any, p: np.ndarray, n: float, reps: int, rng: np.random.Generator,
+                poisson_size: bool = False, confidence: float = 0.95, **kwargs: Any
+                ) -> TVEstimate:
+    """Monte Carlo d_TV(Q, P) with a conservative confidence interval (k-ary samplers).
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+    est = estimate_output_law(sampler, p, n, reps, rng, poisson_size, **kwargs)
+    return tv_with_interval(est, p, confidence)
+
+
+def learning_error_quantile(sampler: Any, p: np.ndarray, n: int, reps: int,
+                            rng: np.random.Generator, level: float) -> float:
+    """The ``level``-quantile of d_TV(P̃, P) where P̃ is the distribution the sampler learns
+    (its law given the data and noise): a learner is α-accurate (Definition 1.2) when the
+    (1−α)-quantile is ≤ α.
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+    p = _check_p(p)
+    counts = rng.multinomial(int(n), p, size=reps)
+    laws = sampler.batch_law_given_counts(counts, rng)
+    errors = 0.5 * np.abs(laws - p[None, :]).sum(axis=1)
+    return float(np.quantile(errors, level))
+
+
+def claim24_probability(k: int, n: float, alpha: float, epsilon: float, reps: int,
+                        rng: np.random.Generator) -> float:
+    """Monte Carlo Pr[Y/k > e³] with Y = Σ_{i≤k} e^{εN_i}, N_i ~ Po(60αn/k) i.i.d. (Claim 2.4
+    says it is ≤ α when n ≤ k/(60αε) and ε ≤ 1/ln(1/α)).
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+    counts = rng.poisson(60 * alpha * n / k, size=(reps, k))
+    y = np.exp(epsilon * counts).mean(axis=1)
+    return float(np.mean(y > math.e**3))
+
+
+def minimal_n(tv_at: Callable[[float], float], alpha: float, lo: float, hi: float,
+              rel_tol: float = 1e-3, integer: bool = False) -> float:
+    """Smallest n in [lo, hi] with tv_at(n) ≤ α (tv_at assumed non-increasing): doubling from
+    ``lo`` until the condition holds (so n far above the answer is never evaluated), then
+    bisection on log n to relative precision ``rel_tol``. Raises ValueError when even
+    tv_at(hi) > α. With ``integer`` the result is an integer.
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+    if tv_at(lo) <= alpha:
+        return lo
+    cur = lo
+    while True:
+        nxt = min(hi, cur * 2.0)
+        if integer:
+            nxt = float(math.ceil(nxt))
+        if tv_at(nxt) <= alpha:
+            lo, hi = cur, nxt
+            break
+        if nxt >= hi:
+            raise ValueError(f"TV at n = {hi} is above alpha = {alpha}; raise hi")
+        cur = nxt
+    while hi / lo > 1 + rel_tol and (not integer or hi - lo > 1):
+        mid = math.sqrt(lo * hi)
+        if integer:
+            mid = float(round(mid))
+            if mid <= lo or mid >= hi:
+                break
+        if tv_at(mid) <= alpha:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+# --------------------------------------------------------------------------------------------
+# Products
+
+
+@dataclass(frozen=True)
+class ProductTV:
+    """d_TV between two product laws on {0,1}^d: exact when d ≤ 16, else bracketed by
+    ``lower`` = max(max_j |q_j − p_j|, 1 − BC) and ``upper`` = min(Σ_j|q_j − p_j|,
+    √(1 − BC²)), BC = Π_j BC_j the Bhattacharyya coefficient.
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+
+    lower: float
+    upper: float
+    exact: float | None
+
+    @property
+    def value(self) -> float:
+        """The exact value when known, else the upper bound."""
+        return self.exact if self.exact is not None else self.upper
+
+
+def _product_pmf(b: np.ndarray) -> np.ndarray:
+    law = np.ones(1)
+    for bj in b:
+        law = np.concatenate([law * (1 - bj), law * bj])
+    return law
+
+
+def product_tv(q: np.ndarray, p: np.ndarray, exact_max_d: int = 16) -> ProductTV:
+    """d_TV(⊗Ber(q_j), ⊗Ber(p_j)) (see :class:`ProductTV`).
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+    q = np.clip(np.asarray(q, dtype=np.float64), 0, 1)
+    p = np.clip(np.asarray(p, dtype=np.float64), 0, 1)
+    diffs = np.abs(q - p)
+    bc_j = np.sqrt(q * p) + np.sqrt((1 - q) * (1 - p))
+    bc = float(np.exp(np.sum(np.log(np.maximum(bc_j, 1e-300)))))
+    lower = max(float(diffs.max(initial=0.0)), 1.0 - bc)
+    upper = min(float(diffs.sum()), math.sqrt(max(0.0, 1.0 - bc * bc)), 1.0)
+    exact = None
+    if q.shape[0] <= exact_max_d:
+        exact = tv_distance(_product_pmf(q), _product_pmf(p))
+    return ProductTV(lower, upper, exact)
+
+
+def bucketed_product_tv(sampler: BucketedProductSampler, p: np.ndarray, n: int, reps: int,
+                        rng: np.random.Generator, confidence: float = 0.95) -> dict[str, float]:
+    """Semi-analytic bounds on d_TV(Q, P) for the general product sampler.
+
+    Phases 0–1 (orientation, bucketing) are simulated ``reps`` times on fresh data (stored
+    sparsely when P has few ones, which is exact and lets d reach the thousands). Given their
+    outcome (the plan), the *untruncated* phase-2 output is a product with exact marginals
+    q_j = E[clip((T_j + σ_b N)/n_S, 0, 1)], T_j ~ Bin(n_S, p_j') (binomial sums), and the real
+    output differs from it only when some phase-2 row is truncated, whose probability is
+    computed exactly (Poisson-binomial row sums). Hence
+
+        d_TV(Q, P) ≤ E_plan[ Pr(truncation | plan) + d_TV(⊗Ber(q), P) ]  (upper),
+        d_TV(Q, P) ≥ max_j |E_plan q_j − p_j| − E_plan Pr(truncation)     (lower),
+
+    with d_TV(⊗Ber(q), P) exact for d ≤ 16 and bounded above otherwise. Returns the upper bound
+    estimate and its one-sided upper confidence limit, the lower bound (point estimate), the
+    mean truncation probability and the mean number of buckets.
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+    p = np.asarray(p, dtype=np.float64)
+    d = p.shape[0]
+    (_o0, _o1), (_b0, b1), (s0, s1) = sampler.blocks(n)
+    n_s = s1 - s0
+    rows_needed = b1
+    ub = np.empty(reps)
+    qs = np.empty((reps, d))
+    truncs = np.empty(reps)
+    nb = np.empty(reps)
+    sparse = float(p.sum()) <= 0.05 * d
+    for r in range(reps):
+        # the plan reads only the first b1 rows (blocks X_O and X_B); the rest stay empty
+        if sparse:
+            part = SparseBinaryRows.random(p, rows_needed, rng)
+            indptr = np.concatenate([part.indptr, np.full(n - rows_needed, part.indptr[-1])])
+            data: Any = SparseBinaryRows(indptr, part.indices, (n, d))
+        else:
+            data = np.zeros((n, d), dtype=np.uint8)
+            data[:rows_needed] = rng.random((rows_needed, d)) < p
+        plan = sampler.plan(data, rng)
+        params = sampler.phase2_parameters(plan, n, d)
+        pf = np.where(plan.flips, 1 - p, p)
+        q = np.empty(d)
+        no_trunc = 1.0
+        for (cols, _u), (t_b, sigma) in zip(plan.buckets, params, strict=True):
+            s = sigma / n_s
+            q[cols] = binomial_expectation(n_s, pf[cols], lambda m, s=s:
+                                           clipped_gaussian_mean(m, s))
+            no_trunc *= (1.0 - _poisson_binomial_tail(pf[cols], t_b)) ** n_s
+        q = np.where(plan.flips, 1 - q, q)
+        trunc = 1.0 - no_trunc
+        ub[r] = min(1.0, trunc + product_tv(q, p).value)
+        qs[r] = q
+        truncs[r] = trunc
+        nb[r] = len(plan.buckets)
+    z = float(norm.ppf(confidence))
+    mean_ub = float(ub.mean())
+    se = float(ub.std(ddof=1) / math.sqrt(reps)) if reps > 1 else 0.0
+    lower = max(0.0, float(np.abs(qs.mean(axis=0) - p).max()) - float(truncs.mean()))
+    return {"upper": mean_ub, "upper_limit": mean_ub + z * se, "lower": lower,
+            "truncation": float(truncs.mean()), "buckets": float(nb.mean()), "reps": reps}
+
+
+def _poisson_binomial_tail(p: np.ndarray, t: int) -> float:
+    """Pr[Σ_j B_j > t] for independent B_j ~ Ber(p_j) (exact dynamic programme, O(d·t))."""
+    if t >= p.shape[0]:
+        return 0.0
+    dist = np.zeros(t + 2)
+    dist[0] = 1.0
+    for pj in p:
+        over = dist[-1]
+        dist[1:] = dist[1:] * (1 - pj) + dist[:-1] * pj
+        dist[0] *= 1 - pj
+        dist[-1] += over * pj  # the last cell accumulates "more than t"
+    return float(min(1.0, max(0.0, dist[-1])))
+
+
+# --------------------------------------------------------------------------------------------
+# Exact privacy audit
+
+
+@dataclass(frozen=True)
+class PrivacyAudit:
+    """The result of enumerating neighbouring datasets.
+
+    ``max_log_ratio``: the largest |log Pr[A(x)=y] − log Pr[A(x')=y]| over all neighbours and
+    outputs (∞ when supports differ); ``delta_at_claimed``: the largest Σ_y (Pr[A(x)=y] −
+    e^ε Pr[A(x')=y])⁺ at the claimed ε (the exact δ); ``worst_pair``: the datasets (count
+    vectors or row-type counts) attaining the maximum.
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+
+    max_log_ratio: float
+    delta_at_claimed: float
+    claimed_epsilon: float
+    claimed_delta: float
+    pairs: int
+    worst_pair: tuple[Any, Any]
+
+    @property
+    def satisfied(self) -> bool:
+        """True when the exact δ at the claimed ε is within the claimed δ (1e-9 slack)."""
+        return self.delta_at_claimed <= self.claimed_delta + 1e-9
+
+
+def _kary_pairs(n: int, k: int) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
+    for c in compositions(n, k):
+        for a in range(k):
+            if c[a] == 0:
+                continue
+            for b in range(k):
+                if b != a:
+                    c2 = c.copy()
+                    c2[a] -= 1
+                    c2[b] += 1
+                    yield tuple(int(v) for v in c), tuple(int(v) for v in c2)
+
+
+def _binary_pairs(n: int, d: int) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
+    types = 1 << d
+    for c in compositions(n, types):
+        for a in range(types):
+            if c[a] == 0:
+                continue
+            for b in range(types):
+                if b != a:
+                    c2 = c.copy()
+                    c2[a] -= 1
+                    c2[b] += 1
+                    yield tuple(int(v) for v in c), tuple(int(v) for v in c2)
+
+
+def _rows_from_types(counts: tuple[int, ...], d: int) -> np.ndarray:
+    rows = []
+    for t, m in enumerate(counts):
+        bits = [(t >> j) & 1 for j in range(d)]
+        rows.extend([bits] * m)
+    return np.array(rows, dtype=np.uint8)
+
+
+def exact_privacy_audit(sampler: Any, n: int, k: int | None = None, d: int | None = None,
+                        guarantee: Any = None) -> PrivacyAudit:
+    """Enumerate every pair of neighbouring datasets of size n and compare the exact output
+    laws.
+
+    k-ary samplers (give ``k``): frequency-count samplers are enumerated over count vectors
+    (every replace-one neighbour changes one count by −1 and another by +1); order-dependent
+    ones (first record) over all of [k]^n. Product samplers (give ``d``): datasets are
+    multisets of n rows in {0,1}^d, the output law is the product with the sampler's exact
+    conditional biases, over all 2^d outputs. The claimed guarantee defaults to
+    ``sampler.guarantee(n, d)``.
+
+    Privacy contract: none — evaluates a known (public) P; releases nothing."""
+    g = guarantee if guarantee is not None else sampler.guarantee(n, d)
+    eps, dl = float(g.epsilon), float(g.delta)
+    e_eps = math.exp(eps) if math.isfinite(eps) else math.inf
+    cache: dict[tuple[int, ...], np.ndarray] = {}
+    if k is not None:
+        if getattr(sampler, "symmetric", True):
+            sym = _symmetric_law_cache(sampler)
+
+            def law(key: tuple[int, ...]) -> np.ndarray:
+                if key not in cache:
+                    cache[key] = sym(np.array(key))
+                return cache[key]
+            pairs: Iterator[tuple[Any, Any]] = _kary_pairs(n, k)
+        else:
+            def law(key: tuple[int, ...]) -> np.ndarray:
+                if key not in cache:
+                    cache[key] = sampler.conditional_law(np.array(key))
+                return cache[key]
+
+            def full_pairs() -> Iterator[tuple[Any, Any]]:
+                for x in itertools.product(range(k), repeat=n):
+                    for i in range(n):
+                        for v in range(k):
+                            if v != x[i]:
+                                yield x, (*x[:i], v, *x[i + 1:])
+            pairs = full_pairs()
+    elif d is not None:
+        def law(key: tuple[int, ...]) -> np.ndarray:
+            if key not in cache:
+                cache[key] = _product_pmf(sampler.conditional_law(_rows_from_types(key, d)))
+            return cache[key]
+        pairs = _binary_pairs(n, d)
+    else:
+        raise ValueError("give k (k-ary samplers) or d (product samplers)")
+    worst = -1.0
+    worst_pair: tuple[Any, Any] = ((), ())
+    delta_max = 0.0
+    count = 0
+    for a, b in pairs:
+        p, q = law(a), law(b)
+        count += 1
+        pos = (p > 0) | (q > 0)
+        if np.any((p > 0) != (q > 0)):
+            ratio = math.inf
+        else:
+            s = p > 0
+            ratio = float(np.max(np.abs(np.log(p[s]) - np.log(q[s]))))
+        if ratio > worst:
+            worst, worst_pair = ratio, (a, b)
+        if math.isfinite(e_eps):
+            delta_max = max(delta_max, float(np.maximum(p[pos] - e_eps * q[pos], 0).sum()))
+    return PrivacyAudit(worst, delta_max, eps, dl, count, worst_pair)

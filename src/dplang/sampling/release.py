@@ -1,0 +1,361 @@
+"""Releasing private samples of tabular records: plan, charge, sample, write (``dplang sample``).
+
+:func:`plan_release` reads and validates the data, builds the sampler and fixes the guarantee
+and the accuracy bound — all ex ante, from public quantities (n, the declared universe, the
+parameters) — and writes nothing. :func:`execute_release` charges the privacy ledger (dataset
+id = SHA-256 of the data file) *before* anything is written (DESIGN invariant 6), then samples
+and writes the samples (CSV or JSONL, by extension) and a manifest ``OUT.manifest.json``.
+
+Several samples (``num`` = m > 1) come from m disjoint blocks of consecutive rows (positions
+only, :func:`dplang.sampling.base.block_slices`): parallel composition, so the release has the
+guarantee of one draw on ⌊n/m⌋ records. With ``split=False`` every draw reads all rows and the
+guarantees compose sequentially (m·ε for pure DP).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import os
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from ..io import file_digest
+from ..privacy.guarantees import Guarantee
+from ..privacy.ledger import PrivacyLedger
+from ..privacy.randomness import RandomStreams
+from .base import sample_repeated
+from .kary import DiscreteLaplaceHistogramSampler, LaplaceHistogramSampler, RevealOrObscureSampler
+from .product import (
+    BucketedProductSampler,
+    ClippedMeanSampler,
+    GaussianMarginalSampler,
+    PerCoordinateLaplaceSampler,
+)
+from .tabular import CategoricalTable, SamplingDataError, load_table
+
+__all__ = [
+    "KARY_METHODS",
+    "METHODS",
+    "PRODUCT_METHODS",
+    "ReleasePlan",
+    "ReleaseRequest",
+    "execute_release",
+    "manifest_path_for",
+    "plan_release",
+]
+
+KARY_METHODS = ("discrete-laplace", "laplace", "reveal-or-obscure")
+PRODUCT_METHODS = ("clipped-mean", "product", "laplace-marginals", "gaussian-marginals")
+METHODS = KARY_METHODS + PRODUCT_METHODS
+_NEEDS_DELTA = ("product", "gaussian-marginals")
+
+#: The k-ary samplers hold one noisy count per possible record: larger universes are refused.
+MAX_UNIVERSE = 1_000_000
+
+#: Above this TV bound a warning is printed; at or above 1 the bound is vacuous and the
+#: release is refused unless forced.
+WARN_BOUND = 0.1
+
+
+class ReleaseError(SamplingDataError):
+    """A release cannot be made as asked (one-line message)."""
+
+
+@dataclass(frozen=True)
+class ReleaseRequest:
+    """Everything ``dplang sample`` was asked for."""
+
+    data: Path
+    columns: tuple[str, ...]
+    epsilon: float
+    out: Path
+    delta: float | None = None
+    num: int = 1
+    method: str = "discrete-laplace"
+    seed: int | None = None
+    domains: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    split: bool = True
+    alpha: float = 0.1
+    force: bool = False
+    ledger: Path | None = None
+
+
+@dataclass
+class ReleasePlan:
+    """A validated release: data, sampler, per-draw and overall guarantees, accuracy bound."""
+
+    request: ReleaseRequest
+    table: CategoricalTable
+    sampler: Any
+    records: np.ndarray
+    rows_per_sample: int
+    per_draw: Guarantee
+    guarantee: Guarantee
+    accuracy_bound: float | None
+    accuracy_note: str
+    data_digest: str
+    warnings: list[str]
+
+    @property
+    def manifest_path(self) -> Path:
+        return manifest_path_for(self.request.out)
+
+
+def manifest_path_for(out: Path) -> Path:
+    """``samples.csv`` → ``samples.csv.manifest.json``. (Privacy contract: none needed.)"""
+    return out.with_name(out.name + ".manifest.json")
+
+
+def _validate(req: ReleaseRequest) -> None:
+    if not (req.epsilon > 0 and math.isfinite(req.epsilon)):
+        raise ReleaseError(f"--epsilon must be > 0 and finite, got {req.epsilon}")
+    if req.delta is not None and not 0 < req.delta < 1:
+        raise ReleaseError(f"--delta must be in (0, 1), got {req.delta}")
+    if req.num < 1:
+        raise ReleaseError(f"--num must be >= 1, got {req.num}")
+    if req.method not in METHODS:
+        raise ReleaseError(f"unknown --method {req.method!r}; choose one of {', '.join(METHODS)}")
+    if req.method in _NEEDS_DELTA and req.delta is None:
+        raise ReleaseError(f"--method {req.method} is (ε, δ)-DP: give --delta")
+    if not 0 < req.alpha < 1:
+        raise ReleaseError(f"--alpha must be in (0, 1), got {req.alpha}")
+    if req.seed is not None and req.seed < 0:
+        raise ReleaseError(f"--seed must be >= 0, got {req.seed}")
+    if req.out.suffix.lower() not in (".csv", ".jsonl"):
+        raise ReleaseError(f"--out must end in .csv or .jsonl, got {req.out.name!r}")
+    if req.out.exists() or manifest_path_for(req.out).exists():
+        raise ReleaseError(f"{req.out} already exists; choose another --out")
+
+
+def _kary_sampler(method: str, k: int, epsilon: float) -> Any:
+    if method == "discrete-laplace":
+        return DiscreteLaplaceHistogramSampler(k, epsilon)
+    if method == "laplace":
+        return LaplaceHistogramSampler(k, epsilon)
+    return RevealOrObscureSampler(k, epsilon)
+
+
+def plan_release(req: ReleaseRequest) -> ReleasePlan:
+    """Validate and plan a release (reads the data, writes nothing, charges nothing).
+
+    Privacy contract: the plan's ``guarantee`` is what :func:`execute_release` will charge and
+    state — replace-one DP for the release of all ``num`` samples (parallel composition over
+    disjoint position blocks, or sequential with ``split=False``). It is fixed ex ante: it
+    depends on n, the declared universe and the parameters, never on the records. The
+    accuracy bound likewise depends only on public quantities. Refusals (bad schema, too few
+    rows for the requested ε) depend only on public quantities and the schema check."""
+    _validate(req)
+    table = load_table(req.data, req.columns, req.domains)
+    n = table.n
+    m_split = req.num if req.split else 1
+    if n // m_split < 1:
+        raise ReleaseError(f"{n} rows cannot form {req.num} disjoint non-empty blocks; lower "
+                           "--num or use --no-split")
+    rows = n // m_split
+    warnings: list[str] = []
+    if req.method in KARY_METHODS:
+        k = table.universe_size
+        if k < 2:
+            raise ReleaseError("the declared universe has a single record value; nothing to "
+                               "sample")
+        if k > MAX_UNIVERSE:
+            raise ReleaseError(f"too many categories: the columns' domains give k = {k} "
+                               f"possible records (limit {MAX_UNIVERSE}); with {rows} records "
+                               f"per sample the accuracy bound would be about "
+                               f"{k / (rows * req.epsilon):.3g}")
+        sampler = _kary_sampler(req.method, k, req.epsilon)
+        records = table.joint_codes()
+        bound: float | None = sampler.tv_bound(rows)
+        note = (f"total variation between the law of each sample and the data distribution "
+                f"≤ {bound:.4g} (k = {k} possible records, {rows} records per sample; "
+                f"bound {'k/(2n·sinh(ε/2))' if req.method == 'discrete-laplace' else 'k/(εn)'})")
+        if bound >= 1:
+            msg = (f"too many categories for the data: k = {k} possible records and {rows} "
+                   f"records per sample give an accuracy bound of {bound:.3g} (vacuous, ≥ 1); "
+                   f"about {math.ceil(k / (0.1 * req.epsilon))} records per sample are needed "
+                   f"for TV ≤ 0.1")
+            if not req.force:
+                raise ReleaseError(msg + " (use --force to release anyway)")
+            warnings.append(msg)
+        elif bound > WARN_BOUND:
+            warnings.append(f"few records for {k} categories: accuracy bound TV ≤ {bound:.3g} "
+                            f"with {rows} records per sample")
+    else:
+        if not table.all_binary:
+            bad = [c.name for c in table.columns if c.kind != "binary"]
+            raise ReleaseError(f"--method {req.method} needs binary columns; not binary: "
+                               f"{', '.join(bad)}")
+        d = len(table.columns)
+        records = table.binary_matrix()
+        if req.method == "clipped-mean":
+            if d > 1 and req.delta is None:
+                raise ReleaseError("--method clipped-mean with several columns is "
+                                   "(ε, δ)-DP: give --delta")
+            sampler = ClippedMeanSampler(delta=req.delta)
+            achieved = sampler.guarantee(rows, d)
+            if achieved.epsilon > req.epsilon * (1 + 1e-12):
+                from .bounds import clipped_mean_min_n
+
+                need = clipped_mean_min_n(d, req.epsilon, req.delta)
+                raise ReleaseError(
+                    f"clipped-mean on {rows} records per sample is only ε = "
+                    f"{achieved.epsilon:.4g}-DP (its ε is fixed by n); ε = {req.epsilon:g} "
+                    f"needs at least {need} records per sample")
+            bound = d * sampler.worst_case_bias(rows)
+            note = (f"total variation ≤ {bound:.3g} IF every column's bias lies in [1/3, 2/3] "
+                    f"(not checked: that would read the data); no guarantee otherwise")
+        elif req.method == "product":
+            sampler = BucketedProductSampler(req.epsilon, req.delta, alpha=req.alpha)
+            try:
+                sampler.blocks(rows)
+            except ValueError as exc:
+                raise ReleaseError(str(exc)) from None
+            bound = None
+            note = ("no closed-form finite-n accuracy bound for the general product sampler "
+                    "(rate Õ(d/(αε))); see docs/sampling.md for measured accuracy")
+        elif req.method == "laplace-marginals":
+            sampler = PerCoordinateLaplaceSampler(req.epsilon)
+            bound = sampler.tv_bound(rows, d)
+            note = f"total variation ≤ {bound:.3g} (d²/(2nε), d = {d}, n = {rows})"
+        else:
+            sampler = GaussianMarginalSampler(req.epsilon, req.delta)
+            bound = sampler.tv_bound(rows, d)
+            note = f"total variation ≤ {bound:.3g} (d·σ/√(2π), d = {d}, n = {rows})"
+        if bound is not None and bound >= 1 and req.method != "clipped-mean":
+            msg = f"accuracy bound {bound:.3g} is vacuous for {d} columns and {rows} rows"
+            if not req.force:
+                raise ReleaseError(msg + " (use --force to release anyway)")
+            warnings.append(msg)
+        elif bound is not None and bound > WARN_BOUND:
+            warnings.append(f"weak accuracy: {note}")
+    per_draw = sampler.guarantee(rows, None if req.method in KARY_METHODS else
+                                 len(table.columns))
+    guarantee = _overall(per_draw, req)
+    return ReleasePlan(req, table, sampler, records, rows, per_draw, guarantee, bound, note,
+                       file_digest(req.data), warnings)
+
+
+def _overall(per_draw: Guarantee, req: ReleaseRequest) -> Guarantee:
+    from ..privacy.accounting import compose_parallel, compose_sequential
+
+    parts = [per_draw] * req.num
+    if req.split or req.num == 1:
+        g = compose_parallel(parts, mechanism=per_draw.mechanism)
+    else:
+        g = compose_sequential(parts, delta=req.delta, mechanism=per_draw.mechanism)
+    return Guarantee(g.mechanism, g.unit, g.adjacency, g.rho, g.epsilon, g.delta, g.ex_ante,
+                     {**per_draw.details, **g.details, "samples": req.num,
+                      "disjoint_blocks": bool(req.split)})
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _render(plan: ReleasePlan, values: list[tuple[str, ...]]) -> str:
+    names = [c.name for c in plan.table.columns]
+    kinds = [c.kind for c in plan.table.columns]
+    if plan.request.out.suffix.lower() == ".csv":
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(names)
+        writer.writerows(values)
+        return buf.getvalue()
+    lines = []
+    for row in values:
+        obj = {name: (int(v) if kind == "binary" else v) for name, kind, v in
+               zip(names, kinds, row, strict=True)}
+        lines.append(json.dumps(obj, ensure_ascii=False))
+    return "\n".join(lines) + "\n"
+
+
+def execute_release(plan: ReleasePlan) -> dict[str, Any]:
+    """Charge the ledger, draw the samples, write them and the manifest; return the manifest.
+
+    Raises :class:`dplang.privacy.ledger.BudgetExceeded` (nothing charged, nothing written)
+    when the dataset's budget would be exceeded.
+
+    Privacy contract: the samples written satisfy ``plan.guarantee``; the release is recorded
+    in the ledger (dataset id = SHA-256 of the data file) before anything is written
+    (DESIGN invariant 6). The manifest holds public parameters only (no seed, no data)."""
+    req = plan.request
+    streams = RandomStreams(req.seed) if req.seed is not None else RandomStreams.from_os_entropy()
+    params = {
+        "method": req.method, "epsilon": req.epsilon, "delta": req.delta, "num": req.num,
+        "split": req.split, "alpha": req.alpha, "columns": list(req.columns),
+        "domains": {c.name: list(c.values) for c in plan.table.columns},
+    }
+    release_id = hashlib.sha256(json.dumps(
+        {"data": plan.data_digest, "params": params, "out": str(req.out.resolve()),
+         "nonce": secrets.token_hex(16), "time": time.time_ns()}, sort_keys=True
+    ).encode()).hexdigest()
+    ledger = PrivacyLedger(req.ledger)
+    ledger.charge(plan.data_digest, release_id, plan.guarantee,
+                  f"dplang sample ({req.method}, {req.num} draw(s)) → {req.out}")
+    result = sample_repeated(plan.sampler, plan.records, req.num, streams, split=req.split,
+                             delta=req.delta)
+    if req.method in KARY_METHODS:
+        values = plan.table.decode_joint(result.samples)
+    else:
+        values = plan.table.decode_binary(result.samples)
+    manifest: dict[str, Any] = {
+        "dplang_version": __version__,
+        "command": "sample",
+        "guarantee": plan.guarantee.to_dict(),
+        "guarantee_summary": plan.guarantee.summary(),
+        "per_draw_guarantee": plan.per_draw.to_dict(),
+        "epsilon": plan.guarantee.epsilon,
+        "delta": plan.guarantee.delta,
+        "rho": plan.guarantee.rho,
+        "parameters": params,
+        "sampler": {"class": type(plan.sampler).__name__, **_sampler_constants(plan.sampler)},
+        "columns": [{"name": c.name, "kind": c.kind, "values": list(c.values)}
+                    for c in plan.table.columns],
+        "universe_size": plan.table.universe_size if req.method in KARY_METHODS else None,
+        "dimension": len(plan.table.columns),
+        "data": {"path": str(req.data), "sha256": plan.data_digest, "rows": plan.table.n,
+                 "rows_per_sample": plan.rows_per_sample},
+        "blocks": [list(b) for b in result.blocks],
+        "blocks_rule": ("disjoint blocks of consecutive rows by position (data-independent); "
+                        "parallel composition" if req.split else
+                        "every draw reads all rows; sequential composition"),
+        "accuracy_bound": plan.accuracy_bound,
+        "accuracy_note": plan.accuracy_note,
+        "warnings": plan.warnings,
+        "seed": "given on the command line (secret, not recorded)" if req.seed is not None
+        else "fresh OS entropy (not recorded)",
+        "ledger": {"path": str(ledger.path), "release_id": release_id,
+                   "dataset_id": plan.data_digest},
+        "output": {"path": str(req.out), "format": req.out.suffix.lower().lstrip("."),
+                   "samples": len(values)},
+        "created": time.time(),
+    }
+    _atomic_write(req.out, _render(plan, values))
+    _atomic_write(plan.manifest_path, json.dumps(manifest, indent=2, sort_keys=True,
+                                                  default=str) + "\n")
+    return manifest
+
+
+def _sampler_constants(sampler: Any) -> dict[str, Any]:
+    keys = ("epsilon", "delta", "alpha", "split", "c_T", "u0", "lo", "hi", "accountant", "rho",
+            "k")
+    out = {}
+    for key in keys:
+        if hasattr(sampler, key):
+            v = getattr(sampler, key)
+            out[key] = list(v) if isinstance(v, tuple) else v
+    return out

@@ -1,1 +1,39 @@
-"""dplang.models."""
+"""Language models behind one small protocol (:class:`LogitsModel`).
+
+``import dplang.models`` is cheap: the ``transformers``-based backends are imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dplang.models.base import DecodeState, LogitsModel
+from dplang.models.toy import ToyModel, make_tiny_hf_model
+
+if TYPE_CHECKING:
+    from dplang.models.default import load_default_model, resolve_model
+    from dplang.models.transformers import TransformersModel
+
+__all__ = [
+    "DecodeState",
+    "LogitsModel",
+    "ToyModel",
+    "TransformersModel",
+    "load_default_model",
+    "make_tiny_hf_model",
+    "resolve_model",
+]
+
+_LAZY = {
+    "TransformersModel": "dplang.models.transformers",
+    "load_default_model": "dplang.models.default",
+    "resolve_model": "dplang.models.default",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'dplang.models' has no attribute {name!r}")

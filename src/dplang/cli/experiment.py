@@ -21,6 +21,9 @@ def experiment(
     config: Path = typer.Argument(..., help="Experiment TOML file."),
     out: Path = typer.Option(..., "--out", help="Output directory (resumable)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages."),
+    report_only: bool = typer.Option(
+        False, "--report-only", help="Write the results of the finished cells; run nothing."
+    ),
 ) -> None:
     """Run (or resume) a sweep over method, ε, B, k, τ and seed; write tables and plots."""
     try:
@@ -35,7 +38,7 @@ def experiment(
             typer.echo(msg, err=True)
 
     try:
-        rows = run_experiment(cfg, out, _load_model, progress=say)
+        rows = run_experiment(cfg, out, _load_model, progress=say, report_only=report_only)
     except (GenerationError, ReferenceDataError, FileNotFoundError, ValueError) as exc:
         fail(str(exc).splitlines()[0])
     typer.echo(f"{len(rows)} cells; results in {out / 'results.csv'} and {out / 'results.md'}")

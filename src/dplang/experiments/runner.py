@@ -128,8 +128,12 @@ def run_experiment(
     out_dir: Path,
     load_model: Callable[[str], LogitsModel],
     progress: Callable[[str], None] | None = None,
+    report_only: bool = False,
 ) -> list[dict[str, Any]]:
-    """Run every cell not yet finished, then write results.csv / results.md / plots."""
+    """Run every cell not yet finished, then write results.csv / results.md / plots.
+
+    With ``report_only`` nothing is generated: the results cover the finished cells only (the
+    state of a long sweep)."""
     from ..evaluation import evaluate_files
 
     say = progress or (lambda _msg: None)
@@ -150,6 +154,9 @@ def run_experiment(
         timing_path = cell_dir / "timing.json"
         if metrics_path.exists():
             say(f"[{i}/{len(config.cells)}] {cell.key}: done, skipped")
+        elif report_only:
+            say(f"[{i}/{len(config.cells)}] {cell.key}: not finished, left out of the report")
+            continue
         else:
             say(f"[{i}/{len(config.cells)}] {cell.key}: generating")
             cell_dir.mkdir(parents=True, exist_ok=True)

@@ -70,7 +70,7 @@ def test_sweep_runs_resumes_and_writes_tables(setup, capsys):
     eff = {(r["epsilon"], r["top_k"]): float(r["effective_k"]) for r in inv}
     assert eff[("10.0", "5")] >= eff[("1.0", "5")]
     md = (out / "results.md").read_text()
-    assert "Table 2 layout" in md and "Table 12 layout" in md and "| ε | C |" in md
+    assert "Table 2 layout" in md and "Table 12 layout" in md and "| ε | B | C |" in md
     assert "Public-only generation" in md and "sequential" in md
     for png in ("utility_vs_epsilon.png", "utility_vs_compute.png",
                 "effective_k_vs_epsilon.png"):

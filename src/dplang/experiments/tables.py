@@ -50,22 +50,23 @@ def table2(rows: list[dict[str, Any]], metric: str = "mauve", scale: float = 100
 
 
 def table12(rows: list[dict[str, Any]]) -> str:
-    """Rows ε (with C), columns k: effective k and expansion tokens (Table 12 layout)."""
+    """Rows (ε, B) with C, columns k: effective k and expansion tokens (Table 12 layout)."""
     inv = [r for r in rows if r["method"] == "invisibleink"]
     ks = sorted({int(r["top_k"]) for r in inv if int(r["top_k"]) > 0})
-    by: dict[tuple[float, int], list[dict[str, Any]]] = defaultdict(list)
-    clips: dict[float, list[Any]] = defaultdict(list)
+    by: dict[tuple[float, int, int], list[dict[str, Any]]] = defaultdict(list)
+    clips: dict[tuple[float, int], list[Any]] = defaultdict(list)
     for r in inv:
-        by[(float(r["epsilon"]), int(r["top_k"]))].append(r)
-        clips[float(r["epsilon"])].append(r["clip"])
-    head = ["ε", "C"]
+        key = (float(r["epsilon"]), int(r["batch_size"]))
+        by[(*key, int(r["top_k"]))].append(r)
+        clips[key].append(r["clip"])
+    head = ["ε", "B", "C"]
     for k in ks:
         head += [f"k={k} Eff. k", f"k={k} #toks"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for e in sorted(clips):
-        vals = [f"{e:g}", _fmt(_mean(clips[e]), 3)]
+    for e, b in sorted(clips):
+        vals = [f"{e:g}", str(b), _fmt(_mean(clips[(e, b)]), 3)]
         for k in ks:
-            rs = by.get((e, k), [])
+            rs = by.get((e, b, k), [])
             vals += [_fmt(_mean([r["effective_k"] for r in rs])),
                      _fmt(_mean([r["expansion_tokens"] for r in rs]))]
         lines.append("| " + " | ".join(vals) + " |")

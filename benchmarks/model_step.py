@@ -136,7 +136,7 @@ def main() -> None:
     )
     print(
         f"threads={torch.get_num_threads()}  attention={model.config._attn_implementation}  "
-        f"prompt≈{args.tokens} tokens  K={args.k}  median of {args.steps} steps (ms)"
+        f"prompt≈{args.tokens} tokens  K={args.k}  {args.steps} timed steps, ms"
     )
     columns = ("step", "body", "head", "sparse", "naive head", "stock body", "stock step")
     header = f"{'rows':>5} " + " ".join(f"{c:>11}" for c in columns) + f" {'prefill':>9}"

@@ -144,13 +144,12 @@ def invisibleink_step(
 ) -> StepResult:
     """One dense InvisibleInk step for one generation: full-vocabulary logits in, a token out.
 
-    ``private``: ``[m, V]`` logits of the m ≤ B non-empty references; ``public``: ``[V]``."""
-    mask = expanded_topk_mask(public, k, clip_norm, batch_size)
-    ids = torch.nonzero(mask).squeeze(-1)
-    scores = candidate_scores(private[:, ids], public[ids], clip_norm, batch_size)
-    token = sample_from_candidates(scores, ids.numpy(), temperature, rng)
-    ell = topk_threshold(public, k)
-    return StepResult(token, int(ids.numel()), bool(public[token] < ell.squeeze()))
+    ``private``: ``[m, V]`` logits of the m ≤ B non-empty references; ``public``: ``[V]``.
+    Runs exactly the engine's :class:`InvisibleInkPolicy` on the dense logits."""
+    policy = InvisibleInkPolicy(clip_norm, batch_size, temperature, k, public.shape[-1])
+    ids = policy.candidates(public)
+    token = policy.choose(public, private if ids is None else private[:, ids], ids, rng)
+    return StepResult(token, policy.sizes[-1], policy.expansion > 0)
 
 
 class InvisibleInkPolicy:

@@ -11,7 +11,7 @@ from dplang.models import ToyModel
 @pytest.fixture
 def toy(monkeypatch):
     model = ToyModel(vocab_size=30, eos_after=None)
-    monkeypatch.setattr(gen_cli, "_load_model", lambda spec: model)
+    monkeypatch.setattr(gen_cli, "_load_model", lambda spec, dtype="float32": model)
     return model
 
 
@@ -63,6 +63,8 @@ def test_generate_writes_records_and_manifest(tmp_path, capsys, toy):
     assert manifest["status"] == "complete"
     assert manifest["data"]["read"]["unusable_by_reason"] == {"blank": 1}
     assert manifest["fingerprint"]["model_sha256"] == toy.weights_digest()
+    assert manifest["fingerprint"]["model_dtype"] == "float32"
+    assert manifest["fingerprint"]["parameters"]["dtype"] == "float32"
     assert "seed" not in json.dumps(manifest["fingerprint"]["parameters"])
     seed_file = tmp_path / "runs" / "x.seed"
     assert oct(seed_file.stat().st_mode & 0o777) == "0o600"
@@ -102,6 +104,7 @@ def test_resume_equals_uninterrupted(tmp_path, capsys, toy):
         (lambda a, tmp: a.extend(["--clip", "1"]), "exactly one"),
         (lambda a, tmp: a.extend(["--prompt", "nonexistent-template"]), "template"),
         (lambda a, tmp: a.extend(["--prompt", "yelp"]), "group by"),  # needs label columns
+        (lambda a, tmp: a.extend(["--dtype", "float16"]), "--dtype"),
     ],
 )
 def test_bad_input_writes_nothing(tmp_path, capsys, toy, mutate, needle):

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dplang.models import LogitsModel, TransformersModel
 from dplang.models.transformers import (
@@ -244,3 +246,122 @@ def test_stock_path_agrees(tiny_gemma_dir: Path) -> None:
             stock.drop_rows(s2, torch.tensor([1, 3]))
             tokens = tokens[:, [1, 3]]
         a, b = fast.next_logits(s1, tokens[step]), stock.next_logits(s2, tokens[step])
+
+
+# ------------------------------------------------------------ grouped prompt step
+
+LONG_PROMPTS = [
+    "Paris",
+    "The food was great and the service was friendly, but the pasta was cold and the bread "
+    "was stale; we will not come back.",
+    "Five stars.",
+    "Our waiter was slow; the pizza took an hour! The dessert was good though.",
+    "Ok",
+    "The food was great and the service was friendly, but the pasta was cold.",
+]
+
+
+def test_prefill_groups_partition_and_bound() -> None:
+    from dplang.models.transformers import prefill_groups
+
+    lengths = [300, 20, 150, 290, 145, 21, 160, 22]
+    groups = prefill_groups(lengths, slack=1.25)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        width = max(lengths[i] for i in g)
+        assert lengths[g[0]] == width
+        assert width * len(g) <= 1.25 * sum(lengths[i] for i in g) or len(g) == 1
+    assert len(groups) > 1  # these lengths are worth grouping
+    assert prefill_groups([7, 7, 7, 7]) == [[0, 1, 2, 3]]  # equal lengths: one group
+    assert prefill_groups([]) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 400), min_size=1, max_size=40), st.floats(1.0, 3.0))
+def test_prefill_groups_property(lengths: list[int], slack: float) -> None:
+    from dplang.models.transformers import prefill_groups
+
+    groups = prefill_groups(lengths, slack=slack, max_positions=2048)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        width = lengths[g[0]]
+        assert all(lengths[i] <= width for i in g)
+        if len(g) > 1:
+            assert width * len(g) <= slack * sum(lengths[i] for i in g) + 1e-9
+            assert width * len(g) <= 2048
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_grouped_prefill_equals_padded(
+    arch: str, tiny_llama_dir: Path, tiny_gemma_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pre-filling rows of similar length separately and merging their caches gives the
+    logits of the padded prompt step, through decoding and row dropping (the tiny Gemma has
+    a sliding window of 4, far shorter than the prompts)."""
+    folder = tiny_llama_dir if arch == "llama" else tiny_gemma_dir
+    grouped = TransformersModel(folder, threads=2)
+    padded = TransformersModel(folder, threads=2, grouped_prefill=False)
+    calls: list[int] = []
+    real = TransformersModel._grouped_prompt_step
+
+    def spy(self: TransformersModel, state: HFDecodeState):
+        out = real(self, state)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(TransformersModel, "_grouped_prompt_step", spy)
+    s1, s2 = grouped.encode_prompts(LONG_PROMPTS), padded.encode_prompts(LONG_PROMPTS)
+    a, b = grouped.next_logits(s1, None), padded.next_logits(s2, None)
+    assert calls == [True]  # the grouped path ran (and only for the grouped model)
+    tokens = _tokens(grouped, len(LONG_PROMPTS), 8, seed=7)
+    for step in range(8):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        if step == 3:
+            keep = torch.tensor([0, 1, 4])
+            grouped.drop_rows(s1, keep)
+            padded.drop_rows(s2, keep)
+            tokens = tokens[:, keep]
+        a, b = grouped.next_logits(s1, tokens[step]), padded.next_logits(s2, tokens[step])
+    for row, prompt in enumerate(LONG_PROMPTS):  # and both equal the uncached forward
+        state = grouped.encode_prompts(LONG_PROMPTS)
+        logits = grouped.next_logits(state, None)
+        torch.testing.assert_close(logits[row], _reference(grouped, prompt, []), atol=ATOL,
+                                   rtol=1e-4)
+
+
+# ------------------------------------------------------------------ dtype
+
+
+def test_bfloat16_body_float32_logits(tiny_gemma_dir: Path) -> None:
+    full = TransformersModel(tiny_gemma_dir, threads=2)
+    half = TransformersModel(tiny_gemma_dir, threads=2, dtype="bfloat16")
+    assert half.dtype == torch.bfloat16 and full.dtype == torch.float32
+    assert next(half._body.parameters()).dtype == torch.bfloat16
+    assert half._head_weight.dtype == torch.float32
+    torch.testing.assert_close(half._head_weight, full._head_weight)  # a float32 copy
+    s1, s2 = full.encode_prompts(LONG_PROMPTS), half.encode_prompts(LONG_PROMPTS)
+    a, b = full.next_logits(s1, None), half.next_logits(s2, None)
+    assert b.dtype == torch.float32
+    spread = float(a.abs().max())
+    assert float((a - b).abs().max()) < 0.1 * spread  # close, not equal
+    hidden = half.next_hidden(s2, torch.topk(b, 1).indices[:, 0])
+    cand = torch.topk(half.logits_from_hidden(hidden), 5).indices
+    dense = half.logits_from_hidden(hidden)
+    torch.testing.assert_close(half.logits_from_hidden(hidden, cand), dense.gather(1, cand))
+
+
+def test_dtype_resolution(monkeypatch: pytest.MonkeyPatch, tiny_llama_dir: Path) -> None:
+    from dplang.models import transformers as backend
+
+    assert backend.resolve_dtype("float32") == torch.float32
+    assert backend.resolve_dtype("bfloat16") == torch.bfloat16
+    monkeypatch.setattr(backend, "native_bfloat16", lambda: True)
+    assert backend.resolve_dtype("auto") == torch.bfloat16
+    monkeypatch.setattr(backend, "native_bfloat16", lambda: False)
+    assert backend.resolve_dtype("auto") == torch.float32
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        backend.resolve_dtype("float16")
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        backend.resolve_dtype(torch.float16)
+    with pytest.raises(ValueError, match="dtype"):
+        TransformersModel(tiny_llama_dir, dtype="int8")

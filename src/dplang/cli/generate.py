@@ -17,6 +17,7 @@ from rich.progress import (
 
 from ..io import ReferenceDataError
 from ..models import resolve_model
+from ..models.transformers import DTYPES
 from ..privacy.ledger import BudgetExceeded
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS
 from ..textgen.runner import (
@@ -29,14 +30,18 @@ from ..textgen.runner import (
 from .errors import fail
 
 
-def _load_model(spec: str):  # indirection so tests can substitute a toy model
-    return resolve_model(spec)
+def _load_model(spec: str, dtype: str = "float32"):  # indirection: tests substitute a toy
+    return resolve_model(spec, dtype=dtype)
 
 
 def generate(
     data: Path = typer.Option(..., "--data", help="References: CSV, TSV, JSONL, Parquet or text."),
     out: Path = typer.Option(..., "--out", help="Output JSONL; a manifest is written beside it."),
     model: str = typer.Option("default", "--model", help="'default' (Gemma 3 270M) or a path."),
+    dtype: str = typer.Option(
+        "float32", "--dtype",
+        help="Model body dtype: float32 (default), bfloat16 or auto (docs/generation.md).",
+    ),
     epsilon: float | None = typer.Option(None, "--epsilon", help="Target ε (with --delta)."),
     delta: float = typer.Option(1e-6, "--delta", help="Target δ."),
     rho: float | None = typer.Option(None, "--rho", help="zCDP budget instead of ε."),
@@ -98,12 +103,14 @@ def generate(
         ledger=ledger, method=method, amin_sigma=amin_sigma, amin_threshold=amin_threshold,
         amin_private_tokens=amin_private_tokens, amin_public_temperature=amin_public_temperature,
         amin_convention=amin_convention, augpe_iterations=augpe_iterations,
-        augpe_variations=augpe_variations,
+        augpe_variations=augpe_variations, dtype=dtype,
     )
     console = Console(stderr=True, quiet=quiet)
+    if dtype not in DTYPES:
+        fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
     try:
         with console.status("loading model and data…"):
-            plan = plan_generation(request, _load_model)
+            plan = plan_generation(request, lambda spec: _load_model(spec, dtype))
     except (GenerationError, ReferenceDataError, FileNotFoundError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     g = plan.guarantee

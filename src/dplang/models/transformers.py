@@ -21,8 +21,21 @@ CPU performance notes (measured on a 2-core AMD EPYC with MKL, Gemma 3 270M):
 * The stock ``DynamicCache`` re-concatenates the whole KV cache at every step (a quarter of the
   step at 32 rows); see :mod:`dplang.models._kvcache` for the in-place replacement.
 
-All three change only how the work is split, not what is computed: results agree with the plain
+* The prompt step pre-fills rows of similar length together (:func:`prefill_groups`) and merges
+  their caches into one left-padded cache, instead of running every row padded to the longest
+  prompt: with Yelp reviews of 20-300 tokens, 55% of a padded prefill was padding.
+
+These change only how the work is split, not what is computed: results agree with the plain
 path to float32 rounding (the tests compare against the model's own uncached forward).
+
+**Compute dtype.** ``dtype="bfloat16"`` runs the transformer body (weights, activations, KV
+cache) in bfloat16, the dtype Gemma 3 was trained in; the LM head always stays float32 on the
+float32 final hidden state, so logits are float32 either way. On CPUs with native bfloat16
+matrix units (AVX512-BF16 or AMX) the body's matrix products are about 3x faster (measured
+here: 133 -> 416 GFLOP/s); elsewhere bfloat16 is emulated and slower, so ``dtype="auto"`` picks
+bfloat16 only where :func:`native_bfloat16` says the CPU has it. The dtype changes the model's
+numbers slightly, never the privacy guarantee (which holds for any deterministic logits: the
+clipping bounds what each reference can change).
 """
 
 from __future__ import annotations
@@ -41,7 +54,24 @@ import torch
 
 from dplang.models.base import DecodeState
 
-__all__ = ["HFDecodeState", "TransformersModel", "available_cores"]
+__all__ = [
+    "DTYPES",
+    "HFDecodeState",
+    "TransformersModel",
+    "available_cores",
+    "native_bfloat16",
+    "prefill_groups",
+    "resolve_dtype",
+]
+
+#: Accepted ``dtype`` names of :class:`TransformersModel`.
+DTYPES = ("auto", "float32", "bfloat16")
+
+#: Prompt-step row groups: a row joins a group while the group's padded size stays within
+#: this factor of its real tokens (see :func:`prefill_groups`).
+_PREFILL_SLACK = 1.25
+#: ... and while the group holds at most this many (padded) token positions.
+_PREFILL_MAX_POSITIONS = 8192
 
 #: Number of vocabulary blocks of the batched LM-head product (see the module docstring).
 _HEAD_BLOCKS = 64
@@ -64,6 +94,68 @@ def available_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def native_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively (AVX512-BF16 or AMX-BF16 in
+    ``/proc/cpuinfo``, and oneDNN available to PyTorch)."""
+    try:
+        if not torch.backends.mkldnn.is_available():
+            return False
+        flags: set[str] = set()
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    flags.update(line.split(":", 1)[1].split())
+                    break
+    except OSError:  # not Linux, or no /proc: stay with float32
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """The torch dtype for a ``dtype`` name: ``"auto"`` is bfloat16 where
+    :func:`native_bfloat16`, else float32."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if native_bfloat16() else torch.float32
+    if dtype == "float32":
+        return torch.float32
+    if dtype == "bfloat16":
+        return torch.bfloat16
+    raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+
+
+def prefill_groups(
+    lengths: Sequence[int],
+    *,
+    slack: float = _PREFILL_SLACK,
+    max_positions: int = _PREFILL_MAX_POSITIONS,
+) -> list[list[int]]:
+    """Row groups for the prompt step: rows sorted by decreasing length, and a row joins the
+    current group while ``width * rows <= slack * real_tokens`` and ``width * rows <=
+    max_positions`` (``width`` = the group's longest row). Every row is in exactly one group;
+    the grouping depends only on the lengths."""
+    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    real = 0
+    for i in order:
+        length = int(lengths[i])
+        if current:
+            padded = int(lengths[current[0]]) * (len(current) + 1)
+            if padded <= slack * (real + length) and padded <= max_positions:
+                current.append(i)
+                real += length
+                continue
+            groups.append(current)
+        current, real = [i], length
+    if current:
+        groups.append(current)
+    return groups
 
 
 @dataclass
@@ -169,6 +261,10 @@ class TransformersModel:
         verify: check once, on a short prompt, that body + :meth:`logits_from_hidden`
             reproduces the model's own forward logits (guards against architectures whose
             LM-head post-processing this backend does not know).
+        dtype: compute dtype of the body, ``"float32"`` (default), ``"bfloat16"`` or
+            ``"auto"`` (see the module docstring); logits are float32 in every case.
+        grouped_prefill: pre-fill rows of similar length together and merge their caches
+            (see :func:`prefill_groups`); ``False`` pads every prompt to the longest.
     """
 
     def __init__(
@@ -184,7 +280,10 @@ class TransformersModel:
         buffered_cache: bool = True,
         blocked_linear: bool = True,
         verify: bool = True,
+        dtype: str | torch.dtype = "float32",
+        grouped_prefill: bool = True,
     ) -> None:
+        self.dtype = resolve_dtype(dtype)
         self.threads = threads if threads is not None else available_cores()
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
@@ -212,9 +311,18 @@ class TransformersModel:
         head = self.model.get_output_embeddings()
         if head is None or not hasattr(head, "weight"):
             raise ValueError(f"{type(self.model).__name__} has no output embeddings (LM head)")
-        self._head_weight: torch.Tensor = head.weight.detach()
+        # The head stays float32 (a copy when the rest of the model is converted: Gemma ties
+        # it to the input embeddings, which the body needs in its own dtype).
+        copy = self.dtype != torch.float32
+        weight = head.weight.detach()
+        self._head_weight: torch.Tensor = weight.clone() if copy else weight
         bias = getattr(head, "bias", None)
-        self._head_bias: torch.Tensor | None = None if bias is None else bias.detach()
+        self._head_bias: torch.Tensor | None = None
+        if bias is not None:
+            self._head_bias = bias.detach().clone() if copy else bias.detach()
+        if copy:
+            self.model.to(self.dtype)
+        self._grouped_prefill = grouped_prefill
         self.vocab_size: int = int(self._head_weight.shape[0])
         self.hidden_size: int = int(self._head_weight.shape[1])
         self._softcap, self._logit_multiplier = self._logit_postprocessing(self.config)
@@ -335,7 +443,11 @@ class TransformersModel:
         ours = self.logits_from_hidden(self.next_hidden(state, None))
         out = self.model(input_ids=state.input_ids, attention_mask=state.attention_mask)
         theirs = out.logits[:, -1].float()
-        if not torch.allclose(ours, theirs, rtol=1e-3, atol=1e-3):
+        # bfloat16: the model's own head runs in bfloat16 (8-bit mantissa) while ours is
+        # float32; a missing soft-cap or scale still shows as an error of whole logits.
+        tol = 1e-3 if self.dtype == torch.float32 else 3e-2
+        scale = float(theirs.abs().max()) if self.dtype != torch.float32 else 1.0
+        if not torch.allclose(ours, theirs, rtol=tol, atol=tol * max(scale, 1.0)):
             err = (ours - theirs).abs().max().item()
             raise NotImplementedError(
                 f"{type(self.model).__name__}: body + LM head does not reproduce the model's "
@@ -461,6 +573,70 @@ class TransformersModel:
             prompt_lengths=lengths,
         )
 
+    def _call_body(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+    ) -> Any:
+        blocks = _LINEAR_BLOCKS.set(self._linear_blocks)
+        try:
+            return self._body(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        finally:
+            _LINEAR_BLOCKS.reset(blocks)
+
+    def _grouped_prompt_step(self, state: HFDecodeState) -> torch.Tensor | None:
+        """Prompt step by groups of rows of similar length (:func:`prefill_groups`), merged into
+        one left-padded cache equal to what the padded prompt step leaves (the keys/values of
+        padding positions are zeros instead of those of pad tokens; both are masked out).
+        ``None`` when grouping would not save work or the cache layers are not plain."""
+        from dplang.models._kvcache import make_cache, plain_layers
+
+        lengths = state.prompt_lengths.tolist()
+        groups = prefill_groups(lengths)
+        if len(groups) < 2:
+            return None
+        width = int(state.input_ids.shape[1])
+        hidden: torch.Tensor | None = None
+        caches: list[tuple[torch.Tensor, Any]] = []
+        for rows in groups:
+            index = torch.tensor(rows, dtype=torch.int64)
+            group_width = int(lengths[rows[0]])
+            ids = state.input_ids.index_select(0, index)[:, width - group_width :]
+            mask = state.attention_mask.index_select(0, index)[:, width - group_width :]
+            positions = (mask.cumsum(dim=1) - 1).clamp_(min=0)
+            cache = make_cache(self.config, buffered=self._buffered_cache)
+            out = self._call_body(ids, mask, positions, cache)
+            if not plain_layers(out.past_key_values):
+                return None
+            last = out.last_hidden_state[:, -1, :]
+            if hidden is None:
+                hidden = last.new_empty((state.rows, last.shape[-1]))
+            hidden[index] = last
+            caches.append((index, out.past_key_values))
+        merged = make_cache(self.config, buffered=self._buffered_cache)
+        for layer in range(len(caches[0][1].layers)):
+            sample = caches[0][1].layers[layer].keys
+            keys = sample.new_zeros((state.rows, sample.shape[1], width, sample.shape[-1]))
+            values = keys.clone()
+            for index, cache in caches:
+                kept_k = cache.layers[layer].keys
+                kept_v = cache.layers[layer].values
+                kept = kept_k.shape[-2]
+                keys[index, :, width - kept :] = kept_k
+                values[index, :, width - kept :] = kept_v
+            merged.update(keys, values, layer)
+        state.cache = merged
+        assert hidden is not None
+        return hidden
+
     @torch.inference_mode()
     def _run_body(self, state: HFDecodeState, tokens: torch.Tensor | None) -> torch.Tensor:
         if not state.started:
@@ -468,6 +644,10 @@ class TransformersModel:
                 raise ValueError("the first next_hidden call takes tokens=None (prompt step)")
             from dplang.models._kvcache import make_cache
 
+            if self._grouped_prefill and state.rows > 1:
+                grouped = self._grouped_prompt_step(state)
+                if grouped is not None:
+                    return grouped.float()
             state.cache = make_cache(self.config, buffered=self._buffered_cache)
             mask = state.attention_mask
             positions = (mask.cumsum(dim=1) - 1).clamp_(min=0)
@@ -485,17 +665,7 @@ class TransformersModel:
             mask = state.attention_mask
             positions = state.next_positions.unsqueeze(1)
             input_ids = tokens.unsqueeze(1)
-        blocks = _LINEAR_BLOCKS.set(self._linear_blocks)
-        try:
-            out = self._body(
-                input_ids=input_ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=state.cache,
-                use_cache=True,
-            )
-        finally:
-            _LINEAR_BLOCKS.reset(blocks)
+        out = self._call_body(input_ids, mask, positions, state.cache)
         state.cache = out.past_key_values if out.past_key_values is not None else state.cache
         if tokens is not None:
             state.next_positions = state.next_positions + 1

@@ -81,6 +81,8 @@ class GenerationRequest:
     model: str = "default"
     max_reference_tokens: int = DEFAULT_MAX_REFERENCE_TOKENS
     sparse_head: bool = True
+    #: Compute dtype of the model body (a TransformersModel option; logits stay float32).
+    dtype: str = "float32"
     ledger: Path | None = None
     method: str = "invisibleink"
     #: Amin et al. baseline (spec 002 §3.1): SVT noise σ and threshold θ, cap on private
@@ -316,6 +318,7 @@ def _fingerprint(plan: GenerationPlan) -> dict[str, Any]:
         "data_sha256": plan.data_digest,
         "model_id": plan.model.model_id,
         "model_sha256": plan.model.weights_digest(),
+        "model_dtype": str(getattr(plan.model, "dtype", "float32")).replace("torch.", ""),
         "prompt": {"name": plan.template.name, "form": plan.template.form,
                    "private": plan.template.private_text, "public": plan.template.public_text,
                    "system": plan.template.system},

@@ -4,6 +4,7 @@ import torch
 
 from dplang.privacy.audit import renyi_divergence
 from dplang.textgen import adapmixed as ada
+from dplang.textgen.distributions import softmax64
 
 
 def dists(seed, b=4, v=50):
@@ -22,14 +23,14 @@ def test_renyi_matches_audit():
 
 def test_mixing_weight_hits_the_target():
     public, private = dists(1)
-    p_pub = ada._softmax(public, 1.0)
-    far = ada._softmax(public + 6 * (private[0] - public), 1.0)
+    p_pub = softmax64(public, 1.0)
+    far = softmax64(public + 6 * (private[0] - public), 1.0)
     lam = ada.mixing_weight(p_pub, far, 15.0, 0.3)
     assert 1e-5 < lam < 1 - 1e-5
     mix = (1 - lam) * p_pub + lam * far
     assert ada.renyi_sym(p_pub, mix, 15.0) == pytest.approx(0.3 * 15.0, rel=1e-4)
     # a reference too close to the public distribution for the target gets the largest weight
-    near = ada._softmax(public + 1e-3 * (private[0] - public), 1.0)
+    near = softmax64(public + 1e-3 * (private[0] - public), 1.0)
     assert ada.mixing_weight(p_pub, near, 15.0, 0.3) == pytest.approx(1 - 1e-5)
 
 
@@ -44,8 +45,8 @@ def test_charged_cost_is_the_exact_divergence_to_neighbours(adjacency):
     pol.choose(public, private, None, np.random.default_rng(0))
     screening = prm.alpha * (prm.mix_lambda / (b * prm.sigma)) ** 2
     charged = pol.cost - screening
-    p_pub = ada._softmax(public, 1.0)
-    refs = ada._softmax(private, 1.0)
+    p_pub = softmax64(public, 1.0)
+    refs = softmax64(private, 1.0)
     lams = [ada.mixing_weight(p_pub, refs[i], prm.alpha, prm.beta) for i in range(b)]
     mixes = np.stack([(1 - lam) * p_pub + lam * refs[i] for i, lam in enumerate(lams)])
     p = mixes.mean(0)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from dplang.privacy.audit import max_log_ratio
 from dplang.privacy.mechanisms import exponential_mechanism_probabilities
 from dplang.textgen import amin
+from dplang.textgen.distributions import softmax64
 
 EPS = (1, 3, 5, 10)
 
@@ -62,8 +63,8 @@ def test_aggregate_sensitivity_is_2c_over_b(seed, b, clip):
         diff = float((full - other).abs().max())
         assert diff <= amin.logit_sensitivity(clip, b, "correct") + 1e-9
         # the SVT distance moves by at most the correct query sensitivity
-        d_full = float(np.abs(amin._softmax64(full) - amin._softmax64(public)).sum())
-        d_other = float(np.abs(amin._softmax64(other) - amin._softmax64(public)).sum())
+        d_full = float(np.abs(softmax64(full) - softmax64(public)).sum())
+        d_other = float(np.abs(softmax64(other) - softmax64(public)).sum())
         assert abs(d_full - d_other) <= amin.svt_query_sensitivity(clip, b, "correct") + 1e-9
 
 
@@ -79,7 +80,7 @@ def test_paper_convention_is_caught():
     diff = float((full - other).abs().max())
     assert diff > amin.logit_sensitivity(clip, b, "paper") + 1e-6
     assert diff <= amin.logit_sensitivity(clip, b, "correct") + 1e-9
-    d = [float(np.abs(amin._softmax64(x) - amin._softmax64(public)).sum()) for x in (full, other)]
+    d = [float(np.abs(softmax64(x) - softmax64(public)).sum()) for x in (full, other)]
     assert abs(d[0] - d[1]) > amin.svt_query_sensitivity(clip, b, "paper")
     # the private-token exponential mechanism: exact loss within 2Δ/τ only for the correct Δ
     tau = 1.0

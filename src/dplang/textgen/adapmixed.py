@@ -32,6 +32,7 @@ from scipy.optimize import brentq
 
 from ..privacy.guarantees import Guarantee
 from ..privacy.mechanisms import gaussian
+from .distributions import softmax64
 
 ADJACENCIES = ("add-remove", "replace-by-null")
 
@@ -85,12 +86,6 @@ def renyi_sym(p: np.ndarray, q: np.ndarray, alpha: float) -> float:
     return max(renyi(p, q, alpha), renyi(q, p, alpha))
 
 
-def _softmax(x: torch.Tensor, temperature: float) -> np.ndarray:
-    z = x.to(torch.float64).numpy() / temperature
-    z = np.exp(z - z.max(axis=-1, keepdims=True))
-    return z / z.sum(axis=-1, keepdims=True)
-
-
 def mixing_weight(p_pub: np.ndarray, p_i: np.ndarray, alpha: float, beta: float) -> float:
     """Largest λ in (1e-5, 1 − 1e-5) with D^sym_α(p_pub, mix) = β·α (0 if no root)."""
 
@@ -122,9 +117,9 @@ class AdaPMixEDPolicy:
     def choose(self, public: torch.Tensor, private: torch.Tensor, ids: torch.Tensor | None,
                rng: np.random.Generator) -> int | None:
         prm, b = self.p, self.batch_size
-        p_pub = _softmax(public, prm.temperature)
+        p_pub = softmax64(public, prm.temperature)
         nulls = b - private.shape[0]
-        p_refs = _softmax(private, prm.temperature) if private.shape[0] else p_pub[None, :0]
+        p_refs = softmax64(private, prm.temperature) if private.shape[0] else p_pub[None, :0]
         if nulls:  # an empty reference's distribution is the public one
             p_refs = np.concatenate([p_refs.reshape(-1, p_pub.size),
                                      np.repeat(p_pub[None, :], nulls, axis=0)])

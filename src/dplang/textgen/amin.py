@@ -36,6 +36,7 @@ import torch
 from ..privacy.accounting import epsilon_to_rho, rho_to_epsilon
 from ..privacy.guarantees import Guarantee
 from ..privacy.mechanisms import exponential_mechanism, laplace
+from .distributions import softmax64
 
 CONVENTIONS = ("correct", "paper")
 
@@ -143,12 +144,6 @@ def clip_amin(logits: torch.Tensor, clip: float) -> torch.Tensor:
     return shifted.clamp(-clip, clip)
 
 
-def _softmax64(x: torch.Tensor, temperature: float = 1.0) -> np.ndarray:
-    z = x.to(torch.float64).numpy() / temperature
-    z = np.exp(z - z.max())
-    return z / z.sum()
-
-
 class AminPolicy:
     """One generation of Amin et al. (dense: needs the private logits on the whole vocabulary)."""
 
@@ -176,8 +171,8 @@ class AminPolicy:
         if nulls:
             clipped = clipped + nulls * clip_amin(public.unsqueeze(0), c)[0]
         agg = clipped / self.batch_size
-        p_pub = _softmax64(public)
-        distance = float(np.abs(_softmax64(agg) - p_pub).sum())
+        p_pub = softmax64(public)
+        distance = float(np.abs(softmax64(agg) - p_pub).sum())
         if distance + float(laplace(2.0 * self.sigma, rng)) > self.noisy_threshold:
             self.noisy_threshold = self.threshold + float(laplace(self.sigma, rng))
             self.private_tokens += 1

@@ -110,3 +110,23 @@ def test_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="unknown method"):
         load_config(bad)
     assert main(["experiment", str(tmp_path / "nope.toml"), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_per_method_batch_sizes(tmp_path):
+    two = 'methods = ["invisibleink", "amin"]'
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CONFIG.replace('methods = ["invisibleink"]', two)
+                   .replace("batch_size = [2]",
+                            "batch_size = { invisibleink = [2, 3], amin = [5] }")
+                   .replace("top_k = [3, 5]", "top_k = [3]"))
+    cells = load_config(cfg).cells
+    pairs = sorted({(c.method, c.batch_size) for c in cells})
+    assert pairs == [("amin", 5), ("invisibleink", 2), ("invisibleink", 3), ("public", 0)]
+    assert len(cells) == 2 * 3 + 1  # ε ∈ {1, 10} × 3 (method, B) pairs + public
+    cfg.write_text(CONFIG.replace("batch_size = [2]", "batch_size = { amin = [5] }"))
+    with pytest.raises(ConfigError, match="not in"):
+        load_config(cfg)
+    cfg.write_text(CONFIG.replace('methods = ["invisibleink"]', two)
+                   .replace("batch_size = [2]", "batch_size = { amin = [5] }"))
+    with pytest.raises(ConfigError, match="no entry for invisibleink"):
+        load_config(cfg)

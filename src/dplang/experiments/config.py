@@ -21,7 +21,7 @@ concurrent_groups = 8
 [sweep]                     # the cartesian product of these lists
 methods = ["invisibleink"]
 epsilon = [1, 3, 5, 10]
-batch_size = [7]
+batch_size = [7]            # or per method: batch_size = { invisibleink = [3, 7], amin = [15] }
 top_k = [10, 50, 100]
 temperature = [1.2]
 seeds = [0]
@@ -147,7 +147,20 @@ def load_config(path: str | Path) -> ExperimentConfig:
         if m not in METHODS:
             raise ConfigError(f"unknown method {m!r}; known: {', '.join(METHODS)}")
     eps = _list(sweep, "epsilon", float)
-    bs = _list(sweep, "batch_size", int)
+    raw_bs = sweep.get("batch_size")
+    if isinstance(raw_bs, dict):  # per-method batch sizes (e.g. the compute comparison)
+        unknown = sorted(set(raw_bs) - set(methods))
+        if unknown:
+            raise ConfigError(f"[sweep].batch_size names methods not in [sweep].methods: "
+                              f"{', '.join(unknown)}")
+        missing = [m for m in methods if m not in raw_bs]
+        if missing:
+            raise ConfigError(f"[sweep].batch_size has no entry for {', '.join(missing)}")
+        bs_of = {m: _list(raw_bs, m, int) for m in methods}
+    else:
+        shared = _list(sweep, "batch_size", int)
+        bs_of = {m: shared for m in methods}
+    bs = [b for m in methods for b in bs_of[m]]
     ks = _list(sweep, "top_k", int, [50])
     taus = _list(sweep, "temperature", float, [1.2])
     seeds = _list(sweep, "seeds", int, [0])
@@ -155,7 +168,8 @@ def load_config(path: str | Path) -> ExperimentConfig:
             or any(t <= 0 for t in taus):
         raise ConfigError("[sweep]: epsilon > 0, batch_size >= 1, top_k >= 0, temperature > 0")
     cells = [Cell(m, e, b, k, t, s)
-             for m, e, b, k, t, s in itertools.product(methods, eps, bs, ks, taus, seeds)]
+             for m in methods
+             for e, b, k, t, s in itertools.product(eps, bs_of[m], ks, taus, seeds)]
     if sweep.get("public_baseline", False):
         cells += [Cell("public", 0.0, 0, k, t, s)
                   for k, t, s in itertools.product(sorted(set(ks)), taus, seeds)]

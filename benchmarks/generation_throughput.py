@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/generation_throughput.py [--tokens 64] [--data PATH]
                                                          [--dtype float32|bfloat16]
+                                                         [--repeats 2]
 
 References come from ``../shared/data/yelp/dev.csv`` (B = 7, k = 50, τ = 1.2, ε = 10,
 δ = 1e-6). Every timed decode runs exactly T steps (EOS ignored) so that step costs compare
@@ -79,6 +80,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--repeats", type=int, default=2, help="best of this many runs each")
     args = ap.parse_args()
     T = args.tokens
     torch.manual_seed(0)
@@ -86,23 +88,36 @@ def main() -> None:
     clip = calibrate_clip(epsilon_to_rho(EPS, DELTA), T, B, TAU)
     print(f"default model {model.model_id} loaded in {load_s:.1f} s; threads="
           f"{torch.get_num_threads()}; dtype={args.dtype}; B={B} k={K} tau={TAU} eps={EPS} "
-          f"T={T} C={clip:.4f}")
+          f"T={T} C={clip:.4f}; best of {args.repeats} runs per measurement")
     all_jobs = make_jobs(model, 10, args.data)  # 8 groups for DP; 64 private prompts for (a)
     jobs = all_jobs[:8]
     streams = RandomStreams(0)
 
+    def best(run) -> tuple[float, float]:
+        """(end-to-end s, decode step ms): the best of ``args.repeats`` runs (the machine is
+        a shared VM whose speed drifts by tens of percent between runs)."""
+        results = [run() for _ in range(args.repeats)]
+        return min(r[0] for r in results), min(r[1] for r in results)
+
     def dp(groups: int, sparse: bool) -> tuple[float, float]:
         params = DecodingParams(clip, B, TAU, K, T, sparse_head=sparse, stop_at_eos=False)
-        clock = StepClock()
-        _, secs = timed(lambda: run_invisibleink(model, jobs[:groups], params, streams,
-                                                 concurrent_groups=groups, on_step=clock))
-        return secs, clock.step_ms()
+
+        def once() -> tuple[float, float]:
+            clock = StepClock()
+            _, secs = timed(lambda: run_invisibleink(model, jobs[:groups], params, streams,
+                                                     concurrent_groups=groups, on_step=clock))
+            return secs, clock.step_ms()
+
+        return best(once)
 
     def plain(prompts: list[str]) -> tuple[float, float]:
-        clock = StepClock()
-        _, secs = timed(lambda: run_plain(model, prompts, T, TAU, K, streams, stop_at_eos=False,
-                                          on_step=clock))
-        return secs, clock.step_ms()
+        def once() -> tuple[float, float]:
+            clock = StepClock()
+            _, secs = timed(lambda: run_plain(model, prompts, T, TAU, K, streams,
+                                              stop_at_eos=False, on_step=clock))
+            return secs, clock.step_ms()
+
+        return best(once)
 
     dp(1, True)  # warm-up (allocator, thread pools)
     rows = {}

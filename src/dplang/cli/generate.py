@@ -17,7 +17,6 @@ from rich.progress import (
 
 from ..io import ReferenceDataError
 from ..models import resolve_model
-from ..models.transformers import DTYPES
 from ..privacy.ledger import BudgetExceeded
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS
 from ..textgen.runner import (
@@ -106,8 +105,6 @@ def generate(
         augpe_variations=augpe_variations, dtype=dtype,
     )
     console = Console(stderr=True, quiet=quiet)
-    if dtype not in DTYPES:
-        fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
     try:
         with console.status("loading model and data…"):
             plan = plan_generation(request, lambda spec: _load_model(spec, dtype))

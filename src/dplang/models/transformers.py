@@ -129,6 +129,11 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
 
 
+def _prompt_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of left-padded prompts: 0, 1, ... over each row's real tokens."""
+    return (mask.cumsum(dim=1) - 1).clamp_(min=0)
+
+
 def prefill_groups(
     lengths: Sequence[int],
     *,
@@ -443,11 +448,13 @@ class TransformersModel:
         ours = self.logits_from_hidden(self.next_hidden(state, None))
         out = self.model(input_ids=state.input_ids, attention_mask=state.attention_mask)
         theirs = out.logits[:, -1].float()
-        # bfloat16: the model's own head runs in bfloat16 (8-bit mantissa) while ours is
-        # float32; a missing soft-cap or scale still shows as an error of whole logits.
-        tol = 1e-3 if self.dtype == torch.float32 else 3e-2
-        scale = float(theirs.abs().max()) if self.dtype != torch.float32 else 1.0
-        if not torch.allclose(ours, theirs, rtol=tol, atol=tol * max(scale, 1.0)):
+        rtol = atol = 1e-3
+        if self.dtype != torch.float32:
+            # The model's own head runs in bfloat16 (8-bit mantissa) while ours is float32; a
+            # missing soft-cap or scale still shows as an error of whole logits.
+            rtol = 3e-2
+            atol = rtol * max(float(theirs.abs().max()), 1.0)
+        if not torch.allclose(ours, theirs, rtol=rtol, atol=atol):
             err = (ours - theirs).abs().max().item()
             raise NotImplementedError(
                 f"{type(self.model).__name__}: body + LM head does not reproduce the model's "
@@ -611,7 +618,7 @@ class TransformersModel:
             group_width = int(lengths[rows[0]])
             ids = state.input_ids.index_select(0, index)[:, width - group_width :]
             mask = state.attention_mask.index_select(0, index)[:, width - group_width :]
-            positions = (mask.cumsum(dim=1) - 1).clamp_(min=0)
+            positions = _prompt_positions(mask)
             cache = make_cache(self.config, buffered=self._buffered_cache)
             out = self._call_body(ids, mask, positions, cache)
             if not plain_layers(out.past_key_values):
@@ -650,7 +657,7 @@ class TransformersModel:
                     return grouped.float()
             state.cache = make_cache(self.config, buffered=self._buffered_cache)
             mask = state.attention_mask
-            positions = (mask.cumsum(dim=1) - 1).clamp_(min=0)
+            positions = _prompt_positions(mask)
             input_ids = state.input_ids
         else:
             if tokens is None:

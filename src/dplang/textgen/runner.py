@@ -31,6 +31,7 @@ from typing import Any
 from .. import __version__
 from ..io import ReadStats, ReferenceDataError, file_digest, load_references
 from ..models.base import LogitsModel
+from ..models.transformers import DTYPES
 from ..privacy.accounting import invisibleink_budget
 from ..privacy.guarantees import Guarantee
 from ..privacy.ledger import PrivacyLedger
@@ -150,6 +151,7 @@ def _validate(req: GenerationRequest) -> None:
          f"--max-reference-tokens must be >= 1, got {req.max_reference_tokens}"),
         (req.method in METHODS,
          f"--method must be one of {', '.join(METHODS)}, got {req.method}"),
+        (req.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}; got {req.dtype!r}"),
         (req.method not in _ADJACENCY or req.adjacency in _ADJACENCY[req.method],
          f"--adjacency for {req.method} must be one of "
          f"{', '.join(_ADJACENCY.get(req.method, ()))}, got {req.adjacency}"),

@@ -44,7 +44,7 @@ def setup(tmp_path, monkeypatch):
     model = ToyModel(vocab_size=30, eos_after=None)
     calls = []
 
-    def load(spec):
+    def load(spec, dtype="float32"):
         calls.append(spec)
         return model
 
@@ -130,3 +130,27 @@ def test_per_method_batch_sizes(tmp_path):
                    .replace("batch_size = [2]", "batch_size = { amin = [5] }"))
     with pytest.raises(ConfigError, match="no entry for invisibleink"):
         load_config(cfg)
+
+
+def test_generation_options_and_compute_accounting(tmp_path):
+    from dplang.experiments.config import calls_per_token
+
+    cfg = tmp_path / "c.toml"
+    both = 'methods = ["invisibleink", "augpe"]'
+    cfg.write_text(CONFIG.replace('methods = ["invisibleink"]', both)
+                   .replace("concurrent_groups = 4", 'concurrent_groups = 4\ndtype = "bfloat16"\n'
+                            "augpe_iterations = 2\naugpe_variations = 4")
+                   .replace('embedder = "hashing"', 'embedder = "hashing"\nnum_buckets = 3'))
+    config = load_config(cfg)
+    assert config.dtype == "bfloat16" and config.num_buckets == 3
+    calls = {c.method: calls_per_token(c, config) for c in config.cells}
+    # B + 1 rows per token; Aug-PE: one sample plus L variations in each of T iterations
+    assert calls == {"invisibleink": 3, "augpe": 1 + 4 * 2, "public": 1}
+    for bad, match in (('dtype = "bfloat16"', 'dtype = "float16"'),
+                       ("num_buckets = 3", "num_buckets = 1"),
+                       ("augpe_iterations = 2", "augpe_iterations = 0")):
+        cfg.write_text(cfg.read_text().replace(bad, match))
+        with pytest.raises(ConfigError):
+            load_config(cfg)
+        cfg.write_text(cfg.read_text().replace(match, bad))
+    assert load_config(cfg).dtype == "bfloat16"

@@ -13,8 +13,8 @@ from ..textgen.runner import GenerationError
 from .errors import fail
 
 
-def _load_model(spec: str):  # indirection so tests can substitute a toy model
-    return resolve_model(spec)
+def _load_model(spec: str, dtype: str = "float32"):  # indirection: tests substitute a toy
+    return resolve_model(spec, dtype=dtype)
 
 
 def experiment(

@@ -17,6 +17,9 @@ max_tokens = 64
 num = 100                   # generations per cell
 delta = 1e-6
 concurrent_groups = 8
+dtype = "float32"           # model body of the generation cells: float32, bfloat16 or auto
+augpe_iterations = 3        # Aug-PE: T noisy histograms, L variations per text and iteration
+augpe_variations = 7
 
 [sweep]                     # the cartesian product of these lists
 methods = ["invisibleink"]
@@ -28,8 +31,9 @@ seeds = [0]
 public_baseline = true      # add the public-only cell (ε = 0, no references)
 
 [evaluation]
-metrics = ["mauve", "length", "topk"]
+metrics = ["mauve", "length", "topk"]   # and "perplexity" (ΔPPL against the real texts)
 embedder = "default"
+num_buckets = 5             # optional; MAUVE buckets (default max(2, n // 20))
 ```
 
 Row ranges are positions in the data file, so the split into references and held-out texts is
@@ -45,6 +49,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ..models.transformers import DTYPES
 
 METHODS = ("invisibleink", "amin", "adapmixed", "augpe", "public")
 
@@ -73,8 +79,19 @@ class Cell:
 
     @property
     def calls_per_token(self) -> int:
-        """Next-token model calls per generated token (B private + 1 public)."""
+        """Next-token model calls per generated token of a per-token method (B private + 1
+        public). Aug-PE is a population method: see :func:`calls_per_token`."""
         return 1 if self.method == "public" else self.batch_size + 1
+
+
+def calls_per_token(cell: Cell, config: ExperimentConfig) -> int:
+    """Model calls per generated token of ``cell``: B + 1 for InvisibleInk, Amin et al. and
+    AdaPMixED (every row of a group is decoded at every step), 1 for public generation, and
+    1 + L·T for Aug-PE (each final text is one of n samples, and each of T iterations
+    generates L variations of every sample)."""
+    if cell.method == "augpe":
+        return 1 + config.augpe_variations * config.augpe_iterations
+    return cell.calls_per_token
 
 
 @dataclass(frozen=True)
@@ -96,6 +113,12 @@ class ExperimentConfig:
     metrics: tuple[str, ...]
     embedder: str
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
+    #: Model body dtype of every generation cell (evaluation always scores in float32).
+    dtype: str = "float32"
+    augpe_iterations: int = 3
+    augpe_variations: int = 7
+    #: MAUVE k-means buckets (None: the paper's max(2, n // 20)).
+    num_buckets: int | None = None
 
 
 def _range(value: Any, what: str) -> tuple[int, int]:
@@ -176,6 +199,16 @@ def load_config(path: str | Path) -> ExperimentConfig:
     num = int(gen.get("num", 100))
     if num < 1:
         raise ConfigError("[generation].num must be >= 1")
+    dtype = str(gen.get("dtype", "float32"))
+    if dtype not in DTYPES:
+        raise ConfigError(f"[generation].dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+    buckets = ev.get("num_buckets")
+    if buckets is not None and (not isinstance(buckets, int) or buckets < 2):
+        raise ConfigError("[evaluation].num_buckets must be an integer >= 2")
+    augpe_t = int(gen.get("augpe_iterations", 3))
+    augpe_l = int(gen.get("augpe_variations", 7))
+    if augpe_t < 1 or augpe_l < 0:
+        raise ConfigError("[generation]: augpe_iterations >= 1 and augpe_variations >= 0")
     return ExperimentConfig(
         name=str(raw.get("name", path.stem)), base_dir=base, data_path=data_path,
         text_column=str(data.get("text_column", "text")), references=refs, real=real,
@@ -184,5 +217,6 @@ def load_config(path: str | Path) -> ExperimentConfig:
         num=num, delta=float(gen.get("delta", 1e-6)),
         concurrent_groups=int(gen.get("concurrent_groups", 8)), cells=tuple(cells),
         metrics=tuple(ev.get("metrics", ["mauve", "length", "topk"])),
-        embedder=str(ev.get("embedder", "default")), raw=raw,
+        embedder=str(ev.get("embedder", "default")), raw=raw, dtype=dtype,
+        augpe_iterations=augpe_t, augpe_variations=augpe_l, num_buckets=buckets,
     )

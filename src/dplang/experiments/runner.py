@@ -30,13 +30,13 @@ from ..textgen.batching import make_batches
 from ..textgen.prompts import get_template
 from ..textgen.public import generate_public_texts
 from ..textgen.runner import GenerationRequest, execute_plan, plan_generation
-from .config import Cell, ExperimentConfig
+from .config import Cell, ExperimentConfig, calls_per_token
 from .tables import write_plots, write_results_md
 
 RESULT_COLUMNS = (
     "method", "epsilon", "batch_size", "top_k", "temperature", "seed", "calls_per_token",
     "clip", "rho", "n", "mauve", "ppl_synthetic", "delta_ppl", "length_mean",
-    "effective_k", "expansion_tokens", "gen_seconds",
+    "effective_k", "expansion_tokens", "gen_seconds", "cpu_seconds", "resumed",
 )
 
 
@@ -64,19 +64,30 @@ def split_data(config: ExperimentConfig, out_dir: Path) -> tuple[Path, Path]:
 
 
 def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
-              load_model: Callable[[str], LogitsModel], ledger: Path) -> tuple[Path, float]:
+              load_model: Callable[[str], LogitsModel], ledger: Path
+              ) -> tuple[Path, dict[str, float]]:
+    """Generate one cell; returns the output and its timing: ``gen_seconds`` (wall clock) and
+    ``cpu_seconds`` (CPU time of this process over all threads, which a paused or contended
+    run does not inflate), plus ``resumed: True`` when an interrupted generation was continued
+    (its times then cover the continuation only). The model is loaded before the clocks start."""
     out = cell_dir / "gen.jsonl"
-    start = time.time()
+    resumed = out.exists() and out.stat().st_size > 0
+    model = load_model(config.model)
+    start, cpu_start = time.time(), time.process_time()
+
+    def timing() -> dict[str, Any]:
+        return {"gen_seconds": time.time() - start,
+                "cpu_seconds": time.process_time() - cpu_start, "resumed": resumed}
+
     if cell.method == "public":
         if not out.exists():
-            model = load_model(config.model)
             template = get_template(config.prompt, chat=model.has_chat_template)
             records, _ = _records(refs, config.group_by)
             labels = ([b.labels for b in make_batches(records, 1, config.num, config.group_by)]
                       if config.group_by else [{}] * config.num)
             generate_public_texts(model, template, labels, config.max_tokens,
                                   cell.temperature, cell.top_k, cell.seed, out)
-        return out, time.time() - start
+        return out, timing()
     request = GenerationRequest(
         data=refs, out=out, batch_size=cell.batch_size, max_tokens=config.max_tokens,
         temperature=cell.temperature, top_k=cell.top_k, epsilon=cell.epsilon,
@@ -84,10 +95,12 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
         concurrent_groups=config.concurrent_groups, prompt=config.prompt,
         group_by=config.group_by, model=config.model, ledger=ledger, method=cell.method,
         adjacency="add-remove" if cell.method == "adapmixed" else "replace-by-null",
+        dtype=config.dtype, augpe_iterations=config.augpe_iterations,
+        augpe_variations=config.augpe_variations,
     )
     plan = plan_generation(request, load_model)
     execute_plan(plan)
-    return out, time.time() - start
+    return out, timing()
 
 
 def _records(path: Path, group_by: tuple[str, ...]):
@@ -96,7 +109,8 @@ def _records(path: Path, group_by: tuple[str, ...]):
     return load_references(path, "text", group_by)
 
 
-def _row(cell: Cell, metrics: dict[str, Any], gen_seconds: float) -> dict[str, Any]:
+def _row(cell: Cell, config: ExperimentConfig, metrics: dict[str, Any],
+         timing: dict[str, Any]) -> dict[str, Any]:
     run = metrics["runs"][0]
     manifest = run.get("manifest") or {}
 
@@ -111,7 +125,7 @@ def _row(cell: Cell, metrics: dict[str, Any], gen_seconds: float) -> dict[str, A
     return {
         "method": cell.method, "epsilon": cell.epsilon, "batch_size": cell.batch_size,
         "top_k": cell.top_k, "temperature": cell.temperature, "seed": cell.seed,
-        "calls_per_token": cell.calls_per_token, "clip": manifest.get("clip"),
+        "calls_per_token": calls_per_token(cell, config), "clip": manifest.get("clip"),
         "rho": manifest.get("rho"), "n": metrics.get("settings", {}).get("n"),
         "mauve": get("mauve", "mauve"),
         "ppl_synthetic": get("perplexity", "mean", "mean"),
@@ -119,14 +133,17 @@ def _row(cell: Cell, metrics: dict[str, Any], gen_seconds: float) -> dict[str, A
         "length_mean": get("length", "tokens", "mean"),
         "effective_k": get("topk", "effective_k", "mean"),
         "expansion_tokens": get("topk", "expansion_tokens", "mean"),
-        "gen_seconds": round(gen_seconds, 2),
+        "gen_seconds": round(float(timing.get("gen_seconds", 0.0)), 2),
+        "resumed": bool(timing.get("resumed", False)),
+        "cpu_seconds": (round(float(timing["cpu_seconds"]), 2)
+                        if timing.get("cpu_seconds") is not None else None),
     }
 
 
 def run_experiment(
     config: ExperimentConfig,
     out_dir: Path,
-    load_model: Callable[[str], LogitsModel],
+    load_model: Callable[[str, str], LogitsModel],
     progress: Callable[[str], None] | None = None,
     report_only: bool = False,
 ) -> list[dict[str, Any]]:
@@ -140,12 +157,15 @@ def run_experiment(
     out_dir.mkdir(parents=True, exist_ok=True)
     refs, real = split_data(config, out_dir)
     ledger = out_dir / "ledger.sqlite"
-    cache: dict[str, LogitsModel] = {}
+    cache: dict[tuple[str, str], LogitsModel] = {}
 
-    def cached_model(spec: str) -> LogitsModel:
-        if spec not in cache:
-            cache[spec] = load_model(spec)
-        return cache[spec]
+    def cached(spec: str, dtype: str) -> LogitsModel:
+        if (spec, dtype) not in cache:
+            cache[(spec, dtype)] = load_model(spec, dtype)
+        return cache[(spec, dtype)]
+
+    def generation_model(spec: str) -> LogitsModel:
+        return cached(spec, config.dtype)
 
     rows = []
     for i, cell in enumerate(config.cells, 1):
@@ -160,18 +180,19 @@ def run_experiment(
         else:
             say(f"[{i}/{len(config.cells)}] {cell.key}: generating")
             cell_dir.mkdir(parents=True, exist_ok=True)
-            gen, secs = _generate(config, cell, refs, cell_dir, cached_model, ledger)
+            gen, timing = _generate(config, cell, refs, cell_dir, generation_model, ledger)
             if not timing_path.exists():
-                timing_path.write_text(json.dumps({"gen_seconds": secs}))
+                timing_path.write_text(json.dumps(timing))
             say(f"[{i}/{len(config.cells)}] {cell.key}: evaluating")
-            model_for_eval = (cached_model(config.model)
+            model_for_eval = (cached(config.model, "float32")
                               if "perplexity" in config.metrics else config.model)
             evaluate_files(real, gen, metrics=list(config.metrics), embedder=config.embedder,
                            model=model_for_eval, num=config.num,
+                           num_buckets=config.num_buckets,
                            out_dir=cell_dir / "eval")
         metrics = json.loads(metrics_path.read_text())
-        secs = json.loads(timing_path.read_text())["gen_seconds"] if timing_path.exists() else 0
-        rows.append(_row(cell, metrics, secs))
+        timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+        rows.append(_row(cell, config, metrics, timing))
     write_results(rows, out_dir, config)
     return rows
 

@@ -73,6 +73,31 @@ def table12(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def compute_table(rows: list[dict[str, Any]]) -> str:
+    """One row per cell: quality (MAUVE, ΔPPL) against compute (model calls per generated
+    token, generation wall clock and CPU seconds), sorted by ε, method and B."""
+    head = ["ε", "method", "B", "calls/token", "MAUVE (%)", "ΔPPL", "gen s", "CPU s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    order = sorted(rows, key=lambda r: (float(r["epsilon"]), r["method"],
+                                        int(r["batch_size"]), int(r["top_k"])))
+    for r in order:
+        lines.append("| " + " | ".join([
+            f"{float(r['epsilon']):g}" if r["method"] != "public" else "0",
+            r["method"], str(r["batch_size"]) if r["method"] != "public" else "–",
+            str(r["calls_per_token"]), _fmt(r.get("mauve"), 2, 100.0),
+            _fmt(r.get("delta_ppl"), 2),
+            _fmt(r.get("gen_seconds"), 0) + ("*" if _true(r.get("resumed")) else ""),
+            _fmt(r.get("cpu_seconds"), 0),
+        ]) + " |")
+    if any(_true(r.get("resumed")) for r in rows):
+        lines.append("\n\\* resumed after an interruption: the times cover the continuation only.")
+    return "\n".join(lines)
+
+
+def _true(value: Any) -> bool:
+    return value is True or str(value).lower() == "true"
+
+
 def write_results_md(rows: list[dict[str, Any]], path: Path, config: ExperimentConfig,
                      sweep_rho: float, sweep_eps: float) -> None:
     parts = [
@@ -89,6 +114,10 @@ def write_results_md(rows: list[dict[str, Any]], path: Path, config: ExperimentC
         "## Top-k+ statistics — Table 12 layout",
         "",
         table12(rows),
+        "",
+        "## Quality against compute",
+        "",
+        compute_table(rows),
         "",
         "## Privacy spent by the sweep",
         "",
@@ -133,20 +162,25 @@ def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> None:
     ax.legend(fontsize=7)
     save(fig, "utility_vs_epsilon.png")
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    by_eps: dict[float, list[dict[str, Any]]] = defaultdict(list)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    by_series: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
     for r in priv:
-        by_eps[float(r["epsilon"])].append(r)
-    for e, rs in sorted(by_eps.items()):
-        calls = sorted({int(r["calls_per_token"]) for r in rs})
-        ys = [_mean([r["mauve"] for r in rs if int(r["calls_per_token"]) == c]) for c in calls]
-        ax.plot(calls, [100 * y if y is not None else float("nan") for y in ys], "o-",
-                label=f"ε={e:g}")
-    if public is not None:
-        ax.axhline(100 * public, color="k", ls="--", label="public only")
-    ax.set(xlabel="model calls per token (B+1)", ylabel="MAUVE (%)", xscale="log",
-           title="Utility vs compute")
-    ax.legend(fontsize=7)
+        by_series[(r["method"], float(r["epsilon"]))].append(r)
+    for (method, e), rs in sorted(by_series.items()):
+        rs = sorted(rs, key=lambda r: int(r["calls_per_token"]))
+        for ax, xkey in zip(axes, ("calls_per_token", "gen_seconds"), strict=True):
+            pts = [(float(r[xkey]), 100 * float(r["mauve"])) for r in rs
+                   if r.get("mauve") not in (None, "") and r.get(xkey) not in (None, "")]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), "o-", label=f"{method} ε={e:g}")
+    for ax in axes:
+        if public is not None:
+            ax.axhline(100 * public, color="k", ls="--", label="public only")
+        ax.set(xscale="log")
+    axes[0].set(xlabel="model calls per generated token", ylabel="MAUVE (%)",
+                title="Utility vs compute")
+    axes[1].set(xlabel="generation wall clock (s)", title="Utility vs time")
+    axes[0].legend(fontsize=7)
     save(fig, "utility_vs_compute.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))

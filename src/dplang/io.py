@@ -208,17 +208,47 @@ def _check_columns(
         )
 
 
-def _decoded_lines(path: Path, handle: BinaryIO) -> Iterator[tuple[int, str]]:
-    """(1-based line number, line with its ending) decoded strictly as UTF-8."""
+def _decoded_lines(
+    path: Path, handle: BinaryIO, error: type[Exception] | None = None
+) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line with its ending) decoded strictly as UTF-8; an undecodable
+    line raises ``error`` (default :class:`ReferenceDataError`) naming it."""
     for lineno, raw in enumerate(handle, start=1):
         if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
         try:
             yield lineno, raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ReferenceDataError(
+            raise (error or ReferenceDataError)(
                 f"{path}: line {lineno} is not valid UTF-8 (byte offset {exc.start} in the line)"
             ) from None
+
+
+def iter_json_objects(
+    path: str | Path, error: type[Exception] | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based line number, object) for every non-blank line of a JSONL file.
+
+    The one JSONL reader of dplang (references, synthetic runs, tabular samples): a line that
+    is not UTF-8, not JSON or not a JSON object raises ``error`` (default
+    :class:`ReferenceDataError`) with a one-line message naming the file and line."""
+    path = Path(path)
+    fail = error or ReferenceDataError
+    with path.open("rb") as handle:
+        for lineno, line in _decoded_lines(path, handle, fail):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise fail(
+                    f"{path}: line {lineno}: invalid JSON ({exc.msg} at column {exc.colno})"
+                ) from None
+            if not isinstance(obj, dict):
+                raise fail(
+                    f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}"
+                )
+            yield lineno, obj
 
 
 def _ensure_nonempty(path: Path) -> None:
@@ -282,29 +312,16 @@ def _rows_delimited(
 def _rows_jsonl(
     path: Path, text_column: str, columns: Sequence[str]
 ) -> Iterator[tuple[Any, dict[str, Any]]]:
-    with path.open("rb") as handle:
-        first = True
-        for lineno, line in _decoded_lines(path, handle):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ReferenceDataError(
-                    f"{path}: line {lineno}: invalid JSON ({exc.msg} at column {exc.colno})"
-                ) from None
-            if not isinstance(obj, dict):
-                raise ReferenceDataError(
-                    f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}"
-                )
-            if first:
-                # Columns are checked against the first object's keys (a later object may
-                # still lack a key; its value then counts as missing).
-                _check_columns(path, list(obj), text_column, columns)
-                first = False
-            yield obj.get(text_column), {c: obj.get(c) for c in columns}
+    first = True
+    for _lineno, obj in iter_json_objects(path):
         if first:
-            raise ReferenceDataError(f"{path}: empty file (no JSON objects)")
+            # Columns are checked against the first object's keys (a later object may
+            # still lack a key; its value then counts as missing).
+            _check_columns(path, list(obj), text_column, columns)
+            first = False
+        yield obj.get(text_column), {c: obj.get(c) for c in columns}
+    if first:
+        raise ReferenceDataError(f"{path}: empty file (no JSON objects)")
 
 
 def _rows_txt(path: Path) -> Iterator[tuple[Any, dict[str, Any]]]:

@@ -23,7 +23,7 @@ def test_synthetic_all_empty_refused_and_some_empty_kept(tmp_path, kit):
     assert run.texts == ["", "text"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "a"}\nnot json\n')
-    with pytest.raises(EvaluationError, match=r"bad.jsonl:2: not valid JSON"):
+    with pytest.raises(EvaluationError, match=r"bad.jsonl: line 2: invalid JSON"):
         load_synthetic(bad)
     with pytest.raises(EvaluationError, match="not found"):
         load_synthetic(tmp_path / "missing.jsonl")

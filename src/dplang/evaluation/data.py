@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dplang.io import ReadStats, ReferenceDataError, file_digest, read_records
+from dplang.io import (
+    ReadStats,
+    ReferenceDataError,
+    file_digest,
+    iter_json_objects,
+    read_records,
+)
 
 __all__ = [
     "EvaluationError",
@@ -103,26 +109,14 @@ class SyntheticRun:
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise EvaluationError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-                if not isinstance(obj, dict):
-                    raise EvaluationError(f"{path}:{lineno}: expected a JSON object")
-                text = obj.get("text")
-                if text is None:
-                    text = ""
-                if not isinstance(text, str):
-                    raise EvaluationError(f"{path}:{lineno}: 'text' is not a string")
-                obj["text"] = text
-                records.append(obj)
-    except UnicodeDecodeError:
-        raise EvaluationError(f"{path}: not UTF-8 text") from None
+    for lineno, obj in iter_json_objects(path, EvaluationError):
+        text = obj.get("text")
+        if text is None:
+            text = ""
+        if not isinstance(text, str):
+            raise EvaluationError(f"{path}: line {lineno}: 'text' is not a string")
+        obj["text"] = text
+        records.append(obj)
     return records
 
 

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from ..io import iter_json_objects
+
 __all__ = [
     "BINARY_FALSE",
     "BINARY_TRUE",
@@ -187,24 +189,11 @@ def _read_columns(path: Path, columns: Sequence[str]) -> tuple[dict[str, list[An
         data: dict[str, list[Any]] = {c: [] for c in columns}
         rows = 0
         available: set[str] = set()
-        with path.open("r", encoding="utf-8") as handle:
-            try:
-                for lineno, line in enumerate(handle, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise SamplingDataError(f"{path}: line {lineno}: invalid JSON ({exc.msg})"
-                                                ) from None
-                    if not isinstance(obj, dict):
-                        raise SamplingDataError(f"{path}: line {lineno}: not a JSON object")
-                    available.update(obj)
-                    for c in columns:
-                        data[c].append(obj.get(c))
-                    rows += 1
-            except UnicodeDecodeError:
-                raise SamplingDataError(f"{path}: not valid UTF-8") from None
+        for _lineno, obj in iter_json_objects(path, SamplingDataError):
+            available.update(obj)
+            for c in columns:
+                data[c].append(obj.get(c))
+            rows += 1
         if rows:
             _check_known(path, sorted(available), columns)
         return data, rows

@@ -14,6 +14,7 @@ Intervals: per-text metrics (perplexity, length, Top-k+ statistics) carry an int
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -213,6 +214,23 @@ def _floats(values: np.ndarray) -> list[float | None]:
     return [None if math.isnan(float(v)) else float(v) for v in values]
 
 
+#: Real-side results (embeddings, perplexities) memoised within a process: a sweep evaluates
+#: every cell against the same held-out texts. Keys hold the model / embedder id and a digest
+#: of the exact texts, so a hit is the same computation.
+_REAL_MEMO: dict[tuple[Any, ...], Any] = {}
+_REAL_MEMO_SIZE = 8
+
+
+def _memo_real(key: tuple[Any, ...], texts: Sequence[str], compute: Callable[[], Any]) -> Any:
+    digest = hashlib.sha256("\x00".join(texts).encode("utf-8")).hexdigest()
+    full = (*key, len(texts), digest)
+    if full not in _REAL_MEMO:
+        if len(_REAL_MEMO) >= _REAL_MEMO_SIZE:
+            _REAL_MEMO.pop(next(iter(_REAL_MEMO)))
+        _REAL_MEMO[full] = compute()
+    return _REAL_MEMO[full]
+
+
 def evaluate_runs(
     real: RealTexts,
     runs: Sequence[SyntheticRun],
@@ -305,7 +323,8 @@ def evaluate_runs(
     if "mauve" in metrics:
         assert embedder is not None
         say(f"MAUVE: embedding {n} real texts with {embedder.name}")
-        real_features = embedder.embed(real.texts)
+        real_features = _memo_real(("embed", embedder.name, embedder.max_tokens), real.texts,
+                                   lambda: embedder.embed(real.texts))
         result["settings"]["mauve"] = {
             "embedder": embedder.name,
             "max_tokens": embedder.max_tokens,
@@ -327,7 +346,10 @@ def evaluate_runs(
     if "perplexity" in metrics:
         scorer = models.scorer
         say(f"perplexity: scoring {n} real texts with {scorer.model_id}")
-        real_ppl = scorer.score(real.texts)
+        # keyed on the model object itself (alive while memoised), not on its name: two
+        # loads of one model in different dtypes score differently
+        real_ppl = _memo_real(("ppl", scorer.model, settings.max_length),
+                              real.texts, lambda: scorer.score(real.texts))
         if real_ppl.scored.size == 0:
             raise EvaluationError("perplexity: no real text has a token")
         result["settings"]["perplexity"] = {

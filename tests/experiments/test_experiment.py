@@ -154,3 +154,20 @@ def test_generation_options_and_compute_accounting(tmp_path):
             load_config(cfg)
         cfg.write_text(cfg.read_text().replace(match, bad))
     assert load_config(cfg).dtype == "bfloat16"
+
+
+def test_baseline_cells_are_evaluated_without_topk(setup):
+    """Top-k+ statistics exist only for InvisibleInk: a baseline cell drops the metric instead
+    of failing the sweep."""
+    tmp, _calls = setup
+    cfg = tmp / "exp.toml"
+    two = 'methods = ["invisibleink", "amin"]'
+    cfg.write_text(CONFIG.replace('methods = ["invisibleink"]', two)
+                   .replace("epsilon = [1, 10]", "epsilon = [10]")
+                   .replace("top_k = [3, 5]", "top_k = [3]"))
+    out = tmp / "out"
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    with open(out / "results.csv") as fh:
+        rows = {r["method"]: r for r in csv.DictReader(fh)}
+    assert rows["amin"]["effective_k"] == "" and float(rows["amin"]["mauve"]) > 0
+    assert float(rows["invisibleink"]["effective_k"]) >= 3

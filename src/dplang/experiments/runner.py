@@ -103,6 +103,19 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
     return out, timing()
 
 
+def _cell_metrics(config: ExperimentConfig, gen: Path) -> list[str]:
+    """The configured metrics that apply to a cell: Top-k+ statistics exist only for methods
+    that record them (InvisibleInk and public generation), so ``topk`` is dropped for the
+    others rather than failing their evaluation."""
+    metrics = list(config.metrics)
+    if "topk" in metrics:
+        with open(gen, encoding="utf-8") as fh:
+            first = fh.readline()
+        if not first.strip() or "topk_plus_mean" not in json.loads(first):
+            metrics.remove("topk")
+    return metrics
+
+
 def _records(path: Path, group_by: tuple[str, ...]):
     from ..io import load_references
 
@@ -186,7 +199,8 @@ def run_experiment(
             say(f"[{i}/{len(config.cells)}] {cell.key}: evaluating")
             model_for_eval = (cached(config.model, "float32")
                               if "perplexity" in config.metrics else config.model)
-            evaluate_files(real, gen, metrics=list(config.metrics), embedder=config.embedder,
+            evaluate_files(real, gen, metrics=_cell_metrics(config, gen),
+                           embedder=config.embedder,
                            model=model_for_eval, num=config.num,
                            num_buckets=config.num_buckets,
                            out_dir=cell_dir / "eval")

@@ -177,6 +177,10 @@ def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> None:
         if public is not None:
             ax.axhline(100 * public, color="k", ls="--", label="public only")
         ax.set(xscale="log")
+    calls = sorted({int(r["calls_per_token"]) for r in priv})
+    if calls:
+        axes[0].set_xticks(calls, [str(c) for c in calls])
+        axes[0].minorticks_off()
     axes[0].set(xlabel="model calls per generated token", ylabel="MAUVE (%)",
                 title="Utility vs compute")
     axes[1].set(xlabel="generation wall clock (s)", title="Utility vs time")

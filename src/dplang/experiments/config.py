@@ -77,12 +77,6 @@ class Cell:
         return (f"{self.method}_eps{self.epsilon:g}_B{self.batch_size}_k{self.top_k}"
                 f"_t{self.temperature:g}_s{self.seed}")
 
-    @property
-    def calls_per_token(self) -> int:
-        """Next-token model calls per generated token of a per-token method (B private + 1
-        public). Aug-PE is a population method: see :func:`calls_per_token`."""
-        return 1 if self.method == "public" else self.batch_size + 1
-
 
 def calls_per_token(cell: Cell, config: ExperimentConfig) -> int:
     """Model calls per generated token of ``cell``: B + 1 for InvisibleInk, Amin et al. and
@@ -91,7 +85,7 @@ def calls_per_token(cell: Cell, config: ExperimentConfig) -> int:
     generates L variations of every sample)."""
     if cell.method == "augpe":
         return 1 + config.augpe_variations * config.augpe_iterations
-    return cell.calls_per_token
+    return 1 if cell.method == "public" else cell.batch_size + 1
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ def split_data(config: ExperimentConfig, out_dir: Path) -> tuple[Path, Path]:
 
 def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
               load_model: Callable[[str], LogitsModel], ledger: Path
-              ) -> tuple[Path, dict[str, float]]:
+              ) -> tuple[Path, dict[str, Any]]:
     """Generate one cell; returns the output and its timing: ``gen_seconds`` (wall clock) and
     ``cpu_seconds`` (CPU time of this process over all threads, which a paused or contended
     run does not inflate), plus ``resumed: True`` when an interrupted generation was continued

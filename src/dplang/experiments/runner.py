@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..io import read_records
+from ..io import iter_json_objects, read_records
 from ..models.base import LogitsModel
 from ..privacy.accounting import rho_to_epsilon
 from ..privacy.ledger import PrivacyLedger
@@ -109,9 +109,8 @@ def _cell_metrics(config: ExperimentConfig, gen: Path) -> list[str]:
     others rather than failing their evaluation."""
     metrics = list(config.metrics)
     if "topk" in metrics:
-        with open(gen, encoding="utf-8") as fh:
-            first = fh.readline()
-        if not first.strip() or "topk_plus_mean" not in json.loads(first):
+        first = next(iter_json_objects(gen), (0, {}))[1]
+        if "topk_plus_mean" not in first:
             metrics.remove("topk")
     return metrics
 

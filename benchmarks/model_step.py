@@ -132,6 +132,7 @@ def main() -> None:
         threads=args.threads,
         buffered_cache=False,
         blocked_linear=False,
+        packed_weights=False,
         verify=False,
     )
     print(

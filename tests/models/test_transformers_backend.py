@@ -12,9 +12,13 @@ from hypothesis import strategies as st
 from dplang.models import LogitsModel, TransformersModel
 from dplang.models.transformers import (
     _LINEAR_BLOCKS,
+    _MIN_PACKED_ROWS,
+    _PACKED_LINEARS,
     HFDecodeState,
-    _blocked_linear_forward,
+    _body_linear_forward,
     _head_matmul,
+    _packed_linear,
+    pack_linear_weight,
 )
 
 PROMPTS = [
@@ -158,12 +162,66 @@ def test_blocked_linear_equals_plain(bias: bool) -> None:
         plain = layer(x)
         token = _LINEAR_BLOCKS.set(4)
         try:
-            blocked = _blocked_linear_forward(layer, x)
+            blocked = _body_linear_forward(layer, x)
         finally:
             _LINEAR_BLOCKS.reset(token)
-        assert _blocked_linear_forward(layer, x).equal(plain)  # inactive outside decode steps
+        assert _body_linear_forward(layer, x).equal(plain)  # inactive outside decode steps
     assert blocked.shape == plain.shape
     torch.testing.assert_close(blocked, plain)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_packed_linear_equals_plain(dtype: torch.dtype, rows: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(300, 40, generator=gen).to(dtype)
+    bias = torch.randn(300, generator=gen).to(dtype)
+    packed = pack_linear_weight(weight)
+    if packed is None:
+        pytest.skip(f"oneDNN weight packing is unavailable for {dtype} here")
+    x = torch.randn(rows, 40, generator=gen).to(dtype)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    want = torch.nn.functional.linear(x, weight, bias)
+    got = _packed_linear(x, packed, bias)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * 10)
+    x3 = x.view(rows, 1, 40)  # 3-D input, as the body passes it
+    torch.testing.assert_close(_packed_linear(x3, packed, None).float(),
+                               torch.nn.functional.linear(x3, weight).float(),
+                               rtol=tol, atol=tol * 10)
+
+
+def test_body_linears_use_the_packed_weight_only_inside_the_body() -> None:
+    """Dispatch: the packed weight serves products of >= _MIN_PACKED_ROWS tokens while the body
+    runs, never outside it (a packed copy of a *different* weight makes the path visible)."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(24, 40, bias=True)
+    other = torch.randn(40, 24)
+    packed = pack_linear_weight(other)
+    if packed is None:
+        pytest.skip("oneDNN weight packing is unavailable here")
+    layer._dplang_packed = packed
+    many = torch.randn(_MIN_PACKED_ROWS, 1, 24)
+    few = many[: _MIN_PACKED_ROWS - 1]
+    with torch.no_grad():
+        token = _PACKED_LINEARS.set(True)
+        try:
+            inside_many = _body_linear_forward(layer, many)
+            inside_few = _body_linear_forward(layer, few)
+        finally:
+            _PACKED_LINEARS.reset(token)
+        torch.testing.assert_close(inside_many, torch.nn.functional.linear(many, other, layer.bias))
+        torch.testing.assert_close(inside_few, layer(few))
+        assert _body_linear_forward(layer, many).equal(layer(many))  # outside the body
+
+
+def test_packed_head_agrees_with_plain_head(model: TransformersModel) -> None:
+    if model._packed_head is None:
+        pytest.skip("oneDNN weight packing is unavailable here")
+    hidden = torch.randn(_MIN_PACKED_ROWS + 2, model.hidden_size)
+    one_by_one = torch.cat([model.logits_from_hidden(row[None]) for row in hidden])  # unpacked
+    torch.testing.assert_close(model.logits_from_hidden(hidden), one_by_one, rtol=1e-4,
+                               atol=1e-4)
 
 
 def test_prompt_step_rules(model: TransformersModel) -> None:
@@ -235,7 +293,9 @@ def test_stock_path_agrees(tiny_gemma_dir: Path) -> None:
     """The in-place KV cache and blocked linears give the same logits as transformers' own
     DynamicCache and F.linear."""
     fast = TransformersModel(tiny_gemma_dir, threads=2)
-    stock = TransformersModel(tiny_gemma_dir, threads=2, buffered_cache=False, blocked_linear=False)
+    stock = TransformersModel(
+        tiny_gemma_dir, threads=2, buffered_cache=False, blocked_linear=False, packed_weights=False
+    )
     s1, s2 = fast.encode_prompts(PROMPTS), stock.encode_prompts(PROMPTS)
     tokens = _tokens(fast, len(PROMPTS), 12, seed=5)
     a, b = fast.next_logits(s1, None), stock.next_logits(s2, None)

@@ -389,6 +389,87 @@ def test_grouped_prefill_equals_padded(
                                    rtol=1e-4)
 
 
+# ------------------------------------------------------------ ragged decode attention
+
+
+def _bucket_cost(padding: list[int], width: int, overhead: int, buckets) -> int:
+    return sum((end - first) * (width - padding[first]) + overhead for first, end, _ in buckets)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=7), st.integers(0, 50))
+def test_plan_buckets_is_an_optimal_contiguous_split(padding: list[int], overhead: int) -> None:
+    from itertools import combinations, pairwise
+
+    from dplang.models._ragged import plan_buckets
+
+    padding = sorted(padding)
+    width = max(padding) + 5
+    buckets = plan_buckets(padding, width, overhead)
+    assert buckets[0][0] == 0 and buckets[-1][1] == len(padding)
+    assert all(a[1] == b[0] for a, b in pairwise(buckets))  # contiguous, in order
+    assert all(pad == padding[first] for first, _, pad in buckets)
+    rows = len(padding)
+    best = min(  # every split of the rows into consecutive runs
+        _bucket_cost(padding, width, overhead,
+                     [(a, b, 0) for a, b in zip((0, *cuts), (*cuts, rows), strict=True)])
+        for k in range(rows)
+        for cuts in combinations(range(1, rows), k)
+    )
+    assert _bucket_cost(padding, width, overhead, buckets) == best
+
+
+def test_plan_buckets_needs_sorted_rows() -> None:
+    from dplang.models._ragged import plan_buckets
+
+    with pytest.raises(ValueError):
+        plan_buckets([3, 1], 10)
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_ragged_attention_equals_plain_sdpa(
+    arch: str, grouped: bool, tiny_llama_dir: Path, tiny_gemma_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Attention per bucket of length-sorted rows gives the logits of plain SDPA over the whole
+    padded cache, through decoding and row dropping (the tiny Gemma's sliding window of 4 is
+    far shorter than the prompts, so its sliding layers keep fewer positions than the cache)."""
+    from dplang.models import _ragged
+
+    monkeypatch.setattr(_ragged, "BUCKET_OVERHEAD", 0)  # many buckets even for tiny prompts
+    folder = tiny_llama_dir if arch == "llama" else tiny_gemma_dir
+    ragged = TransformersModel(folder, threads=2, grouped_prefill=grouped)
+    plain = TransformersModel(folder, threads=2, grouped_prefill=grouped, ragged_attention=False)
+    assert ragged.config._attn_implementation == _ragged.RAGGED_SDPA
+    assert plain.config._attn_implementation == "sdpa"
+    s1, s2 = ragged.encode_prompts(LONG_PROMPTS), plain.encode_prompts(LONG_PROMPTS)
+    assert s1.order is not None and s1.order.tolist() != list(range(len(LONG_PROMPTS)))
+    assert s2.order is None
+    a, b = ragged.next_logits(s1, None), plain.next_logits(s2, None)
+    tokens = _tokens(ragged, len(LONG_PROMPTS), 8, seed=11)
+    for step in range(8):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        if step == 3:
+            assert s1.buckets is not None and len(s1.buckets) >= 3  # the bucketed path ran
+            keep = torch.tensor([0, 1, 4, 5])
+            ragged.drop_rows(s1, keep)
+            plain.drop_rows(s2, keep)
+            tokens = tokens[:, keep]
+        a, b = ragged.next_logits(s1, tokens[step]), plain.next_logits(s2, tokens[step])
+    assert s1.buckets is not None and s1.buckets[-1][1] == 4
+    for row, prompt in enumerate(LONG_PROMPTS[:2]):  # and the uncached forward
+        state = ragged.encode_prompts(LONG_PROMPTS)
+        generated = _tokens(ragged, len(LONG_PROMPTS), 2, seed=3)
+        ragged.next_logits(state, None)
+        ragged.next_logits(state, generated[0])
+        logits = ragged.next_logits(state, generated[1])
+        torch.testing.assert_close(
+            logits[row], _reference(ragged, prompt, generated[:, row].tolist()), atol=ATOL,
+            rtol=1e-4,
+        )
+
+
 # ------------------------------------------------------------------ dtype
 
 

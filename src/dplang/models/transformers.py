@@ -32,6 +32,10 @@ CPU performance notes (measured on a 2-core AMD EPYC with MKL, Gemma 3 270M):
 * The prompt step pre-fills rows of similar length together (:func:`prefill_groups`) and merges
   their caches into one left-padded cache, instead of running every row padded to the longest
   prompt: with Yelp reviews of 20-300 tokens, 55% of a padded prefill was padding.
+* Decode steps skip most of that padding in attention too: the model keeps its rows sorted by
+  decreasing prompt length (``HFDecodeState.order``; callers see their own order) and runs
+  attention per bucket of similar rows over the cache suffix the bucket needs
+  (:mod:`dplang.models._ragged`): about -10% for a 64-row DP step on Yelp prompts.
 
 These change only how the work is split, not what is computed: results agree with the plain
 path to float32 rounding (the tests compare against the model's own uncached forward).
@@ -60,6 +64,9 @@ from typing import Any
 
 import torch
 
+from dplang.models import _ragged
+from dplang.models._ragged import ACTIVE_PLAN, RAGGED_SDPA, BucketPlan, plan_buckets
+from dplang.models._ragged import register as register_ragged_attention
 from dplang.models.base import DecodeState
 
 __all__ = [
@@ -194,6 +201,12 @@ class HFDecodeState:
         prompt_lengths: number of real prompt tokens of every row, ``[rows]``.
         cache: the ``transformers`` KV cache; ``None`` until the first :meth:`next_hidden`.
         steps: number of :meth:`next_hidden` calls so far.
+        order: the row order inside the model (the cache and the body's batches): position
+            ``i`` holds the caller's row ``order[i]``; rows sorted by decreasing prompt length
+            with ragged attention (see :mod:`dplang.models._ragged`), else ``None`` (the
+            caller's order). Every other field is in the caller's order.
+        buckets: the ragged-attention bucket plan of the current rows (computed at the first
+            decode step, dropped with rows).
     """
 
     input_ids: torch.Tensor
@@ -202,6 +215,20 @@ class HFDecodeState:
     prompt_lengths: torch.Tensor
     cache: Any = None
     steps: int = 0
+    order: torch.Tensor | None = None
+    buckets: tuple[tuple[int, int, int], ...] | None = None
+
+    def to_inner(self, rows: torch.Tensor) -> torch.Tensor:
+        """Per-row values in the caller's order, rearranged to the model's internal order."""
+        return rows if self.order is None else rows.index_select(0, self.order)
+
+    def to_caller(self, rows: torch.Tensor) -> torch.Tensor:
+        """Per-row values in the model's internal order, rearranged to the caller's order."""
+        if self.order is None:
+            return rows
+        out = torch.empty_like(rows)
+        out[self.order] = rows
+        return out
 
     @property
     def rows(self) -> int:
@@ -339,6 +366,9 @@ class TransformersModel:
         packed_weights: pre-pack the body's linear weights and the LM head for oneDNN where
             PyTorch has it (see the module docstring; costs a copy of those weights in
             memory); ``False`` keeps the plain products.
+        ragged_attention: run decode-step attention per bucket of rows of similar length, so
+            that it skips most of the left padding (see :mod:`dplang.models._ragged`; only for
+            models using ``transformers``' SDPA attention); ``False`` keeps plain SDPA.
     """
 
     def __init__(
@@ -357,6 +387,7 @@ class TransformersModel:
         dtype: str | torch.dtype = "float32",
         grouped_prefill: bool = True,
         packed_weights: bool = True,
+        ragged_attention: bool = True,
     ) -> None:
         self.dtype = resolve_dtype(dtype)
         self.threads = threads if threads is not None else available_cores()
@@ -410,6 +441,7 @@ class TransformersModel:
             self._packed_linears = self._pack_body_linears(self._body)
         if self._linear_blocks or self._packed_linears:
             self._install_body_linears(self._body)
+        self._ragged = ragged_attention and self._use_ragged_attention(self.model)
 
         if self.tokenizer.pad_token_id is None:
             if self.tokenizer.eos_token is not None:
@@ -479,6 +511,20 @@ class TransformersModel:
         if body is None or body is model:
             raise ValueError(f"cannot find the transformer body of {type(model).__name__}")
         return body
+
+    @staticmethod
+    def _use_ragged_attention(model: Any) -> bool:
+        """Switch a model that uses SDPA attention to :data:`RAGGED_SDPA` (the same attention
+        outside decode steps); ``False`` if it uses another attention implementation."""
+        configs = {id(c): c for c in (model.config, getattr(model.config, "text_config", None))
+                   if c is not None}
+        if any(getattr(c, "_attn_implementation", None) != "sdpa" for c in configs.values()):
+            return False
+        if not register_ragged_attention():
+            return False
+        for config in configs.values():
+            config._attn_implementation = RAGGED_SDPA
+        return True
 
     @staticmethod
     def _pack_body_linears(body: Any) -> bool:
@@ -660,11 +706,15 @@ class TransformersModel:
                 input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.int64)
                 mask[i, width - len(ids) :] = 1
         lengths = mask.sum(dim=1)
+        order = None
+        if self._ragged and rows > 1:  # longest prompt first: padding grows along the rows
+            order = torch.tensor(sorted(range(rows), key=lambda i: (-len(encoded[i]), i)))
         return HFDecodeState(
             input_ids=input_ids,
             attention_mask=mask,
             next_positions=lengths.clone(),
             prompt_lengths=lengths,
+            order=order,
         )
 
     def _call_body(
@@ -673,9 +723,11 @@ class TransformersModel:
         mask: torch.Tensor,
         positions: torch.Tensor,
         cache: Any,
+        plan: BucketPlan | None = None,
     ) -> Any:
         blocks = _LINEAR_BLOCKS.set(self._linear_blocks)
         packed = _PACKED_LINEARS.set(self._packed_linears)
+        ragged = ACTIVE_PLAN.set(plan)
         try:
             return self._body(
                 input_ids=input_ids,
@@ -685,6 +737,7 @@ class TransformersModel:
                 use_cache=True,
             )
         finally:
+            ACTIVE_PLAN.reset(ragged)
             _PACKED_LINEARS.reset(packed)
             _LINEAR_BLOCKS.reset(blocks)
 
@@ -718,6 +771,7 @@ class TransformersModel:
             hidden[index] = last
             caches.append((index, out.past_key_values))
         merged = make_cache(self.config, buffered=self._buffered_cache)
+        inner = torch.arange(state.rows) if state.order is None else torch.argsort(state.order)
         for layer in range(len(caches[0][1].layers)):
             sample = caches[0][1].layers[layer].keys
             keys = sample.new_zeros((state.rows, sample.shape[1], width, sample.shape[-1]))
@@ -726,8 +780,8 @@ class TransformersModel:
                 kept_k = cache.layers[layer].keys
                 kept_v = cache.layers[layer].values
                 kept = kept_k.shape[-2]
-                keys[index, :, width - kept :] = kept_k
-                values[index, :, width - kept :] = kept_v
+                keys[inner[index], :, width - kept :] = kept_k
+                values[inner[index], :, width - kept :] = kept_v
             merged.update(keys, values, layer)
         state.cache = merged
         assert hidden is not None
@@ -745,9 +799,10 @@ class TransformersModel:
                 if grouped is not None:
                     return grouped.float()
             state.cache = make_cache(self.config, buffered=self._buffered_cache)
-            mask = state.attention_mask
+            mask = state.to_inner(state.attention_mask)
             positions = _prompt_positions(mask)
-            input_ids = state.input_ids
+            input_ids = state.to_inner(state.input_ids)
+            plan = None
         else:
             if tokens is None:
                 raise ValueError("next_hidden needs one token per row after the first step")
@@ -758,14 +813,27 @@ class TransformersModel:
                 raise ValueError("token id out of range")
             ones = torch.ones((state.rows, 1), dtype=state.attention_mask.dtype)
             state.attention_mask = torch.cat([state.attention_mask, ones], dim=1)
-            mask = state.attention_mask
-            positions = state.next_positions.unsqueeze(1)
-            input_ids = tokens.unsqueeze(1)
-        out = self._call_body(input_ids, mask, positions, state.cache)
+            mask = state.to_inner(state.attention_mask)
+            positions = state.to_inner(state.next_positions).unsqueeze(1)
+            input_ids = state.to_inner(tokens).unsqueeze(1)
+            plan = self._bucket_plan(state, mask)
+        out = self._call_body(input_ids, mask, positions, state.cache, plan)
         state.cache = out.past_key_values if out.past_key_values is not None else state.cache
         if tokens is not None:
             state.next_positions = state.next_positions + 1
-        return out.last_hidden_state[:, -1, :].float()
+        return state.to_caller(out.last_hidden_state[:, -1, :].float())
+
+    @staticmethod
+    def _bucket_plan(state: HFDecodeState, inner_mask: torch.Tensor) -> BucketPlan | None:
+        """The ragged-attention plan of a decode step (rows in the model's order), or ``None``
+        where rows are not sorted by length (ragged attention off)."""
+        if state.order is None:
+            return None
+        width = int(inner_mask.shape[1])
+        if state.buckets is None:
+            padding = (width - inner_mask.sum(dim=1)).tolist()
+            state.buckets = plan_buckets(padding, width, _ragged.BUCKET_OVERHEAD)
+        return BucketPlan(state.buckets, width)
 
     def next_hidden(self, state: DecodeState, tokens: torch.Tensor | None) -> torch.Tensor:
         """Append ``tokens`` (one per row; ``None`` on the first call, which runs the prompts)
@@ -841,10 +909,18 @@ class TransformersModel:
         state.attention_mask = state.attention_mask.index_select(0, keep).clone()
         state.next_positions = state.next_positions.index_select(0, keep).clone()
         state.prompt_lengths = state.prompt_lengths.index_select(0, keep).clone()
+        inner_keep = keep
+        if state.order is not None:
+            # The kept rows in the model's order, and their new caller indices.
+            inner_keep = torch.sort(torch.argsort(state.order).index_select(0, keep)).values
+            renumber = torch.full((int(state.order.numel()),), -1, dtype=torch.int64)
+            renumber[keep] = torch.arange(keep.numel())
+            state.order = renumber.index_select(0, state.order.index_select(0, inner_keep))
+            state.buckets = None
         if state.cache is not None:
             from dplang.models._kvcache import select_cache_rows
 
-            select_cache_rows(state.cache, keep)
+            select_cache_rows(state.cache, inner_keep)
         return state
 
 

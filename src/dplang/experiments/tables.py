@@ -21,6 +21,12 @@ def _mean(values: list[Any]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def _legend(ax: Any) -> None:
+    """A small legend, when the axes have labelled lines (a plot with no data has none)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
 def table2(rows: list[dict[str, Any]], metric: str = "mauve", scale: float = 100.0) -> str:
     """Rows ε, columns method × B (and k when several), values averaged over seeds (Table 2
     layout). The public-only cell, if any, is given above the table."""
@@ -159,7 +165,7 @@ def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> None:
     if public is not None:
         ax.axhline(100 * public, color="k", ls="--", label="public only (ε=0)")
     ax.set(xlabel="ε (δ = 1e-6)", ylabel="MAUVE (%)", xscale="log", title="Utility vs ε")
-    ax.legend(fontsize=7)
+    _legend(ax)
     save(fig, "utility_vs_epsilon.png")
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
@@ -184,7 +190,7 @@ def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> None:
     axes[0].set(xlabel="model calls per generated token", ylabel="MAUVE (%)",
                 title="Utility vs compute")
     axes[1].set(xlabel="generation wall clock (s)", title="Utility vs time")
-    axes[0].legend(fontsize=7)
+    _legend(axes[0])
     save(fig, "utility_vs_compute.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -197,5 +203,5 @@ def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> None:
                 label=f"k={k}")
     ax.set(xlabel="ε", ylabel="effective k / k", xscale="log",
            title="Top-k+ expansion vs ε")
-    ax.legend(fontsize=7)
+    _legend(ax)
     save(fig, "effective_k_vs_epsilon.png")

@@ -133,6 +133,7 @@ def main() -> None:
         buffered_cache=False,
         blocked_linear=False,
         packed_weights=False,
+        ragged_attention=False,
         verify=False,
     )
     print(

@@ -443,6 +443,8 @@ def test_ragged_attention_equals_plain_sdpa(
     plain = TransformersModel(folder, threads=2, grouped_prefill=grouped, ragged_attention=False)
     assert ragged.config._attn_implementation == _ragged.RAGGED_SDPA
     assert plain.config._attn_implementation == "sdpa"
+    rewrapped = TransformersModel(model=ragged.model, tokenizer=ragged.tokenizer, verify=False)
+    assert rewrapped._ragged  # a model switched by another instance stays usable
     s1, s2 = ragged.encode_prompts(LONG_PROMPTS), plain.encode_prompts(LONG_PROMPTS)
     assert s1.order is not None and s1.order.tolist() != list(range(len(LONG_PROMPTS)))
     assert s2.order is None

@@ -515,10 +515,12 @@ class TransformersModel:
     @staticmethod
     def _use_ragged_attention(model: Any) -> bool:
         """Switch a model that uses SDPA attention to :data:`RAGGED_SDPA` (the same attention
-        outside decode steps); ``False`` if it uses another attention implementation."""
+        outside decode steps; a model already switched by another instance stays so);
+        ``False`` if it uses another attention implementation."""
         configs = {id(c): c for c in (model.config, getattr(model.config, "text_config", None))
                    if c is not None}
-        if any(getattr(c, "_attn_implementation", None) != "sdpa" for c in configs.values()):
+        if any(getattr(c, "_attn_implementation", None) not in ("sdpa", RAGGED_SDPA)
+               for c in configs.values()):
             return False
         if not register_ragged_attention():
             return False

@@ -222,6 +222,10 @@ class HFDecodeState:
         """Per-row values in the caller's order, rearranged to the model's internal order."""
         return rows if self.order is None else rows.index_select(0, self.order)
 
+    def inner_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The positions, in the model's internal order, of the caller's rows ``rows``."""
+        return rows if self.order is None else torch.argsort(self.order).index_select(0, rows)
+
     def to_caller(self, rows: torch.Tensor) -> torch.Tensor:
         """Per-row values in the model's internal order, rearranged to the caller's order."""
         if self.order is None:
@@ -771,19 +775,18 @@ class TransformersModel:
             if hidden is None:
                 hidden = last.new_empty((state.rows, last.shape[-1]))
             hidden[index] = last
-            caches.append((index, out.past_key_values))
+            caches.append((state.inner_rows(index), out.past_key_values))  # model's order
         merged = make_cache(self.config, buffered=self._buffered_cache)
-        inner = torch.arange(state.rows) if state.order is None else torch.argsort(state.order)
         for layer in range(len(caches[0][1].layers)):
             sample = caches[0][1].layers[layer].keys
             keys = sample.new_zeros((state.rows, sample.shape[1], width, sample.shape[-1]))
             values = keys.clone()
-            for index, cache in caches:
+            for inner, cache in caches:
                 kept_k = cache.layers[layer].keys
                 kept_v = cache.layers[layer].values
                 kept = kept_k.shape[-2]
-                keys[inner[index], :, width - kept :] = kept_k
-                values[inner[index], :, width - kept :] = kept_v
+                keys[inner, :, width - kept :] = kept_k
+                values[inner, :, width - kept :] = kept_v
             merged.update(keys, values, layer)
         state.cache = merged
         assert hidden is not None
@@ -914,7 +917,7 @@ class TransformersModel:
         inner_keep = keep
         if state.order is not None:
             # The kept rows in the model's order, and their new caller indices.
-            inner_keep = torch.sort(torch.argsort(state.order).index_select(0, keep)).values
+            inner_keep = torch.sort(state.inner_rows(keep)).values
             renumber = torch.full((int(state.order.numel()),), -1, dtype=torch.int64)
             renumber[keep] = torch.arange(keep.numel())
             state.order = renumber.index_select(0, state.order.index_select(0, inner_keep))

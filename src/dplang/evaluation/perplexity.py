@@ -148,7 +148,8 @@ class PerplexityScorer:
         for i, ids in enumerate(batch):  # right padding: positions of real tokens are 0..L
             input_ids[i, : len(ids) + 1] = torch.tensor([self.bos_id, *ids], dtype=torch.int64)
             mask[i, : len(ids) + 1] = 1
-        hidden = self._body(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        with self.model.fast_products():  # the backend's packed products; same numbers
+            hidden = self._body(input_ids=input_ids, attention_mask=mask).last_hidden_state
         # Position t predicts token t+1; keep the positions whose target is a real token.
         target_mask = mask[:, 1:].bool()
         states = hidden[:, :-1][target_mask]  # [P, H], row-major over (row, position)

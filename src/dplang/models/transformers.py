@@ -57,7 +57,7 @@ import contextvars
 import functools
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -731,10 +731,7 @@ class TransformersModel:
         cache: Any,
         plan: BucketPlan | None = None,
     ) -> Any:
-        blocks = _LINEAR_BLOCKS.set(self._linear_blocks)
-        packed = _PACKED_LINEARS.set(self._packed_linears)
-        ragged = ACTIVE_PLAN.set(plan)
-        try:
+        with self.fast_products(plan):
             return self._body(
                 input_ids=input_ids,
                 attention_mask=mask,
@@ -742,6 +739,18 @@ class TransformersModel:
                 past_key_values=cache,
                 use_cache=True,
             )
+
+    @contextlib.contextmanager
+    def fast_products(self, plan: BucketPlan | None = None) -> Iterator[None]:
+        """Within this context the body's linear layers use this backend's faster products
+        (packed weights, blocked products; see the module docstring) and decode attention
+        follows ``plan``; outside it the body computes exactly as ``transformers`` does. Used
+        by :meth:`next_hidden`, and by callers that run the body themselves (perplexity)."""
+        blocks = _LINEAR_BLOCKS.set(self._linear_blocks)
+        packed = _PACKED_LINEARS.set(self._packed_linears)
+        ragged = ACTIVE_PLAN.set(plan)
+        try:
+            yield
         finally:
             ACTIVE_PLAN.reset(ragged)
             _PACKED_LINEARS.reset(packed)

@@ -215,6 +215,18 @@ def test_body_linears_use_the_packed_weight_only_inside_the_body() -> None:
         assert _body_linear_forward(layer, many).equal(layer(many))  # outside the body
 
 
+def test_packing_can_be_turned_off_by_environment(
+    tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if pack_linear_weight(torch.ones(4, 4)) is None:
+        pytest.skip("oneDNN weight packing is unavailable here")
+    assert TransformersModel(tiny_llama_dir)._packed_head is not None
+    monkeypatch.setenv("DPLANG_PACKED_WEIGHTS", "0")
+    off = TransformersModel(tiny_llama_dir)
+    assert off._packed_head is None and not off._packed_linears
+    assert TransformersModel(tiny_llama_dir, packed_weights=True)._packed_head is not None
+
+
 def test_packed_head_agrees_with_plain_head(model: TransformersModel) -> None:
     if model._packed_head is None:
         pytest.skip("oneDNN weight packing is unavailable here")

@@ -25,7 +25,7 @@ CPU performance notes (measured on a 2-core AMD EPYC with MKL, Gemma 3 270M):
   8 rows 41 -> 22 ms and at 64 rows -28%, the prompt step -20-30%. At 1-2 rows the blocked
   products above stay faster and are used. The packed copies cost memory (about the size of
   the head plus the body's linear weights: ~1.1 GB for Gemma 3 270M in float32);
-  ``packed_weights=False`` keeps the plain path.
+  ``packed_weights=False`` or ``DPLANG_PACKED_WEIGHTS=0`` keeps the plain path.
 * The stock ``DynamicCache`` re-concatenates the whole KV cache at every step (a quarter of the
   step at 32 rows); see :mod:`dplang.models._kvcache` for the in-place replacement.
 
@@ -76,6 +76,7 @@ __all__ = [
     "available_cores",
     "native_bfloat16",
     "pack_linear_weight",
+    "packed_weights_default",
     "prefill_groups",
     "resolve_dtype",
 ]
@@ -264,6 +265,13 @@ def _packing_works(dtype: torch.dtype) -> bool:
     return got.shape == want.shape and bool(torch.allclose(got, want, rtol=tol, atol=tol))
 
 
+def packed_weights_default() -> bool:
+    """Whether models pre-pack their weights unless told otherwise: yes, unless the environment
+    variable ``DPLANG_PACKED_WEIGHTS`` is ``0`` (or ``false``/``no``/``off``)."""
+    value = os.environ.get("DPLANG_PACKED_WEIGHTS", "1").strip().lower()
+    return value not in ("0", "false", "no", "off")
+
+
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """``weight`` (``[out, in]``) pre-packed in oneDNN's blocked layout for
     :func:`_packed_linear`, or ``None`` where packing is unavailable for its dtype.
@@ -369,7 +377,9 @@ class TransformersModel:
             (see :func:`prefill_groups`); ``False`` pads every prompt to the longest.
         packed_weights: pre-pack the body's linear weights and the LM head for oneDNN where
             PyTorch has it (see the module docstring; costs a copy of those weights in
-            memory); ``False`` keeps the plain products.
+            memory); ``False`` keeps the plain products. ``None`` (the default): on, unless
+            the environment variable ``DPLANG_PACKED_WEIGHTS`` is ``0`` (for machines short
+            of memory; it reaches every command that loads a model).
         ragged_attention: run decode-step attention per bucket of rows of similar length, so
             that it skips most of the left padding (see :mod:`dplang.models._ragged`; only for
             models using ``transformers``' SDPA attention); ``False`` keeps plain SDPA.
@@ -390,7 +400,7 @@ class TransformersModel:
         verify: bool = True,
         dtype: str | torch.dtype = "float32",
         grouped_prefill: bool = True,
-        packed_weights: bool = True,
+        packed_weights: bool | None = None,
         ragged_attention: bool = True,
     ) -> None:
         self.dtype = resolve_dtype(dtype)
@@ -440,6 +450,8 @@ class TransformersModel:
         self._linear_blocks = self.threads if blocked_linear and self.threads > 1 else 0
         self._packed_head: torch.Tensor | None = None
         self._packed_linears = False
+        if packed_weights is None:
+            packed_weights = packed_weights_default()
         if packed_weights:
             self._packed_head = pack_linear_weight(self._head_weight)
             self._packed_linears = self._pack_body_linears(self._body)

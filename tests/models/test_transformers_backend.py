@@ -1,4 +1,8 @@
-"""TransformersModel on tiny locally written models: cached batched decoding is exact."""
+"""TransformersModel on tiny locally written models: exact, row-invariant decoding.
+
+The privacy-critical property (DESIGN.md invariant 7): a row's hidden states and logits are a
+deterministic function of that row's own tokens, bit for bit, whatever other rows share the
+batch, how many there are and how long they are, through decoding and row dropping."""
 
 from __future__ import annotations
 
@@ -6,20 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dplang.models import LogitsModel, TransformersModel
-from dplang.models.transformers import (
-    _LINEAR_BLOCKS,
-    _MIN_PACKED_ROWS,
-    _PACKED_LINEARS,
-    HFDecodeState,
-    _body_linear_forward,
-    _head_matmul,
-    _packed_linear,
-    pack_linear_weight,
-)
+from dplang.models import LogitsModel, TransformersModel, _rowwise
+from dplang.models._kernels import linear_product, pack_linear_weight
+from dplang.models.transformers import RowDecodeState, RowInvarianceError, _bitwise_equal
 
 PROMPTS = [
     "The food was great and the service was friendly, but the pasta was cold.",
@@ -34,7 +30,8 @@ ATOL = 1e-4
 @pytest.fixture(scope="module", params=["llama", "gemma3"])
 def model(request: pytest.FixtureRequest, tiny_llama_dir: Path, tiny_gemma_dir: Path):
     folder = tiny_llama_dir if request.param == "llama" else tiny_gemma_dir
-    return TransformersModel(folder, threads=2)  # 2 threads: blocked linears in use
+    # Blocks of 4 positions: every prompt spans several blocks (Gemma's window is 4 too).
+    return TransformersModel(folder, threads=2, block_size=4)
 
 
 def _tokens(m: TransformersModel, rows: int, steps: int, seed: int = 1) -> torch.Tensor:
@@ -43,7 +40,7 @@ def _tokens(m: TransformersModel, rows: int, steps: int, seed: int = 1) -> torch
 
 
 def _reference(m: TransformersModel, prompt: str, generated: list[int]) -> torch.Tensor:
-    """Next-token logits of one prompt run alone, without padding or cache."""
+    """Next-token logits of one prompt run alone by the model's own uncached forward."""
     ids = m._prompt_ids(prompt) + generated
     with torch.no_grad():
         return m.model(input_ids=torch.tensor([ids])).logits[0, -1].float()
@@ -55,15 +52,11 @@ def test_protocol_conformance(model: TransformersModel) -> None:
     assert model.eos_token_ids == frozenset({model.tokenizer.eos_token_id})
 
 
-def test_encode_left_pads(model: TransformersModel) -> None:
+def test_encode_keeps_each_prompt_unpadded(model: TransformersModel) -> None:
     state = model.encode_prompts(PROMPTS)
-    assert isinstance(state, HFDecodeState)
-    lengths = [len(model._prompt_ids(p)) for p in PROMPTS]
-    assert state.input_ids.shape == (len(PROMPTS), max(lengths))
-    for row, length in enumerate(lengths):
-        mask = state.attention_mask[row]
-        assert mask.sum() == length and mask[-length:].all()  # left padding
-        assert state.input_ids[row, -length] == model.tokenizer.bos_token_id
+    assert isinstance(state, RowDecodeState)
+    assert state.prompts == [model._prompt_ids(p) for p in PROMPTS]
+    assert state.prompts[0][0] == model.tokenizer.bos_token_id
     assert state.cache is None and not state.started
 
 
@@ -85,25 +78,69 @@ def test_batched_cached_matches_single_uncached(model: TransformersModel) -> Non
         logits = model.next_logits(state, tokens[step])
 
 
+def _decode_rows(m: TransformersModel, prompts: list[list[int]], tokens: list[list[int]],
+                 drops: dict[int, list[int]] | None = None,
+                 candidates: torch.Tensor | None = None) -> list[list[torch.Tensor]]:
+    """Decode token-id prompts; per row the hidden states, dense logits and candidate logits
+    of every step it lived. ``drops[s]``: rows (original indices) kept after step ``s``."""
+    state = RowDecodeState(prompts=[list(p) for p in prompts])
+    live = list(range(len(prompts)))
+    seen: list[list[torch.Tensor]] = [[] for _ in prompts]
+    for s in range(len(tokens) + 1):
+        step = None if s == 0 else torch.tensor([tokens[s - 1][r] for r in live])
+        hidden = m.next_hidden(state, step)
+        values = [hidden, m.logits_from_hidden(hidden)]
+        if candidates is not None:
+            values.append(m.logits_from_hidden(hidden, candidates.expand(len(live), -1)))
+        for j, r in enumerate(live):
+            seen[r].extend(v[j] for v in values)
+        if drops and s in drops:
+            keep = [live.index(r) for r in drops[s]]
+            m.drop_rows(state, torch.tensor(keep, dtype=torch.int64))
+            live = list(drops[s])
+    return seen
+
+
+def _assert_bitwise(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    for a, b in zip(got, want, strict=False):
+        assert _bitwise_equal(a, b), float((a - b).abs().max())
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_row_invariance_property(model: TransformersModel, data: st.DataObject) -> None:
+    """Each row of a random batch (random count, lengths, order, duplicates, drops) gives
+    exactly the bits it gives decoded alone: hidden states, full and sparse logits."""
+    vocab = model.vocab_size
+    rows = data.draw(st.integers(1, 7), label="rows")
+    prompts = [data.draw(st.lists(st.integers(3, vocab - 1), min_size=1, max_size=14),
+                         label=f"prompt{r}") for r in range(rows)]
+    steps = data.draw(st.integers(1, 6), label="steps")
+    tokens = [[data.draw(st.integers(0, vocab - 1)) for _ in range(rows)] for _ in range(steps)]
+    candidates = torch.tensor([sorted(set(data.draw(
+        st.lists(st.integers(0, vocab - 1), min_size=1, max_size=9), label="candidates")))])
+    drops = None
+    if rows > 1 and steps > 1:
+        at = data.draw(st.integers(0, steps - 1), label="drop step")
+        kept = sorted(data.draw(st.sets(st.integers(0, rows - 1), min_size=1,
+                                        max_size=rows - 1), label="kept"))
+        drops = {at: kept}
+    together = _decode_rows(model, prompts, tokens, drops, candidates)
+    for r in range(rows):
+        alone = _decode_rows(model, [prompts[r]], [[t[r]] for t in tokens],
+                             candidates=candidates)[0]
+        _assert_bitwise(together[r], alone)
+
+
 def test_drop_rows_mid_decoding(model: TransformersModel) -> None:
-    full = model.encode_prompts(PROMPTS)
-    part = model.encode_prompts(PROMPTS)
-    tokens = _tokens(model, len(PROMPTS), STEPS, seed=2)
-    keep = torch.tensor([0, 2, 3])
-    model.next_hidden(full, None)
-    model.next_hidden(part, None)
-    for step in range(STEPS):
-        if step == 2:
-            model.drop_rows(part, keep)
-            assert part.rows == 3
-        if step == 4:  # drop again, down to one row
-            model.drop_rows(part, torch.tensor([1]))
-            keep = keep[1:2]
-        dense = model.next_logits(full, tokens[step])
-        step_tokens = tokens[step] if step < 2 else tokens[step, keep]
-        sub = model.next_logits(part, step_tokens)
-        expected = dense if step < 2 else dense[keep]
-        torch.testing.assert_close(sub, expected, atol=ATOL, rtol=1e-4)
+    prompts = [model._prompt_ids(p) for p in PROMPTS]
+    tokens = _tokens(model, len(PROMPTS), STEPS, seed=2).tolist()
+    full = _decode_rows(model, prompts, tokens)
+    part = _decode_rows(model, prompts, tokens, drops={2: [0, 2, 3], 4: [2]})
+    for r in range(len(PROMPTS)):
+        _assert_bitwise(part[r], full[r])
+    assert len(part[2]) == len(full[2]) and len(part[1]) < len(full[1])
 
 
 def test_drop_all_rows(model: TransformersModel) -> None:
@@ -113,6 +150,7 @@ def test_drop_all_rows(model: TransformersModel) -> None:
     hidden = model.next_hidden(state, torch.tensor([], dtype=torch.int64))
     assert hidden.shape == (0, model.hidden_size)
     assert model.logits_from_hidden(hidden).shape == (0, model.vocab_size)
+    assert state.cache is not None and len(state.cache._free) == state.cache.capacity
 
 
 def test_candidates_equal_gathered_dense(model: TransformersModel) -> None:
@@ -126,11 +164,10 @@ def test_candidates_equal_gathered_dense(model: TransformersModel) -> None:
     sparse = model.logits_from_hidden(hidden, candidates)
     assert sparse.shape == (len(PROMPTS), 17) and sparse.dtype == torch.float32
     torch.testing.assert_close(sparse, dense.gather(1, candidates), atol=1e-5, rtol=1e-5)
-    # next_logits with candidates is the same composition.
+    # Narrower candidate lists give the same bits on the ids they share.
+    assert _bitwise_equal(model.logits_from_hidden(hidden, candidates[:, :5]), sparse[:, :5])
     state2 = model.encode_prompts(PROMPTS)
-    torch.testing.assert_close(
-        model.next_logits(state2, None, candidates), sparse, atol=1e-6, rtol=1e-6
-    )
+    assert _bitwise_equal(model.next_logits(state2, None, candidates), sparse)
     with pytest.raises(TypeError):
         model.logits_from_hidden(hidden, candidates.int())
     with pytest.raises(ValueError):
@@ -145,95 +182,16 @@ def test_returned_tensors_are_editable(model: TransformersModel) -> None:
     logits[:, 0] = -1.0
 
 
-def test_head_matmul_equals_plain_product() -> None:
-    gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(5000, 24, generator=gen)  # 5000 is not a multiple of the blocks
-    for rows in (1, 3, 8):
-        hidden = torch.randn(rows, 24, generator=gen)
-        torch.testing.assert_close(_head_matmul(hidden, weight), hidden @ weight.T)
-
-
-@pytest.mark.parametrize("bias", [False, True])
-def test_blocked_linear_equals_plain(bias: bool) -> None:
-    torch.manual_seed(0)
-    layer = torch.nn.Linear(24, 40, bias=bias)
-    x = torch.randn(3, 1, 24)
-    with torch.no_grad():
-        plain = layer(x)
-        token = _LINEAR_BLOCKS.set(4)
-        try:
-            blocked = _body_linear_forward(layer, x)
-        finally:
-            _LINEAR_BLOCKS.reset(token)
-        assert _body_linear_forward(layer, x).equal(plain)  # inactive outside decode steps
-    assert blocked.shape == plain.shape
-    torch.testing.assert_close(blocked, plain)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 5, 64])
-def test_packed_linear_equals_plain(dtype: torch.dtype, rows: int) -> None:
-    gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(300, 40, generator=gen).to(dtype)
-    bias = torch.randn(300, generator=gen).to(dtype)
-    packed = pack_linear_weight(weight)
-    if packed is None:
-        pytest.skip(f"oneDNN weight packing is unavailable for {dtype} here")
-    x = torch.randn(rows, 40, generator=gen).to(dtype)
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
-    want = torch.nn.functional.linear(x, weight, bias)
-    got = _packed_linear(x, packed, bias)
-    assert got.dtype == want.dtype
-    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * 10)
-    x3 = x.view(rows, 1, 40)  # 3-D input, as the body passes it
-    torch.testing.assert_close(_packed_linear(x3, packed, None).float(),
-                               torch.nn.functional.linear(x3, weight).float(),
-                               rtol=tol, atol=tol * 10)
-
-
-def test_body_linears_use_the_packed_weight_only_inside_the_body() -> None:
-    """Dispatch: the packed weight serves products of >= _MIN_PACKED_ROWS tokens while the body
-    runs, never outside it (a packed copy of a *different* weight makes the path visible)."""
-    torch.manual_seed(0)
-    layer = torch.nn.Linear(24, 40, bias=True)
-    other = torch.randn(40, 24)
-    packed = pack_linear_weight(other)
-    if packed is None:
-        pytest.skip("oneDNN weight packing is unavailable here")
-    layer._dplang_packed = packed
-    many = torch.randn(_MIN_PACKED_ROWS, 1, 24)
-    few = many[: _MIN_PACKED_ROWS - 1]
-    with torch.no_grad():
-        token = _PACKED_LINEARS.set(True)
-        try:
-            inside_many = _body_linear_forward(layer, many)
-            inside_few = _body_linear_forward(layer, few)
-        finally:
-            _PACKED_LINEARS.reset(token)
-        torch.testing.assert_close(inside_many, torch.nn.functional.linear(many, other, layer.bias))
-        torch.testing.assert_close(inside_few, layer(few))
-        assert _body_linear_forward(layer, many).equal(layer(many))  # outside the body
-
-
-def test_packing_can_be_turned_off_by_environment(
-    tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if pack_linear_weight(torch.ones(4, 4)) is None:
-        pytest.skip("oneDNN weight packing is unavailable here")
-    assert TransformersModel(tiny_llama_dir)._packed_head is not None
-    monkeypatch.setenv("DPLANG_PACKED_WEIGHTS", "0")
-    off = TransformersModel(tiny_llama_dir)
-    assert off._packed_head is None and not off._packed_linears
-    assert TransformersModel(tiny_llama_dir, packed_weights=True)._packed_head is not None
-
-
-def test_packed_head_agrees_with_plain_head(model: TransformersModel) -> None:
-    if model._packed_head is None:
-        pytest.skip("oneDNN weight packing is unavailable here")
-    hidden = torch.randn(_MIN_PACKED_ROWS + 2, model.hidden_size)
-    one_by_one = torch.cat([model.logits_from_hidden(row[None]) for row in hidden])  # unpacked
-    torch.testing.assert_close(model.logits_from_hidden(hidden), one_by_one, rtol=1e-4,
-                               atol=1e-4)
+def test_token_hidden_states_are_the_prompt_steps(model: TransformersModel) -> None:
+    seqs = [model._prompt_ids(p) for p in PROMPTS]
+    all_states = model.token_hidden_states(seqs)
+    state = RowDecodeState(prompts=seqs)
+    last = model.next_hidden(state, None)
+    for r, seq in enumerate(seqs):
+        assert all_states[r].shape == (len(seq), model.hidden_size)
+        assert _bitwise_equal(all_states[r][-1], last[r])
+    with pytest.raises(ValueError, match="empty"):
+        model.token_hidden_states([[1, 2], []])
 
 
 def test_prompt_step_rules(model: TransformersModel) -> None:
@@ -245,8 +203,123 @@ def test_prompt_step_rules(model: TransformersModel) -> None:
         model.next_hidden(state, None)
     with pytest.raises(ValueError):
         model.next_hidden(state, torch.tensor([5]))
+    with pytest.raises(ValueError):
+        model.next_hidden(state, torch.tensor([5, model.vocab_size]))
     with pytest.raises(TypeError):
         model.encode_prompts("one string")
+
+
+def test_long_prompts_split_into_calls(model: TransformersModel, monkeypatch) -> None:
+    """Prompt steps longer than MAX_STEP_TOKENS run in several calls, same bits."""
+    from dplang.models import transformers as backend
+
+    prompts = [model._prompt_ids(p) for p in PROMPTS]
+    whole = _decode_rows(model, prompts, [[5] * len(prompts)])
+    monkeypatch.setattr(backend, "MAX_STEP_TOKENS", 8)
+    split = _decode_rows(model, prompts, [[5] * len(prompts)])
+    for r in range(len(prompts)):
+        _assert_bitwise(split[r], whole[r])
+
+
+# ----------------------------------------------------------- the load-time check
+
+
+def test_check_row_invariance_passes_here(model: TransformersModel) -> None:
+    model.check_row_invariance()
+
+
+def test_a_batch_dependent_kernel_is_refused(tiny_llama_dir: Path, monkeypatch) -> None:
+    """A body whose results depend on the number of tokens in the call (as MKL's plain GEMM
+    does in its last bits) is refused at load, not warned about."""
+    original = _rowwise.rowwise_attention
+
+    def leaky(module, query, *args, **kwargs):
+        out, weights = original(module, query, *args, **kwargs)
+        return out * (1 + 1e-6 * query.shape[2]), weights
+
+    monkeypatch.setattr(_rowwise, "rowwise_attention", leaky)
+    _rowwise.register()
+    try:
+        with pytest.raises(RowInvarianceError, match="differs from the same row decoded alone"):
+            TransformersModel(tiny_llama_dir, threads=2, block_size=4)
+    finally:
+        monkeypatch.undo()
+        _rowwise.register()
+
+
+def test_decode_attention_merge_is_exact_across_block_sizes(tiny_gemma_dir: Path) -> None:
+    """Rows of the same tokens give the same logits (to rounding) with any block size, and the
+    paged merge never sees another row's blocks (sliding window 4 included)."""
+    ids = [2, 7, 9, 11, 13, 17, 19, 23, 29, 31, 37]
+    tokens = [[41], [43], [47], [53], [59]]
+    ref = None
+    for block in (1, 2, 3, 4, 16):
+        m = TransformersModel(tiny_gemma_dir, threads=1, block_size=block,
+                              check_invariance=False, verify=False)
+        got = _decode_rows(m, [ids], tokens)[0]
+        if ref is None:
+            ref = got
+        for a, b in zip(got, ref, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ kernels
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_equals_plain_and_is_row_invariant(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(96, 40, generator=gen).to(dtype)
+    bias = torch.randn(96, generator=gen).to(dtype)
+    packed = pack_linear_weight(weight)
+    x = torch.randn(37, 40, generator=gen).to(dtype)
+    got = linear_product(x, weight, bias, packed)
+    want = torch.nn.functional.linear(x, weight, bias)
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    for i in (0, 17, 36):
+        assert _bitwise_equal(got[i], linear_product(x[i:i + 1], weight, bias, packed)[0])
+
+
+@pytest.mark.parametrize("kind", _rowwise.InvariantActivation.KINDS)
+def test_invariant_activation_matches_torch_and_has_one_code_path(kind: str) -> None:
+    reference = {
+        "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+        "gelu": torch.nn.functional.gelu,
+        "silu": torch.nn.functional.silu,
+        "relu": torch.relu,
+    }[kind]
+    act = _rowwise.InvariantActivation(kind)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4099, generator=gen) * 4
+    torch.testing.assert_close(act(x), reference(x), atol=1e-6, rtol=1e-5)
+    # Every element gets the bits it gets at any other position and in any tensor size.
+    for n in (1, 3, 17, 31, 250):
+        assert _bitwise_equal(act(x[:n].clone()), act(x)[:n])
+        assert _bitwise_equal(act(x[-n:].clone()), act(x)[-n:])
+    half = x.to(torch.bfloat16)
+    assert act(half).dtype == torch.bfloat16
+
+
+def test_unknown_activation_is_refused() -> None:
+    class Body(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.act_fn = torch.nn.Softsign()
+
+    with pytest.raises(NotImplementedError, match="no row-invariant implementation"):
+        _rowwise.replace_activations(Body())
+
+
+def test_paged_cache_allocates_and_frees() -> None:
+    cache = _rowwise.PagedKVCache(num_layers=2, block_size=4)
+    a = cache.allocate(3)
+    b = cache.allocate(20)
+    assert len(set(a) | set(b)) == 23 and cache.capacity >= 23
+    cache.release(a)
+    assert sorted(cache.allocate(3)) == sorted(a)
+    with pytest.raises(ValueError):
+        _rowwise.PagedKVCache(num_layers=1, block_size=0)
 
 
 def test_render_prompt_without_template(tiny_llama_dir: Path) -> None:
@@ -265,7 +338,7 @@ def test_render_prompt_with_template(tiny_gemma_dir: Path) -> None:
     )
     # The template already starts with BOS: encoding does not add a second one.
     state = m.encode_prompts([text])
-    ids = state.input_ids[0].tolist()
+    ids = state.prompts[0]
     assert ids[0] == m.tokenizer.bos_token_id and ids[1] != m.tokenizer.bos_token_id
 
 
@@ -301,26 +374,7 @@ def test_missing_path_raises(tmp_path: Path) -> None:
         TransformersModel(tmp_path / "nope")
 
 
-def test_stock_path_agrees(tiny_gemma_dir: Path) -> None:
-    """The in-place KV cache and blocked linears give the same logits as transformers' own
-    DynamicCache and F.linear."""
-    fast = TransformersModel(tiny_gemma_dir, threads=2)
-    stock = TransformersModel(
-        tiny_gemma_dir, threads=2, buffered_cache=False, blocked_linear=False, packed_weights=False
-    )
-    s1, s2 = fast.encode_prompts(PROMPTS), stock.encode_prompts(PROMPTS)
-    tokens = _tokens(fast, len(PROMPTS), 12, seed=5)
-    a, b = fast.next_logits(s1, None), stock.next_logits(s2, None)
-    for step in range(12):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-        if step == 5:
-            fast.drop_rows(s1, torch.tensor([1, 3]))
-            stock.drop_rows(s2, torch.tensor([1, 3]))
-            tokens = tokens[:, [1, 3]]
-        a, b = fast.next_logits(s1, tokens[step]), stock.next_logits(s2, tokens[step])
-
-
-# ------------------------------------------------------------ grouped prompt step
+# ------------------------------------------------------------------ dtype
 
 LONG_PROMPTS = [
     "Paris",
@@ -328,163 +382,7 @@ LONG_PROMPTS = [
     "was stale; we will not come back.",
     "Five stars.",
     "Our waiter was slow; the pizza took an hour! The dessert was good though.",
-    "Ok",
-    "The food was great and the service was friendly, but the pasta was cold.",
 ]
-
-
-def test_prefill_groups_partition_and_bound() -> None:
-    from dplang.models.transformers import prefill_groups
-
-    lengths = [300, 20, 150, 290, 145, 21, 160, 22]
-    groups = prefill_groups(lengths, slack=1.25)
-    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
-    for g in groups:
-        width = max(lengths[i] for i in g)
-        assert lengths[g[0]] == width
-        assert width * len(g) <= 1.25 * sum(lengths[i] for i in g) or len(g) == 1
-    assert len(groups) > 1  # these lengths are worth grouping
-    assert prefill_groups([7, 7, 7, 7]) == [[0, 1, 2, 3]]  # equal lengths: one group
-    assert prefill_groups([]) == []
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(1, 400), min_size=1, max_size=40), st.floats(1.0, 3.0))
-def test_prefill_groups_property(lengths: list[int], slack: float) -> None:
-    from dplang.models.transformers import prefill_groups
-
-    groups = prefill_groups(lengths, slack=slack, max_positions=2048)
-    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
-    for g in groups:
-        width = lengths[g[0]]
-        assert all(lengths[i] <= width for i in g)
-        if len(g) > 1:
-            assert width * len(g) <= slack * sum(lengths[i] for i in g) + 1e-9
-            assert width * len(g) <= 2048
-
-
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_grouped_prefill_equals_padded(
-    arch: str, tiny_llama_dir: Path, tiny_gemma_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Pre-filling rows of similar length separately and merging their caches gives the
-    logits of the padded prompt step, through decoding and row dropping (the tiny Gemma has
-    a sliding window of 4, far shorter than the prompts)."""
-    folder = tiny_llama_dir if arch == "llama" else tiny_gemma_dir
-    grouped = TransformersModel(folder, threads=2)
-    padded = TransformersModel(folder, threads=2, grouped_prefill=False)
-    calls: list[int] = []
-    real = TransformersModel._grouped_prompt_step
-
-    def spy(self: TransformersModel, state: HFDecodeState):
-        out = real(self, state)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(TransformersModel, "_grouped_prompt_step", spy)
-    s1, s2 = grouped.encode_prompts(LONG_PROMPTS), padded.encode_prompts(LONG_PROMPTS)
-    a, b = grouped.next_logits(s1, None), padded.next_logits(s2, None)
-    assert calls == [True]  # the grouped path ran (and only for the grouped model)
-    tokens = _tokens(grouped, len(LONG_PROMPTS), 8, seed=7)
-    for step in range(8):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-        if step == 3:
-            keep = torch.tensor([0, 1, 4])
-            grouped.drop_rows(s1, keep)
-            padded.drop_rows(s2, keep)
-            tokens = tokens[:, keep]
-        a, b = grouped.next_logits(s1, tokens[step]), padded.next_logits(s2, tokens[step])
-    for row, prompt in enumerate(LONG_PROMPTS):  # and both equal the uncached forward
-        state = grouped.encode_prompts(LONG_PROMPTS)
-        logits = grouped.next_logits(state, None)
-        torch.testing.assert_close(logits[row], _reference(grouped, prompt, []), atol=ATOL,
-                                   rtol=1e-4)
-
-
-# ------------------------------------------------------------ ragged decode attention
-
-
-def _bucket_cost(padding: list[int], width: int, overhead: int, buckets) -> int:
-    return sum((end - first) * (width - padding[first]) + overhead for first, end, _ in buckets)
-
-
-@settings(max_examples=80, deadline=None)
-@given(st.lists(st.integers(0, 60), min_size=1, max_size=7), st.integers(0, 50))
-def test_plan_buckets_is_an_optimal_contiguous_split(padding: list[int], overhead: int) -> None:
-    from itertools import combinations, pairwise
-
-    from dplang.models._ragged import plan_buckets
-
-    padding = sorted(padding)
-    width = max(padding) + 5
-    buckets = plan_buckets(padding, width, overhead)
-    assert buckets[0][0] == 0 and buckets[-1][1] == len(padding)
-    assert all(a[1] == b[0] for a, b in pairwise(buckets))  # contiguous, in order
-    assert all(pad == padding[first] for first, _, pad in buckets)
-    rows = len(padding)
-    best = min(  # every split of the rows into consecutive runs
-        _bucket_cost(padding, width, overhead,
-                     [(a, b, 0) for a, b in zip((0, *cuts), (*cuts, rows), strict=True)])
-        for k in range(rows)
-        for cuts in combinations(range(1, rows), k)
-    )
-    assert _bucket_cost(padding, width, overhead, buckets) == best
-
-
-def test_plan_buckets_needs_sorted_rows() -> None:
-    from dplang.models._ragged import plan_buckets
-
-    with pytest.raises(ValueError):
-        plan_buckets([3, 1], 10)
-
-
-@pytest.mark.parametrize("grouped", [True, False])
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_ragged_attention_equals_plain_sdpa(
-    arch: str, grouped: bool, tiny_llama_dir: Path, tiny_gemma_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Attention per bucket of length-sorted rows gives the logits of plain SDPA over the whole
-    padded cache, through decoding and row dropping (the tiny Gemma's sliding window of 4 is
-    far shorter than the prompts, so its sliding layers keep fewer positions than the cache)."""
-    from dplang.models import _ragged
-
-    monkeypatch.setattr(_ragged, "BUCKET_OVERHEAD", 0)  # many buckets even for tiny prompts
-    folder = tiny_llama_dir if arch == "llama" else tiny_gemma_dir
-    ragged = TransformersModel(folder, threads=2, grouped_prefill=grouped)
-    plain = TransformersModel(folder, threads=2, grouped_prefill=grouped, ragged_attention=False)
-    assert ragged.config._attn_implementation == _ragged.RAGGED_SDPA
-    assert plain.config._attn_implementation == "sdpa"
-    rewrapped = TransformersModel(model=ragged.model, tokenizer=ragged.tokenizer, verify=False)
-    assert rewrapped._ragged  # a model switched by another instance stays usable
-    s1, s2 = ragged.encode_prompts(LONG_PROMPTS), plain.encode_prompts(LONG_PROMPTS)
-    assert s1.order is not None and s1.order.tolist() != list(range(len(LONG_PROMPTS)))
-    assert s2.order is None
-    a, b = ragged.next_logits(s1, None), plain.next_logits(s2, None)
-    tokens = _tokens(ragged, len(LONG_PROMPTS), 8, seed=11)
-    for step in range(8):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-        if step == 3:
-            assert s1.buckets is not None and len(s1.buckets) >= 3  # the bucketed path ran
-            keep = torch.tensor([0, 1, 4, 5])
-            ragged.drop_rows(s1, keep)
-            plain.drop_rows(s2, keep)
-            tokens = tokens[:, keep]
-        a, b = ragged.next_logits(s1, tokens[step]), plain.next_logits(s2, tokens[step])
-    assert s1.buckets is not None and s1.buckets[-1][1] == 4
-    for row, prompt in enumerate(LONG_PROMPTS[:2]):  # and the uncached forward
-        state = ragged.encode_prompts(LONG_PROMPTS)
-        generated = _tokens(ragged, len(LONG_PROMPTS), 2, seed=3)
-        ragged.next_logits(state, None)
-        ragged.next_logits(state, generated[0])
-        logits = ragged.next_logits(state, generated[1])
-        torch.testing.assert_close(
-            logits[row], _reference(ragged, prompt, generated[:, row].tolist()), atol=ATOL,
-            rtol=1e-4,
-        )
-
-
-# ------------------------------------------------------------------ dtype
 
 
 def test_bfloat16_body_float32_logits(tiny_gemma_dir: Path) -> None:
@@ -503,6 +401,11 @@ def test_bfloat16_body_float32_logits(tiny_gemma_dir: Path) -> None:
     cand = torch.topk(half.logits_from_hidden(hidden), 5).indices
     dense = half.logits_from_hidden(hidden)
     torch.testing.assert_close(half.logits_from_hidden(hidden, cand), dense.gather(1, cand))
+    # Row invariance holds for the bfloat16 body too.
+    prompts = [half._prompt_ids(p) for p in LONG_PROMPTS]
+    together = _decode_rows(half, prompts, [[7, 8, 9, 10]] * 3)
+    for r in range(len(prompts)):
+        _assert_bitwise(together[r], _decode_rows(half, [prompts[r]], [[7 + r]] * 3)[0])
 
 
 def test_dtype_resolution(monkeypatch: pytest.MonkeyPatch, tiny_llama_dir: Path) -> None:
@@ -520,3 +423,32 @@ def test_dtype_resolution(monkeypatch: pytest.MonkeyPatch, tiny_llama_dir: Path)
         backend.resolve_dtype(torch.float16)
     with pytest.raises(ValueError, match="dtype"):
         TransformersModel(tiny_llama_dir, dtype="int8")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "block"),
+                         [(4, 2, 8, 64), (4, 1, 256, 64), (8, 2, 16, 4), (2, 2, 32, 1)])
+def test_decode_attention_rows_are_independent(threads: int, heads: int, kv_heads: int,
+                                               dim: int, block: int) -> None:
+    """Each row of a batched decode-attention call gets the bits it gets alone, whatever the
+    pair count (one pair included: a strided operand once took another kernel path there)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(heads * dim + block)
+        pool_k = torch.randn(12, block, kv_heads, dim, generator=gen)
+        pool_v = torch.randn(12, block, kv_heads, dim, generator=gen)
+        rows = [_rowwise.RowCache(blocks=[0], length=1),
+                _rowwise.RowCache(blocks=[1, 2, 3], length=min(3 * block, 2 * block + 1)),
+                _rowwise.RowCache(blocks=[4, 5], length=block + 1)]
+        q = torch.randn(len(rows), heads, dim, generator=gen)
+        for window in (None, 2):
+            full = _rowwise._decode_attention(
+                q, pool_k, pool_v, _rowwise._pair_plan(rows, window, block), 0.3, None)
+            for r, row in enumerate(rows):
+                alone = _rowwise._decode_attention(
+                    q[r:r + 1], pool_k, pool_v, _rowwise._pair_plan([row], window, block),
+                    0.3, None)
+                assert _bitwise_equal(alone[0], full[r])
+    finally:
+        torch.set_num_threads(previous)

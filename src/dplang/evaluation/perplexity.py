@@ -105,7 +105,8 @@ class PerplexityScorer:
 
         if isinstance(model, tuple):
             hf_model, tokenizer = model
-            model = TransformersModel(model=hf_model, tokenizer=tokenizer, verify=False)
+            model = TransformersModel(model=hf_model, tokenizer=tokenizer, verify=False,
+                                     check_invariance=False)
         if not isinstance(model, TransformersModel):
             raise TypeError(
                 f"perplexity needs a Hugging Face causal LM, not {type(model).__name__}"
@@ -124,8 +125,6 @@ class PerplexityScorer:
         if bos is None:
             raise ValueError(f"{model.model_id}: the tokenizer has neither a BOS nor an EOS token")
         self.bos_id = int(bos)
-        self._body = model.model.get_decoder()
-        self._pad_id = int(self.tokenizer.pad_token_id or 0)
 
     @property
     def model_id(self) -> str:
@@ -141,19 +140,12 @@ class PerplexityScorer:
     @torch.inference_mode()
     def _batch_nll(self, batch: list[list[int]]) -> list[np.ndarray]:
         """Per-token NLLs (natural log) of every sequence in ``batch`` (all non-empty)."""
-        width = 1 + max(len(ids) for ids in batch)
-        rows = len(batch)
-        input_ids = torch.full((rows, width), self._pad_id, dtype=torch.int64)
-        mask = torch.zeros((rows, width), dtype=torch.int64)
-        for i, ids in enumerate(batch):  # right padding: positions of real tokens are 0..L
-            input_ids[i, : len(ids) + 1] = torch.tensor([self.bos_id, *ids], dtype=torch.int64)
-            mask[i, : len(ids) + 1] = 1
-        with self.model.fast_products():  # the backend's packed products; same numbers
-            hidden = self._body(input_ids=input_ids, attention_mask=mask).last_hidden_state
-        # Position t predicts token t+1; keep the positions whose target is a real token.
-        target_mask = mask[:, 1:].bool()
-        states = hidden[:, :-1][target_mask]  # [P, H], row-major over (row, position)
-        targets = input_ids[:, 1:][target_mask]  # [P]
+        sequences = [[self.bos_id, *ids] for ids in batch]
+        # The backend's unpadded forward: each text's hidden states are its own (row-invariant).
+        hidden = self.model.token_hidden_states(sequences)
+        # Position t predicts token t+1.
+        states = torch.cat([h[:-1] for h in hidden])  # [P, H], row-major over (row, position)
+        targets = torch.tensor([t for ids in batch for t in ids], dtype=torch.int64)  # [P]
         chunk = max(1, _HEAD_CHUNK_ELEMENTS // max(1, self.model.vocab_size))
         nll = torch.empty(targets.shape[0], dtype=torch.float64)
         for start in range(0, targets.shape[0], chunk):
@@ -172,8 +164,7 @@ class PerplexityScorer:
 
     def token_nlls(self, texts: Sequence[str]) -> tuple[list[np.ndarray], int]:
         """Per-token NLLs of every text (empty array for a text with no tokens) and the number
-        of truncated texts. Texts are batched in order of length (less padding); the result is
-        in input order."""
+        of truncated texts. Texts are batched in order of length; the result is in input order."""
         encoded, truncated = self._encode(texts)
         result: list[np.ndarray] = [np.zeros(0) for _ in encoded]
         order = sorted((i for i, ids in enumerate(encoded) if ids),

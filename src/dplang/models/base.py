@@ -13,11 +13,12 @@ candidate set from them, and then ask for the private rows' logits only on those
 
 ``next_logits`` is the convenience composition of the two (DESIGN.md's signature).
 
-Privacy contract: a backend is a deterministic function of its inputs (prompts, tokens). It
-never sees which rows are private; the caller decides which rows get which candidates. The same
-prompt text must always produce bit-identical logits whatever other rows share the batch, up to
-floating-point reduction order (the engine never relies on cross-batch bit equality for privacy:
-the public logits used for a group are the ones computed in that group's own row).
+Privacy contract (DESIGN.md invariant 7, *row invariance*): each row's hidden state and logits
+are a deterministic function of that row's own prompt and tokens (and, for candidate logits, its
+own candidate ids), bit for bit, whatever other rows share the batch, how many there are and how
+long they are, through row dropping. Parallel composition across generation groups and a Top-k+
+set that depends on public data only both rest on it. A backend never sees which rows are
+private; the caller decides which rows get which candidates.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class LogitsModel(Protocol):
         ...
 
     def encode_prompts(self, prompts: Sequence[str]) -> DecodeState:
-        """Tokenize and left-pad rendered prompts; nothing is run yet."""
+        """Tokenize rendered prompts; nothing is run yet."""
         ...
 
     def next_hidden(self, state: DecodeState, tokens: torch.Tensor | None) -> torch.Tensor:

@@ -1,119 +1,63 @@
 """Any local Hugging Face causal language model behind the :class:`LogitsModel` protocol.
 
-The model is loaded in float32 on the CPU from a folder (``config.json`` + safetensors +
-tokenizer) or from a GGUF file (dequantised by ``transformers``). A decode step is split as the
-protocol asks: :meth:`TransformersModel.next_hidden` runs only the transformer body (embeddings,
-decoder layers, final norm) with a KV cache, and :meth:`TransformersModel.logits_from_hidden`
-applies the LM head, either over the full vocabulary or only over per-row candidate ids (the
-*sparse LM head*: gather the candidate rows of the head weight and take batched dot products).
+The model is loaded on the CPU from a folder (``config.json`` + safetensors + tokenizer) or from a
+GGUF file (dequantised by ``transformers``). A decode step is split as the protocol asks:
+:meth:`TransformersModel.next_hidden` runs only the transformer body (embeddings, decoder layers,
+final norm) and :meth:`TransformersModel.logits_from_hidden` applies the LM head, over the full
+vocabulary or only over per-row candidate ids (the *sparse LM head*).
 
-CPU performance notes (measured on a 2-core AMD EPYC with MKL, Gemma 3 270M):
-
-* The full LM head (262,144 x 640) is the largest matrix product of a step. Written as
-  ``hidden @ W.T`` MKL runs it as one skinny GEMM/GEMV that used a single core (~54 ms for one
-  row); as a batched product over vocabulary blocks, ``bmm(W.view(B, V/B, H), hidden.T)``, the
-  blocks are spread over the cores and the same product takes ~19 ms. It is never worse at
-  larger row counts, so :func:`_head_matmul` always uses it.
-* The same holds for the linear layers of the body when a decode step has only a few rows
-  (at most 4 tokens in all): :func:`_body_linear_forward` then splits the output features
-  into one block per thread, which nearly halves the body's time at one row (~41 -> ~23 ms).
-  From about 6 rows on MKL's own GEMM is faster and is used.
-* Faster from 3 rows on, where PyTorch has oneDNN (``torch.backends.mkldnn``): every linear
-  layer of the body and the full LM head use weights *pre-packed* once at load into oneDNN's
-  blocked layout (:func:`pack_linear_weight`), so no product re-lays out its weight at every
-  call. Measured here (float32): the 8-row full head 53 -> 24 ms, the body's linear layers at
-  8 rows 41 -> 22 ms and at 64 rows -28%, the prompt step -20-30%. At 1-2 rows the blocked
-  products above stay faster and are used. The packed copies cost memory (about the size of
-  the head plus the body's linear weights: ~1.1 GB for Gemma 3 270M in float32);
-  ``packed_weights=False`` or ``DPLANG_PACKED_WEIGHTS=0`` keeps the plain path.
-* The stock ``DynamicCache`` re-concatenates the whole KV cache at every step (a quarter of the
-  step at 32 rows); see :mod:`dplang.models._kvcache` for the in-place replacement.
-
-* The prompt step pre-fills rows of similar length together (:func:`prefill_groups`) and merges
-  their caches into one left-padded cache, instead of running every row padded to the longest
-  prompt: with Yelp reviews of 20-300 tokens, 55% of a padded prefill was padding.
-* Decode steps skip most of that padding in attention too: the model keeps its rows sorted by
-  decreasing prompt length (``HFDecodeState.order``; callers see their own order) and runs
-  attention per bucket of similar rows over the cache suffix the bucket needs
-  (:mod:`dplang.models._ragged`): about -10% for a 64-row DP step on Yelp prompts.
-
-These change only how the work is split, not what is computed: results agree with the plain
-path to float32 rounding (the tests compare against the model's own uncached forward).
+**Row invariance (privacy-critical).** Every row's hidden state and logits are a deterministic
+function of that row's own tokens, bit for bit, whatever other rows share the batch: the body runs
+on the rows' tokens concatenated without padding, with row-count-independent matrix products and
+per-row attention over a paged key/value cache (:mod:`dplang.models._rowwise`,
+:mod:`dplang.models._kernels`). :meth:`TransformersModel.check_row_invariance` verifies it at load
+and the model refuses to run a configuration (model, dtype, thread count) where it fails.
 
 **Compute dtype.** ``dtype="bfloat16"`` runs the transformer body (weights, activations, KV
-cache) in bfloat16, the dtype Gemma 3 was trained in; the LM head always stays float32 on the
-float32 final hidden state, so logits are float32 either way. On CPUs with native bfloat16
-matrix units (AVX512-BF16 or AMX) the body's matrix products are about 3x faster (measured
-here: 133 -> 416 GFLOP/s); elsewhere bfloat16 is emulated and slower, so ``dtype="auto"`` picks
-bfloat16 only where :func:`native_bfloat16` says the CPU has it. The dtype changes the model's
-numbers slightly, never the privacy guarantee (which holds for any deterministic logits: the
-clipping bounds what each reference can change).
+cache) in bfloat16; the LM head always stays float32 on the float32 final hidden state, so logits
+are float32 either way. ``dtype="auto"`` picks bfloat16 only where :func:`native_bfloat16` says
+the CPU multiplies it natively (elsewhere it is emulated and slower). The dtype changes the
+model's numbers slightly, never the privacy guarantee (which holds for any deterministic,
+row-invariant logits: the clipping bounds what each reference can change).
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import functools
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dplang.models import _ragged
-from dplang.models._ragged import ACTIVE_PLAN, RAGGED_SDPA, BucketPlan, plan_buckets
-from dplang.models._ragged import register as register_ragged_attention
+from dplang.models import _rowwise
+from dplang.models._kernels import install_linear_products, linear_product, pack_linear_weight
+from dplang.models._rowwise import PagedKVCache, PromptSegment, RowCache, StepLayout
 from dplang.models.base import DecodeState
 
 __all__ = [
     "DTYPES",
-    "HFDecodeState",
+    "RowDecodeState",
+    "RowInvarianceError",
     "TransformersModel",
     "available_cores",
     "native_bfloat16",
-    "pack_linear_weight",
-    "packed_weights_default",
-    "prefill_groups",
     "resolve_dtype",
 ]
 
 #: Accepted ``dtype`` names of :class:`TransformersModel`.
 DTYPES = ("auto", "float32", "bfloat16")
 
-#: Prompt-step row groups: a row joins a group while the group's padded size stays within
-#: this factor of its real tokens (see :func:`prefill_groups`).
-_PREFILL_SLACK = 1.25
-#: ... and while the group holds at most this many (padded) token positions.
-_PREFILL_MAX_POSITIONS = 8192
-
-#: Number of vocabulary blocks of the batched LM-head product (see the module docstring).
-_HEAD_BLOCKS = 64
-#: Smallest vocabulary block worth a separate batch entry.
-_MIN_BLOCK_ROWS = 1024
+#: Most tokens run through the body in one call on a prompt step (rows are split into calls of
+#: at most this many tokens; a longer prompt runs alone). Bounds the activations' memory.
+MAX_STEP_TOKENS = 4096
 
 
-#: Block count for the body's linear layers in the current decode step (0: plain F.linear).
-_LINEAR_BLOCKS: contextvars.ContextVar[int] = contextvars.ContextVar(
-    "dplang_linear_blocks", default=0
-)
-#: Whether the body's linear layers use their pre-packed weights in the current call.
-_PACKED_LINEARS: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "dplang_packed_linears", default=False
-)
-#: Above this many tokens in one call the plain GEMM is faster (measured: the blocked form wins
-#: clearly up to 4 tokens, e.g. 41 -> 23 ms for the body at one row, and loses from 6 on).
-_MAX_BLOCKED_TOKENS = 4
-#: Packed weights are used from this many tokens (rows) per product on; below it the blocked
-#: products are faster (measured, float32: full head at 1 / 2 / 3 / 8 rows 18 / 19 / 25 / 53 ms
-#: blocked against 25 / 27 / 21 / 24 ms packed; the body's linear layers alike).
-_MIN_PACKED_ROWS = 3
-#: Row count oneDNN is told to expect when it packs a weight (a layout hint only: the packed
-#: weight gives the same products for any number of rows).
-_PACK_HINT_ROWS = 64
+class RowInvarianceError(RuntimeError):
+    """This model configuration does not give bit-identical per-row results on this machine."""
 
 
 def available_cores() -> int:
@@ -157,199 +101,41 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
 
 
-def _prompt_positions(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids of left-padded prompts: 0, 1, ... over each row's real tokens."""
-    return (mask.cumsum(dim=1) - 1).clamp_(min=0)
-
-
-def prefill_groups(
-    lengths: Sequence[int],
-    *,
-    slack: float = _PREFILL_SLACK,
-    max_positions: int = _PREFILL_MAX_POSITIONS,
-) -> list[list[int]]:
-    """Row groups for the prompt step: rows sorted by decreasing length, and a row joins the
-    current group while ``width * rows <= slack * real_tokens`` and ``width * rows <=
-    max_positions`` (``width`` = the group's longest row). Every row is in exactly one group;
-    the grouping depends only on the lengths."""
-    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
-    groups: list[list[int]] = []
-    current: list[int] = []
-    real = 0
-    for i in order:
-        length = int(lengths[i])
-        if current:
-            padded = int(lengths[current[0]]) * (len(current) + 1)
-            if padded <= slack * (real + length) and padded <= max_positions:
-                current.append(i)
-                real += length
-                continue
-            groups.append(current)
-        current, real = [i], length
-    if current:
-        groups.append(current)
-    return groups
-
-
 @dataclass
-class HFDecodeState:
-    """Decoding state of :class:`TransformersModel` for a batch of rows.
+class RowDecodeState:
+    """Decoding state of :class:`TransformersModel`: one entry per row still decoded.
 
     Attributes:
-        input_ids: left-padded prompt ids ``[rows, L]`` (consumed by the first step).
-        attention_mask: ``[rows, L + steps]`` (1 for real tokens, 0 for left padding).
-        next_positions: position id of the next token of every row, ``[rows]``.
-        prompt_lengths: number of real prompt tokens of every row, ``[rows]``.
-        cache: the ``transformers`` KV cache; ``None`` until the first :meth:`next_hidden`.
+        prompts: each row's prompt token ids (run by the first :meth:`next_hidden` call).
+        caches: each row's blocks in the paged key/value cache and its cached length.
+        cache: the paged cache (``None`` until the first call).
         steps: number of :meth:`next_hidden` calls so far.
-        order: the row order inside the model (the cache and the body's batches): position
-            ``i`` holds the caller's row ``order[i]``; rows sorted by decreasing prompt length
-            with ragged attention (see :mod:`dplang.models._ragged`), else ``None`` (the
-            caller's order). Every other field is in the caller's order.
-        buckets: the ragged-attention bucket plan of the current rows (computed at the first
-            decode step, dropped with rows).
     """
 
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    next_positions: torch.Tensor
-    prompt_lengths: torch.Tensor
-    cache: Any = None
+    prompts: list[list[int]]
+    caches: list[RowCache] = field(default_factory=list)
+    cache: PagedKVCache | None = None
     steps: int = 0
-    order: torch.Tensor | None = None
-    buckets: tuple[tuple[int, int, int], ...] | None = None
-
-    def to_inner(self, rows: torch.Tensor) -> torch.Tensor:
-        """Per-row values in the caller's order, rearranged to the model's internal order."""
-        return rows if self.order is None else rows.index_select(0, self.order)
-
-    def inner_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """The positions, in the model's internal order, of the caller's rows ``rows``."""
-        return rows if self.order is None else torch.argsort(self.order).index_select(0, rows)
-
-    def to_caller(self, rows: torch.Tensor) -> torch.Tensor:
-        """Per-row values in the model's internal order, rearranged to the caller's order."""
-        if self.order is None:
-            return rows
-        out = torch.empty_like(rows)
-        out[self.order] = rows
-        return out
 
     @property
     def rows(self) -> int:
         """Number of rows still decoded."""
-        return int(self.attention_mask.shape[0])
+        return len(self.prompts)
 
     @property
     def started(self) -> bool:
         """Whether the prompts have been run through the model."""
         return self.steps > 0
 
-
-@functools.cache
-def _packing_works(dtype: torch.dtype) -> bool:
-    """Whether oneDNN weight packing is available for ``dtype`` here and reproduces
-    ``F.linear`` on a small probe (checked once per dtype and process)."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        gen = torch.Generator().manual_seed(0)
-        weight = torch.randn(48, 32, generator=gen).to(dtype)
-        x = torch.randn(3, 32, generator=gen).to(dtype)
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_HINT_ROWS)
-        got = _packed_linear(x, packed, None).float()
-    except (RuntimeError, AttributeError, NotImplementedError):
-        return False
-    want = torch.nn.functional.linear(x, weight).float()
-    tol = 1e-4 if dtype == torch.float32 else 5e-2
-    return got.shape == want.shape and bool(torch.allclose(got, want, rtol=tol, atol=tol))
-
-
-def packed_weights_default() -> bool:
-    """Whether models pre-pack their weights unless told otherwise: yes, unless the environment
-    variable ``DPLANG_PACKED_WEIGHTS`` is ``0`` (or ``false``/``no``/``off``)."""
-    value = os.environ.get("DPLANG_PACKED_WEIGHTS", "1").strip().lower()
-    return value not in ("0", "false", "no", "off")
-
-
-def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
-    """``weight`` (``[out, in]``) pre-packed in oneDNN's blocked layout for
-    :func:`_packed_linear`, or ``None`` where packing is unavailable for its dtype.
-
-    Only the memory layout changes: products with the packed weight equal ``F.linear`` up to
-    floating-point summation order."""
-    if weight.ndim != 2 or not _packing_works(weight.dtype):
-        return None
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), _PACK_HINT_ROWS)
-
-
-def _packed_linear(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` with the weight packed by :func:`pack_linear_weight`."""
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
-
-
-def _head_matmul(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``hidden @ weight.T`` (``[rows, V]``) as a batched product over vocabulary blocks.
-
-    Mathematically the plain product; only the work split differs (see the module docstring).
-    """
-    vocab, width = weight.shape
-    rows = hidden.shape[0]
-    blocks = min(_HEAD_BLOCKS, vocab // _MIN_BLOCK_ROWS)
-    if blocks < 2 or not weight.is_contiguous():
-        return hidden @ weight.T
-    main = vocab - vocab % blocks
-    chunked = weight[:main].view(blocks, main // blocks, width)
-    out = torch.bmm(chunked, hidden.T.unsqueeze(0).expand(blocks, width, rows))
-    out = out.permute(2, 0, 1).reshape(rows, main)
-    if main < vocab:
-        out = torch.cat([out, hidden @ weight[main:].T], dim=1)
-    return out
-
-
-def _body_linear_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)``; inside :meth:`TransformersModel.next_hidden`, with the module's pre-packed
-    weight (``_PACKED_LINEARS``) or, for a decode step of a few rows, as a batched product over
-    output-feature blocks (``_LINEAR_BLOCKS``).
-
-    Installed as the instance ``forward`` of the body's ``nn.Linear`` layers by
-    :meth:`TransformersModel._install_body_linears`; outside ``next_hidden`` (both context
-    variables unset) it is exactly ``nn.Linear.forward``.
-    """
-    weight = module.weight
-    blocks = _LINEAR_BLOCKS.get()
-    out_features, in_features = weight.shape
-    tokens = x.numel() // in_features if in_features else 0
-    packed = getattr(module, "_dplang_packed", None)
-    if (
-        packed is not None
-        and _PACKED_LINEARS.get()
-        and tokens >= _MIN_PACKED_ROWS
-        and x.dtype == weight.dtype
-    ):
-        return _packed_linear(x, packed, module.bias)
-    if (
-        blocks < 2
-        or tokens == 0
-        or tokens > _MAX_BLOCKED_TOKENS
-        or out_features % blocks
-        or not weight.is_contiguous()
-        or x.dtype != weight.dtype
-    ):
-        return torch.nn.functional.linear(x, weight, module.bias)
-    flat = x.reshape(tokens, in_features)
-    chunked = weight.view(blocks, out_features // blocks, in_features)
-    out = torch.bmm(chunked, flat.T.unsqueeze(0).expand(blocks, in_features, tokens))
-    out = out.permute(2, 0, 1).reshape(*x.shape[:-1], out_features)
-    if module.bias is not None:
-        out = out + module.bias
-    return out
+    @property
+    def prompt_lengths(self) -> list[int]:
+        """Number of prompt tokens of every row."""
+        return [len(p) for p in self.prompts]
 
 
 class TransformersModel:
-    """A Hugging Face causal LM (local folder or GGUF file) as a :class:`LogitsModel`.
+    """A Hugging Face causal LM (local folder or GGUF file) as a row-invariant
+    :class:`LogitsModel`.
 
     Args:
         path: a model folder, or a ``.gguf`` file (dequantised to float32 at load). May be
@@ -363,26 +149,14 @@ class TransformersModel:
             :meth:`weights_digest`).
         threads: ``torch.set_num_threads`` value (default: the number of available cores).
             Note that this setting is process-wide.
-        buffered_cache: append to the KV cache in place instead of re-concatenating
-            (see :mod:`dplang.models._kvcache`); ``False`` uses ``transformers``' stock cache.
-        blocked_linear: during decode steps run the body's linear layers as batched products
-            over one output block per thread (see the module docstring); ``False`` keeps
-            ``F.linear``. The model's own ``forward`` is never affected.
         verify: check once, on a short prompt, that body + :meth:`logits_from_hidden`
             reproduces the model's own forward logits (guards against architectures whose
             LM-head post-processing this backend does not know).
+        check_invariance: run :meth:`check_row_invariance` at load and raise
+            :class:`RowInvarianceError` if this configuration is not row-invariant here.
         dtype: compute dtype of the body, ``"float32"`` (default), ``"bfloat16"`` or
             ``"auto"`` (see the module docstring); logits are float32 in every case.
-        grouped_prefill: pre-fill rows of similar length together and merge their caches
-            (see :func:`prefill_groups`); ``False`` pads every prompt to the longest.
-        packed_weights: pre-pack the body's linear weights and the LM head for oneDNN where
-            PyTorch has it (see the module docstring; costs a copy of those weights in
-            memory); ``False`` keeps the plain products. ``None`` (the default): on, unless
-            the environment variable ``DPLANG_PACKED_WEIGHTS`` is ``0`` (for machines short
-            of memory; it reaches every command that loads a model).
-        ragged_attention: run decode-step attention per bucket of rows of similar length, so
-            that it skips most of the left padding (see :mod:`dplang.models._ragged`; only for
-            models using ``transformers``' SDPA attention); ``False`` keeps plain SDPA.
+        block_size: positions per block of the paged key/value cache.
     """
 
     def __init__(
@@ -395,19 +169,17 @@ class TransformersModel:
         model_id: str | None = None,
         weights_digest: str | None = None,
         threads: int | None = None,
-        buffered_cache: bool = True,
-        blocked_linear: bool = True,
         verify: bool = True,
+        check_invariance: bool = True,
         dtype: str | torch.dtype = "float32",
-        grouped_prefill: bool = True,
-        packed_weights: bool | None = None,
-        ragged_attention: bool = True,
+        block_size: int = _rowwise.BLOCK_SIZE,
     ) -> None:
         self.dtype = resolve_dtype(dtype)
         self.threads = threads if threads is not None else available_cores()
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         torch.set_num_threads(self.threads)
+        self.block_size = int(block_size)
 
         self._path: Path | None = None
         self._gguf_name: str | None = None
@@ -442,29 +214,20 @@ class TransformersModel:
             self._head_bias = bias.detach().clone() if copy else bias.detach()
         if copy:
             self.model.to(self.dtype)
-        self._grouped_prefill = grouped_prefill
         self.vocab_size: int = int(self._head_weight.shape[0])
         self.hidden_size: int = int(self._head_weight.shape[1])
         self._softcap, self._logit_multiplier = self._logit_postprocessing(self.config)
-        self._buffered_cache = buffered_cache
-        self._linear_blocks = self.threads if blocked_linear and self.threads > 1 else 0
-        self._packed_head: torch.Tensor | None = None
-        self._packed_linears = False
-        if packed_weights is None:
-            packed_weights = packed_weights_default()
-        if packed_weights:
-            self._packed_head = pack_linear_weight(self._head_weight)
-            self._packed_linears = self._pack_body_linears(self._body)
-        if self._linear_blocks or self._packed_linears:
-            self._install_body_linears(self._body)
-        self._ragged = ragged_attention and self._use_ragged_attention(self.model)
+        self._packed_head = pack_linear_weight(self._head_weight)
+        self._packed_body = install_linear_products(self._body)
+        _rowwise.replace_activations(self._body)
+        self._attn_configs = self._attention_configs(self.model)
+        self._num_layers = int(getattr(self._text_config(), "num_hidden_layers", 0))
 
         if self.tokenizer.pad_token_id is None:
             if self.tokenizer.eos_token is not None:
                 self.tokenizer.pad_token = self.tokenizer.eos_token
             else:
                 self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(0)
-        self._pad_id = int(self.tokenizer.pad_token_id)
         self.eos_token_ids: frozenset[int] = self._find_eos_ids()
 
         if model_id is not None:
@@ -477,6 +240,8 @@ class TransformersModel:
         self._digest = weights_digest
         if verify:
             self._verify_head()
+        if check_invariance:
+            self.check_row_invariance()
 
     # ------------------------------------------------------------------ loading
 
@@ -529,41 +294,6 @@ class TransformersModel:
         return body
 
     @staticmethod
-    def _use_ragged_attention(model: Any) -> bool:
-        """Switch a model that uses SDPA attention to :data:`RAGGED_SDPA` (the same attention
-        outside decode steps; a model already switched by another instance stays so);
-        ``False`` if it uses another attention implementation."""
-        configs = {id(c): c for c in (model.config, getattr(model.config, "text_config", None))
-                   if c is not None}
-        if any(getattr(c, "_attn_implementation", None) not in ("sdpa", RAGGED_SDPA)
-               for c in configs.values()):
-            return False
-        if not register_ragged_attention():
-            return False
-        for config in configs.values():
-            config._attn_implementation = RAGGED_SDPA
-        return True
-
-    @staticmethod
-    def _pack_body_linears(body: Any) -> bool:
-        """Attach a packed copy of its weight to every ``nn.Linear`` of the body; ``False``
-        (nothing attached) where packing is unavailable."""
-        linears = [m for m in body.modules() if type(m) is torch.nn.Linear]
-        packed = [pack_linear_weight(m.weight) for m in linears]
-        if not linears or any(p is None for p in packed):
-            return False
-        for module, weight in zip(linears, packed, strict=True):
-            module._dplang_packed = weight
-        return True
-
-    @staticmethod
-    def _install_body_linears(body: Any) -> None:
-        """Route the body's ``nn.Linear`` layers through :func:`_body_linear_forward`."""
-        for module in body.modules():
-            if type(module) is torch.nn.Linear and "forward" not in vars(module):
-                module.forward = functools.partial(_body_linear_forward, module)
-
-    @staticmethod
     def _logit_postprocessing(config: Any) -> tuple[float | None, float]:
         """(soft-cap, multiplier) the architecture applies to the LM-head output."""
         softcap = getattr(config, "final_logit_softcapping", None)
@@ -591,27 +321,6 @@ class TransformersModel:
             if token in vocab:
                 ids.add(int(vocab[token]))
         return frozenset(i for i in ids if 0 <= i < self.vocab_size)
-
-    @torch.inference_mode()
-    def _verify_head(self) -> None:
-        """Check body + our head against the model's own forward on a short prompt."""
-        state = self.encode_prompts(["Hello world. This is a test"])
-        ours = self.logits_from_hidden(self.next_hidden(state, None))
-        out = self.model(input_ids=state.input_ids, attention_mask=state.attention_mask)
-        theirs = out.logits[:, -1].float()
-        rtol = atol = 1e-3
-        if self.dtype != torch.float32:
-            # The model's own head runs in bfloat16 (8-bit mantissa) while ours is float32; a
-            # missing soft-cap or scale still shows as an error of whole logits.
-            rtol = 3e-2
-            atol = rtol * max(float(theirs.abs().max()), 1.0)
-        if not torch.allclose(ours, theirs, rtol=rtol, atol=atol):
-            err = (ours - theirs).abs().max().item()
-            raise NotImplementedError(
-                f"{type(self.model).__name__}: body + LM head does not reproduce the model's "
-                f"logits (max abs error {err:.3g}); its architecture post-processes logits in a "
-                "way dplang does not know"
-            )
 
     # ---------------------------------------------------------------- identity
 
@@ -707,128 +416,44 @@ class TransformersModel:
 
     # ---------------------------------------------------------------- decoding
 
-    def encode_prompts(self, prompts: Sequence[str]) -> HFDecodeState:
-        """Tokenize and left-pad rendered prompts; nothing is run yet."""
+    def _text_config(self) -> Any:
+        return getattr(self.config, "text_config", None) or self.config
+
+    @staticmethod
+    def _attention_configs(model: Any) -> list[Any]:
+        """The config objects whose attention implementation a row-invariant forward switches
+        to :data:`dplang.models._rowwise.ROWWISE`."""
+        if not _rowwise.register():  # pragma: no cover - older transformers
+            raise NotImplementedError("this transformers version has no attention registry")
+        configs = {id(c): c for c in (model.config, getattr(model.config, "text_config", None))
+                   if c is not None}
+        return list(configs.values())
+
+    def encode_prompts(self, prompts: Sequence[str]) -> RowDecodeState:
+        """Tokenize rendered prompts; nothing is run yet."""
         if isinstance(prompts, str):
             raise TypeError("encode_prompts takes a sequence of prompts, not one string")
         encoded = [self._prompt_ids(p) for p in prompts]
         for i, ids in enumerate(encoded):
             if not ids:
                 raise ValueError(f"prompt {i} encodes to no tokens")
-        width = max((len(ids) for ids in encoded), default=0)
-        rows = len(encoded)
-        input_ids = torch.full((rows, width), self._pad_id, dtype=torch.int64)
-        mask = torch.zeros((rows, width), dtype=torch.int64)
-        for i, ids in enumerate(encoded):
-            if ids:
-                input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.int64)
-                mask[i, width - len(ids) :] = 1
-        lengths = mask.sum(dim=1)
-        order = None
-        if self._ragged and rows > 1:  # longest prompt first: padding grows along the rows
-            order = torch.tensor(sorted(range(rows), key=lambda i: (-len(encoded[i]), i)))
-        return HFDecodeState(
-            input_ids=input_ids,
-            attention_mask=mask,
-            next_positions=lengths.clone(),
-            prompt_lengths=lengths,
-            order=order,
-        )
+        return RowDecodeState(prompts=encoded)
 
-    def _call_body(
-        self,
-        input_ids: torch.Tensor,
-        mask: torch.Tensor,
-        positions: torch.Tensor,
-        cache: Any,
-        plan: BucketPlan | None = None,
-    ) -> Any:
-        with self.fast_products(plan):
-            return self._body(
-                input_ids=input_ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-            )
+    def next_hidden(self, state: DecodeState, tokens: torch.Tensor | None) -> torch.Tensor:
+        """Append ``tokens`` (one per row; ``None`` on the first call, which runs the prompts)
+        and return the final-norm hidden state of every row, ``[rows, H]`` float32.
 
-    @contextlib.contextmanager
-    def fast_products(self, plan: BucketPlan | None = None) -> Iterator[None]:
-        """Within this context the body's linear layers use this backend's faster products
-        (packed weights, blocked products; see the module docstring) and decode attention
-        follows ``plan``; outside it the body computes exactly as ``transformers`` does. Used
-        by :meth:`next_hidden`, and by callers that run the body themselves (perplexity)."""
-        blocks = _LINEAR_BLOCKS.set(self._linear_blocks)
-        packed = _PACKED_LINEARS.set(self._packed_linears)
-        ragged = ACTIVE_PLAN.set(plan)
-        try:
-            yield
-        finally:
-            ACTIVE_PLAN.reset(ragged)
-            _PACKED_LINEARS.reset(packed)
-            _LINEAR_BLOCKS.reset(blocks)
-
-    def _grouped_prompt_step(self, state: HFDecodeState) -> torch.Tensor | None:
-        """Prompt step by groups of rows of similar length (:func:`prefill_groups`), merged into
-        one left-padded cache equal to what the padded prompt step leaves (the keys/values of
-        padding positions are zeros instead of those of pad tokens; both are masked out).
-        ``None`` when grouping would not save work or the cache layers are not plain."""
-        from dplang.models._kvcache import make_cache, plain_layers
-
-        lengths = state.prompt_lengths.tolist()
-        groups = prefill_groups(lengths)
-        if len(groups) < 2:
-            return None
-        width = int(state.input_ids.shape[1])
-        hidden: torch.Tensor | None = None
-        caches: list[tuple[torch.Tensor, Any]] = []
-        for rows in groups:
-            index = torch.tensor(rows, dtype=torch.int64)
-            group_width = int(lengths[rows[0]])
-            ids = state.input_ids.index_select(0, index)[:, width - group_width :]
-            mask = state.attention_mask.index_select(0, index)[:, width - group_width :]
-            positions = _prompt_positions(mask)
-            cache = make_cache(self.config, buffered=self._buffered_cache)
-            out = self._call_body(ids, mask, positions, cache)
-            if not plain_layers(out.past_key_values):
-                return None
-            last = out.last_hidden_state[:, -1, :]
-            if hidden is None:
-                hidden = last.new_empty((state.rows, last.shape[-1]))
-            hidden[index] = last
-            caches.append((state.inner_rows(index), out.past_key_values))  # model's order
-        merged = make_cache(self.config, buffered=self._buffered_cache)
-        for layer in range(len(caches[0][1].layers)):
-            sample = caches[0][1].layers[layer].keys
-            keys = sample.new_zeros((state.rows, sample.shape[1], width, sample.shape[-1]))
-            values = keys.clone()
-            for inner, cache in caches:
-                kept_k = cache.layers[layer].keys
-                kept_v = cache.layers[layer].values
-                kept = kept_k.shape[-2]
-                keys[inner, :, width - kept :] = kept_k
-                values[inner, :, width - kept :] = kept_v
-            merged.update(keys, values, layer)
-        state.cache = merged
-        assert hidden is not None
-        return hidden
-
-    @torch.inference_mode()
-    def _run_body(self, state: HFDecodeState, tokens: torch.Tensor | None) -> torch.Tensor:
+        Privacy contract: row ``i`` of the result depends only on row ``i``'s prompt and
+        tokens (bit for bit; see the module docstring)."""
+        if state.rows == 0:
+            state.steps += 1
+            return torch.zeros((0, self.hidden_size), dtype=torch.float32)
         if not state.started:
             if tokens is not None:
                 raise ValueError("the first next_hidden call takes tokens=None (prompt step)")
-            from dplang.models._kvcache import make_cache
-
-            if self._grouped_prefill and state.rows > 1:
-                grouped = self._grouped_prompt_step(state)
-                if grouped is not None:
-                    return grouped.float()
-            state.cache = make_cache(self.config, buffered=self._buffered_cache)
-            mask = state.to_inner(state.attention_mask)
-            positions = _prompt_positions(mask)
-            input_ids = state.to_inner(state.input_ids)
-            plan = None
+            state.cache = PagedKVCache(self._num_layers, self.block_size)
+            state.caches = [RowCache() for _ in range(state.rows)]
+            hidden = self._prompt_step(state)
         else:
             if tokens is None:
                 raise ValueError("next_hidden needs one token per row after the first step")
@@ -837,59 +462,136 @@ class TransformersModel:
                 raise ValueError(f"expected {state.rows} tokens, got {tokens.shape[0]}")
             if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
                 raise ValueError("token id out of range")
-            ones = torch.ones((state.rows, 1), dtype=state.attention_mask.dtype)
-            state.attention_mask = torch.cat([state.attention_mask, ones], dim=1)
-            mask = state.to_inner(state.attention_mask)
-            positions = state.to_inner(state.next_positions).unsqueeze(1)
-            input_ids = state.to_inner(tokens).unsqueeze(1)
-            plan = self._bucket_plan(state, mask)
-        out = self._call_body(input_ids, mask, positions, state.cache, plan)
-        state.cache = out.past_key_values if out.past_key_values is not None else state.cache
-        if tokens is not None:
-            state.next_positions = state.next_positions + 1
-        return state.to_caller(out.last_hidden_state[:, -1, :].float())
-
-    @staticmethod
-    def _bucket_plan(state: HFDecodeState, inner_mask: torch.Tensor) -> BucketPlan | None:
-        """The ragged-attention plan of a decode step (rows in the model's order), or ``None``
-        where rows are not sorted by length (ragged attention off)."""
-        if state.order is None:
-            return None
-        width = int(inner_mask.shape[1])
-        if state.buckets is None:
-            padding = (width - inner_mask.sum(dim=1)).tolist()
-            state.buckets = plan_buckets(padding, width, _ragged.BUCKET_OVERHEAD)
-        return BucketPlan(state.buckets, width)
-
-    def next_hidden(self, state: DecodeState, tokens: torch.Tensor | None) -> torch.Tensor:
-        """Append ``tokens`` (one per row; ``None`` on the first call, which runs the prompts)
-        and return the final-norm hidden state of every row, ``[rows, H]`` float32."""
-        if state.rows == 0:
-            state.steps += 1
-            return torch.zeros((0, self.hidden_size), dtype=torch.float32)
-        hidden = self._run_body(state, tokens)
+            segments = [(row, [tok]) for row, tok in enumerate(tokens.tolist())]
+            hidden = self._run_segments(state, segments)
         state.steps += 1
+        return hidden
+
+    def _prompt_step(self, state: RowDecodeState) -> torch.Tensor:
+        """Run every row's prompt, in calls of at most :data:`MAX_STEP_TOKENS` tokens."""
+        hidden = torch.empty((state.rows, self.hidden_size), dtype=torch.float32)
+        chunk: list[tuple[int, list[int]]] = []
+        size = 0
+        for row, ids in enumerate(state.prompts):
+            if chunk and size + len(ids) > MAX_STEP_TOKENS:
+                hidden[[r for r, _ in chunk]] = self._run_segments(state, chunk)
+                chunk, size = [], 0
+            chunk.append((row, ids))
+            size += len(ids)
+        if chunk:
+            hidden[[r for r, _ in chunk]] = self._run_segments(state, chunk)
+        return hidden
+
+    def _run_segments(
+        self, state: RowDecodeState, segments: Sequence[tuple[int, Sequence[int]]],
+        all_positions: bool = False,
+    ) -> torch.Tensor:
+        """Append each segment's tokens to its row and run them through the body in one call.
+
+        Returns the last hidden state of each segment (``[segments, H]``), or with
+        ``all_positions`` the hidden state of every token of the call (``[T, H]``)."""
+        cache = state.cache
+        assert cache is not None
+        block = cache.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        prompts: list[PromptSegment] = []
+        single_index: list[int] = []
+        single_rows: list[RowCache] = []
+        last: list[int] = []
+        for row, new in segments:
+            rc = state.caches[row]
+            start, count = rc.length, len(new)
+            rc.length += count
+            missing = -(-rc.length // block) - len(rc.blocks)
+            if missing > 0:
+                rc.blocks.extend(cache.allocate(missing))
+            first = len(ids)
+            ids.extend(int(t) for t in new)
+            positions.extend(range(start, start + count))
+            slots.extend(rc.slots(start, start + count, block))
+            if count == 1:
+                single_index.append(first)
+                single_rows.append(rc)
+            else:
+                prompts.append(PromptSegment(
+                    first, count, start,
+                    torch.tensor(rc.slots(0, start + count, block), dtype=torch.int64)))
+            last.append(first + count - 1)
+        layout = StepLayout(
+            cache=cache,
+            slots=torch.tensor(slots, dtype=torch.int64),
+            prompts=prompts,
+            single_tokens=torch.tensor(single_index, dtype=torch.int64),
+            single_rows=single_rows,
+        )
+        hidden = self._forward(torch.tensor(ids, dtype=torch.int64),
+                               torch.tensor(positions, dtype=torch.int64), layout)
+        if all_positions:
+            return hidden
+        return hidden[last]
+
+    @torch.inference_mode()
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor,
+                 layout: StepLayout) -> torch.Tensor:
+        """The body on one concatenated token sequence; float32 hidden states ``[T, H]``."""
+        with _rowwise.active_layout(self._attn_configs, layout):
+            out = self._body(input_ids=ids.unsqueeze(0), position_ids=positions.unsqueeze(0),
+                             attention_mask=None, use_cache=False)
         # A clone made outside inference mode is an ordinary tensor (callers may edit it).
-        return hidden.clone()
+        with torch.inference_mode(False):
+            return out.last_hidden_state[0].float().clone()
+
+    def token_hidden_states(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """The final-norm hidden state of every position of each token sequence (``[len, H]``
+        float32 each), computed as prompts with the same row-invariant path as decoding (used
+        to score texts: perplexity)."""
+        state = RowDecodeState(prompts=[list(s) for s in sequences])
+        state.cache = PagedKVCache(self._num_layers, self.block_size)
+        state.caches = [RowCache() for _ in range(state.rows)]
+        results: list[torch.Tensor] = []
+        chunk: list[tuple[int, list[int]]] = []
+        size = 0
+
+        def flush() -> None:
+            hidden = self._run_segments(state, chunk, all_positions=True)
+            offset = 0
+            for row, seq in chunk:
+                results.append(hidden[offset:offset + len(seq)])
+                offset += len(seq)
+                assert state.cache is not None
+                state.cache.release(state.caches[row].blocks)
+                state.caches[row] = RowCache()
+
+        for row, seq in enumerate(state.prompts):
+            if not seq:
+                raise ValueError(f"sequence {row} is empty")
+            if chunk and size + len(seq) > MAX_STEP_TOKENS:
+                flush()
+                chunk, size = [], 0
+            chunk.append((row, seq))
+            size += len(seq)
+        if chunk:
+            flush()
+        return results
 
     @torch.no_grad()
     def logits_from_hidden(
         self, hidden: torch.Tensor, candidates: torch.Tensor | None = None
     ) -> torch.Tensor:
         """float32 logits: ``[rows, V]``, or ``[rows, K]`` for int64 ``candidates [rows, K]``
-        (only those rows of the head weight are touched)."""
+        (only those rows of the head weight are touched).
+
+        Privacy contract: each row's logits depend only on that row's hidden state (and its own
+        candidate ids), bit for bit, whatever the other rows or the width ``K``."""
         hidden = hidden.to(torch.float32)
         if hidden.ndim != 2 or hidden.shape[1] != self.hidden_size:
             raise ValueError(
                 f"hidden must be [rows, {self.hidden_size}], got {tuple(hidden.shape)}"
             )
         if candidates is None:
-            if self._packed_head is not None and hidden.shape[0] >= _MIN_PACKED_ROWS:
-                logits = _packed_linear(hidden, self._packed_head, self._head_bias)
-            else:
-                logits = _head_matmul(hidden, self._head_weight)
-                if self._head_bias is not None:
-                    logits = logits + self._head_bias
+            logits = linear_product(hidden, self._head_weight, self._head_bias, self._packed_head)
         else:
             candidates = torch.as_tensor(candidates)
             if candidates.dtype != torch.int64:
@@ -902,8 +604,11 @@ class TransformersModel:
                 int(candidates.min()) < 0 or int(candidates.max()) >= self.vocab_size
             ):
                 raise ValueError("candidate id out of range")
+            # One dot product per (row, candidate), each a reduction over the hidden size alone:
+            # its bits do not depend on how many rows or candidates share the call (a batched
+            # matrix product's would).
             gathered = self._head_weight[candidates]  # [rows, K, H]
-            logits = torch.bmm(gathered, hidden.unsqueeze(2)).squeeze(2)
+            logits = (gathered * hidden.unsqueeze(1)).sum(dim=-1)
             if self._head_bias is not None:
                 logits = logits + self._head_bias[candidates]
         if self._logit_multiplier != 1.0:
@@ -921,33 +626,118 @@ class TransformersModel:
         """``logits_from_hidden(next_hidden(state, tokens), candidates)``."""
         return self.logits_from_hidden(self.next_hidden(state, tokens), candidates)
 
-    @torch.inference_mode()
     def drop_rows(self, state: DecodeState, keep: torch.Tensor) -> DecodeState:
-        """Keep only rows ``keep`` (int64, increasing): KV cache of every layer (sliding-window
-        layers included), attention mask, positions and prompt ids. Updates ``state`` in place
-        and returns it."""
+        """Keep only rows ``keep`` (int64, strictly increasing); the dropped rows' cache blocks
+        are freed. Updates ``state`` in place and returns it."""
         keep = torch.as_tensor(keep, dtype=torch.int64).reshape(-1)
         if keep.numel() > 1 and not bool((keep[1:] > keep[:-1]).all()):
             raise ValueError("keep must be strictly increasing")
         if keep.numel() and (int(keep.min()) < 0 or int(keep.max()) >= state.rows):
             raise ValueError("keep index out of range")
-        state.input_ids = state.input_ids.index_select(0, keep).clone()
-        state.attention_mask = state.attention_mask.index_select(0, keep).clone()
-        state.next_positions = state.next_positions.index_select(0, keep).clone()
-        state.prompt_lengths = state.prompt_lengths.index_select(0, keep).clone()
-        inner_keep = keep
-        if state.order is not None:
-            # The kept rows in the model's order, and their new caller indices.
-            inner_keep = torch.sort(state.inner_rows(keep)).values
-            renumber = torch.full((int(state.order.numel()),), -1, dtype=torch.int64)
-            renumber[keep] = torch.arange(keep.numel())
-            state.order = renumber.index_select(0, state.order.index_select(0, inner_keep))
-            state.buckets = None
-        if state.cache is not None:
-            from dplang.models._kvcache import select_cache_rows
-
-            select_cache_rows(state.cache, inner_keep)
+        kept = keep.tolist()
+        if state.started and state.cache is not None:
+            dropped = set(range(state.rows)) - set(kept)
+            for row in dropped:
+                state.cache.release(state.caches[row].blocks)
+            state.caches = [state.caches[i] for i in kept]
+        state.prompts = [state.prompts[i] for i in kept]
         return state
+
+    # ----------------------------------------------------------------- checks
+
+    @torch.inference_mode()
+    def _verify_head(self) -> None:
+        """Check body + our head against the model's own forward on a short prompt."""
+        ids = self._prompt_ids("Hello world. This is a test")
+        state = RowDecodeState(prompts=[ids])
+        ours = self.logits_from_hidden(self.next_hidden(state, None))
+        input_ids = torch.tensor([ids], dtype=torch.int64)
+        out = self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+        theirs = out.logits[:, -1].float()
+        rtol = atol = 1e-3
+        if self.dtype != torch.float32:
+            # The model's own head runs in bfloat16 (8-bit mantissa) while ours is float32; a
+            # missing soft-cap or scale still shows as an error of whole logits.
+            rtol = 3e-2
+            atol = rtol * max(float(theirs.abs().max()), 1.0)
+        if not torch.allclose(ours, theirs, rtol=rtol, atol=atol):
+            err = (ours - theirs).abs().max().item()
+            raise NotImplementedError(
+                f"{type(self.model).__name__}: body + LM head does not reproduce the model's "
+                f"logits (max abs error {err:.3g}); its architecture post-processes logits in a "
+                "way dplang does not know"
+            )
+
+    def check_row_invariance(self) -> None:
+        """Verify, on this machine and configuration, that rows decoded together give exactly
+        the bits they give alone: prompts of several lengths (crossing cache blocks), decoded
+        together, alone, in another order beside a duplicate, and after a row is dropped;
+        hidden states, full-vocabulary logits and candidate logits are compared bit for bit.
+
+        Raises :class:`RowInvarianceError` (the configuration must not be used for private
+        generation) on any difference."""
+        block = self.block_size
+        base = self._prompt_ids("Row invariance probe: the quick brown fox jumps over the lazy "
+                                "dog while five boxing wizards jump quickly.")
+        # A one-token prompt, one that fills its first block on the first decode step and
+        # crosses into a second on the next, and one that starts in its second block.
+        lengths = [1, block - 1, block + 2]
+        prompts = [(base * (n // len(base) + 1))[:n] for n in lengths]
+        steps = 2
+        tokens = [[(31 * s + 7 * r + 11) % self.vocab_size for r in range(len(prompts))]
+                  for s in range(steps)]
+        candidates = torch.tensor([sorted({(97 * j + 5) % self.vocab_size for j in range(41)})])
+
+        def decode(rows: list[int], drop_after: int | None = None) -> list[list[torch.Tensor]]:
+            """Per slot of ``rows``: hidden, dense and sparse logits at every step it lived."""
+            state = RowDecodeState(prompts=[prompts[r] for r in rows])
+            live = list(range(len(rows)))
+            seen: list[list[torch.Tensor]] = [[] for _ in rows]
+            for s in range(steps + 1):
+                step_tokens = None if s == 0 else torch.tensor(
+                    [tokens[s - 1][rows[i]] for i in live], dtype=torch.int64)
+                hidden = self.next_hidden(state, step_tokens)
+                sparse = self.logits_from_hidden(hidden, candidates.expand(len(live), -1))
+                values = [hidden, sparse]
+                if s == steps:  # the full head costs most: once per run
+                    values.append(self.logits_from_hidden(hidden))
+                for j, i in enumerate(live):
+                    seen[i].extend(v[j] for v in values)
+                if drop_after is not None and s == drop_after:
+                    self.drop_rows(state, torch.arange(1, len(live)))
+                    live = live[1:]
+            return seen
+
+        everyone = list(range(len(prompts)))
+        alone = {r: decode([r])[0] for r in everyone}
+        runs = {"together": everyone, "reordered": [2, 0, 1, 0]}
+        checks = [(name, rows, decode(rows)) for name, rows in runs.items()]
+        checks.append(("after a drop", everyone, decode(everyone, drop_after=1)))
+        for name, rows, seen in checks:
+            for slot, values in enumerate(seen):
+                for got, want in zip(values, alone[rows[slot]], strict=False):
+                    if not _bitwise_equal(got, want):
+                        diff = float((got - want).abs().max())
+                        raise RowInvarianceError(
+                            f"{self.model_id}: a row decoded {name} with others differs from "
+                            f"the same row decoded alone (max {diff:.3g}) with dtype "
+                            f"{str(self.dtype).replace('torch.', '')} and {self.threads} "
+                            "threads; this configuration cannot guarantee that one reference "
+                            "influences only its own generation: try --dtype float32 or "
+                            "another thread count"
+                        )
+
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit patterns (``-0.0`` and ``0.0`` differ, NaNs with the same bits are equal)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    as_int = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64}
+    kind = as_int.get(a.dtype)
+    if kind is None:
+        return bool(torch.equal(a, b))
+    return bool(torch.equal(a.contiguous().view(kind), b.contiguous().view(kind)))
 
 
 def strip_quantization(model: Any) -> None:

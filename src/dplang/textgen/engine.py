@@ -12,10 +12,10 @@ Privacy-relevant properties (DESIGN.md invariants 1, 2, 5):
 * the candidate set V_k^+ is computed from the public row's logits only, and with the sparse
   LM head the private rows' logits are computed only on V_k^+ — the sampling law is the same as
   the dense path's because both feed the same candidate scores to the same sampler;
-* group ``j`` samples from its own stream ``streams.generator(j)``, so its text does not depend
-  on G, on the other groups, or on resuming (up to floating-point differences between batch
-  shapes, which can flip a draw only when the uniform variate falls within ~1e-7 of a
-  boundary of the inverse CDF).
+* group ``j`` samples from its own stream ``streams.generator(j)``, and the model is
+  row-invariant (``dplang.models.base``: a row's logits are the same bits whatever else is in
+  the batch), so its text does not depend on G, on the other groups (their references, their
+  lengths, when they end), or on resuming: bit for bit.
 """
 
 from __future__ import annotations

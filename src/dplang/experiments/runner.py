@@ -222,9 +222,7 @@ def write_results(rows: list[dict[str, Any]], out_dir: Path, config: ExperimentC
         writer.writeheader()
         for r in rows:
             writer.writerow(r)
-    from ..io import file_digest
-
     refs = out_dir / "data" / "references.jsonl"
-    rho, eps = sweep_spend(out_dir / "ledger.sqlite", file_digest(refs), config.delta)
+    rho, eps = sweep_spend(out_dir / "ledger.sqlite", str(refs.resolve()), config.delta)
     write_results_md(rows, out_dir / "results.md", config, rho, eps)
     write_plots(rows, out_dir)

@@ -94,7 +94,7 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
         delta=config.delta, num=config.num, seed=cell.seed,
         concurrent_groups=config.concurrent_groups, prompt=config.prompt,
         group_by=config.group_by, model=config.model, ledger=ledger, method=cell.method,
-        adjacency="add-remove" if cell.method == "adapmixed" else "replace-by-null",
+        adjacency="replace-by-null",  # the only dataset-level adjacency of every method
         dtype=config.dtype, augpe_iterations=config.augpe_iterations,
         augpe_variations=config.augpe_variations,
     )

@@ -158,7 +158,7 @@ def audit(d_laws: dict, n_laws: dict, changed_group: int, g) -> AuditResult:
     steps = exact_audit(((d_laws[(changed_group, p)], n_laws[(changed_group, p)])
                          for p in prefixes), ALPHAS)
     p, q = sequence_law(d_laws, changed_group), sequence_law(n_laws, changed_group)
-    seq = max((max(renyi_divergence(p, q, a), renyi_divergence(q, p, a)) / a for a in ALPHAS))
+    seq = max(max(renyi_divergence(p, q, a), renyi_divergence(q, p, a)) / a for a in ALPHAS)
     delta = max(_hockey_stick(p, q, g.epsilon), _hockey_stick(q, p, g.epsilon))
     others = all(np.array_equal(d_laws[k], n_laws[k]) for k in d_laws if k[0] != changed_group)
     return AuditResult(steps.max_log_ratio, steps.rho_lower_bound, seq, delta, others)

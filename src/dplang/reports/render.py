@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import __version__
 from .mechanism import Certificate, Report
+from .noise import SupportTest
 
 __all__ = ["FORMAT", "report_paths", "report_to_dict", "report_to_markdown", "write_report"]
 
@@ -88,7 +89,7 @@ def report_to_dict(report: Report, metadata: dict[str, Any] | None = None) -> di
     return _clean(doc)
 
 
-def _simultaneous(report: Report):  # noqa: ANN202 - a SupportTest
+def _simultaneous(report: Report) -> SupportTest:
     if report.simultaneous_test is not None:
         return report.simultaneous_test
     if report.config.bonferroni:

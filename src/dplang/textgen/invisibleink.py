@@ -147,6 +147,13 @@ def grid_exponent(public_abs_max: float, clip_norm: float, batch_size: int) -> i
     return 51 - math.ceil(math.log2(bound))
 
 
+def _float64(values: torch.Tensor) -> np.ndarray:
+    t = values.detach().cpu()
+    if t.dtype not in (torch.float32, torch.float64):
+        t = t.to(torch.float64)
+    return np.asarray(t.numpy(), dtype=np.float64)
+
+
 def candidate_scores(
     private_on_candidates: torch.Tensor,
     public_on_candidates: torch.Tensor,
@@ -164,18 +171,20 @@ def candidate_scores(
     m = private_on_candidates.shape[0]
     if m > batch_size:
         raise ValueError(f"{m} private rows for a batch of {batch_size}")
-    pub = public_on_candidates.detach().to(torch.float64).cpu().numpy()
-    if pub.size and not np.isfinite(pub).all():
+    pub = _float64(public_on_candidates)
+    top = float(np.abs(pub).max()) if pub.size else 0.0
+    if not math.isfinite(top):
         raise ValueError("public logits on the candidates must be finite (see public_support)")
-    q = grid_exponent(float(np.abs(pub).max()) if pub.size else 0.0, clip_norm, batch_size)
+    q = grid_exponent(top, clip_norm, batch_size)
     # P = φ_pub on the grid: |φ_pub|·2^q ≤ 2^51, so the product and the rounding are exact.
     total = batch_size * np.rint(np.ldexp(pub, q))
     if m:
         limit = float(max(math.floor(math.ldexp(clip_norm, q)) - 2, 0))
-        diff = private_on_candidates.detach().to(torch.float64).cpu().numpy() - pub
-        diff = np.clip(np.nan_to_num(diff, nan=0.0, posinf=clip_norm, neginf=-clip_norm),
-                       -clip_norm, clip_norm)
-        steps = np.clip(np.rint(np.ldexp(diff, q)), -limit, limit)
+        diff = _float64(private_on_candidates) - pub
+        diff[np.isnan(diff)] = 0.0  # NaN: the empty reference's contribution; ±inf: ±C below
+        np.clip(diff, -clip_norm, clip_norm, out=diff)
+        steps = np.rint(np.ldexp(diff, q))
+        np.clip(steps, -limit, limit, out=steps)
         # integers of magnitude ≤ B·C·2^q < 2^51: the sum is exact in any order
         total = total + steps.sum(axis=0)
     return np.ldexp(total / batch_size, -q)

@@ -50,7 +50,9 @@ def test_l1_projection_is_exact(v):
     assert np.all(p >= 0) and p.sum() == pytest.approx(1.0)
     formula = np.maximum(-v, 0).sum() + abs(1 - np.maximum(v, 0).sum())
     assert np.abs(p - v).sum() == pytest.approx(formula, abs=1e-9)
-    assert np.abs(p - v).sum() == pytest.approx(_l1_projection_lp(v), abs=1e-7)
+    # HiGHS solves to a feasibility tolerance of ~1e-7 (it returned −9.9e-8 for a true
+    # optimum of +9.9e-8 on v = [1, 4.9e-8, 4.9e-8]), so the LP is compared at 1e-6
+    assert np.abs(p - v).sum() == pytest.approx(_l1_projection_lp(v), abs=1e-6)
 
 
 @settings(max_examples=40, deadline=None)

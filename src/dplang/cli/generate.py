@@ -120,8 +120,10 @@ def generate(
         f"[bold]{request.method}[/]: {len(plan.jobs)} generations, B={request.batch_size}, "
         f"T={request.max_tokens}, k={request.top_k}, C={plan.params.clip:.4g}, "
         + (f"ρ={g.rho:.4g} " if g.rho is not None else "")
-        + f"(ε={g.epsilon:.4g}, δ={g.delta:g}{'' if g.ex_ante else ', data-dependent'}), "
-        f"model {plan.model.model_id}"
+        + (f"(ε={g.epsilon:.4g}, δ={g.delta:g}), " if g.ex_ante else
+           f"(stopping target ε={g.epsilon:.4g}, δ={g.delta:g}: data-dependent, NOT a DP "
+           "guarantee), ")
+        + f"model {plan.model.model_id}"
     )
     progress = Progress(
         TextColumn("[progress.description]{task.description}"), BarColumn(),

@@ -124,7 +124,7 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
         concurrent_groups=config.concurrent_groups, prompt=config.prompt,
         group_by=config.group_by, model=config.model, ledger=ledger, dataset=dataset,
         method=cell.method,
-        adjacency="add-remove" if cell.method == "adapmixed" else "replace-by-null",
+        adjacency="replace-by-null",  # the only dataset-level adjacency of every method
         dtype=config.dtype, augpe_iterations=config.augpe_iterations,
         augpe_variations=config.augpe_variations,
     )

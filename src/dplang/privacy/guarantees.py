@@ -53,8 +53,23 @@ class Guarantee:
         return self.delta == 0
 
     def summary(self) -> str:
-        """One paragraph, in plain words, of what this guarantee promises."""
+        """One paragraph, in plain words, of what this guarantee promises.
+
+        For a data-dependent guarantee (``ex_ante`` False) it says that the release does *not*
+        satisfy differential privacy: the printed (ε, δ) is a stopping target for a privacy
+        estimate computed from the private data, which bounds nothing for neighbouring data
+        sets (their estimate, hence their stopping point, differs)."""
         neighbours = _ADJACENCY_WORDS[self.adjacency].format(unit=self.unit)
+        if not self.ex_ante:
+            return (
+                f"The {self.mechanism} release does NOT satisfy differential privacy. Its "
+                f"accounting is DATA-DEPENDENT: it stops once a privacy estimate, computed "
+                f"from the private data itself (with respect to {neighbours}), would exceed "
+                f"ε = {self.epsilon:.4g} at δ = {self.delta:.3g}. That estimate is not "
+                f"privatised and differs between neighbouring data sets, so (ε, δ) here is a "
+                f"stopping target, not a bound on how much any single {self.unit} can change "
+                f"the probability of an output."
+            )
         if self.rho is not None:
             level = (
                 f"{self.rho:.6g}-zero-concentrated differential privacy (zCDP), which implies "
@@ -64,17 +79,12 @@ class Guarantee:
             level = f"pure {self.epsilon:.4g}-differential privacy"
         else:
             level = f"({self.epsilon:.4g}, {self.delta:.3g})-differential privacy"
-        kind = (
-            "This bound is fixed before the data is read (ex ante)."
-            if self.ex_ante
-            else "This bound is DATA-DEPENDENT: it was computed from the private data, is not "
-            "an ex-ante guarantee, and its value is itself not privatised."
-        )
         return (
             f"The {self.mechanism} release satisfies {level} with respect to {neighbours}: "
             f"whatever any single {self.unit} contains, the probability of any output changes "
             f"by at most a factor e^{self.epsilon:.4g} (plus {self.delta:.3g}) when that "
-            f"{self.unit} is changed this way. {kind}"
+            f"{self.unit} is changed this way. This bound is fixed before the data is read "
+            f"(ex ante)."
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -17,7 +17,16 @@ Guarantees (spec 003 §2.1, Thms 5.1–5.2):
   post-processing of the m noisy counts;
 * honesty: a candidate with f_s < θ is emitted with probability ≤ β (Thm 5.1), per candidate,
   for every corpus; with Bonferroni any unsupported emission at all has probability ≤ β_family;
-* the certificate L satisfies Pr[f_s ≥ L] ≥ 1 − β.
+* the certificate L satisfies Pr[f_s ≥ L] ≥ 1 − β **per candidate, before selection**. That is
+  not a confidence level for the statements that were emitted: emission selects the candidates
+  whose noise was high, so when many candidates sit just below θ every emitted L overstates its
+  support (300 reports of 100 such candidates emit ~1300 statements, all overstated). What holds
+  for the emitted set is (a) the expected number of emitted statements with f_s < L is at most
+  m·β, and (b) the **simultaneous** bound L_sim = (C + Z − τ_c(β/m))/n that every certificate
+  also carries: Pr[f_s ≥ L_sim for every candidate] ≥ 1 − β, hence for every emitted statement
+  whatever the selection (union bound over the m candidates). L_sim uses the same noise draw, so
+  it costs no privacy; with ``bonferroni`` the emission test itself is at level β/m and
+  L_sim = L.
 
 A certificate never contains the seed, the noise draw, or the exact support (count or
 fraction); abstentions carry no bound unless ``release_abstained_bounds`` (free: those bounds
@@ -187,6 +196,12 @@ class Certificate:
     rho0: float | None
     n_records: int
     predicate: dict[str, Any] = field(default_factory=dict)
+    #: L_sim = (C + Z − τ_c(β/m))/n from the same noise draw: with probability ≥ 1 − β the
+    #: bounds of *all* candidates hold at once, so it remains valid for the emitted statements
+    #: whatever was selected (``None`` where ``lower_bound`` is ``None``).
+    simultaneous_lower_bound: float | None = None
+    #: The family-wise level of ``simultaneous_lower_bound`` (β; the per-test margin is β/m).
+    simultaneous_beta: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -200,6 +215,8 @@ class Report:
     guarantee: Guarantee
     config: FilterConfig
     test: SupportTest
+    #: The same noise with the margin of level β/m (the simultaneous bound's calibration).
+    simultaneous_test: SupportTest | None = None
 
     @property
     def m(self) -> int:
@@ -254,12 +271,15 @@ def certify_counts(
         raise ValueError("counts must lie in [0, n]")
     test, guarantee = calibrate(config, len(stmts), n)
     family_beta = config.beta if config.bonferroni else None
+    # Same noise, margin at level β/m: valid for all candidates at once (post-processing).
+    simultaneous = test if config.bonferroni else test.at_level(config.beta / len(stmts))
     certs: list[Certificate] = []
     beta_attained = test.beta_attained
     for j, (s, c) in enumerate(zip(stmts, counts.tolist(), strict=True)):
         z = test.sample(streams.generator(j))
         emit = test.emits(c, z, config.theta)
         bound = test.lower_bound(c, z)
+        simultaneous_bound = simultaneous.lower_bound(c, z)
         del z  # the raw noise never leaves this function
         show = emit or config.release_abstained_bounds
         certs.append(Certificate(
@@ -269,8 +289,10 @@ def certify_counts(
             noise=test.family, noise_scale=test.scale_support, noise_scale_counts=test.scale,
             epsilon0=test.epsilon, delta0=test.delta, rho0=test.rho, n_records=n,
             predicate=_predicate_identity(predicate, s),
+            simultaneous_lower_bound=simultaneous_bound if show else None,
+            simultaneous_beta=config.beta,
         ))
-    return Report(certs, guarantee, config, test)
+    return Report(certs, guarantee, config, test, simultaneous)
 
 
 def proposal_and_filter(

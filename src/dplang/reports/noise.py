@@ -34,7 +34,7 @@ With β < 1/2 every τ_c is > 0. All of the above are public functions of (famil
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Literal
 
@@ -176,6 +176,27 @@ class SupportTest:
         while k > 1 and _dlap_upper_tail(k - 1, epsilon) <= beta:
             k -= 1
         return cls(family, int(n), float(epsilon), 0.0, None, b, beta, float(k))
+
+    def at_level(self, beta: float) -> SupportTest:
+        """The same noise (family, n, ε₀/δ₀/ρ₀, scale) with the margin τ_c of level ``beta``.
+
+        Used for the *simultaneous* bound: a bound computed from the same noisy count with
+        another margin is post-processing of the same release, so it costs no privacy."""
+        if not 0 < beta < 0.5:
+            raise ValueError(f"beta must be in (0, 1/2), got {beta}")
+        if self.family == "gaussian":
+            tau = self.scale * float(norm.isf(beta))
+        elif self.family == "laplace":
+            tau = self.scale * math.log(1.0 / (2.0 * beta))
+        else:
+            q = math.exp(-self.epsilon)
+            k = max(1, math.ceil(math.log(1.0 / (beta * (1.0 + q))) / self.epsilon))
+            while _dlap_upper_tail(k, self.epsilon) > beta:
+                k += 1
+            while k > 1 and _dlap_upper_tail(k - 1, self.epsilon) <= beta:
+                k -= 1
+            tau = float(k)
+        return replace(self, beta=float(beta), tau_count=tau)
 
     # ------------------------------------------------------------------ public quantities
 

@@ -20,6 +20,7 @@ from typing import Any
 from .. import __version__
 from ..release import write_atomic
 from .mechanism import Certificate, Report
+from .noise import SupportTest
 
 __all__ = ["FORMAT", "private_path_for", "report_paths", "report_to_dict", "report_to_markdown",
            "write_report"]
@@ -86,7 +87,11 @@ def report_to_dict(report: Report, metadata: dict[str, Any] | None = None) -> di
             "candidates": report.m,
             "n_records": report.n,
             "full_support_emit_probability": report.full_support_emit_probability(),
+            "simultaneous_beta": cfg.beta,
+            "tau_simultaneous": _simultaneous(report).tau,
+            "tau_counts_simultaneous": _simultaneous(report).tau_count,
         },
+        "coverage": coverage_statement(report),
         "summary": {"emitted": len(report.emitted), "abstained": len(report.abstained)},
         "certificates": [c.to_dict() for c in report.certificates],
     }
@@ -94,6 +99,39 @@ def report_to_dict(report: Report, metadata: dict[str, Any] | None = None) -> di
         for key, value in metadata.items():
             doc.setdefault(key, value)
     return _clean(doc)
+
+
+def _simultaneous(report: Report) -> SupportTest:
+    if report.simultaneous_test is not None:
+        return report.simultaneous_test
+    if report.config.bonferroni:
+        return report.test
+    return report.test.at_level(report.config.beta / report.m)
+
+
+def coverage_statement(report: Report) -> str:
+    """What the bounds promise *for the emitted statements*, in plain words.
+
+    The per-candidate bound L holds with probability ≥ 1 − β for each candidate before the
+    emission decision; selection by L ≥ θ keeps exactly the candidates whose noise was high,
+    so it is no confidence level for what is shown. Valid after selection: the simultaneous
+    bound (all candidates at once, family-wise level β) and the expected number of emitted
+    statements whose L overstates their support (at most m·β)."""
+    cfg, m = report.config, report.m
+    beta = cfg.beta
+    if cfg.bonferroni:
+        per = (f"each candidate's test and bound are at level β/m = {beta:g}/{m}, so the "
+               "per-candidate bound L is itself simultaneous")
+    else:
+        per = (f"the per-candidate bound L holds with probability ≥ {1 - report.test.beta:.4g} "
+               "for each candidate BEFORE selection only; it is not a confidence level for the "
+               "statements shown (emission selects candidates whose noise was high: if many "
+               "candidates sit just below the threshold, every emitted L can overstate its "
+               f"support). In expectation at most m·β = {m * report.test.beta:.4g} emitted "
+               "statements have L above their true support")
+    return (f"With probability at least {1 - beta:.4g}, every emitted statement is supported "
+            f"by at least its simultaneous lower bound (all {m} candidates at once, whatever "
+            f"was selected); {per}.")
 
 
 def _fmt(x: float | None) -> str:
@@ -122,11 +160,17 @@ def report_to_markdown(report: Report, metadata: dict[str, Any] | None = None) -
         "",
     ]
     if emitted:
-        lines += [f"Each statement below is supported by at least the stated fraction of "
-                  f"records, with confidence {1 - test.beta:.4g} per statement "
-                  f"(threshold θ = {cfg.theta:g}).", "",
-                  "| # | statement | certified lower bound on support |", "|---|---|---|"]
-        lines += [f"| {c.index} | {_md_escape(c.statement)} | ≥ {c.lower_bound:.4f} |"
+        lines += [f"Statements whose certified support cleared the threshold θ = "
+                  f"{cfg.theta:g}. With probability at least {1 - cfg.beta:.4g}, **every** "
+                  "statement below is supported by at least its *simultaneous* lower bound "
+                  "(valid for the statements shown, whatever was selected). The per-candidate "
+                  "bound is the test statistic: it held with probability "
+                  f"{1 - test.beta:.4g} for each candidate before selection, which is not a "
+                  "confidence level for an emitted statement (see below).", "",
+                  "| # | statement | simultaneous lower bound on support "
+                  "| per-candidate bound (before selection) |", "|---|---|---|---|"]
+        lines += [f"| {c.index} | {_md_escape(c.statement)} | "
+                  f"≥ {_fmt(c.simultaneous_lower_bound)} | {c.lower_bound:.4f} |"
                   for c in emitted]
     else:
         lines.append("None: no candidate passed the support test.")
@@ -157,10 +201,12 @@ def report_to_markdown(report: Report, metadata: dict[str, Any] | None = None) -
         "",
         "## What a certificate means",
         "",
-        f"- For an emitted statement, the lower bound L = f̂ − τ (τ = {test.tau:.4g}) satisfies "
-        f"Pr[true support ≥ L] ≥ {1 - test.beta:.4g}: it is a one-sided "
-        f"{1 - test.beta:.4g}-confidence lower bound on the fraction of records for which "
-        "the support predicate holds.",
+        f"- {coverage_statement(report)}",
+        f"- The per-candidate bound L = f̂ − τ (τ = {test.tau:.4g}) satisfies "
+        f"Pr[true support ≥ L] ≥ {1 - test.beta:.4g} for a candidate fixed in advance, "
+        "before the emission decision; the simultaneous bound f̂ − τ_sim "
+        f"(τ_sim = {_simultaneous(report).tau:.4g}, level β/m) comes from the same noisy count "
+        "and costs no extra privacy.",
         f"- A statement whose true support is below θ = {cfg.theta:g} is emitted with "
         f"probability at most β = {test.beta:.4g}{family} (the attained level "
         f"Pr[noise ≥ τ] is {test.beta_attained:.4g}).",
@@ -190,5 +236,6 @@ def write_report(report: Report, out: str | Path, metadata: dict[str, Any] | Non
 def certificate_line(c: Certificate) -> str:
     """One line for a terminal."""
     if c.decision == "emit":
-        return f"EMIT     L ≥ {c.lower_bound:.4f}  {c.statement}"
+        return (f"EMIT     L ≥ {c.lower_bound:.4f} (simultaneous ≥ "
+                f"{_fmt(c.simultaneous_lower_bound)})  {c.statement}")
     return f"ABSTAIN             {c.statement}"

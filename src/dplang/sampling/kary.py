@@ -24,6 +24,7 @@ evaluation and the exact privacy audit use.
 from __future__ import annotations
 
 import math
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -38,6 +39,7 @@ __all__ = [
     "KarySampler",
     "LaplaceHistogramSampler",
     "RevealOrObscureSampler",
+    "mixing_probability",
     "project_euclidean",
     "project_l1",
 ]
@@ -249,6 +251,33 @@ class DiscreteLaplaceHistogramSampler(LaplaceHistogramSampler):
         return self.k / (2.0 * check_n(n) * math.sinh(self.epsilon / 2.0))
 
 
+def mixing_probability(k: int, n: int, epsilon: float) -> float:
+    """Reveal-or-obscure's q = k/(k + n(e^ε − 1)) as a float that is ≥ the exact value and > 0.
+
+    Direct formula while it is safely finite (relative error ≤ ~5 unit roundoffs, bumped up by
+    8 ulps); otherwise log q = −log(1 + e^t), t = ln(n/k) + ln(e^ε − 1), evaluated without
+    overflow and bumped up by a relative 1e−12 (above its rounding error, ≤ 745·5·2⁻⁵³ while
+    q is a normal float; two steps up for a subnormal q), then floored at the smallest
+    positive float. Below 2⁻⁵³ the release's
+    coin ``rng.random() < q`` fires with probability exactly 2⁻⁵³ whatever q > 0 is, which
+    exceeds the exact q. Privacy contract: none of its own — it calibrates
+    :class:`RevealOrObscureSampler`, whose ε-DP needs a coin probability ≥ the exact q."""
+    if not (epsilon > 0 and math.isfinite(epsilon)) or k < 1 or n < 1:
+        raise ValueError(f"need finite epsilon > 0, k >= 1 and n >= 1, got {epsilon}, {k}, {n}")
+    if epsilon < 600.0:
+        q = k / (k + n * math.expm1(epsilon))
+        for _ in range(8):
+            q = math.nextafter(q, math.inf)
+    else:
+        log_expm1 = epsilon + math.log1p(-math.exp(-epsilon))  # ln(e^ε − 1), ε large
+        t = math.log(n) - math.log(k) + log_expm1
+        log_q = -(max(t, 0.0) + math.log1p(math.exp(-abs(t))))
+        q = math.exp(log_q) * (1.0 + 1e-12)
+        if q < sys.float_info.min:  # subnormal: absolute granularity; round up two steps
+            q = math.nextafter(math.nextafter(q, math.inf), math.inf)
+    return min(1.0, max(q, math.ulp(0.0)))
+
+
 class RevealOrObscureSampler(KarySampler):
     """Reveal-or-obscure (mixture) baseline (spec §3 A1'): with probability
     ``q = k/(k + n(e^ε − 1))`` output a uniform element of [k], otherwise a uniformly random
@@ -267,8 +296,16 @@ class RevealOrObscureSampler(KarySampler):
         self.epsilon = check_epsilon(epsilon)
 
     def mixing_probability(self, n: int) -> float:
-        """q = k/(k + n(e^ε − 1))."""
-        return self.k / (self.k + check_n(n) * math.expm1(self.epsilon))
+        """q = k/(k + n(e^ε − 1)), rounded *up* to a positive float (for every finite ε).
+
+        Privacy contract: the returned q is never below the exact q (the privacy loss of the
+        mixture, log(1 + (1−q)k/(qn)), decreases in q, so a larger q keeps the release ε-DP) and
+        never 0: at large ε the direct formula overflows (ε ≥ 710) or underflows to q = 0 (a
+        raw record released under a finite ε), so q is then computed in log space and floored
+        at the smallest positive float. The coin ``rng.random() < q`` has probability
+        ⌈q·2⁵³⌉/2⁵³ ≥ q, so the release is ε-DP for every finite ε (:func:`mixing_probability`
+        below)."""
+        return mixing_probability(self.k, check_n(n), self.epsilon)
 
     def guarantee(self, n: int, d: int | None = None) -> Guarantee:
         """Pure ε-DP, replace-one (q is computed from the public n)."""
@@ -279,8 +316,9 @@ class RevealOrObscureSampler(KarySampler):
         # already exact and noise-free.
         c = np.asarray(counts, dtype=np.float64)
         n = c.sum(axis=1, keepdims=True)
-        q = np.where(n > 0, self.k / (self.k + np.maximum(n, 1) * math.expm1(self.epsilon)),
-                     1.0)
+        sizes = np.rint(n).astype(np.int64)
+        q = np.array([[mixing_probability(self.k, int(m), self.epsilon) if m > 0 else 1.0]
+                      for m in sizes[:, 0]]).reshape(n.shape)
         return (1.0 - q) * c / np.maximum(n, 1) + q / self.k
 
     def exact_law_given_counts(self, counts: np.ndarray) -> np.ndarray:

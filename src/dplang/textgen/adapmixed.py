@@ -15,10 +15,18 @@ reference ``p_i = softmax(φ_i/τ)``:
 3. the running cost converts to ε by ``cost + log(1 − 1/α) − log(δα)/(α − 1)``; the generation
    stops *before* sampling once this exceeds the target ε.
 
-Privacy contract: the guarantee is **data-dependent** (the cost of each step depends on the
-private references, and so does the length at which the budget runs out); it is not an ex-ante
-guarantee like InvisibleInk's, and the manifest says so. Per generation the RDP cost is kept
-below the target; disjoint batches compose in parallel.
+Privacy contract: **none in the sense of differential privacy.** The accounting is
+data-dependent: the cost of each step is computed from the private references, and so is the
+length at which the budget runs out. A neighbouring batch has other costs and stops elsewhere, so
+the target (ε, δ) is a stopping rule, not an (ε, δ)-DP bound; :meth:`AdaPMixEDParams.guarantee`
+is marked ``ex_ante=False`` and its summary says that the release does not satisfy differential
+privacy. The exact running cost is itself a function of the private data (it differs between
+neighbours), so :meth:`AdaPMixEDPolicy.stats` does not publish it (no ``rdp_cost`` or
+``epsilon_spent`` in the output records); :attr:`AdaPMixEDPolicy.cost` keeps it in memory only.
+
+The library keeps the authors' per-batch ``add-remove`` formula (removing one reference from a
+batch of B); ``dplang generate`` offers only ``replace-by-null``, because removing a row of the
+data file would shift every later reference into another batch (docs/deviations.md).
 """
 
 from __future__ import annotations
@@ -157,5 +165,6 @@ class AdaPMixEDPolicy:
         return int(rng.choice(dist.size, p=dist))
 
     def stats(self) -> dict[str, float | int]:
-        return {"rdp_cost": self.cost, "epsilon_spent": self.p.epsilon_of(self.cost),
-                "private_steps": self.private_steps, "public_steps": self.public_steps}
+        """Per-generation statistics written to the output. The running privacy cost is
+        deliberately absent: it is an exact function of the private references."""
+        return {"private_steps": self.private_steps, "public_steps": self.public_steps}

@@ -1,0 +1,277 @@
+"""Mutation check: does the test suite catch the privacy mistakes it is meant to catch?
+
+Each mutation below is a small text patch of the source that breaks a privacy property (issue 13
+item 5 lists the first seven). For each one the script copies the working tree (tracked and
+untracked, non-ignored files) to a scratch directory, applies the patch there — the checkout
+itself is never modified — runs the tests named for it with that copy's ``src`` first on the
+path, and records whether a test failed (caught) or everything passed (missed). The unmutated
+copy is run first: it must pass, otherwise "caught" would mean nothing.
+
+    python scripts/mutation_check.py            # all mutations; exit code 1 if one is missed
+    python scripts/mutation_check.py --list     # names and descriptions
+    python scripts/mutation_check.py --only kary-half-noise --only bounds-printed-delta
+
+The result is recorded in docs/privacy.md ("Mutation check").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ENGINE_AUDIT = "tests/textgen/test_engine_audit.py"
+NUMERICS = "tests/textgen/test_invisibleink_numerics.py"
+RELEASE_AUDIT = "tests/sampling/test_release_path_audit.py"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """A named patch: each (file, old, new) replaces exactly one occurrence of ``old``."""
+
+    name: str
+    description: str
+    patches: tuple[tuple[str, str, str], ...]
+    tests: tuple[str, ...]
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation(
+        "public-row-private-prompt-runner",
+        "the runner builds each job's public prompt from the first private prompt",
+        (("src/dplang/textgen/runner.py",
+          "return GroupJob(batch.index, public, tuple(private))",
+          "return GroupJob(batch.index, private[0], tuple(private))"),),
+        (ENGINE_AUDIT,),
+    ),
+    Mutation(
+        "public-row-private-prompt-engine",
+        "the engine decodes the public row from the first private prompt",
+        (("src/dplang/textgen/engine.py",
+          "        prompts.append(job.public_prompt)\n",
+          "        prompts.append(job.private_prompts[0])\n"),),
+        (ENGINE_AUDIT,),
+    ),
+    Mutation(
+        "public-prompt-extra-space",
+        "the public prompt gets one extra space (no longer the empty reference's prompt)",
+        (("src/dplang/textgen/runner.py",
+          "public = model.render_prompt(template.render(None, labels), template.system)",
+          'public = model.render_prompt(template.render(None, labels) + " ", '
+          "template.system)"),),
+        (ENGINE_AUDIT,),
+    ),
+    Mutation(
+        "kary-half-noise",
+        "the discrete k-ary release path (DiscreteLaplaceHistogramSampler.sample) uses half "
+        "its noise scale",
+        (("src/dplang/sampling/kary.py",
+          "return Fraction(2) / Fraction(self.epsilon)",
+          "return Fraction(1) / Fraction(self.epsilon)"),),
+        (RELEASE_AUDIT,),
+    ),
+    Mutation(
+        "product-half-sigma-phases-0-1",
+        "the general product sampler's Gaussian σ is halved in phases 0–1 (orientation, "
+        "bucketing)",
+        (("src/dplang/sampling/product.py",
+          "return sums + rng.normal(0.0, self.sigma(threshold, cols.size, rho), "
+          "size=cols.size)",
+          "return sums + rng.normal(0.0, self.sigma(threshold, cols.size, rho) / 2, "
+          "size=cols.size)"),),
+        (RELEASE_AUDIT,),
+    ),
+    Mutation(
+        "product-half-sigma-phase-2",
+        "the general product sampler's Gaussian σ is halved in phase 2 (sampling)",
+        (("src/dplang/sampling/product.py",
+          "sums = sums + rng.normal(0.0, sigma, size=cols.size)",
+          "sums = sums + rng.normal(0.0, sigma / 2, size=cols.size)"),),
+        (RELEASE_AUDIT,),
+    ),
+    Mutation(
+        "bounds-printed-delta",
+        "sampling/bounds.py uses Theorem 1.8 as printed, √d·ln(1/δ), instead of √(d·ln(1/δ))",
+        (("src/dplang/sampling/bounds.py",
+          "n_priv = math.ceil(8 * math.sqrt(2 * d * math.log(1 / dl)) / epsilon)",
+          "n_priv = math.ceil(8 * math.sqrt(2 * d) * math.log(1 / dl) / epsilon)"),),
+        (RELEASE_AUDIT, "tests/sampling/test_sampling_product.py"),
+    ),
+    # ---- further mistakes of the same kind (not in the issue's list) ----
+    Mutation(
+        "invisibleink-no-clip",
+        "InvisibleInk aggregates the private logits without clipping",
+        (("src/dplang/textgen/invisibleink.py",
+          "limit = float(max(math.floor(math.ldexp(clip_norm, q)) - 2, 0))",
+          "limit = math.inf"),
+         ("src/dplang/textgen/invisibleink.py",
+          "np.clip(diff, -clip_norm, clip_norm, out=diff)",
+          "pass")),
+        (ENGINE_AUDIT, NUMERICS),
+    ),
+    Mutation(
+        "invisibleink-divide-by-present-rows",
+        "InvisibleInk averages over the non-empty references (m) instead of the public B",
+        (("src/dplang/textgen/invisibleink.py",
+          "total = total + steps.sum(axis=0)",
+          "total = total + steps.sum(axis=0) * batch_size / m"),),
+        (ENGINE_AUDIT, NUMERICS),
+    ),
+    Mutation(
+        "invisibleink-nan-not-clipped",
+        "a NaN private logit is not mapped into [−C, C] (it aborts the run)",
+        (("src/dplang/textgen/invisibleink.py",
+          "diff[np.isnan(diff)] = 0.0",
+          "pass"),),
+        (NUMERICS,),
+    ),
+    Mutation(
+        "invisibleink-float-margin",
+        "the fixed-point clip limit is rounded up past C·2^q (the float64 bound exceeds C/B)",
+        (("src/dplang/textgen/invisibleink.py",
+          "limit = float(max(math.floor(math.ldexp(clip_norm, q)) - 2, 0))",
+          "limit = float(max(math.floor(math.ldexp(clip_norm, q)) + 1, 0))"),),
+        (NUMERICS,),
+    ),
+    Mutation(
+        "reveal-or-obscure-direct-q",
+        "reveal-or-obscure computes q = k/(k + n(e^ε − 1)) directly (0 at ε ≈ 709, overflow "
+        "from 710)",
+        (("src/dplang/sampling/kary.py", "if epsilon < 600.0:", "if True:"),),
+        (RELEASE_AUDIT,),
+    ),
+    Mutation(
+        "report-simultaneous-at-beta",
+        "the report's 'simultaneous' bound uses the per-candidate level β instead of β/m",
+        (("src/dplang/reports/mechanism.py",
+          "test.at_level(config.beta / len(stmts))",
+          "test.at_level(config.beta)"),),
+        ("tests/reports/test_selection.py",),
+    ),
+    Mutation(
+        "adapmixed-publishes-cost",
+        "AdaPMixED writes its exact, data-dependent privacy cost into every record",
+        (("src/dplang/textgen/adapmixed.py",
+          'return {"private_steps": self.private_steps, "public_steps": self.public_steps}',
+          'return {"private_steps": self.private_steps, "public_steps": self.public_steps,\n'
+          '                "epsilon_spent": self.p.epsilon_of(self.cost)}'),),
+        ("tests/textgen/test_adapmixed.py", "tests/cli/test_generate.py"),
+    ),
+    Mutation(
+        "adapmixed-add-remove",
+        "dplang generate offers add-remove adjacency for AdaPMixED again",
+        (("src/dplang/textgen/runner.py",
+          '"adapmixed": ("replace-by-null",),',
+          '"adapmixed": ("replace-by-null", "add-remove"),'),),
+        ("tests/cli/test_generate.py",),
+    ),
+    Mutation(
+        "data-dependent-says-dp",
+        "a data-dependent guarantee is printed as '(ε, δ)-differential privacy'",
+        (("src/dplang/privacy/guarantees.py",
+          "        if not self.ex_ante:\n",
+          "        if False:\n"),),
+        ("tests/privacy/test_guarantees.py", "tests/textgen/test_adapmixed.py"),
+    ),
+)
+
+
+def _copy_tree(dest: Path) -> None:
+    """Tracked and untracked, non-ignored files of the working tree (as they are now)."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                            check=True, capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if src.is_file():
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+
+
+def _run_tests(copy: Path, tests: tuple[str, ...], python: str) -> tuple[int, str, float]:
+    env = dict(os.environ, PYTHONPATH=str(copy / "src"), PYTHONDONTWRITEBYTECODE="1")
+    started = time.perf_counter()
+    proc = subprocess.run([python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                           *tests], cwd=copy, env=env, capture_output=True, text=True)
+    return proc.returncode, proc.stdout + proc.stderr, time.perf_counter() - started
+
+
+def _first_failure(output: str) -> str:
+    match = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
+    return match.group(1) if match else "?"
+
+
+def _apply(copy: Path, mutation: Mutation) -> dict[Path, str]:
+    originals: dict[Path, str] = {}
+    for rel, old, new in mutation.patches:
+        path = copy / rel
+        current = path.read_text(encoding="utf-8")
+        originals.setdefault(path, current)
+        found = current.count(old)
+        if found != 1:
+            raise SystemExit(f"{mutation.name}: expected one occurrence of {old!r} in {rel}, "
+                             f"found {found} (the source changed: update the mutation)")
+        path.write_text(current.replace(old, new), encoding="utf-8")
+    return originals
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--only", action="append", default=[], help="run this mutation only "
+                        "(repeatable)")
+    parser.add_argument("--python", default=sys.executable, help="interpreter running pytest")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
+    unknown = set(args.only) - {m.name for m in MUTATIONS}
+    if unknown:
+        parser.error(f"unknown mutation(s): {', '.join(sorted(unknown))}")
+    if args.list:
+        for m in MUTATIONS:
+            print(f"{m.name}: {m.description}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="dplang-mutation-") as tmp:
+        copy = Path(tmp) / "repo"
+        _copy_tree(copy)
+        all_tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+        code, output, seconds = _run_tests(copy, all_tests, args.python)
+        if code != 0:
+            print(output[-3000:])
+            print(f"the unmutated tree fails its tests (exit {code}): nothing to check")
+            return 2
+        print(f"unmutated tree: {len(all_tests)} test files pass ({seconds:.0f} s)\n")
+        print("| mutation | result | first failing test | s |")
+        print("|---|---|---|---|")
+        missed = []
+        for m in chosen:
+            originals = _apply(copy, m)
+            try:
+                code, output, seconds = _run_tests(copy, m.tests, args.python)
+            finally:
+                for path, text in originals.items():
+                    path.write_text(text, encoding="utf-8")
+            caught = code == 1  # 1: tests failed; 2+: collection error or interruption
+            if code not in (0, 1):
+                print(output[-2000:], file=sys.stderr)
+            result = "caught" if caught else ("MISSED" if code == 0 else f"error ({code})")
+            if not caught:
+                missed.append(m.name)
+            failing = _first_failure(output) if caught else "—"
+            print(f"| `{m.name}`: {m.description} | {result} | `{failing}` | {seconds:.0f} |",
+                  flush=True)
+        print(f"\n{len(chosen) - len(missed)} of {len(chosen)} mutations caught"
+              + (f"; missed: {', '.join(missed)}" if missed else ""))
+        return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

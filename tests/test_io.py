@@ -150,10 +150,9 @@ def test_parquet_skip_reasons(tmp_path: Path) -> None:
     assert [r.text for r in records] == ["alpha", None, None, None, "a\nb", "omega"]
     assert [r.labels["cat"] for r in records] == ["x", "y", "", "x", "y", "x"]
     assert stats.skipped_by_reason == {"missing": 1, "blank": 2}
-    stats = ReadStats()
-    with pytest.raises(ReferenceDataError, match="no usable references"):
-        list(read_records(path, text_column="num", stats=stats))
-    assert stats.skipped_by_reason == {"not_string": 6}
+    # A non-text column is refused by its schema type (public), not by its values.
+    with pytest.raises(ReferenceDataError, match="holds int64, not text"):
+        list(read_records(path, text_column="num"))
 
 
 def test_parquet_binary_invalid_utf8(tmp_path: Path) -> None:
@@ -247,9 +246,17 @@ def test_missing_empty_and_unsupported(tmp_path: Path) -> None:
         load_references(header_only)
     blank = write_csv(tmp_path / "blank.csv", [["text"], [""], ["  "]])
     with pytest.raises(ReferenceDataError, match=r"no usable references.*blank: 2"):
-        load_references(blank)
-    with pytest.raises(ReferenceDataError, match="no usable references"):
         load_references(blank, on_unusable="skip")
+
+
+def test_all_blank_references_are_not_refused(tmp_path: Path) -> None:
+    """Under the null rule a file of blank rows is the neighbour of one with a usable row:
+    refusing it (and not its neighbour) would release whether that row is blank."""
+    blank = write_csv(tmp_path / "blank.csv", [["text"], [""], ["  "]])
+    one = write_csv(tmp_path / "one.csv", [["text"], [""], ["hello"]])
+    records, stats = load_references(blank)
+    assert [r.text for r in records] == [None, None] and stats.used == 0
+    assert [r.text for r in load_references(one)[0]] == [None, "hello"]
 
 
 def test_errors_are_value_errors() -> None:

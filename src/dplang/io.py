@@ -343,6 +343,15 @@ def _rows_parquet(
         raise ReferenceDataError(f"{path}: not a readable Parquet file ({first_line})") from None
     names = list(pfile.schema_arrow.names)
     _check_columns(path, names, text_column, columns)
+    text_type = pfile.schema_arrow.field(text_column).type
+    if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)
+            or pa.types.is_binary(text_type) or pa.types.is_large_binary(text_type)
+            or pa.types.is_null(text_type)):
+        # Decided by the file's schema (public), not by the values.
+        raise ReferenceDataError(
+            f"{path}: column {text_column!r} holds {text_type}, not text; choose the text "
+            "column with --text-column"
+        )
     wanted = list(dict.fromkeys([text_column, *columns]))
     start = 0
     try:
@@ -395,8 +404,9 @@ def read_records(
 
     ``columns`` are extra columns (group-by labels, metadata) copied into ``Record.labels``.
     Pass a :class:`ReadStats` as ``stats`` to have it filled while iterating. Existence,
-    emptiness and format are checked at the call; column names when iteration starts. If the whole
-    file holds no usable text, :class:`ReferenceDataError` is raised once it is exhausted.
+    emptiness and format are checked at the call; column names when iteration starts. A file
+    without data rows (or, with the skip rule, without usable text) raises
+    :class:`ReferenceDataError` once it is exhausted.
     See the module docstring for the skip rule and ``on_unusable``.
     """
     path = Path(path)
@@ -450,14 +460,19 @@ def _iterate(
             stats.used += 1
         labels = {c: _label_str(v) for c, v in raw_labels.items()}
         yield Record(index=index, text=text, labels=labels)
-    if stats.used == 0:
-        raise ReferenceDataError(_no_usable_message(path, stats))
+    _check_usable(path, stats)
 
 
-def _no_usable_message(path: Path, stats: ReadStats) -> str:
+def _check_usable(path: Path, stats: ReadStats) -> None:
+    """Refuse a file with no data rows, or (skip rule) no usable row.
+
+    Under the null rule (private references) a file whose rows are all unusable is *not*
+    refused: it is a neighbour of a file with one usable row, and refusing one but not the other
+    would release whether that row is blank. Its references are all empty."""
     if stats.rows_seen == 0:
-        return f"{path}: no data rows"
-    return f"{path}: no usable references ({stats.summary()})"
+        raise ReferenceDataError(f"{path}: no data rows")
+    if stats.used == 0 and stats.on_unusable == "skip":
+        raise ReferenceDataError(f"{path}: no usable references ({stats.summary()})")
 
 
 def load_references(
@@ -474,7 +489,8 @@ def load_references(
     ``limit`` counts returned records: with ``on_unusable="skip"`` these are usable rows;
     with ``"null"`` they are rows (null references included), so the rows read are the first
     ``limit`` rows of the file whatever their content. The rest of the file is not read.
-    Raises :class:`ReferenceDataError` when no usable reference was found.
+    Raises :class:`ReferenceDataError` for a file without data rows and, with the skip rule,
+    when no usable reference was found (see :func:`_check_usable`).
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
@@ -492,8 +508,7 @@ def load_references(
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
-    if stats.used == 0:
-        raise ReferenceDataError(_no_usable_message(Path(path), stats))
+    _check_usable(Path(path), stats)
     return records, stats
 
 

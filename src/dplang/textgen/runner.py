@@ -472,6 +472,10 @@ def execute_plan(
     )
     done = _finished_groups(req.out)
     release.charge(on_warning)  # before any output (invariant 6); idempotent on resume
+    if plan.read_stats.used == 0 and on_warning is not None:
+        # Not refused (a neighbour with one usable row would not be): the data holder is told.
+        on_warning(f"no row of {req.data} holds a usable reference: every generation is the "
+                   "public prompt's (check --text-column)")
     if not resuming:
         release.write_private(plan.private_path, release.private_record(
             keep_seed=True,

@@ -1,0 +1,131 @@
+"""What row-invariant decoding costs: DP generation with this checkout's backend against the
+backend of an earlier commit (not row-invariant), side by side in one run.
+
+    .venv/bin/python benchmarks/row_invariance.py [--against fcc082b] [--groups 8]
+                                                  [--tokens 64] [--rounds 3]
+                                                  [--dtype float32|bfloat16]
+
+Both backends decode the same G groups of B = 7 Yelp references (k = 50, τ = 1.2, ε = 10,
+T tokens, EOS ignored so that both do the same work) with the default model. Each measurement
+runs in its own process (the earlier commit's ``src/`` is extracted with ``git archive`` into a
+temporary folder and put first on ``PYTHONPATH``); the two alternate for ``--rounds`` rounds and
+each keeps its best, so that drift of the machine hits both alike. Printed: seconds per
+generation, DP tokens/s (end to end, prompts included) and the median decode step, and the
+ratio current / earlier (the target of issue 13: at most 1.2 per DP token at G = 8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from io import BytesIO
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "yelp" / "dev.csv"
+B, K, TAU, EPS, DELTA = 7, 50, 1.2, 10.0, 1e-6
+
+
+def worker(groups: int, tokens: int, dtype: str) -> dict[str, float]:
+    """One measurement with whatever ``dplang`` is first on the path."""
+    import torch
+
+    import dplang
+    from dplang.io import load_references
+    from dplang.models import load_default_model
+    from dplang.privacy import RandomStreams, calibrate_clip, epsilon_to_rho
+    from dplang.textgen.engine import DecodingParams, GroupJob, run_invisibleink
+    from dplang.textgen.prompts import get_template
+
+    start = time.perf_counter()
+    model = load_default_model(dtype=dtype)
+    load_s = time.perf_counter() - start
+    records, _ = load_references(DATA, "text", ("label1", "label2"), limit=groups * B)
+    template = get_template("yelp", chat=model.has_chat_template)
+    jobs = []
+    for g in range(groups):
+        chunk = records[g * B:(g + 1) * B]
+        labels = chunk[0].labels
+        public = model.render_prompt(template.render(None, labels), template.system)
+        private = tuple(model.render_prompt(
+            template.render(model.truncate_tokens(r.text or "", 256), labels), template.system)
+            for r in chunk)
+        jobs.append(GroupJob(g, public, private))
+    clip = calibrate_clip(epsilon_to_rho(EPS, DELTA), tokens, B, TAU)
+    params = DecodingParams(clip, B, TAU, K, tokens, sparse_head=True, stop_at_eos=False)
+    stamps: list[float] = []
+    start = time.perf_counter()
+    run_invisibleink(model, jobs, params, RandomStreams(0), concurrent_groups=groups,
+                     on_step=lambda _n: stamps.append(time.perf_counter()))
+    secs = time.perf_counter() - start
+    steps = [b - a for a, b in itertools.pairwise(stamps)]
+    return {"seconds": secs, "step_ms": 1e3 * statistics.median(steps), "load_s": load_s,
+            "threads": torch.get_num_threads(), "source": str(Path(dplang.__file__).parent)}
+
+
+def extract(commit: str, into: Path) -> Path:
+    """``src/`` of ``commit`` unpacked under ``into``."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "src"], check=True,
+                             capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into / "src"
+
+
+def measure(src: Path | None, args: argparse.Namespace) -> dict[str, float]:
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", "--groups", str(args.groups), "--tokens",
+         str(args.tokens), "--dtype", args.dtype],
+        check=True, capture_output=True, text=True, env=env,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--against", default="fcc082b", help="earlier commit to compare with")
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.groups, args.tokens, args.dtype)))
+        return
+    best: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        earlier = extract(args.against, Path(tmp))
+        for r in range(args.rounds):
+            for name, src in (("current", None), (args.against, earlier)):
+                result = measure(src, args)
+                print(f"round {r + 1} {name:>10}: {result['seconds']:.1f} s, decode step "
+                      f"{result['step_ms']:.0f} ms", flush=True)
+                if name not in best or result["seconds"] < best[name]["seconds"]:
+                    best[name] = result
+    texts, tokens = args.groups, args.groups * args.tokens
+    print(f"\nG = {args.groups}, B = {B}, T = {args.tokens}, dtype {args.dtype}, "
+          f"{best['current']['threads']} threads; best of {args.rounds} rounds")
+    print(f"{'backend':>12} {'s / text':>9} {'DP tok/s':>9} {'step ms':>8}")
+    for name, res in best.items():
+        print(f"{name:>12} {res['seconds'] / texts:>9.2f} {tokens / res['seconds']:>9.2f} "
+              f"{res['step_ms']:>8.0f}")
+    ratio = best["current"]["seconds"] / best[args.against]["seconds"]
+    step = best["current"]["step_ms"] / best[args.against]["step_ms"]
+    print(f"current / {args.against}: {ratio:.2f}x per DP token end to end, {step:.2f}x per "
+          "decode step")
+
+
+if __name__ == "__main__":
+    main()

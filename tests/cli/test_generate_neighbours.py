@@ -60,11 +60,19 @@ def public_logits(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     return record
 
 
+@pytest.fixture(scope="module")
+def cached_loader():
+    """The CLI's model loader, memoised for this module only (the models are freed after)."""
+    loader = cache(generate_cli._load_model)
+    yield loader
+    loader.cache_clear()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("wave", sorted(WAVES))
 def test_nulling_one_reference_changes_no_other_group(tmp_path, monkeypatch, public_logits,
-                                                      dtype, wave):
-    monkeypatch.setattr(generate_cli, "_load_model", _cached_loader)
+                                                      cached_loader, dtype, wave):
+    monkeypatch.setattr(generate_cli, "_load_model", cached_loader)
     texts, batch, nulled = WAVES[wave]
     groups = len(texts) // batch
     neighbour = list(texts)
@@ -91,11 +99,3 @@ def test_nulling_one_reference_changes_no_other_group(tmp_path, monkeypatch, pub
         if group != changed:
             assert logits["D"][group] == logits["D'"][group], group
             assert tokens["D"][group] == tokens["D'"][group], group
-
-
-_LOAD = generate_cli._load_model
-
-
-@cache
-def _cached_loader(spec: str, dtype: str = "float32"):
-    return _LOAD(spec, dtype)

@@ -452,3 +452,37 @@ def test_decode_attention_rows_are_independent(threads: int, heads: int, kv_head
                 assert _bitwise_equal(alone[0], full[r])
     finally:
         torch.set_num_threads(previous)
+
+
+def test_rows_added_mid_decoding_are_invariant(model: TransformersModel) -> None:
+    """Rows joining a running batch (their prompts run beside the others' next tokens) get
+    the bits they get alone, and so do the rows already there."""
+    prompts = [model._prompt_ids(p) for p in PROMPTS]
+    tokens = _tokens(model, len(PROMPTS), 4, seed=9).tolist()
+    alone = {r: _decode_rows(model, [prompts[r]], [[t[r]] for t in tokens])[0]
+             for r in range(len(PROMPTS))}
+    state = RowDecodeState(prompts=[prompts[0], prompts[1]])
+    seen: dict[int, list[torch.Tensor]] = {r: [] for r in range(len(PROMPTS))}
+    rows = [0, 1]
+    steps_done = {0: 0, 1: 0}
+    for step in range(6):
+        if step == 2:  # two rows join while rows 0 and 1 are mid-way
+            state.prompts.extend([prompts[2], prompts[3]])
+            state.caches.extend([None, None])
+            rows += [2, 3]
+            steps_done.update({2: 0, 3: 0})
+        started = [r for r in rows if steps_done[r] > 0]
+        step_tokens = (torch.tensor([tokens[steps_done[r] - 1][r] for r in started])
+                       if started else None)
+        hidden = model.next_hidden(state, step_tokens)
+        dense = model.logits_from_hidden(hidden)
+        for i, r in enumerate(rows):
+            if steps_done[r] <= 4:
+                seen[r].extend([hidden[i], dense[i]])
+            steps_done[r] += 1
+        if step == 4:
+            model.drop_rows(state, torch.tensor([2, 3]))
+            rows = [2, 3]
+    for r in range(len(PROMPTS)):
+        assert len(seen[r]) >= 8, r  # at least four steps of (hidden, logits)
+        _assert_bitwise(seen[r], alone[r])

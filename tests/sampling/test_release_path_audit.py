@@ -149,8 +149,9 @@ def test_product_sampler_release_path_zcdp_accounting(tmp_path, capsys, monkeypa
     data = tmp_path / "b.csv"
     data.write_text(",".join(f"x{j}" for j in range(d)) + "\n"
                     + "\n".join(",".join(map(str, r)) for r in rows) + "\n")
-    manifest = _sample_cli(capsys, data, tmp_path / "s.csv", "--columns",
-                           ",".join(f"x{j}" for j in range(d)), "--method", "product",
+    names = ",".join(f"x{j}" for j in range(d))
+    manifest = _sample_cli(capsys, data, tmp_path / "s.csv", "--columns", names,
+                           "--binary", names, "--method", "product",
                            "--epsilon", "1", "--delta", "1e-6", "--force")
     rho = manifest["guarantee"]["rho"]
     assert rho is not None and manifest["guarantee"]["epsilon"] <= 1.0 + 1e-12

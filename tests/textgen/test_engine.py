@@ -128,3 +128,55 @@ def test_tiny_hf_model_sparse_dense_and_concurrency(tmp_path):
     assert texts(run_invisibleink(model, js, params, RandomStreams(0), 3)) == base
     dense = DecodingParams(1.0, 3, 1.0, 8, 6, sparse_head=False, stop_at_eos=False)
     assert texts(run_invisibleink(model, js, dense, RandomStreams(0), 3)) == base
+
+
+class StaggeredPolicy(engine_mod.InvisibleInkPolicy):
+    """InvisibleInk that stops group ``g`` after ``g % 4 + 2`` tokens, so groups retire at
+    different steps and the engine admits new ones mid-run."""
+
+    def __init__(self, stop_after: int, *args) -> None:
+        super().__init__(*args)
+        self.stop_after = stop_after
+
+    def choose(self, public, private, ids, rng):
+        if len(self.sizes) >= self.stop_after:
+            return None
+        return super().choose(public, private, ids, rng)
+
+
+def _staggered(model, groups, concurrent, vocab):
+    from dplang.textgen.engine import run_groups
+
+    def make(job):
+        return StaggeredPolicy(job.index % 4 + 2, 1.0, 3, 1.0, 4, vocab)
+
+    return run_groups(model, jobs(groups), make, 3, 12, RandomStreams(5), concurrent)
+
+
+def test_continuous_batching_admits_a_group_as_one_retires():
+    """With G = 2 and groups of different lengths, a third group starts before the first wave's
+    longest group ends; every group's text is the one it gets decoded alone."""
+    model = CountingModel(vocab_size=24, eos_after=None)
+    alone = texts(_staggered(model, 5, 1, 24))
+    model.rows_per_step.clear()
+    together = _staggered(model, 5, 2, 24)
+    assert texts(together) == alone
+    assert [r.stopped for r in together] == ["budget"] * 5
+    # Group g holds its rows for g % 4 + 3 steps (its tokens, then the step that stops it):
+    # 3, 4, 5, 6, 3. Continuously, both slots stay full until the queue is empty: 11 steps of
+    # 8 rows but the last; waves of 2 would take max(3, 4) + max(5, 6) + 3 = 13 steps.
+    assert model.rows_per_step == [8] * 10 + [4]
+    assert [r.index for r in together] == [0, 1, 2, 3, 4]
+
+
+def test_tiny_hf_model_continuous_batching_is_bit_exact(tmp_path):
+    """Staggered retirement over the real (row-invariant) backend: any G gives the texts of
+    G = 1, because a newcomer's prompt rows and the others' token rows share calls without
+    changing each other's bits."""
+    from dplang.models import TransformersModel, make_tiny_hf_model
+
+    make_tiny_hf_model(tmp_path / "m")
+    model = TransformersModel(tmp_path / "m", block_size=4)
+    alone = texts(_staggered(model, 6, 1, model.vocab_size))
+    for concurrent in (2, 3, 6):
+        assert texts(_staggered(model, 6, concurrent, model.vocab_size)) == alone

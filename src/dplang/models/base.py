@@ -5,8 +5,10 @@ in two so that the engine can compute the public rows' logits first, derive the 
 candidate set from them, and then ask for the private rows' logits only on those candidates
 (the *sparse LM head*):
 
-1. ``next_hidden(state, tokens)`` appends one token per row (``None`` on the first step, right
-   after ``encode_prompts``) and returns the final hidden state of every row, ``[rows, H]``.
+1. ``next_hidden(state, tokens)`` appends one token to every row that has already run (``None``
+   when no row has: right after ``encode_prompts``), runs the prompts of the rows that have not
+   (new rows, from ``encode_prompts`` or ``add_prompts``), and returns the final hidden state of
+   every row, ``[rows, H]``. Rows can thus join a running batch (continuous batching).
 2. ``logits_from_hidden(hidden, candidates)`` applies the LM head: the full vocabulary when
    ``candidates`` is ``None`` (``[rows, V]``), or only the token ids in ``candidates``
    (``[rows, K]`` of int64, one candidate list per row) returning ``[rows, K]``.
@@ -71,12 +73,18 @@ class LogitsModel(Protocol):
         """Tokenize rendered prompts; nothing is run yet."""
         ...
 
-    def next_hidden(self, state: DecodeState, tokens: torch.Tensor | None) -> torch.Tensor:
-        """Append ``tokens`` (int64 ``[rows]``; ``None`` on the first call) and return the
-        last hidden state of every row, ``[rows, H]``.
+    def add_prompts(self, state: DecodeState, prompts: Sequence[str]) -> None:
+        """Append rows for ``prompts`` after the existing ones; they run at the next
+        :meth:`next_hidden` call, beside the other rows' next tokens."""
+        ...
 
-        ``tokens`` must be ``None`` exactly on the first call. The returned tensor is an
-        ordinary tensor (not an inference-mode tensor): callers may modify it in place."""
+    def next_hidden(self, state: DecodeState, tokens: torch.Tensor | None) -> torch.Tensor:
+        """Append ``tokens`` (int64, one per row that has already run, in row order; ``None``
+        when no row has), run the prompts of the rows that have not, and return the last
+        hidden state of every row, ``[rows, H]``.
+
+        The returned tensor is an ordinary tensor (not an inference-mode tensor): callers may
+        modify it in place."""
         ...
 
     def logits_from_hidden(

@@ -35,6 +35,7 @@ class ToyDecodeState:
     prompts: list[str]
     prefixes: list[list[int]] = field(default_factory=list)
     steps: int = 0
+    started: list[bool] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
@@ -156,23 +157,35 @@ class ToyModel:
         if isinstance(prompts, str):
             raise TypeError("encode_prompts takes a sequence of prompts, not one string")
         prompts = [str(p) for p in prompts]
-        return ToyDecodeState(prompts=prompts, prefixes=[[] for _ in prompts])
+        return ToyDecodeState(prompts=prompts, prefixes=[[] for _ in prompts],
+                              started=[False] * len(prompts))
+
+    def add_prompts(self, state: ToyDecodeState, prompts: Sequence[str]) -> None:
+        """Append rows; they start at the next :meth:`next_hidden` call."""
+        if isinstance(prompts, str):
+            raise TypeError("add_prompts takes a sequence of prompts, not one string")
+        state.prompts.extend(str(p) for p in prompts)
+        state.prefixes.extend([] for _ in prompts)
+        state.started.extend(False for _ in prompts)
 
     def next_hidden(self, state: ToyDecodeState, tokens: torch.Tensor | None) -> torch.Tensor:
-        """Append ``tokens`` (``None`` on the first call); the hidden state is the logits."""
-        if state.steps == 0:
-            if tokens is not None:
-                raise ValueError("the first next_hidden call takes tokens=None")
+        """Append ``tokens`` to the rows that have run (``None`` when none has) and start the
+        others; the hidden state is the logits."""
+        started = [i for i, s in enumerate(state.started) if s]
+        if not started:
+            if tokens is not None and torch.as_tensor(tokens).numel():
+                raise ValueError("next_hidden takes tokens=None when no row has run yet")
         else:
             if tokens is None:
-                raise ValueError("next_hidden needs one token per row after the first step")
+                raise ValueError("next_hidden needs one token per row that has run")
             flat = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1).tolist()
-            if len(flat) != state.rows:
-                raise ValueError(f"expected {state.rows} tokens, got {len(flat)}")
-            for prefix, token in zip(state.prefixes, flat, strict=True):
+            if len(flat) != len(started):
+                raise ValueError(f"expected {len(started)} tokens, got {len(flat)}")
+            for row, token in zip(started, flat, strict=True):
                 if not 0 <= token < self.vocab_size:
                     raise ValueError("token id out of range")
-                prefix.append(int(token))
+                state.prefixes[row].append(int(token))
+        state.started = [True] * state.rows
         state.steps += 1
         if state.rows == 0:
             return torch.zeros((0, self.vocab_size), dtype=torch.float32)
@@ -208,6 +221,7 @@ class ToyModel:
             raise ValueError("keep index out of range")
         state.prompts = [state.prompts[i] for i in idx]
         state.prefixes = [state.prefixes[i] for i in idx]
+        state.started = [state.started[i] for i in idx]
         return state
 
 

@@ -106,16 +106,22 @@ class RowDecodeState:
     """Decoding state of :class:`TransformersModel`: one entry per row still decoded.
 
     Attributes:
-        prompts: each row's prompt token ids (run by the first :meth:`next_hidden` call).
-        caches: each row's blocks in the paged key/value cache and its cached length.
-        cache: the paged cache (``None`` until the first call).
+        prompts: each row's prompt token ids (run by the first :meth:`next_hidden` call after
+            the row was added).
+        caches: each row's blocks in the paged key/value cache and its cached length, or
+            ``None`` for a row whose prompt has not run yet.
+        cache: the paged cache (created by the first call that runs a prompt).
         steps: number of :meth:`next_hidden` calls so far.
     """
 
     prompts: list[list[int]]
-    caches: list[RowCache] = field(default_factory=list)
+    caches: list[RowCache | None] = field(default_factory=list)
     cache: PagedKVCache | None = None
     steps: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.caches) < len(self.prompts):
+            self.caches.extend([None] * (len(self.prompts) - len(self.caches)))
 
     @property
     def rows(self) -> int:
@@ -124,8 +130,8 @@ class RowDecodeState:
 
     @property
     def started(self) -> bool:
-        """Whether the prompts have been run through the model."""
-        return self.steps > 0
+        """Whether some row's prompt has been run through the model."""
+        return any(c is not None for c in self.caches)
 
     @property
     def prompt_lengths(self) -> list[int]:
@@ -433,53 +439,61 @@ class TransformersModel:
         """Tokenize rendered prompts; nothing is run yet."""
         if isinstance(prompts, str):
             raise TypeError("encode_prompts takes a sequence of prompts, not one string")
+        state = RowDecodeState(prompts=[])
+        self.add_prompts(state, prompts)
+        return state
+
+    def add_prompts(self, state: DecodeState, prompts: Sequence[str]) -> None:
+        """Append rows for rendered ``prompts``; they run at the next :meth:`next_hidden`."""
+        if isinstance(prompts, str):
+            raise TypeError("add_prompts takes a sequence of prompts, not one string")
         encoded = [self._prompt_ids(p) for p in prompts]
         for i, ids in enumerate(encoded):
             if not ids:
                 raise ValueError(f"prompt {i} encodes to no tokens")
-        return RowDecodeState(prompts=encoded)
+        state.prompts.extend(encoded)
+        state.caches.extend([None] * len(encoded))
 
     def next_hidden(self, state: DecodeState, tokens: torch.Tensor | None) -> torch.Tensor:
-        """Append ``tokens`` (one per row; ``None`` on the first call, which runs the prompts)
-        and return the final-norm hidden state of every row, ``[rows, H]`` float32.
+        """Append ``tokens`` (one per row that has run, in row order; ``None`` when none has),
+        run the prompts of the rows that have not, and return the final-norm hidden state of
+        every row, ``[rows, H]`` float32.
 
         Privacy contract: row ``i`` of the result depends only on row ``i``'s prompt and
-        tokens (bit for bit; see the module docstring)."""
-        if state.rows == 0:
-            state.steps += 1
-            return torch.zeros((0, self.hidden_size), dtype=torch.float32)
-        if not state.started:
-            if tokens is not None:
-                raise ValueError("the first next_hidden call takes tokens=None (prompt step)")
-            state.cache = PagedKVCache(self._num_layers, self.block_size)
-            state.caches = [RowCache() for _ in range(state.rows)]
-            hidden = self._prompt_step(state)
+        tokens (bit for bit; see the module docstring), however the rows are split into calls."""
+        started = [r for r, c in enumerate(state.caches) if c is not None]
+        pending = [r for r, c in enumerate(state.caches) if c is None]
+        if not started:
+            if tokens is not None and torch.as_tensor(tokens).numel():
+                raise ValueError("next_hidden takes tokens=None when no row has run yet")
+            segments: list[tuple[int, Sequence[int]]] = []
         else:
             if tokens is None:
-                raise ValueError("next_hidden needs one token per row after the first step")
+                raise ValueError("next_hidden needs one token per row that has run")
             tokens = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1)
-            if tokens.shape[0] != state.rows:
-                raise ValueError(f"expected {state.rows} tokens, got {tokens.shape[0]}")
+            if tokens.shape[0] != len(started):
+                raise ValueError(f"expected {len(started)} tokens, got {tokens.shape[0]}")
             if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
                 raise ValueError("token id out of range")
-            segments = [(row, [tok]) for row, tok in enumerate(tokens.tolist())]
-            hidden = self._run_segments(state, segments)
-        state.steps += 1
-        return hidden
-
-    def _prompt_step(self, state: RowDecodeState) -> torch.Tensor:
-        """Run every row's prompt, in calls of at most :data:`MAX_STEP_TOKENS` tokens."""
+            segments = [(r, [t]) for r, t in zip(started, tokens.tolist(), strict=True)]
         hidden = torch.empty((state.rows, self.hidden_size), dtype=torch.float32)
-        chunk: list[tuple[int, list[int]]] = []
-        size = 0
-        for row, ids in enumerate(state.prompts):
-            if chunk and size + len(ids) > MAX_STEP_TOKENS:
-                hidden[[r for r, _ in chunk]] = self._run_segments(state, chunk)
-                chunk, size = [], 0
-            chunk.append((row, ids))
+        if state.cache is None:
+            state.cache = PagedKVCache(self._num_layers, self.block_size)
+        for r in pending:
+            state.caches[r] = RowCache()
+        # One call for the tokens and as many prompts as fit in MAX_STEP_TOKENS, then more
+        # calls for the other prompts (a row's bits do not depend on the split).
+        size = len(segments)
+        for r in pending:
+            ids = state.prompts[r]
+            if segments and size + len(ids) > MAX_STEP_TOKENS:
+                hidden[[row for row, _ in segments]] = self._run_segments(state, segments)
+                segments, size = [], 0
+            segments.append((r, ids))
             size += len(ids)
-        if chunk:
-            hidden[[r for r, _ in chunk]] = self._run_segments(state, chunk)
+        if segments:
+            hidden[[row for row, _ in segments]] = self._run_segments(state, segments)
+        state.steps += 1
         return hidden
 
     def _run_segments(
@@ -502,6 +516,7 @@ class TransformersModel:
         last: list[int] = []
         for row, new in segments:
             rc = state.caches[row]
+            assert rc is not None
             start, count = rc.length, len(new)
             rc.length += count
             missing = -(-rc.length // block) - len(rc.blocks)
@@ -560,8 +575,9 @@ class TransformersModel:
             for row, seq in chunk:
                 results.append(hidden[offset:offset + len(seq)])
                 offset += len(seq)
-                assert state.cache is not None
-                state.cache.release(state.caches[row].blocks)
+                done = state.caches[row]
+                assert state.cache is not None and done is not None
+                state.cache.release(done.blocks)
                 state.caches[row] = RowCache()
 
         for row, seq in enumerate(state.prompts):
@@ -635,11 +651,12 @@ class TransformersModel:
         if keep.numel() and (int(keep.min()) < 0 or int(keep.max()) >= state.rows):
             raise ValueError("keep index out of range")
         kept = keep.tolist()
-        if state.started and state.cache is not None:
-            dropped = set(range(state.rows)) - set(kept)
-            for row in dropped:
-                state.cache.release(state.caches[row].blocks)
-            state.caches = [state.caches[i] for i in kept]
+        if state.cache is not None:
+            for row in set(range(state.rows)) - set(kept):
+                dropped = state.caches[row]
+                if dropped is not None:
+                    state.cache.release(dropped.blocks)
+        state.caches = [state.caches[i] for i in kept]
         state.prompts = [state.prompts[i] for i in kept]
         return state
 

@@ -1,9 +1,10 @@
 """The generation engine: decodes many InvisibleInk generation groups over one model.
 
 A *group* is one generation: B private prompts (one per reference) and one public prompt.
-The engine decodes G groups at once — G×(B+1) rows in one model batch, fewer when references
-are empty — and retires a group's rows as soon as it ends (EOS or T tokens). Groups are taken
-in waves of G; a wave ends when its last group ends.
+The engine decodes up to G groups at once — G×(B+1) rows in one model batch, fewer when
+references are empty — retires a group's rows as soon as it ends (EOS or T tokens) and admits
+the next group in its place, whose prompts run in the same model call as the others' next
+tokens (continuous batching at the level of groups).
 
 Privacy-relevant properties (DESIGN.md invariants 1, 2, 5):
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any, Protocol
 
 import numpy as np
@@ -126,12 +126,6 @@ class _Live:
     tokens: list[int] = field(default_factory=list)
 
 
-def _waves(jobs: Iterable[GroupJob], size: int) -> Iterator[list[GroupJob]]:
-    it = iter(jobs)
-    while wave := list(islice(it, size)):
-        yield wave
-
-
 def run_invisibleink(
     model: LogitsModel,
     jobs: Iterable[GroupJob],
@@ -175,55 +169,68 @@ def run_groups(
     if max_tokens < 1:
         raise ValueError(f"max tokens must be >= 1, got {max_tokens}")
     results: list[GroupResult] = []
-    for wave in _waves(jobs, concurrent_groups):
-        for job in wave:
-            if len(job.private_prompts) != batch_size:
-                raise ValueError(
-                    f"group {job.index} has {len(job.private_prompts)} references, expected "
-                    f"{batch_size}"
-                )
-        live = [(job, make_policy(job)) for job in wave]
-        for res in _run_wave(model, live, max_tokens, streams, on_step, sparse_head,
-                             stop_at_eos):
-            results.append(res)
-            if on_result is not None:
-                on_result(res)
+    for res in _run_continuous(model, jobs, make_policy, batch_size, max_tokens, streams,
+                               concurrent_groups, on_step, sparse_head, stop_at_eos):
+        results.append(res)
+        if on_result is not None:
+            on_result(res)
     return results
 
 
-def _run_wave(
+def _run_continuous(
     model: LogitsModel,
-    wave: Sequence[tuple[GroupJob, StepPolicy]],
+    jobs: Iterable[GroupJob],
+    make_policy: Callable[[GroupJob], StepPolicy],
+    batch_size: int,
     max_tokens: int,
     streams: RandomStreams,
+    concurrent_groups: int,
     on_step: Callable[[int], None] | None,
     sparse_head: bool,
     stop_at_eos: bool,
 ) -> Iterator[GroupResult]:
-    prompts: list[str] = []
+    """Continuous batching at the level of groups: up to ``concurrent_groups`` groups are
+    decoded together, and a new group is admitted (its prompts run in the same model call as
+    the others' next tokens) as soon as one retires.
+
+    Which groups share a call depends on when the others end (EOS: on their references). That
+    is safe because nothing a group computes depends on the rows beside it: the model is
+    row-invariant and each group samples from its own stream ``streams.generator(index)``."""
+    queue = iter(jobs)
     live: list[_Live] = []
-    for job, policy in wave:
-        rows = []
-        for p in job.private_prompts:
-            if p != job.public_prompt:  # empty reference ⇒ exactly the public logits
-                rows.append(len(prompts))
-                prompts.append(p)
-        live.append(_Live(job, policy, streams.generator(job.index), rows, len(prompts)))
-        prompts.append(job.public_prompt)
-
-    state = model.encode_prompts(prompts)
-    next_tokens: torch.Tensor | None = None
+    state = model.encode_prompts([])
     eos = model.eos_token_ids
+    tokens_of_started: list[int] = []  # next token of every row that has run, in row order
 
+    def admit() -> None:
+        while len(live) < concurrent_groups:
+            job = next(queue, None)
+            if job is None:
+                return
+            if len(job.private_prompts) != batch_size:
+                raise ValueError(f"group {job.index} has {len(job.private_prompts)} "
+                                 f"references, expected {batch_size}")
+            first = state.rows
+            prompts = [p for p in job.private_prompts if p != job.public_prompt]
+            # An empty reference (its prompt is the public one) gets no row: its clipped
+            # difference is exactly zero by construction.
+            model.add_prompts(state, [*prompts, job.public_prompt])
+            rows = list(range(first, first + len(prompts)))
+            live.append(_Live(job, make_policy(job), streams.generator(job.index), rows,
+                              first + len(prompts)))
+
+    admit()
     while live:
-        hidden = model.next_hidden(state, next_tokens)
+        step_tokens = (torch.tensor(tokens_of_started, dtype=torch.long)
+                       if tokens_of_started else None)
+        hidden = model.next_hidden(state, step_tokens)
         public = model.logits_from_hidden(hidden[[g.public_row for g in live]])
         cand_ids = [g.policy.candidates(public[j]) for j, g in enumerate(live)]
         sparse = sparse_head and all(ids is not None for ids in cand_ids)
         private_rows = [r for g in live for r in g.rows]
         private = _private_logits(model, hidden, live, private_rows, cand_ids, sparse)
 
-        row_tokens = torch.empty(hidden.shape[0], dtype=torch.long)
+        row_tokens = [0] * hidden.shape[0]
         finished: list[tuple[int, str]] = []
         offset = 0
         for j, g in enumerate(live):
@@ -237,8 +244,8 @@ def _run_wave(
             if token is None:
                 finished.append((j, "budget"))
                 continue
-            row_tokens[g.rows] = token
-            row_tokens[g.public_row] = token
+            for r in (*g.rows, g.public_row):
+                row_tokens[r] = token
             if token in eos and stop_at_eos:
                 finished.append((j, "eos"))
                 continue
@@ -248,29 +255,26 @@ def _run_wave(
         if on_step is not None:
             on_step(len(live))
 
-        if not finished:
-            next_tokens = row_tokens
-            continue
-        done = {j for j, _ in finished}
-        for j, why in finished:
-            g = live[j]
-            yield GroupResult(g.job.index, g.tokens, model.decode(g.tokens), why,
-                              g.policy.stats())
-        live = [g for j, g in enumerate(live) if j not in done]
-        if not live:
-            break
-        keep: list[int] = []
-        for g in live:  # renumber the surviving rows: private rows first, then the public one
-            new_rows = []
-            for r in g.rows:
-                new_rows.append(len(keep))
-                keep.append(r)
-            old_public = g.public_row
-            g.rows, g.public_row = new_rows, len(keep)
-            keep.append(old_public)
-        keep_t = torch.tensor(keep, dtype=torch.long)
-        state = model.drop_rows(state, keep_t)
-        next_tokens = row_tokens[keep_t]
+        if finished:
+            done = {j for j, _ in finished}
+            for j, why in finished:
+                g = live[j]
+                yield GroupResult(g.job.index, g.tokens, model.decode(g.tokens), why,
+                                  g.policy.stats())
+            live = [g for j, g in enumerate(live) if j not in done]
+            keep: list[int] = []
+            for g in live:  # renumber the surviving rows: private rows first, then the public
+                new_rows = []
+                for r in g.rows:
+                    new_rows.append(len(keep))
+                    keep.append(r)
+                old_public = g.public_row
+                g.rows, g.public_row = new_rows, len(keep)
+                keep.append(old_public)
+            model.drop_rows(state, torch.tensor(keep, dtype=torch.long))
+            row_tokens = [row_tokens[r] for r in keep]
+        tokens_of_started = row_tokens
+        admit()
 
 
 def _private_logits(

@@ -469,6 +469,7 @@ def test_rows_added_mid_decoding_are_invariant(model: TransformersModel) -> None
         if step == 2:  # two rows join while rows 0 and 1 are mid-way
             state.prompts.extend([prompts[2], prompts[3]])
             state.caches.extend([None, None])
+            state.prefix_of.extend([None, None])
             rows += [2, 3]
             steps_done.update({2: 0, 3: 0})
         started = [r for r in rows if steps_done[r] > 0]
@@ -486,3 +487,76 @@ def test_rows_added_mid_decoding_are_invariant(model: TransformersModel) -> None
     for r in range(len(PROMPTS)):
         assert len(seen[r]) >= 8, r  # at least four steps of (hidden, logits)
         _assert_bitwise(seen[r], alone[r])
+
+
+# ------------------------------------------------------------------ shared prefixes
+
+PREFIX = "Here is a review of a place we liked a lot, written by a guest: "
+
+
+def _decode_texts(m: TransformersModel, texts: list[str], prefixes: list[str | None],
+                  steps: int, drop_after: int | None = None,
+                  ids: list[int] | None = None) -> list[list[torch.Tensor]]:
+    """Per text: hidden states and logits of every step; the tokens fed to text ``i`` depend
+    on ``ids[i]`` (default: its position) and the step only."""
+    ids = list(range(len(texts))) if ids is None else ids
+    state = RowDecodeState(prompts=[])
+    m.add_prompts(state, texts, prefixes)
+    live = list(range(len(texts)))
+    seen: list[list[torch.Tensor]] = [[] for _ in texts]
+    for s in range(steps + 1):
+        step = None if s == 0 else torch.tensor(
+            [(7 * s + 3 * ids[i]) % m.vocab_size for i in live])
+        hidden = m.next_hidden(state, step)
+        logits = m.logits_from_hidden(hidden)
+        for j, i in enumerate(live):
+            seen[i].extend([hidden[j], logits[j]])
+        if drop_after == s:
+            m.drop_rows(state, torch.arange(1, len(live)))
+            live = live[1:]
+    return seen
+
+
+def test_shared_prefix_rows_are_invariant_and_match_the_forward(model: TransformersModel) -> None:
+    """Rows sharing a public prefix get the bits they get alone (the prefix is computed once
+    and its blocks shared), including a row that is the prefix itself; and their logits are the
+    model's own forward on the same token ids."""
+    texts = [PREFIX + "the soup was great", PREFIX + "slow service", PREFIX,
+             PREFIX + "x" * 30]
+    prefixes = [PREFIX] * len(texts)
+    together = _decode_texts(model, texts, prefixes, 3, drop_after=1)
+    for i, text in enumerate(texts):
+        _assert_bitwise(together[i], _decode_texts(model, [text], [PREFIX], 3, ids=[i])[0])
+    state = RowDecodeState(prompts=[])
+    model.add_prompts(state, texts, prefixes)
+    logits = model.logits_from_hidden(model.next_hidden(state, None))
+    head = model._prompt_ids(PREFIX)
+    for i, text in enumerate(texts):
+        ids = head + model._ids(text[len(PREFIX):])
+        with torch.no_grad():
+            ref = model.model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+        torch.testing.assert_close(logits[i], ref, atol=ATOL, rtol=1e-4)
+
+
+def test_shared_prefix_blocks_outlive_the_rows(model: TransformersModel) -> None:
+    state = RowDecodeState(prompts=[])
+    model.add_prompts(state, [PREFIX + "a b c", PREFIX + "d"], [PREFIX, PREFIX])
+    model.next_hidden(state, None)
+    prefix_cache, _ = next(iter(state.prefixes.values()))
+    assert state.caches[0].shared == prefix_cache.length // model.block_size
+    assert state.caches[0].blocks[:state.caches[0].shared] == prefix_cache.blocks[
+        :state.caches[0].shared]
+    model.drop_rows(state, torch.tensor([], dtype=torch.int64))
+    free = set(state.cache._free)
+    assert not free & set(prefix_cache.blocks)  # the prefix stays for rows that come later
+    model.add_prompts(state, [PREFIX + "again"], [PREFIX])
+    model.next_hidden(state, None)
+    assert len(state.prefixes) == 1  # computed once per state
+
+
+def test_add_prompts_checks_prefixes(model: TransformersModel) -> None:
+    state = RowDecodeState(prompts=[])
+    with pytest.raises(ValueError, match="does not start with its prefix"):
+        model.add_prompts(state, ["other text"], [PREFIX])
+    with pytest.raises(ValueError, match="prefixes for"):
+        model.add_prompts(state, ["a", "b"], [None])

@@ -144,13 +144,15 @@ class StaggeredPolicy(engine_mod.InvisibleInkPolicy):
         return super().choose(public, private, ids, rng)
 
 
-def _staggered(model, groups, concurrent, vocab):
+def _staggered(model, groups, concurrent, vocab, prefix=""):
     from dplang.textgen.engine import run_groups
 
     def make(job):
         return StaggeredPolicy(job.index % 4 + 2, 1.0, 3, 1.0, 4, vocab)
 
-    return run_groups(model, jobs(groups), make, 3, 12, RandomStreams(5), concurrent)
+    js = [GroupJob(j.index, prefix + j.public_prompt,
+                   tuple(prefix + p for p in j.private_prompts), prefix) for j in jobs(groups)]
+    return run_groups(model, js, make, 3, 12, RandomStreams(5), concurrent)
 
 
 def test_continuous_batching_admits_a_group_as_one_retires():
@@ -177,6 +179,35 @@ def test_tiny_hf_model_continuous_batching_is_bit_exact(tmp_path):
 
     make_tiny_hf_model(tmp_path / "m")
     model = TransformersModel(tmp_path / "m", block_size=4)
-    alone = texts(_staggered(model, 6, 1, model.vocab_size))
-    for concurrent in (2, 3, 6):
-        assert texts(_staggered(model, 6, concurrent, model.vocab_size)) == alone
+    for prefix in ("", "Here is a shared public header of the template: "):
+        alone = texts(_staggered(model, 6, 1, model.vocab_size, prefix))
+        for concurrent in (2, 3, 6):
+            assert texts(_staggered(model, 6, concurrent, model.vocab_size, prefix)) == alone
+
+
+def test_runner_shares_the_template_up_to_the_reference(tiny_gemma_dir):
+    """The shared prefix is public: the rendered template up to the reference slot, as far as
+    the public prompt agrees with it (completion form: the whole header, which is the public
+    prompt; chat form: the chat header)."""
+    from types import SimpleNamespace
+
+    from dplang.models import TransformersModel
+    from dplang.textgen.prompts import get_template
+    from dplang.textgen.runner import _shared_prefix
+
+    labels = {"label1": "Business Category: Restaurants", "label2": "Review Stars: 4.0"}
+    for chat in (False, True):
+        model = TransformersModel(tiny_gemma_dir, threads=1)
+        if not chat:
+            model.tokenizer.chat_template = None
+        template = get_template("yelp", chat=chat)
+        plan = SimpleNamespace(model=model, template=template)
+        public = model.render_prompt(template.render(None, labels), template.system)
+        private = model.render_prompt(template.render("Great tacos.", labels), template.system)
+        prefix = _shared_prefix(plan, labels, public)
+        assert prefix and public.startswith(prefix) and private.startswith(prefix)
+        assert "Great tacos" not in prefix
+        if not chat:
+            assert prefix == public  # the completion form's public prompt is its header
+        else:
+            assert prefix.startswith("<bos>") and len(prefix) < len(public)

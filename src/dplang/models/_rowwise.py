@@ -88,32 +88,56 @@ class PagedKVCache:
         """Return blocks to the free list (their contents are never read again)."""
         self._free.extend(blocks)
 
-    def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor,
-              values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store ``keys``/``values`` ``[T, kv_heads, d]`` at flat ``slots`` (block * P + offset)
-        of ``layer``; returns that layer's pools ``[capacity, P, kv_heads, d]``."""
+    def _pools(self, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``layer``'s pools, grown to the current capacity (``like``: ``[T, kvh, d]``)."""
         pool_k, pool_v = self.keys[layer], self.values[layer]
         if pool_k is None or pool_v is None or pool_k.shape[0] < self.capacity:
-            shape = (self.capacity, self.block_size, *keys.shape[1:])
-            new_k = keys.new_zeros(shape)
-            new_v = values.new_zeros(shape)
+            shape = (self.capacity, self.block_size, *like.shape[1:])
+            new_k = like.new_zeros(shape)
+            new_v = like.new_zeros(shape)
             if pool_k is not None and pool_v is not None:
                 new_k[: pool_k.shape[0]] = pool_k
                 new_v[: pool_v.shape[0]] = pool_v
             pool_k, pool_v = new_k, new_v
             self.keys[layer], self.values[layer] = pool_k, pool_v
+        return pool_k, pool_v
+
+    def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor,
+              values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store ``keys``/``values`` ``[T, kv_heads, d]`` at flat ``slots`` (block * P + offset)
+        of ``layer``; returns that layer's pools ``[capacity, P, kv_heads, d]``."""
+        pool_k, pool_v = self._pools(layer, keys)
         flat = (-1, *keys.shape[1:])
         pool_k.view(flat).index_copy_(0, slots, keys.to(pool_k.dtype))
         pool_v.view(flat).index_copy_(0, slots, values.to(pool_v.dtype))
         return pool_k, pool_v
 
+    @torch.inference_mode()
+    def copy_block(self, source: int, target: int) -> None:
+        """Copy block ``source`` into block ``target`` in every layer (exact copies)."""
+        for layer, pool in enumerate(self.keys):
+            if pool is None:
+                continue
+            pool_k, pool_v = self._pools(layer, pool[0])
+            pool_k[target] = pool_k[source]
+            pool_v[target] = pool_v[source]
+
 
 @dataclass
 class RowCache:
-    """One row's share of the paged cache: its block ids and its number of cached positions."""
+    """One row's share of the paged cache: its block ids and its number of cached positions.
+
+    The first ``shared`` blocks belong to a shared prefix (read-only for this row, never
+    released with it)."""
 
     blocks: list[int] = field(default_factory=list)
     length: int = 0
+    shared: int = 0
+
+    @property
+    def owned(self) -> list[int]:
+        """The blocks this row may write and frees when it is dropped."""
+        return self.blocks[self.shared:]
 
     def slots(self, start: int, end: int, block_size: int) -> list[int]:
         """Flat cache slots of positions ``start..end-1``."""

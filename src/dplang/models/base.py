@@ -73,9 +73,15 @@ class LogitsModel(Protocol):
         """Tokenize rendered prompts; nothing is run yet."""
         ...
 
-    def add_prompts(self, state: DecodeState, prompts: Sequence[str]) -> None:
+    def add_prompts(self, state: DecodeState, prompts: Sequence[str],
+                    prefixes: Sequence[str | None] | None = None) -> None:
         """Append rows for ``prompts`` after the existing ones; they run at the next
-        :meth:`next_hidden` call, beside the other rows' next tokens."""
+        :meth:`next_hidden` call, beside the other rows' next tokens.
+
+        ``prefixes`` (optional, one per prompt: public text the prompt starts with, or
+        ``None``) lets a backend compute a prefix once for every row that starts with it. It is
+        part of the row's definition: a row's logits may depend on where its prefix ends, but
+        never on whether other rows share it."""
         ...
 
     def next_hidden(self, state: DecodeState, tokens: torch.Tensor | None) -> torch.Tensor:

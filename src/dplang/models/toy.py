@@ -160,8 +160,10 @@ class ToyModel:
         return ToyDecodeState(prompts=prompts, prefixes=[[] for _ in prompts],
                               started=[False] * len(prompts))
 
-    def add_prompts(self, state: ToyDecodeState, prompts: Sequence[str]) -> None:
-        """Append rows; they start at the next :meth:`next_hidden` call."""
+    def add_prompts(self, state: ToyDecodeState, prompts: Sequence[str],
+                    prefixes: Sequence[str | None] | None = None) -> None:
+        """Append rows; they start at the next :meth:`next_hidden` call (``prefixes`` change
+        nothing: a row's logits are a function of its whole prompt)."""
         if isinstance(prompts, str):
             raise TypeError("add_prompts takes a sequence of prompts, not one string")
         state.prompts.extend(str(p) for p in prompts)

@@ -110,6 +110,7 @@ class RowDecodeState:
             the row was added).
         caches: each row's blocks in the paged key/value cache and its cached length, or
             ``None`` for a row whose prompt has not run yet.
+        prefix_of, prefixes: shared public prefixes (see :meth:`TransformersModel.add_prompts`).
         cache: the paged cache (created by the first call that runs a prompt).
         steps: number of :meth:`next_hidden` calls so far.
     """
@@ -118,10 +119,17 @@ class RowDecodeState:
     caches: list[RowCache | None] = field(default_factory=list)
     cache: PagedKVCache | None = None
     steps: int = 0
+    #: Per row, the token ids of its shared public prefix (``None``: no prefix); the row's
+    #: tokens are the prefix's followed by ``prompts[row]``.
+    prefix_of: list[tuple[int, ...] | None] = field(default_factory=list)
+    #: Computed prefixes: their cache (owned by the state) and last hidden state.
+    prefixes: dict[tuple[int, ...], tuple[RowCache, torch.Tensor]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.caches) < len(self.prompts):
             self.caches.extend([None] * (len(self.prompts) - len(self.caches)))
+        if len(self.prefix_of) < len(self.prompts):
+            self.prefix_of.extend([None] * (len(self.prompts) - len(self.prefix_of)))
 
     @property
     def rows(self) -> int:
@@ -443,16 +451,42 @@ class TransformersModel:
         self.add_prompts(state, prompts)
         return state
 
-    def add_prompts(self, state: DecodeState, prompts: Sequence[str]) -> None:
-        """Append rows for rendered ``prompts``; they run at the next :meth:`next_hidden`."""
+    def add_prompts(self, state: DecodeState, prompts: Sequence[str],
+                    prefixes: Sequence[str | None] | None = None) -> None:
+        """Append rows for rendered ``prompts``; they run at the next :meth:`next_hidden`.
+
+        ``prefixes`` (one per prompt, public text each prompt starts with, or ``None``) marks a
+        shared prefix: such a row is encoded as the prefix's tokens followed by the rest's
+        (tokenized separately, so the split is a public rule), and the prefix's keys and values
+        are computed once per state and shared by every row that starts with it. A row's bits
+        are the same whether its prefix is shared or computed for it alone: the prefix always
+        runs as its own prompt, the rest as a continuation of it."""
         if isinstance(prompts, str):
             raise TypeError("add_prompts takes a sequence of prompts, not one string")
-        encoded = [self._prompt_ids(p) for p in prompts]
-        for i, ids in enumerate(encoded):
-            if not ids:
-                raise ValueError(f"prompt {i} encodes to no tokens")
+        if prefixes is None:
+            prefixes = [None] * len(prompts)
+        if len(prefixes) != len(prompts):
+            raise ValueError(f"{len(prefixes)} prefixes for {len(prompts)} prompts")
+        encoded: list[list[int]] = []
+        keys: list[tuple[int, ...] | None] = []
+        for i, (prompt, prefix) in enumerate(zip(prompts, prefixes, strict=True)):
+            if prefix:
+                if not prompt.startswith(prefix):
+                    raise ValueError(f"prompt {i} does not start with its prefix")
+                head = self._prompt_ids(prefix)
+                if not head:
+                    raise ValueError(f"the prefix of prompt {i} encodes to no tokens")
+                encoded.append(self._ids(prompt[len(prefix):]))
+                keys.append(tuple(head))
+            else:
+                ids = self._prompt_ids(prompt)
+                if not ids:
+                    raise ValueError(f"prompt {i} encodes to no tokens")
+                encoded.append(ids)
+                keys.append(None)
         state.prompts.extend(encoded)
         state.caches.extend([None] * len(encoded))
+        state.prefix_of.extend(keys)
 
     def next_hidden(self, state: DecodeState, tokens: torch.Tensor | None) -> torch.Tensor:
         """Append ``tokens`` (one per row that has run, in row order; ``None`` when none has),
@@ -479,33 +513,85 @@ class TransformersModel:
         hidden = torch.empty((state.rows, self.hidden_size), dtype=torch.float32)
         if state.cache is None:
             state.cache = PagedKVCache(self._num_layers, self.block_size)
+        self._run_prefixes(state, pending)
         for r in pending:
-            state.caches[r] = RowCache()
+            state.caches[r] = self._start_row(state, r)
         # One call for the tokens and as many prompts as fit in MAX_STEP_TOKENS, then more
         # calls for the other prompts (a row's bits do not depend on the split).
         size = len(segments)
         for r in pending:
             ids = state.prompts[r]
+            key = state.prefix_of[r]
+            if not ids:  # the row is its prefix: its hidden state is the prefix's
+                assert key is not None
+                hidden[r] = state.prefixes[key][1]
+                continue
             if segments and size + len(ids) > MAX_STEP_TOKENS:
-                hidden[[row for row, _ in segments]] = self._run_segments(state, segments)
+                self._run_rows(state, segments, hidden)
                 segments, size = [], 0
             segments.append((r, ids))
             size += len(ids)
         if segments:
-            hidden[[row for row, _ in segments]] = self._run_segments(state, segments)
+            self._run_rows(state, segments, hidden)
         state.steps += 1
         return hidden
 
+    def _run_rows(self, state: RowDecodeState, segments: list[tuple[int, Sequence[int]]],
+                  hidden: torch.Tensor) -> None:
+        assert state.cache is not None
+        pairs = [(state.caches[r], ids) for r, ids in segments]
+        hidden[[r for r, _ in segments]] = self._run_segments(state.cache, pairs)  # type: ignore[arg-type]
+
+    def _run_prefixes(self, state: RowDecodeState, pending: list[int]) -> None:
+        """Compute the shared prefixes of ``pending`` rows that are not computed yet, each as
+        its own prompt (in calls of at most :data:`MAX_STEP_TOKENS` tokens)."""
+        assert state.cache is not None
+        missing = list(dict.fromkeys(
+            k for k in (state.prefix_of[r] for r in pending)
+            if k is not None and k not in state.prefixes))
+        chunk: list[tuple[tuple[int, ...], RowCache]] = []
+        size = 0
+
+        def flush() -> None:
+            assert state.cache is not None
+            out = self._run_segments(state.cache, [(rc, key) for key, rc in chunk])
+            for (key, rc), h in zip(chunk, out, strict=True):
+                state.prefixes[key] = (rc, h)
+
+        for key in missing:
+            if chunk and size + len(key) > MAX_STEP_TOKENS:
+                flush()
+                chunk, size = [], 0
+            chunk.append((key, RowCache()))
+            size += len(key)
+        if chunk:
+            flush()
+
+    def _start_row(self, state: RowDecodeState, row: int) -> RowCache:
+        """A new row's cache: empty, or its prefix's blocks (full ones shared, the last partial
+        one copied so the row can write after it)."""
+        key = state.prefix_of[row]
+        if key is None:
+            return RowCache()
+        assert state.cache is not None
+        prefix, _ = state.prefixes[key]
+        full = prefix.length // self.block_size
+        rc = RowCache(blocks=list(prefix.blocks[:full]), length=prefix.length, shared=full)
+        if prefix.length % self.block_size:
+            copy = state.cache.allocate(1)[0]
+            state.cache.copy_block(prefix.blocks[full], copy)
+            rc.blocks.append(copy)
+        return rc
+
     def _run_segments(
-        self, state: RowDecodeState, segments: Sequence[tuple[int, Sequence[int]]],
+        self, cache: PagedKVCache, segments: Sequence[tuple[RowCache, Sequence[int]]],
         all_positions: bool = False,
     ) -> torch.Tensor:
-        """Append each segment's tokens to its row and run them through the body in one call.
+        """Append each segment's tokens to its row's cache and run them through the body in
+        one call.
 
         Returns the last hidden state of each segment (``[segments, H]``), or with
         ``all_positions`` the hidden state of every token of the call (``[T, H]``)."""
-        cache = state.cache
-        assert cache is not None
         block = cache.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -514,9 +600,7 @@ class TransformersModel:
         single_index: list[int] = []
         single_rows: list[RowCache] = []
         last: list[int] = []
-        for row, new in segments:
-            rc = state.caches[row]
-            assert rc is not None
+        for rc, new in segments:
             start, count = rc.length, len(new)
             rc.length += count
             missing = -(-rc.length // block) - len(rc.blocks)
@@ -570,13 +654,15 @@ class TransformersModel:
         size = 0
 
         def flush() -> None:
-            hidden = self._run_segments(state, chunk, all_positions=True)
+            assert state.cache is not None
+            pairs = [(state.caches[row], seq) for row, seq in chunk]
+            hidden = self._run_segments(state.cache, pairs, all_positions=True)  # type: ignore[arg-type]
             offset = 0
             for row, seq in chunk:
                 results.append(hidden[offset:offset + len(seq)])
                 offset += len(seq)
                 done = state.caches[row]
-                assert state.cache is not None and done is not None
+                assert done is not None
                 state.cache.release(done.blocks)
                 state.caches[row] = RowCache()
 
@@ -655,9 +741,10 @@ class TransformersModel:
             for row in set(range(state.rows)) - set(kept):
                 dropped = state.caches[row]
                 if dropped is not None:
-                    state.cache.release(dropped.blocks)
+                    state.cache.release(dropped.owned)
         state.caches = [state.caches[i] for i in kept]
         state.prompts = [state.prompts[i] for i in kept]
+        state.prefix_of = [state.prefix_of[i] for i in kept]
         return state
 
     # ----------------------------------------------------------------- checks
@@ -730,9 +817,11 @@ class TransformersModel:
         runs = {"together": everyone, "reordered": [2, 0, 1, 0]}
         checks = [(name, rows, decode(rows)) for name, rows in runs.items()]
         checks.append(("after a drop", everyone, decode(everyone, drop_after=1)))
+        checks.extend(self._prefix_checks(steps))
         for name, rows, seen in checks:
             for slot, values in enumerate(seen):
-                for got, want in zip(values, alone[rows[slot]], strict=False):
+                reference = alone[rows[slot]] if isinstance(rows[slot], int) else rows[slot]
+                for got, want in zip(values, reference, strict=False):
                     if not _bitwise_equal(got, want):
                         diff = float((got - want).abs().max())
                         raise RowInvarianceError(
@@ -744,6 +833,29 @@ class TransformersModel:
                             "another thread count"
                         )
 
+
+
+    def _prefix_checks(self, steps: int) -> list[tuple[str, list[Any], list[list[torch.Tensor]]]]:
+        """Rows sharing a public prefix (longer than a block, so that full blocks are shared
+        and the last one copied; one row is the prefix itself) decoded together and alone."""
+        prefix = "Shared prefix of the row invariance probe: " + "word " * self.block_size
+        texts = [prefix + "alpha beta gamma", prefix + "delta", prefix]
+
+        def run(indices: list[int]) -> list[list[torch.Tensor]]:
+            state = RowDecodeState(prompts=[])
+            self.add_prompts(state, [texts[i] for i in indices], [prefix] * len(indices))
+            seen: list[list[torch.Tensor]] = [[] for _ in indices]
+            for s in range(steps + 1):
+                step = None if s == 0 else torch.tensor(
+                    [(13 * s + 5 * i + 3) % self.vocab_size for i in indices])
+                hidden = self.next_hidden(state, step)
+                for j in range(len(indices)):
+                    seen[j].append(hidden[j])
+            return seen
+
+        alone = [run([i])[0] for i in range(len(texts))]
+        together = run(list(range(len(texts))))
+        return [("sharing a prefix", alone, together)]
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -65,11 +65,15 @@ class GroupJob:
     """One generation: its index (which seeds its random stream) and its prompts.
 
     ``private_prompts`` has exactly B entries, already rendered for the model; an entry equal
-    to ``public_prompt`` stands for an empty reference."""
+    to ``public_prompt`` stands for an empty reference. ``prefix`` is public text that the
+    prompts start with (the template up to the reference, as far as the public prompt shares
+    it): the model computes it once for all of the group's rows (see
+    ``LogitsModel.add_prompts``)."""
 
     index: int
     public_prompt: str
     private_prompts: tuple[str, ...]
+    prefix: str = ""
 
 
 class StepPolicy(Protocol):
@@ -214,7 +218,11 @@ def _run_continuous(
             prompts = [p for p in job.private_prompts if p != job.public_prompt]
             # An empty reference (its prompt is the public one) gets no row: its clipped
             # difference is exactly zero by construction.
-            model.add_prompts(state, [*prompts, job.public_prompt])
+            rows_prompts = [*prompts, job.public_prompt]
+            # A prompt that does not start with the prefix (only a private one can: a chat
+            # template may rewrite its reference) is run whole: its own rows' business.
+            prefixes = [job.prefix if p.startswith(job.prefix) else None for p in rows_prompts]
+            model.add_prompts(state, rows_prompts, prefixes)
             rows = list(range(first, first + len(prompts)))
             live.append(_Live(job, make_policy(job), streams.generator(job.index), rows,
                               first + len(prompts)))

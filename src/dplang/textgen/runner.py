@@ -321,7 +321,28 @@ def _job(plan: GenerationPlan, batch: Batch) -> GroupJob:
             ref = model.truncate_tokens(ref, limit)
             plan.truncated_references += 1
         private.append(model.render_prompt(template.render(ref, labels), template.system))
-    return GroupJob(batch.index, public, tuple(private))
+    return GroupJob(batch.index, public, tuple(private), _shared_prefix(plan, labels, public))
+
+
+_SENTINEL = "\x00dplang-reference\x00"
+
+
+def _shared_prefix(plan: GenerationPlan, labels: dict[str, str], public: str) -> str:
+    """The rendered text every prompt of a group starts with: the private form up to the
+    reference, as far as the public prompt agrees with it. A function of the template, the
+    labels and the model's chat template only (public)."""
+    model, template = plan.model, plan.template
+    rendered = model.render_prompt(template.render(_SENTINEL, labels), template.system)
+    cut = rendered.find(_SENTINEL)
+    if cut < 0:
+        return ""
+    head = rendered[:cut]
+    length = 0
+    for a, b in zip(head, public, strict=False):
+        if a != b:
+            break
+        length += 1
+    return head[:length]
 
 
 #: Request fields that are not part of the public fingerprint: the seed (secret), paths and

@@ -1,0 +1,145 @@
+"""Review of issue 13 (adversarial): CLI behaviour on neighbouring data sets and the ledger.
+
+Strict xfails documenting defects found in review (see the review report); remove the marker
+once fixed."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+import dplang.cli.experiment as exp_cli
+import dplang.cli.generate as gen_cli
+from dplang.cli.app import main
+from dplang.models import ToyModel
+from dplang.privacy import rho_to_epsilon
+from dplang.privacy.ledger import PrivacyLedger
+from dplang.release import TIMESTAMP_FIELDS
+
+REVIEW = "review13: "
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    model = ToyModel(vocab_size=30, eos_after=None)
+    monkeypatch.setattr(gen_cli, "_load_model", lambda spec, dtype="float32": model)
+    monkeypatch.setattr(exp_cli, "_load_model", lambda spec, dtype="float32": model)
+    return model
+
+
+def _template(tmp_path):
+    t = tmp_path / "t.toml"
+    t.write_text('private = "Here: {reference}\\nAnother:"\npublic = "Another:"\n')
+    return t
+
+
+def _public(path):
+    doc = json.loads(path.read_text())
+    for key in TIMESTAMP_FIELDS:
+        doc.pop(key, None)
+    return doc
+
+
+@pytest.mark.xfail(strict=True, reason=REVIEW + "a blank reference written as an empty line "
+                   "of a one-column CSV is dropped: rows shift, num_generations changes")
+def test_generate_one_column_csv_neighbours_have_equal_manifests(tmp_path, capsys, toy):
+    texts = [f"review number {i} was fine" for i in range(9)]
+    manifests, groups = [], []
+    for side, blank in (("x", None), ("y", 1)):
+        d = tmp_path / side
+        d.mkdir()
+        rows = ["" if i == blank else t for i, t in enumerate(texts)]
+        (d / "d.csv").write_text("text\n" + "\n".join(rows) + "\n")
+        out = d / "gen.jsonl"
+        code = main(["generate", "--data", str(d / "d.csv"), "--out", str(out), "--epsilon", "5",
+                     "-B", "3", "-T", "4", "--seed", "7", "--prompt", str(_template(d)),
+                     "--quiet"])
+        assert code == 0, capsys.readouterr().err
+        manifests.append(_public(d / "gen.manifest.json"))
+        groups.append({json.loads(line)["group"]: json.loads(line)["text"]
+                       for line in out.read_text().splitlines()})
+    assert manifests[0]["fingerprint"] == manifests[1]["fingerprint"]
+    # reference 1 lies in group 0: groups 1 and 2 must not change
+    assert groups[0][1] == groups[1][1] and groups[0][2] == groups[1][2]
+
+
+@pytest.mark.xfail(strict=True, reason=REVIEW + "`ledger budget FILE` keys the resolved path "
+                   "but `--dataset FILE` keys the literal string: the budget is bypassed")
+def test_dataset_given_as_the_file_name_meets_its_budget(tmp_path, capsys, toy, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reviews.csv").write_text("text\n" + "\n".join(f"r{i}" for i in range(9)) + "\n")
+    t = _template(tmp_path)
+    assert main(["ledger", "budget", "reviews.csv", "--epsilon", "1", "--delta", "1e-6"]) == 0
+    code = main(["generate", "--data", "reviews.csv", "--dataset", "reviews.csv", "--out",
+                 "a.jsonl", "--epsilon", "5", "-B", "3", "-T", "4", "--prompt", str(t), "-q"])
+    capsys.readouterr()
+    assert code == 3  # ε = 5 > budget ε = 1 of the dataset the user named
+    assert not (tmp_path / "a.jsonl").exists()
+
+
+@pytest.mark.xfail(strict=True, reason=REVIEW + "the ledger sums releases with different "
+                   "units/adjacencies (replace-by-null references, replace-one records) into "
+                   "one total with no adjacency")
+def test_ledger_does_not_silently_mix_adjacencies(tmp_path, capsys, toy):
+    data = tmp_path / "d.csv"
+    data.write_text("text,smoker\n" + "\n".join(f"review {i},{i % 2}" for i in range(60)) + "\n")
+    common = ["--dataset", "patients"]
+    assert main(["generate", "--data", str(data), "--out", str(tmp_path / "g.jsonl"),
+                 "--epsilon", "3", "-B", "3", "-T", "4", "--prompt", str(_template(tmp_path)),
+                 "-q", *common]) == 0
+    code = main(["sample", "--data", str(data), "--columns", "smoker", "--binary", "smoker",
+                 "--epsilon", "3", "--out", str(tmp_path / "s.csv"), "-q", *common])
+    capsys.readouterr()
+    ledger = PrivacyLedger()
+    spent = ledger.spent("patients")
+    rho_gen = next(r["guarantee"]["rho"] for r in ledger.releases("patients")
+                   if r["guarantee"]["adjacency"] == "replace-by-null")
+    # Either the second release is refused, or the total is stated under one adjacency (the
+    # replace-by-null release costs 4ρ under replace-one): never the plain sum.
+    assert code != 0 or spent.epsilon_at(1e-6) >= rho_to_epsilon(4 * rho_gen, 1e-6) + 3.0
+
+
+@pytest.mark.xfail(strict=True, reason=REVIEW + "experiment evaluation files (statistics and "
+                   "the SHA-256 of the held-out private rows) are written world-readable")
+def test_experiment_files_about_private_rows_are_private(tmp_path, capsys, toy):
+    rows = ["text"] + [f"sentence {i} about food and service" for i in range(100)]
+    (tmp_path / "data.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "template.toml").write_text(
+        'private = "Review: {reference}\\nAnother review:"\npublic = "Another review:"\n')
+    (tmp_path / "exp.toml").write_text(
+        'name = "t"\n[data]\npath = "data.csv"\nreferences = [0, 60]\nreal = [60, 90]\n'
+        'prompt = "template.toml"\n[generation]\nmodel = "toy"\nmax_tokens = 4\nnum = 20\n'
+        '[sweep]\nmethods = ["invisibleink"]\nepsilon = [5]\nbatch_size = [3]\ntop_k = [3]\n'
+        'temperature = [1.0]\n[evaluation]\nmetrics = ["mauve"]\nembedder = "hashing"\n')
+    old = os.umask(0o022)
+    try:
+        assert main(["experiment", str(tmp_path / "exp.toml"), "--out",
+                     str(tmp_path / "out"), "-q"]) == 0
+    finally:
+        os.umask(old)
+    capsys.readouterr()
+    metrics = next((tmp_path / "out" / "cells").glob("*/eval/metrics.json"))
+    assert "sha256" not in json.loads(metrics.read_text())["real"] or \
+        stat.S_IMODE(metrics.stat().st_mode) == 0o600
+
+
+@pytest.mark.xfail(strict=True, reason=REVIEW + "sample refuses a JSONL file whose declared "
+                   "column occurs in no record, but runs on its neighbour where one record has it")
+def test_sample_jsonl_column_present_in_one_record_only(tmp_path, capsys):
+    rows = [{"a": i % 2} for i in range(200)]
+    codes = []
+    for side, extra in (("x", None), ("y", {"a": 1, "c": 1})):
+        d = tmp_path / side
+        d.mkdir()
+        objs = list(rows)
+        if extra is not None:
+            objs[7] = extra
+        (d / "d.jsonl").write_text("\n".join(json.dumps(o) for o in objs) + "\n")
+        codes.append(main(["sample", "--data", str(d / "d.jsonl"), "--columns", "a,c",
+                           "--binary", "a,c", "--epsilon", "1", "--seed", "5",
+                           "--out", str(d / "s.csv"), "-q"]))
+    capsys.readouterr()
+    assert codes[0] == codes[1]

@@ -57,8 +57,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "public-row-private-prompt-engine",
         "the engine decodes the public row from the first private prompt",
         (("src/dplang/textgen/engine.py",
-          "            model.add_prompts(state, [*prompts, job.public_prompt])\n",
-          "            model.add_prompts(state, [*prompts, job.private_prompts[0]])\n"),),
+          "            rows_prompts = [*prompts, job.public_prompt]\n",
+          "            rows_prompts = [*prompts, job.private_prompts[0]]\n"),),
         (ENGINE_AUDIT,),
     ),
     Mutation(

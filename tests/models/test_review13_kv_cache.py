@@ -1,20 +1,16 @@
-"""Review of issue 13 (adversarial): row invariance through reused key/value cache blocks.
-
-A strict xfail documenting a defect found in review; remove the marker once fixed."""
+"""Row invariance through reused key/value cache blocks (found in the adversarial review of
+issue 13): a block freed by a dropped row and handed to another must not carry the old row's
+values into the new owner's result, even non-finite ones (0 * NaN = NaN)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 
 from dplang.models.transformers import RowDecodeState, TransformersModel
 
 
-@pytest.mark.xfail(strict=True, reason="review13: decode attention multiplies whole blocks, so "
-                   "non-finite keys/values left in a freed block by a dropped row turn the next "
-                   "owner's logits into NaN (0 * NaN, NaN + -inf)")
 def test_stale_non_finite_values_in_a_reused_block_do_not_leak(tiny_llama_dir: Path) -> None:
     m = TransformersModel(tiny_llama_dir, threads=1, block_size=4)  # passes the load check
     poison = 7

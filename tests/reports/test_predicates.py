@@ -147,3 +147,24 @@ def test_entailment_predicate_errors(tmp_path) -> None:
         EntailmentPredicate(tmp_path / "missing")
     with pytest.raises(PredicateError):
         EntailmentPredicate(tmp_path, judge="oracle")
+
+
+def test_embedding_support_is_a_function_of_the_record_alone() -> None:
+    """A record's similarity (hence σ) is the same bits whatever other records are embedded
+    with it: private chunks go one per encoder call (a batched encoder pads texts together)."""
+    calls: list[int] = []
+
+    def encoder(texts: list[str]) -> np.ndarray:
+        calls.append(len(texts))
+        # A batch-dependent encoder: every row is shifted by the batch's longest text.
+        width = max(len(t) for t in texts)
+        return np.array([[len(t) + 1e-3 * width, 1.0, (hash(t) % 7) / 7] for t in texts])
+
+    pred = EmbeddingPredicate(0.5, encoder=encoder, encoder_id="test")
+    statements = ["short", "a longer statement"]
+    rec = "the soup was warm"
+    alone = pred.similarities(statements, [rec])[:, 0]
+    crowd = [rec, "x " * 300, "y"]
+    together = pred.similarities(statements, crowd)[:, 0]
+    assert np.array_equal(alone, together)
+    assert max(calls) > 1  # the public statements are still batched

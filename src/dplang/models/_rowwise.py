@@ -77,12 +77,28 @@ class PagedKVCache:
         self._free: list[int] = []
 
     def allocate(self, count: int) -> list[int]:
-        """``count`` free block ids (the pools grow geometrically when needed)."""
+        """``count`` free block ids, zero-filled in every layer (the pools grow geometrically
+        when needed). A reused block must not carry its previous owner's values: decode
+        attention reads whole blocks, and a non-finite value at a masked position would still
+        poison the new owner's result (0 * NaN = NaN)."""
         if count > len(self._free):
             grow = max(count - len(self._free), self.capacity, 16)
             self._free.extend(range(self.capacity + grow - 1, self.capacity - 1, -1))
             self.capacity += grow
-        return [self._free.pop() for _ in range(count)]
+        blocks = [self._free.pop() for _ in range(count)]
+        self.fill(blocks, 0.0)
+        return blocks
+
+    @torch.inference_mode()
+    def fill(self, blocks: Sequence[int], value: float) -> None:
+        """Set ``blocks`` to ``value`` in every existing pool (growth fills with zeros)."""
+        if not blocks:
+            return
+        index = torch.tensor(list(blocks), dtype=torch.int64)
+        for pool in (*self.keys, *self.values):
+            if pool is not None:
+                inside = index[index < pool.shape[0]]
+                pool.index_fill_(0, inside, value)
 
     def release(self, blocks: Sequence[int]) -> None:
         """Return blocks to the free list (their contents are never read again)."""
@@ -161,13 +177,13 @@ class PairPlan:
     """Decode attention of the one-token rows for one window size, as (row, block) pairs.
 
     ``pair_row[i]`` and ``pair_block[i]`` name the row (index into the step's one-token rows) and
-    the cache block of pair ``i``; ``bias[i]`` is 0 at the block's visible positions and -inf
-    elsewhere; ``merge[r, j]`` is the pair holding row ``r``'s ``j``-th block, or ``len(pairs)``
+    the cache block of pair ``i``; ``visible[i]`` marks the block's positions the row attends
+    to; ``merge[r, j]`` is the pair holding row ``r``'s ``j``-th block, or ``len(pairs)``
     (a padding entry) where the row has fewer blocks."""
 
     pair_row: torch.Tensor
     pair_block: torch.Tensor
-    bias: torch.Tensor
+    visible: torch.Tensor
     merge: torch.Tensor
 
 
@@ -195,7 +211,7 @@ class StepLayout:
 def _pair_plan(rows: Sequence[RowCache], window: int | None, block_size: int) -> PairPlan:
     pair_row: list[int] = []
     pair_block: list[int] = []
-    bias_rows: list[torch.Tensor] = []
+    visible_rows: list[torch.Tensor] = []
     per_row: list[list[int]] = []
     positions = torch.arange(block_size)
     for r, row in enumerate(rows):
@@ -207,17 +223,17 @@ def _pair_plan(rows: Sequence[RowCache], window: int | None, block_size: int) ->
             pair_row.append(r)
             pair_block.append(row.blocks[b])
             pos = positions + b * block_size
-            visible = (pos >= first) & (pos < end)
-            bias_rows.append(torch.where(visible, 0.0, float("-inf")))
+            visible_rows.append((pos >= first) & (pos < end))
         per_row.append(mine)
     width = max((len(m) for m in per_row), default=0)
     pad = len(pair_row)
     merge = torch.full((len(rows), width), pad, dtype=torch.int64)
     for r, mine in enumerate(per_row):
         merge[r, : len(mine)] = torch.tensor(mine, dtype=torch.int64)
-    bias = torch.stack(bias_rows) if bias_rows else torch.empty(0, block_size)
+    visible = (torch.stack(visible_rows) if visible_rows
+               else torch.empty(0, block_size, dtype=torch.bool))
     return PairPlan(torch.tensor(pair_row, dtype=torch.int64),
-                    torch.tensor(pair_block, dtype=torch.int64), bias, merge)
+                    torch.tensor(pair_block, dtype=torch.int64), visible, merge)
 
 
 #: The layout of the forward call being run (``None`` outside :func:`active_layout`).
@@ -318,7 +334,9 @@ def _decode_attention(
     k_blocks = pool_k.index_select(0, plan.pair_block).float()  # [pairs, P, kvh, d]
     k_blocks = k_blocks.permute(0, 2, 3, 1).contiguous().view(pairs * kv_heads, dim, -1)
     scores = _scores_postprocess(torch.bmm(q_pairs, k_blocks), scale, cap)
-    scores = scores.view(pairs, kv_heads, group, -1) + plan.bias[:, None, None, :]
+    # Invisible positions are set to -inf (not added to: NaN + -inf is NaN).
+    scores = torch.where(plan.visible[:, None, None, :], scores.view(pairs, kv_heads, group, -1),
+                         float("-inf"))
     block_max = scores.amax(dim=-1)  # [pairs, kvh, g]
     weights = torch.exp(scores - block_max.unsqueeze(-1))
     block_sum = weights.sum(dim=-1)

@@ -338,6 +338,23 @@ class TransformersModel:
 
     # ---------------------------------------------------------------- identity
 
+    @property
+    def numerics(self) -> dict[str, Any]:
+        """What, besides the weights and the prompts, fixes the bits of the logits: library
+        versions, the CPU's vector capability, the thread count, the dtype and the cache block
+        size (public; part of a run's identity, so that a rerun elsewhere is a new release)."""
+        import transformers
+
+        return {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": self.threads,
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "block_size": self.block_size,
+        }
+
+
     def weights_digest(self) -> str:
         """sha256 of the weight file bytes (the GGUF file, or the ``*.safetensors`` /
         ``*.bin`` files: a single file's plain sha256, several files hashed with their names
@@ -785,7 +802,7 @@ class TransformersModel:
                                 "dog while five boxing wizards jump quickly.")
         # A one-token prompt, one that fills its first block on the first decode step and
         # crosses into a second on the next, and one that starts in its second block.
-        lengths = [1, block - 1, block + 2]
+        lengths = [1, max(1, block - 1), block + 2]
         prompts = [(base * (n // len(base) + 1))[:n] for n in lengths]
         steps = 2
         tokens = [[(31 * s + 7 * r + 11) % self.vocab_size for r in range(len(prompts))]
@@ -808,6 +825,11 @@ class TransformersModel:
                 for j, i in enumerate(live):
                     seen[i].extend(v[j] for v in values)
                 if drop_after is not None and s == drop_after:
+                    # The dropped row's blocks are poisoned before they are freed: whoever
+                    # gets them next must not see its old values, finite or not.
+                    dropped = state.caches[0]
+                    assert state.cache is not None and dropped is not None
+                    state.cache.fill(dropped.owned, float("nan"))
                     self.drop_rows(state, torch.arange(1, len(live)))
                     live = live[1:]
             return seen

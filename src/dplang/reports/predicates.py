@@ -22,10 +22,13 @@ Chunked predicates take the maximum over the chunks of :func:`~dplang.reports.ch
 (see that module for why the sensitivity is unchanged). Missing/blank records (``None``) support
 nothing (σ = 0).
 
-Floating-point caveat: the embedding and judge models run chunks in batches; padding a chunk to
-the length of its batch-mates can move a score by ~1e-7 (measured 1.7e-7 for MiniLM), so a score
-within that distance of the threshold could in principle depend on other records. ``batch_size=1``
-removes the effect at a large speed cost. Scores are deterministic for a fixed corpus.
+Row invariance: a record's σ must be a function of that record alone, bit for bit (the
+sensitivity of a support count is 1 only then). Batching the embedding or judge model would
+break it: sentence-transformers sorts texts by length and pads each batch, which moved a
+MiniLM cosine score by ~6e-8 with its batch-mates (enough to flip σ at a threshold between the
+two values). Private chunks are therefore embedded, and judged, one per model call; only the
+public statements are batched. A custom ``encoder`` receives one chunk per call for the same
+reason.
 """
 
 from __future__ import annotations
@@ -301,6 +304,7 @@ class EmbeddingPredicate(_ChunkedPredicate):
             raise PredicateError(f"the similarity threshold must be in [-1, 1], got {threshold}")
         if batch_size < 1:
             raise PredicateError("batch_size must be >= 1")
+        #: Batch size for the public statements only (private chunks go one per call).
         self.threshold, self.batch_size = float(threshold), batch_size
         self._encoder = encoder
         self.encoder_id = encoder_id or (
@@ -312,24 +316,32 @@ class EmbeddingPredicate(_ChunkedPredicate):
         return {"kind": self.kind, "model": self.encoder_id, "similarity": "cosine",
                 "threshold": self.threshold, **self._chunk_rule()}
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        """L2-normalised float32 embeddings ``[len(texts), d]``."""
+    def embed(self, texts: list[str], *, one_per_call: bool = False) -> np.ndarray:
+        """L2-normalised float32 embeddings ``[len(texts), d]``. With ``one_per_call`` every
+        text is embedded in a model call of its own, so that its embedding is the same bits
+        whatever other texts are embedded (required for private texts)."""
         if not texts:
             return np.zeros((0, 1), dtype=np.float32)
+        if one_per_call:
+            emb = np.concatenate([self._encode([t], 1) for t in texts])
+        else:
+            emb = self._encode(texts, self.batch_size)
+        norms = np.linalg.norm(emb, axis=1, keepdims=True)
+        return emb / np.maximum(norms, 1e-12)
+
+    def _encode(self, texts: list[str], batch_size: int) -> np.ndarray:
         if self._encoder is None:
             model = load_default_embedder()
-            emb = model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
+            emb = model.encode(texts, batch_size=batch_size, convert_to_numpy=True,
                                normalize_embeddings=True, show_progress_bar=False)
         else:
             emb = self._encoder(texts)
-        emb = np.asarray(emb, dtype=np.float32)
-        norms = np.linalg.norm(emb, axis=1, keepdims=True)
-        return emb / np.maximum(norms, 1e-12)
+        return np.asarray(emb, dtype=np.float32).reshape(len(texts), -1)
 
     def _chunk_embeddings(self, chunks: list[str]) -> np.ndarray:
         key = hashlib.sha256("\x00".join(chunks).encode()).hexdigest()
         if self._cache is None or self._cache[0] != key:
-            self._cache = (key, self.embed(chunks))
+            self._cache = (key, self.embed(chunks, one_per_call=True))
         return self._cache[1]
 
     def similarities(self, statements: Sequence[Statement | str], records: Sequence[Record]
@@ -341,9 +353,11 @@ class EmbeddingPredicate(_ChunkedPredicate):
         out = np.full((len(stmts), len(records)), -1.0, dtype=np.float32)
         if not chunks or not stmts:
             return out
-        sims = self.embed([s.text for s in stmts]) @ self._chunk_embeddings(chunks).T
-        for j in range(len(stmts)):
-            np.maximum.at(out[j], owner, sims[j])
+        chunk_emb = self._chunk_embeddings(chunks)
+        for j, statement in enumerate(self.embed([s.text for s in stmts])):
+            # One reduction over the embedding dimension per chunk (not a matrix product,
+            # whose rounding can depend on how many chunks share it).
+            np.maximum.at(out[j], owner, (chunk_emb * statement).sum(axis=1))
         return out
 
     def _chunk_scores(self, statements: list[Statement], chunks: list[str]) -> np.ndarray:
@@ -388,7 +402,6 @@ class EntailmentPredicate(_ChunkedPredicate):
         max_words: int = DEFAULT_MAX_WORDS,
         max_chunks: int | None = None,
         pack: bool = True,
-        batch_size: int = 8,
         prompt: str = _JUDGE_PROMPT,
         max_length: int = 512,
     ) -> None:
@@ -397,7 +410,7 @@ class EntailmentPredicate(_ChunkedPredicate):
             raise PredicateError(f"judge must be auto, nli or causal-lm, got {judge!r}")
         if p_min is not None and not 0 < p_min < 1:
             raise PredicateError(f"p_min must be in (0, 1), got {p_min}")
-        self.path, self.p_min, self.batch_size = str(path), p_min, max(1, batch_size)
+        self.path, self.p_min = str(path), p_min
         self.prompt, self.max_length = prompt, max_length
         self.judge = judge if judge != "auto" else self._detect(self.path)
         self._nli: tuple[Any, Any, int] | None = None
@@ -469,8 +482,10 @@ class EntailmentPredicate(_ChunkedPredicate):
     def _chunk_scores(self, statements: list[Statement], chunks: list[str]) -> np.ndarray:
         pairs = [(j, c) for j in range(len(statements)) for c in range(len(chunks))]
         out = np.zeros((len(statements), len(chunks)), dtype=bool)
-        for start in range(0, len(pairs), self.batch_size):
-            block = pairs[start:start + self.batch_size]
+        # One (chunk, statement) pair per model call: a padded batch would let a private
+        # chunk's verdict depend on its batch-mates (see the module docstring).
+        for pair in pairs:
+            block = [pair]
             premises = [chunks[c] for _, c in block]
             hyps = [statements[j].text for j, _ in block]
             verdicts = self._judge_nli(premises, hyps) if self.judge == "nli" \

@@ -305,12 +305,14 @@ def is_null_reference(reference: str | None) -> bool:
 def embed_references(references: Sequence[str | None], embedder: Embedder) -> np.ndarray:
     """Embeddings ``[N', dim]`` of the non-null references (null references cast no vote).
 
-    Privacy: the result is private; it may only enter :func:`nn_histogram`."""
+    Privacy: the result is private; it may only enter :func:`nn_histogram`. Each reference is
+    embedded in a call of its own, so its embedding (hence its vote) is the same bits whatever
+    the other references are (a batched encoder sorts and pads texts together)."""
     texts = [r for r in references if not is_null_reference(r)]
     if not texts:
         dim = int(np.asarray(embedder.embed(["x"])).shape[1])
         return np.zeros((0, dim))
-    return np.asarray(embedder.embed(texts), dtype=np.float64)
+    return np.concatenate([np.asarray(embedder.embed([t]), dtype=np.float64) for t in texts])
 
 
 def nn_histogram(private_emb: np.ndarray, candidate_emb: np.ndarray) -> np.ndarray:

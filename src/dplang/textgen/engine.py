@@ -234,21 +234,13 @@ def _run_continuous(
         hidden = model.next_hidden(state, step_tokens)
         public = model.logits_from_hidden(hidden[[g.public_row for g in live]])
         cand_ids = [g.policy.candidates(public[j]) for j, g in enumerate(live)]
-        sparse = sparse_head and all(ids is not None for ids in cand_ids)
-        private_rows = [r for g in live for r in g.rows]
-        private = _private_logits(model, hidden, live, private_rows, cand_ids, sparse)
+        blocks = _private_logits(model, hidden, live, cand_ids, sparse_head)
 
         row_tokens = [0] * hidden.shape[0]
         finished: list[tuple[int, str]] = []
-        offset = 0
         for j, g in enumerate(live):
             ids = cand_ids[j]
-            m = len(g.rows)
-            block = private[offset:offset + m]
-            offset += m
-            if ids is not None:  # narrow to this group's candidates (sparse rows are padded)
-                block = block[:, : ids.numel()] if sparse else block[:, ids]
-            token = g.policy.choose(public[j], block, ids, g.rng)
+            token = g.policy.choose(public[j], blocks[j], ids, g.rng)
             if token is None:
                 finished.append((j, "budget"))
                 continue
@@ -289,25 +281,42 @@ def _private_logits(
     model: LogitsModel,
     hidden: torch.Tensor,
     live: Sequence[_Live],
-    private_rows: list[int],
     cand_ids: Sequence[torch.Tensor | None],
-    sparse: bool,
-) -> torch.Tensor:
-    if not private_rows:
-        return torch.empty(0, 0)
-    rows_hidden = hidden[private_rows]
-    if not sparse:
-        return model.logits_from_hidden(rows_hidden)
-    width = max(ids.numel() for ids in cand_ids if ids is not None)
-    cand = torch.empty(len(private_rows), width, dtype=torch.long)
-    offset = 0
-    for g, ids in zip(live, cand_ids, strict=True):
-        m = len(g.rows)
-        if m and ids is not None:
-            padded = torch.cat([ids, ids[:1].expand(width - ids.numel())])
-            cand[offset:offset + m] = padded
-        offset += m
-    return model.logits_from_hidden(rows_hidden, cand)
+    sparse_head: bool,
+) -> list[torch.Tensor]:
+    """Each group's private logits: ``[m, K]`` on its candidates, or ``[m, V]`` when it has
+    none. A group with candidates uses the sparse head (when on) and the others the full head,
+    group by group: one group's choice never changes how another's logits are computed."""
+    sparse = [sparse_head and ids is not None for ids in cand_ids]
+    blocks: list[torch.Tensor] = [torch.empty(0, 0)] * len(live)
+    for use_sparse in (True, False):
+        members = [j for j, g in enumerate(live) if sparse[j] == use_sparse and g.rows]
+        if not members:
+            continue
+        rows = [r for j in members for r in live[j].rows]
+        if use_sparse:
+            width = max(cand_ids[j].numel() for j in members)  # type: ignore[union-attr]
+            cand = torch.cat([torch.cat([ids, ids[:1].expand(width - ids.numel())])
+                              .expand(len(live[j].rows), width)
+                              for j in members
+                              for ids in [cand_ids[j]] if ids is not None])
+            logits = model.logits_from_hidden(hidden[rows], cand)
+        else:
+            logits = model.logits_from_hidden(hidden[rows])
+        offset = 0
+        for j in members:
+            m = len(live[j].rows)
+            block = logits[offset:offset + m]
+            offset += m
+            ids = cand_ids[j]
+            if ids is not None:  # narrow to this group's candidates (sparse rows are padded)
+                block = block[:, : ids.numel()] if use_sparse else block[:, ids]
+            blocks[j] = block
+    for j, g in enumerate(live):
+        if not g.rows:
+            ids = cand_ids[j]
+            blocks[j] = torch.empty(0, model.vocab_size if ids is None else ids.numel())
+    return blocks
 
 
 def run_plain(

@@ -368,6 +368,9 @@ def _fingerprint(plan: GenerationPlan) -> dict[str, Any]:
                    "private": plan.template.private_text, "public": plan.template.public_text,
                    "system": plan.template.system},
         "num_generations": len(plan.batches),
+        # Same seed, same parameters but other libraries, CPU or threads may round otherwise:
+        # another output, so another release (a new charge).
+        "numerics": getattr(plan.model, "numerics", None),
     }
 
 

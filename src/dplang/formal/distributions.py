@@ -134,6 +134,10 @@ class FiniteDistribution(Distribution):
         items.sort(key=lambda t: universe.index(t[0]))
         self._items = [(u, p / total) for u, p in items]
         self._pmf = dict(self._items)
+        self._values = _as_array([u for u, _ in self._items], universe)
+        self._probs = np.array([p for _, p in self._items])
+        self._cum = np.cumsum(self._probs)
+        self._support: Language | None = None
         self.name = name
 
     def pmf(self, u: Any) -> float:
@@ -144,17 +148,22 @@ class FiniteDistribution(Distribution):
 
     @property
     def support(self) -> Language:
+        if self._support is not None:
+            return self._support
         elems = [u for u, _ in self._items]
         if isinstance(self.universe, Naturals) and any(isinstance(u, str) for u in elems):
             raise ValueError("a support with noise symbols is not a language of numbers")
-        return finite(elems, self.universe)
+        self._support = finite(elems, self.universe)
+        return self._support
 
     def atoms(self, max_terms: int | None = None) -> list[tuple[Any, float]]:
         return list(self._items if max_terms is None else self._items[:max_terms])
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        idx = rng.choice(len(self._items), size=n, p=[p for _, p in self._items])
-        return _as_array([self._items[i][0] for i in idx], self.universe)
+        if len(self._items) == 1:
+            return np.repeat(self._values, n)
+        idx = np.searchsorted(self._cum, rng.random(n) * self._cum[-1], side="right")
+        return self._values[np.minimum(idx, len(self._items) - 1)]
 
     def sample_counts(self, n: int, rng: np.random.Generator) -> dict[Any, int]:
         counts = _sequential_counts(n, [p for _, p in self._items], rng)
@@ -191,13 +200,9 @@ class GeometricOver(Distribution):
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         ts = rng.geometric(1 - self.q, size=n)  # t ≥ 1 with P(t) = (1−q) q^{t−1}
-        cache: dict[int, Any] = {}
-        vals = []
-        for t in ts.tolist():
-            if t not in cache:
-                cache[t] = self.language.nth(t)
-            vals.append(cache[t])
-        return _as_array(vals, self.universe)
+        uniq, inv = np.unique(ts, return_inverse=True)
+        table = _as_array([self.language.nth(int(t)) for t in uniq], self.universe)
+        return table[inv] if n else table[:0]
 
     def sample_counts(self, n: int, rng: np.random.Generator) -> dict[Any, int]:
         out: dict[Any, int] = {}
@@ -297,16 +302,19 @@ class Mixture(Distribution):
         self.components = [(w / total, d) for w, d in components]
         self.universe = components[0][1].universe
         self.name = name
+        self._support: Language | None = None
 
     def pmf(self, u: Any) -> float:
         return float(math.fsum(w * d.pmf(u) for w, d in self.components))
 
     @property
     def support(self) -> Language:
-        sup = self.components[0][1].support
-        for _, d in self.components[1:]:
-            sup = sup.union(d.support)
-        return sup
+        if self._support is None:
+            sup = self.components[0][1].support
+            for _, d in self.components[1:]:
+                sup = sup.union(d.support)
+            self._support = sup
+        return self._support
 
     def atoms(self, max_terms: int | None = None) -> list[tuple[Any, float]]:
         out: list[tuple[Any, float]] = []
@@ -316,15 +324,18 @@ class Mixture(Distribution):
         return out if max_terms is None else out[:max_terms]
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        comp = rng.choice(len(self.components), size=n, p=[w for w, _ in self.components])
-        vals: list[Any] = [None] * n
-        for c, (_, d) in enumerate(self.components):
-            where = np.flatnonzero(comp == c)
-            if where.size:
-                draws = d.sample(int(where.size), rng).tolist()
-                for i, v in zip(where.tolist(), draws, strict=True):
-                    vals[i] = v
-        return _as_array(vals, self.universe)
+        cum = np.cumsum([w for w, _ in self.components])
+        comp = np.minimum(np.searchsorted(cum, rng.random(n) * cum[-1], side="right"),
+                          len(self.components) - 1)
+        parts = [d.sample(int(np.count_nonzero(comp == c)), rng)
+                 for c, (_, d) in enumerate(self.components)]
+        if all(p.dtype.kind in "iu" for p in parts):
+            out = np.empty(n, dtype=np.int64)
+        else:
+            out = np.empty(n, dtype=object)
+        for c, part in enumerate(parts):
+            out[comp == c] = part
+        return out
 
     def sample_counts(self, n: int, rng: np.random.Generator) -> dict[Any, int]:
         sizes = _sequential_counts(n, [w for w, _ in self.components], rng)

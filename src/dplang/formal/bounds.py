@@ -22,6 +22,7 @@ Privacy contract: none — closed-form arithmetic on public parameters.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -314,12 +315,15 @@ def repaired_lower_bound(k: int, target: float = 2 / 3, sharp: bool = False) -> 
     h = k // 2
     big_b, _ = _sperner_counts(k)
     total = comb(k, h)
+    tail = [0] * (h + 2)
+    for o in range(h, -1, -1):
+        tail[o] = tail[o + 1] + big_b[o]
     best = 0.0
     for o in range(1, h + 1):
         theta = (o - 1) / h if sharp else o / h
         if theta >= target:
             continue
-        rho = sum(big_b[o:]) / total
+        rho = tail[o] / total
         best = max(best, math.log((target - theta) / ((1 - theta) * rho)))
     return best
 
@@ -386,10 +390,12 @@ def sperner_bang_bang_epsilon(k: int, target: float = 2 / 3) -> float:
     the optimum is bang-bang (q_o ∈ {c, e^ε c}, high for o ≥ o₀), so
     e^ε = min_{o₀} ((γB_lo − A_lo)/(A_hi − γB_hi))."""
     big_b, big_a = _sperner_counts(k)
+    cb = [0, *itertools.accumulate(big_b)]
+    ca = [0, *itertools.accumulate(big_a)]
     best = math.inf
     for o0 in range(len(big_b) + 1):
-        blo, alo = sum(big_b[:o0]), sum(big_a[:o0])
-        bhi, ahi = sum(big_b[o0:]), sum(big_a[o0:])
+        blo, alo = cb[o0], ca[o0]
+        bhi, ahi = cb[-1] - blo, ca[-1] - alo
         den = ahi - target * bhi
         if den <= 0:
             continue

@@ -425,7 +425,8 @@ def _aps(target: int = 5) -> Instance:
 
 
 def _nat_pair() -> Instance:
-    coll = finite_collection("nat-pair", [threshold(0).named("ℕ₀"), cofinite([0])])
+    coll = finite_collection("nat-pair", [threshold(0).named("ℕ₀"), cofinite([0])],
+                             telltales=lambda i: frozenset({0}) if i == 1 else frozenset())
     return Instance(
         "nat-pair", "{ℕ₀, ℕ₀∖{0}}: Thm 1.5's smallest barrier",
         "001 Thm 1.5, §5.6 E7", ("limit",), coll, target=1,

@@ -115,7 +115,7 @@ def run_free_text(records, work: Path, args, model) -> tuple[list[str], list[str
             for r in recs:
                 w.writerow([r.text, l1, l2])
     out = work / "invisibleink.jsonl"
-    for stale in (out, work / "invisibleink.manifest.json", work / "invisibleink.seed"):
+    for stale in (out, work / "invisibleink.manifest.json", work / "invisibleink.private.json"):
         stale.unlink(missing_ok=True)
     req = GenerationRequest(
         data=subset, out=out, batch_size=args.batch_size, max_tokens=args.max_tokens,

@@ -3,7 +3,10 @@
 Runs ``dplang generate`` with the embedded default model (Gemma 3 270M) on the 42 fictional
 reviews shipped with dplang, at ε = 10 (δ = 1e-6), B = 7, T = 64 tokens, then prints the texts
 and the guarantee. Output goes to ``demo-out/`` (rewritten on each run). The demo ledger is
-``demo-out/ledger.sqlite`` so that the demo never touches a user's real ledger.
+``demo-out/ledger.sqlite`` so that the demo never touches a user's real ledger. The seed 2026
+is written here, hence public: acceptable only because the demo corpus is fictional toy data
+(on real data, leave ``--seed`` out: a fresh secret seed is drawn and kept in the private side
+file).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ def run() -> int:
     print(manifest["guarantee_summary"])
     print(f"rho={manifest['rho']:.4g} epsilon={manifest['epsilon']:.4g} "
           f"delta={manifest['delta']:g} clip={manifest['clip']:.4g}")
-    print(f"\nfiles: {out}, {OUT_DIR / 'demo.manifest.json'}")
+    print(f"\nfiles: {out}, {OUT_DIR / 'demo.manifest.json'} (public); "
+          f"{OUT_DIR / 'demo.private.json'} (private, mode 600: seed, data digest, counts)")
     return 0
 
 

@@ -5,7 +5,10 @@ import pytest
 
 import dplang.cli.generate as gen_cli
 from dplang.cli.app import main
+from dplang.io import file_digest
 from dplang.models import ToyModel
+from dplang.privacy.ledger import PrivacyLedger
+from dplang.release import TIMESTAMP_FIELDS
 
 
 @pytest.fixture
@@ -61,13 +64,23 @@ def test_generate_writes_records_and_manifest(tmp_path, capsys, toy):
         assert key in manifest
     assert manifest["epsilon"] == pytest.approx(10)
     assert manifest["status"] == "complete"
-    assert manifest["data"]["read"]["unusable_by_reason"] == {"blank": 1}
     assert manifest["fingerprint"]["model_sha256"] == toy.weights_digest()
     assert manifest["fingerprint"]["model_dtype"] == "float32"
     assert manifest["fingerprint"]["parameters"]["dtype"] == "float32"
     assert "seed" not in json.dumps(manifest["fingerprint"]["parameters"])
-    seed_file = tmp_path / "runs" / "x.seed"
-    assert oct(seed_file.stat().st_mode & 0o777) == "0o600"
+    # the public manifest holds nothing computed from the rows, nor paths (issue 13 item 2)
+    text = json.dumps(manifest)
+    assert file_digest(data) not in text and str(data) not in text
+    assert "data" not in manifest and "ledger" not in manifest
+    assert "unusable" not in text and "truncated_references" not in text
+    # ... those live in the private side file, mode 600
+    private_file = tmp_path / "runs" / "x.private.json"
+    assert oct(private_file.stat().st_mode & 0o777) == "0o600"
+    private = json.loads(private_file.read_text())
+    assert private["data"]["sha256"] == file_digest(data)
+    assert private["data"]["read"]["unusable_by_reason"] == {"blank": 1}
+    assert private["seed"] == 1 and private["dataset"] == str(data.resolve())
+    assert PrivacyLedger().has_release(private["release_id"])
     assert "zCDP" in stdout
 
 
@@ -87,6 +100,8 @@ def test_resume_equals_uninterrupted(tmp_path, capsys, toy):
         return {json.loads(x)["group"]: json.loads(x)["text"] for x in p.read_text().splitlines()}
 
     assert by_group(part) == by_group(full)
+    # same parameters, data and seed: the same release, charged once (resume charges nothing)
+    assert PrivacyLedger().spent(str(data.resolve())).releases == 1
     # a different run into the same file is refused
     code, _, err = run(capsys, *base_args(data, part, "--prompt", t, "--max-tokens", "7"))
     assert code == 2 and "different run" in err
@@ -134,19 +149,134 @@ def test_undecodable_and_too_few_references(tmp_path, capsys, toy):
 
 
 def test_budget_refusal(tmp_path, capsys, toy, monkeypatch):
-    from dplang.io import file_digest
-    from dplang.privacy.ledger import PrivacyLedger
-
     data = write_csv(tmp_path / "d.csv", 6)
     ledger = tmp_path / "ledger.sqlite"
-    PrivacyLedger(ledger).set_budget(file_digest(data), epsilon=12.0, delta=1e-6)
+    PrivacyLedger(ledger).set_budget(str(data.resolve()), epsilon=12.0, delta=1e-6)
     t = str(custom_template(tmp_path))
-    args = [*base_args(data, tmp_path / "a.jsonl", "--prompt", t), "--ledger", str(ledger)]
+    args = [*base_args(data, tmp_path / "a.jsonl", "--prompt", t, "--seed", "2"),
+            "--ledger", str(ledger)]
     assert run(capsys, *args)[0] == 0
     code, _, err = run(capsys, *base_args(data, tmp_path / "b.jsonl", "--prompt", t),
                        "--ledger", str(ledger))
     assert code == 3 and "budget" in err
-    assert not (tmp_path / "b.jsonl").exists()
+    assert not (tmp_path / "b.jsonl").exists() and not (tmp_path / "b.private.json").exists()
+    assert not (tmp_path / "b.manifest.json").exists()
+
+
+def _public(path):
+    """A public JSON file with its wall-clock fields removed."""
+    doc = json.loads(path.read_text())
+    for key in TIMESTAMP_FIELDS:
+        doc.pop(key, None)
+    return json.dumps(doc, sort_keys=True)
+
+
+def test_public_files_of_neighbouring_datasets_are_equal(tmp_path, capsys, toy):
+    """Replace-by-null neighbours (one reference blanked): every public file but the released
+    texts is byte-equal up to timestamps; the differences are in the private side file only."""
+    t = str(custom_template(tmp_path))
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y").mkdir()
+    data = write_csv(tmp_path / "x" / "d.csv", 11)
+    neighbour = write_csv(tmp_path / "y" / "d.csv", 11, blank_at=(4,))
+    files = {}
+    for d in (data, neighbour):
+        out = d.parent / "out" / "gen.jsonl"
+        code, _, err = run(capsys, *base_args(d, out, "--prompt", t, "--seed", "9",
+                                              "--max-reference-tokens", "3"))
+        assert code == 0, err
+        files[d] = sorted(p.name for p in out.parent.iterdir())
+    assert files[data] == files[neighbour] == ["gen.jsonl", "gen.manifest.json",
+                                              "gen.private.json"]
+    x, y = data.parent / "out", neighbour.parent / "out"
+    assert _public(x / "gen.manifest.json") == _public(y / "gen.manifest.json")
+    assert (x / "gen.private.json").read_text() != (y / "gen.private.json").read_text()
+    px = json.loads((x / "gen.private.json").read_text())
+    py = json.loads((y / "gen.private.json").read_text())
+    assert px["data"]["read"]["unusable_by_reason"] == {}
+    assert py["data"]["read"]["unusable_by_reason"] == {"blank": 1}
+    assert px["data"]["truncated_references"] > py["data"]["truncated_references"]
+
+
+def test_rerun_with_outputs_moved_away_is_a_new_charge(tmp_path, capsys, toy):
+    data = write_csv(tmp_path / "d.csv", 6)
+    t = str(custom_template(tmp_path))
+    args = ["--data", str(data), "--out", str(tmp_path / "a.jsonl"), "--epsilon", "1",
+            "--batch-size", "3", "--max-tokens", "5", "--prompt", t, "--quiet"]
+    assert run(capsys, *args)[0] == 0  # no --seed: fresh OS entropy
+    ledger = PrivacyLedger()
+    name = str(data.resolve())
+    first = json.loads((tmp_path / "a.private.json").read_text())
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for f in ("a.jsonl", "a.manifest.json", "a.private.json"):
+        (tmp_path / f).rename(moved / f)
+    assert run(capsys, *args)[0] == 0
+    second = json.loads((tmp_path / "a.private.json").read_text())
+    assert second["seed"] != first["seed"] and second["release_id"] != first["release_id"]
+    assert ledger.spent(name).releases == 2
+    # over budget: the third run is refused before anything is written
+    ledger.set_budget(name, ledger.spent(name).epsilon_at(1e-6) + 0.1, 1e-6)
+    for f in ("a.jsonl", "a.manifest.json", "a.private.json"):
+        (tmp_path / f).unlink()
+    code, _, err = run(capsys, *args)
+    assert code == 3 and "budget" in err
+    assert not (tmp_path / "a.jsonl").exists() and not (tmp_path / "a.private.json").exists()
+    assert ledger.spent(name).releases == 2
+
+
+def test_stale_private_file_is_refused(tmp_path, capsys, toy):
+    data = write_csv(tmp_path / "d.csv", 6)
+    out = tmp_path / "a.jsonl"
+    args = base_args(data, out)
+    assert run(capsys, *args)[0] == 0
+    out.unlink()
+    (tmp_path / "a.manifest.json").unlink()
+    private = (tmp_path / "a.private.json").read_text()
+    code, _, err = run(capsys, *args)
+    assert code == 2 and err.startswith("error:") and err.count("\n") == 1
+    assert "a.private.json" in err and "outputs are gone" in err
+    assert not out.exists() and (tmp_path / "a.private.json").read_text() == private
+    # a run whose side file is gone cannot be resumed either
+    assert run(capsys, *args)[0] == 2
+    (tmp_path / "a.private.json").unlink()
+    assert run(capsys, *args)[0] == 0
+    (tmp_path / "a.private.json").unlink()
+    code, _, err = run(capsys, *args)
+    assert code == 2 and "private side file" in err and err.count("\n") == 1
+
+
+def test_same_seed_same_release_new_seed_new_charge(tmp_path, capsys, toy):
+    data = write_csv(tmp_path / "d.csv", 6)
+    for out, seed in (("a", "1"), ("b", "1"), ("c", "2")):
+        args = base_args(data, tmp_path / f"{out}.jsonl", "--seed", seed)
+        assert run(capsys, *args)[0] == 0
+    texts = {o: (tmp_path / f"{o}.jsonl").read_text() for o in "abc"}
+    assert texts["a"] == texts["b"]  # the same release (identical output): charged once
+    assert PrivacyLedger().spent(str(data.resolve())).releases == 2
+
+
+def test_dataset_names_key_the_budget(tmp_path, capsys, toy):
+    data = write_csv(tmp_path / "d.csv", 6)
+    ledger = PrivacyLedger()
+    ledger.set_budget("reviews", 15.0, 1e-6)
+    args = base_args(data, tmp_path / "a.jsonl", "--dataset", "reviews")
+    code, _, err = run(capsys, *args)
+    assert code == 0 and "warning" not in err
+    assert ledger.spent("reviews").releases == 1 and ledger.spent(str(data.resolve())).releases == 0
+    # a re-encoded copy (other bytes, same records) under the same name shares the budget,
+    # with a warning for the data holder that the name's content changed
+    copy = tmp_path / "copy.csv"
+    copy.write_text(data.read_text().replace("\n", "\r\n"))
+    code, _, err = run(capsys, *base_args(copy, tmp_path / "b.jsonl", "--dataset", "reviews"))
+    assert code == 3 and "budget" in err and "other content" in err
+    # the same bytes under another name: charged there, with a warning naming the first
+    same = tmp_path / "same.csv"
+    same.write_bytes(data.read_bytes())
+    code, _, err = run(capsys, *base_args(same, tmp_path / "c.jsonl"))
+    assert code == 0 and "already charged as dataset 'reviews'" in err
+    assert not any(file_digest(data) in p.read_text()
+                   for p in tmp_path.glob("*.manifest.json"))
 
 
 @pytest.mark.parametrize(

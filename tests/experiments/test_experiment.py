@@ -1,4 +1,5 @@
 import csv
+import json
 
 import pytest
 
@@ -25,7 +26,6 @@ epsilon = [1, 10]
 batch_size = [2]
 top_k = [3, 5]
 temperature = [1.0]
-seeds = [0]
 public_baseline = true
 [evaluation]
 metrics = ["mauve", "topk"]
@@ -77,14 +77,32 @@ def test_sweep_runs_resumes_and_writes_tables(setup, capsys):
         assert (out / png).stat().st_size > 0
     refs = (out / "data" / "references.jsonl").read_text().splitlines()
     real = (out / "data" / "real.jsonl").read_text().splitlines()
-    assert len(refs) == 60 and len(real) == 30 and not set(refs) & set(real)
-    from dplang.io import file_digest
+    assert len(refs) == len(set(refs)) == 60 and len(real) == 30 and not set(refs) & set(real)
+    # the copies of private rows are private from creation (issue 13 item 4b)
+    for f in ("references.jsonl", "real.jsonl"):
+        assert oct((out / "data" / f).stat().st_mode & 0o777) == "0o600"
+    assert oct((out / "data").stat().st_mode & 0o777) == "0o700"
+    # each private cell: a fresh secret seed in its own mode-600 side file, never in public
+    seeds = set()
+    for r in inv:
+        key = f"invisibleink_eps{float(r['epsilon']):g}_B2_k{r['top_k']}_t1_r0"
+        side = out / "cells" / key / "gen.private.json"
+        assert oct(side.stat().st_mode & 0o777) == "0o600"
+        seed = json.loads(side.read_text())["seed"]
+        seeds.add(seed)
+        assert str(seed) not in (out / "cells" / key / "gen.manifest.json").read_text()
+        assert str(seed) not in (out / "results.csv").read_text() + md
+    assert len(seeds) == 4 and all(s.bit_length() > 64 for s in seeds)
+    assert {r["seed"] for r in inv} == {"secret"}
+    assert "fresh secret seed" in md and "No privacy guarantee" not in md
+    # the sweep charged the user's ledger under the data's name, not a ledger of its own
     from dplang.privacy.ledger import PrivacyLedger
 
-    spent = PrivacyLedger(out / "ledger.sqlite").spent(file_digest(out / "data" /
-                                                                   "references.jsonl"))
+    assert not (out / "ledger.sqlite").exists()
+    spent = PrivacyLedger().spent(str((tmp / "data.csv").resolve()))
     assert spent.releases == 4  # each private cell charged; the public cells cost nothing
     assert spent.rho == pytest.approx(sum(float(r["rho"]) for r in inv))
+    assert f"ρ = {spent.rho:.4g}" in md
     calls.clear()
     capsys.readouterr()
     assert main(["experiment", str(tmp / "exp.toml"), "--out", str(out)]) == 0
@@ -171,3 +189,46 @@ def test_baseline_cells_are_evaluated_without_topk(setup):
         rows = {r["method"]: r for r in csv.DictReader(fh)}
     assert rows["amin"]["effective_k"] == "" and float(rows["amin"]["mauve"]) > 0
     assert float(rows["invisibleink"]["effective_k"]) >= 3
+
+
+def test_written_seeds_are_flagged_and_charge_a_named_budget(setup, capsys):
+    """Seeds written in the config are not secret: the run warns and results.md says the cells
+    carry no guarantee; the charges go to the --dataset name, and a budget refuses the rest."""
+    tmp, _calls = setup
+    cfg = tmp / "exp.toml"
+    cfg.write_text(CONFIG.replace("public_baseline = true", "seeds = [7]\npublic_baseline = false")
+                   .replace("epsilon = [1, 10]", "epsilon = [1]"))
+    from dplang.privacy.ledger import PrivacyLedger
+
+    ledger = PrivacyLedger()
+    out = tmp / "out"
+    assert main(["experiment", str(cfg), "--out", str(out), "--dataset", "toy-corpus"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: this configuration writes its seeds" in err
+    md = (out / "results.md").read_text()
+    assert "No privacy guarantee" in md
+    side = json.loads((out / "cells" / "invisibleink_eps1_B2_k3_t1_s7" / "gen.private.json")
+                      .read_text())
+    assert side["seed"] == 7 and side["dataset"] == "toy-corpus"
+    assert ledger.spent("toy-corpus").releases == 2
+    ledger.set_budget("other", 1.5, 1e-6)
+    cfg.write_text(cfg.read_text().replace("epsilon = [1]", "epsilon = [1, 2]"))
+    code = main(["experiment", str(cfg), "--out", str(tmp / "o2"), "--dataset", "other", "-q"])
+    assert code == 3 and "budget" in capsys.readouterr().err
+    assert ledger.spent("other").releases == 2  # the two ε = 1 cells fit; ε = 2 does not
+
+
+def test_seeds_and_replicates(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CONFIG.replace("public_baseline = true",
+                                  "replicates = 2\npublic_baseline = true"))
+    config = load_config(cfg)
+    assert not config.written_seeds and {c.seed for c in config.cells} == {None}
+    assert {c.key.rsplit("_", 1)[1] for c in config.cells} == {"r0", "r1"}
+    assert len(config.cells) == 2 * (4 + 2)
+    cfg.write_text(CONFIG.replace("public_baseline = true", "seeds = [3]\nreplicates = 2"))
+    with pytest.raises(ConfigError, match="not both"):
+        load_config(cfg)
+    cfg.write_text(CONFIG.replace("public_baseline = true", "replicates = 0"))
+    with pytest.raises(ConfigError, match="replicates"):
+        load_config(cfg)

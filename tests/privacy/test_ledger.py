@@ -40,3 +40,112 @@ def test_mixed_pure_and_zcdp(tmp_path):
     ledger.charge("d", "b", _g(0.05))
     spent = ledger.spent("d")
     assert spent.epsilon_at(1e-6) == pytest.approx(1.0 + rho_to_epsilon(0.05, 1e-6))
+
+
+def _adapmixed(eps=3.0):
+    return Guarantee("adapmixed", "reference", "add-remove", None, eps, 1e-6, ex_ante=False)
+
+
+def test_data_dependent_releases_are_kept_out_of_the_dp_total(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    assert ledger.charge("d", "dp", _g(0.05))
+    assert ledger.charge("d", "ada", _adapmixed())
+    spent = ledger.spent("d")
+    assert spent.releases == 2 and spent.dp_releases == 1 and spent.data_dependent == 1
+    assert spent.rho == pytest.approx(0.05) and spent.approx_epsilon == 0
+    assert spent.data_dependent_epsilon == 3.0
+    assert spent.epsilon_at(1e-6) == pytest.approx(rho_to_epsilon(0.05, 1e-6))
+    assert [r["ex_ante"] for r in ledger.releases("d")] == [True, False]
+    # a dataset with a DP budget refuses a release that has no DP guarantee
+    ledger.set_budget("e", 100.0, 1e-6)
+    with pytest.raises(BudgetExceeded, match="data-dependent"):
+        ledger.charge("e", "ada2", _adapmixed(0.1))
+    assert ledger.spent("e").releases == 0
+
+
+def test_content_warnings(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    assert ledger.content_warnings("a", "h1") == []
+    ledger.charge("a", "r1", _g(0.01), data_digest="h1")
+    assert ledger.content_warnings("a", "h1") == []
+    [changed] = ledger.content_warnings("a", "h2")
+    assert "other content" in changed and "h1" not in changed and "h2" not in changed
+    [shared] = ledger.content_warnings("b", "h1")
+    assert "'a'" in shared
+
+
+def test_ledger_file_is_private_and_old_ledgers_migrate(tmp_path):
+    import os
+    import sqlite3
+
+    path = tmp_path / "new" / "l.sqlite"
+    old_umask = os.umask(0)
+    try:
+        PrivacyLedger(path)
+    finally:
+        os.umask(old_umask)
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    # a ledger written before the ex_ante / data_digest columns existed
+    old = tmp_path / "old.sqlite"
+    db = sqlite3.connect(old)
+    db.executescript(
+        "CREATE TABLE budgets (dataset TEXT PRIMARY KEY, epsilon REAL NOT NULL, delta REAL "
+        "NOT NULL, created REAL NOT NULL);"
+        "CREATE TABLE releases (release_id TEXT PRIMARY KEY, dataset TEXT NOT NULL, created "
+        "REAL NOT NULL, mechanism TEXT NOT NULL, rho REAL, epsilon REAL NOT NULL, delta REAL "
+        "NOT NULL, guarantee TEXT NOT NULL, description TEXT NOT NULL);")
+    for rid, g in (("x", _g(0.1)), ("y", _adapmixed())):
+        db.execute("INSERT INTO releases VALUES (?, 'd', 0, ?, ?, ?, ?, ?, '')",
+                   (rid, g.mechanism, g.rho, g.epsilon, g.delta, g.to_json()))
+    db.commit()
+    db.close()
+    spent = PrivacyLedger(old).spent("d")
+    assert spent.releases == 2 and spent.data_dependent == 1 and spent.rho == pytest.approx(0.1)
+
+
+def _race(path: str, release_id: str, start: float, out) -> None:
+    """Child process: charge ρ = 0.3 against a budget that holds one such charge only. The
+    spend is read, then the process sleeps before inserting, so that a ledger without a
+    write lock around read-check-insert would let both children through."""
+    import time
+
+    from dplang.privacy import ledger as ledger_mod
+
+    real = ledger_mod.PrivacyLedger._spent
+
+    def slow_spent(db, dataset):
+        result = real(db, dataset)
+        time.sleep(0.5)
+        return result
+
+    ledger_mod.PrivacyLedger._spent = staticmethod(slow_spent)
+    book = ledger_mod.PrivacyLedger(path)
+    while time.time() < start:
+        time.sleep(0.005)
+    try:
+        out.put((release_id, bool(book.charge("d", release_id, _g(0.3)))))
+    except ledger_mod.BudgetExceeded:
+        out.put((release_id, False))
+
+
+def test_two_processes_charging_at_once_never_exceed_the_budget(tmp_path):
+    import multiprocessing
+    import time
+
+    path = tmp_path / "l.sqlite"
+    ledger = PrivacyLedger(path)
+    budget = rho_to_epsilon(0.5, 1e-6)  # room for one charge of ρ = 0.3, not two
+    ledger.set_budget("d", budget, 1e-6)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    start = time.time() + 3.0
+    procs = [ctx.Process(target=_race, args=(str(path), f"r{i}", start, out)) for i in (1, 2)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert sorted(results.values()) == [False, True]  # exactly one wins
+    spent = PrivacyLedger(path).spent("d")
+    assert spent.releases == 1 and spent.epsilon_at(1e-6) <= budget

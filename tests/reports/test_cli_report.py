@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from dplang.cli.app import main
 from dplang.io import file_digest
 from dplang.models import ToyModel
 from dplang.privacy.ledger import PrivacyLedger
+from dplang.release import TIMESTAMP_FIELDS
 
 REVIEWS = [
     "The pasta was great and the staff were friendly.",
@@ -82,11 +84,72 @@ def test_report_end_to_end_with_keyword_predicate(tmp_path, capsys) -> None:
             assert c["statement"] in md
     assert "Privacy guarantee" in md and "Abstentions" in md
     assert "seed" not in json.dumps(doc) and "seed" not in md
-    # the ledger holds the release under the data file's digest
+    # no digest, path or ledger entry in the public files (issue 13 item 2) ...
+    for public in (json.dumps(doc), md):
+        assert file_digest(data) not in public and file_digest(data)[:16] not in public
+        assert str(data) not in public and "ledger" not in public
+    # ... they are in the private side file (mode 600), and the ledger holds the release
+    # under the dataset's name (default: the data file's resolved path)
+    side = tmp_path / "out" / "rep.private.json"
+    assert oct(side.stat().st_mode & 0o777) == "0o600"
+    private = json.loads(side.read_text())
+    assert private["data"]["sha256"] == file_digest(data) and private["seed"] is None
+    assert private["data"]["read"]["unusable_by_reason"] == {"blank": 25}
     ledger = PrivacyLedger(os.environ["DPLANG_LEDGER"])
-    releases = ledger.releases(file_digest(data))
+    releases = ledger.releases(str(data.resolve()))
     assert len(releases) == 1 and releases[0]["guarantee"]["epsilon"] == 4
-    assert doc["ledger"]["release_id"] == releases[0]["release_id"]
+    assert private["release_id"] == releases[0]["release_id"]
+    # the same seed on the same data is the same release (same output): charged once
+    out2 = tmp_path / "again"
+    assert run(capsys, "--data", str(data), "--statements", str(statements), "--epsilon", "4",
+               "--beta", "0.05", "--threshold", "0.2", "--seed", "7", "--out", str(out2))[0] == 0
+    assert (tmp_path / "again.md").read_text() == md
+    assert len(ledger.releases(str(data.resolve()))) == 1
+
+
+def _public(path: Path) -> str:
+    """The public JSON without its timestamp and released values (decisions, bounds)."""
+    doc = json.loads(path.read_text())
+    for key in (*TIMESTAMP_FIELDS, "summary"):
+        doc.pop(key, None)
+    for c in doc["certificates"]:
+        del c["decision"], c["lower_bound"]
+    return json.dumps(doc, sort_keys=True)
+
+
+def _masked(md: str) -> str:
+    """The Markdown with the released lower bounds masked."""
+    return re.sub(r"(≥ |lower bound )\d\.\d{4}", r"\1L", md)
+
+
+def test_public_files_of_neighbouring_datasets_are_equal(tmp_path, capsys) -> None:
+    """Replace-one neighbours: one record changed (here to a blank one). With the same seed,
+    the public files are equal up to the released decisions and bounds and the timestamp."""
+    statements = write_statements(tmp_path)
+    data = write_corpus(tmp_path)
+    rows = data.read_text().splitlines()
+    rows[3] = '"",2'  # one review replaced by a blank record
+    (tmp_path / "n").mkdir()
+    neighbour = tmp_path / "n" / "reviews.csv"
+    neighbour.write_text("\n".join(rows) + "\n")
+    outs = []
+    for d in (data, neighbour):
+        out = d.parent / "rep" / "report"
+        code, _, err = run(capsys, "--data", str(d), "--statements", str(statements),
+                           "--epsilon", "4", "--threshold", "0.2", "--seed", "3",
+                           "--out", str(out), "-q")
+        assert code == 0, err
+        outs.append(out.parent)
+    x, y = outs
+    assert sorted(p.name for p in x.iterdir()) == sorted(p.name for p in y.iterdir()) == [
+        "report.json", "report.md", "report.private.json"]
+    assert _public(x / "report.json") == _public(y / "report.json")
+    md_x, md_y = (x / "report.md").read_text(), (y / "report.md").read_text()
+    assert md_x != md_y and _masked(md_x) == _masked(md_y)
+    px = json.loads((x / "report.private.json").read_text())
+    py = json.loads((y / "report.private.json").read_text())
+    assert px["data"]["sha256"] != py["data"]["sha256"]
+    assert px["data"]["read"] != py["data"]["read"]
 
 
 def test_report_with_schema_and_gaussian(tmp_path, capsys) -> None:
@@ -135,13 +198,15 @@ def test_report_with_language_model_proposer(tmp_path, capsys, monkeypatch) -> N
 def test_budget_exceeded_is_refused_before_writing(tmp_path, capsys) -> None:
     data, statements = write_corpus(tmp_path), write_statements(tmp_path)
     ledger = PrivacyLedger(os.environ["DPLANG_LEDGER"])
-    ledger.set_budget(file_digest(data), 5.0, 1e-6)
+    ledger.set_budget("corpus", 5.0, 1e-6)
     args = ["--data", str(data), "--statements", str(statements), "--threshold", "0.2",
-            "--seed", "1", "-q"]
+            "--dataset", "corpus", "-q"]
     assert run(capsys, *args, "--epsilon", "3", "--out", str(tmp_path / "a"))[0] == 0
+    assert len(ledger.releases("corpus")) == 1
     code, _, err = run(capsys, *args, "--epsilon", "3", "--out", str(tmp_path / "b"))
     assert code == 3 and err.startswith("error: ") and "budget" in err
     assert not (tmp_path / "b.json").exists() and not (tmp_path / "b.md").exists()
+    assert not (tmp_path / "b.private.json").exists()
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -222,4 +287,4 @@ def test_bad_input_gives_one_line_error(tmp_path, capsys, case: str) -> None:
     assert message in err, err
     assert not (tmp_path / "r.json").exists()
     ledger = PrivacyLedger(os.environ["DPLANG_LEDGER"])
-    assert all(not ledger.releases(d) for d in [file_digest(write_corpus(tmp_path))])
+    assert ledger.datasets() == []

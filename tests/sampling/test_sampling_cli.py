@@ -9,6 +9,7 @@ import pytest
 from dplang.cli.app import main
 from dplang.io import file_digest
 from dplang.privacy.ledger import PrivacyLedger
+from dplang.release import TIMESTAMP_FIELDS
 
 
 def run(capsys, *args):
@@ -31,8 +32,8 @@ def table(tmp_path):
 def test_end_to_end_categorical_csv(tmp_path, capsys, table):
     out = tmp_path / "o" / "s.csv"
     code, stdout, err = run(capsys, "--data", str(table), "--columns", "color,flag",
-                            "--domain", "color=red,green,blue", "--epsilon", "1", "--num", "3",
-                            "--seed", "5", "--out", str(out))
+                            "--domain", "color=red,green,blue", "--binary", "flag",
+                            "--epsilon", "1", "--num", "3", "--seed", "5", "--out", str(out))
     assert code == 0, err
     lines = out.read_text().splitlines()
     assert lines[0] == "color,flag" and len(lines) == 4
@@ -48,16 +49,28 @@ def test_end_to_end_categorical_csv(tmp_path, capsys, table):
     assert manifest["parameters"]["method"] == "discrete-laplace"
     assert manifest["accuracy_bound"] == pytest.approx(6 / (2 * 20 * __import__("math").sinh(0.5)))
     assert "seed" not in json.dumps(manifest["parameters"])
-    # the ledger holds the release under the data file's digest
-    releases = PrivacyLedger().releases(file_digest(table))
-    assert len(releases) == 1 and releases[0]["release_id"] == manifest["ledger"]["release_id"]
+    assert manifest["columns"][1] == {"name": "flag", "kind": "binary", "values": ["0", "1"],
+                                      "fallback": "0"}
+    # no digest, path, seed or ledger entry in the public manifest (issue 13 item 2) ...
+    text = json.dumps(manifest)
+    assert file_digest(table) not in text and str(table) not in text
+    assert "ledger" not in manifest and "seed" not in manifest
+    # ... the private side file (mode 600) has them; the ledger holds the release under the
+    # dataset's name (default: the data file's resolved path)
+    side = tmp_path / "o" / "s.csv.private.json"
+    assert oct(side.stat().st_mode & 0o777) == "0o600"
+    private = json.loads(side.read_text())
+    assert private["data"]["sha256"] == file_digest(table) and private["seed"] is None
+    releases = PrivacyLedger().releases(str(table.resolve()))
+    assert len(releases) == 1 and releases[0]["release_id"] == private["release_id"]
     assert "accuracy" in stdout and "total variation" in stdout
-    # same seed, same samples (determinism)
+    # same seed, same samples (determinism) — the same release, not charged again
     out2 = tmp_path / "o" / "t.csv"
     assert run(capsys, "--data", str(table), "--columns", "color,flag", "--domain",
-               "color=red,green,blue", "--epsilon", "1", "--num", "3", "--seed", "5",
-               "--out", str(out2))[0] == 0
+               "color=red,green,blue", "--binary", "flag", "--epsilon", "1", "--num", "3",
+               "--seed", "5", "--out", str(out2))[0] == 0
     assert out2.read_text() == out.read_text()
+    assert len(PrivacyLedger().releases(str(table.resolve()))) == 1
 
 
 @pytest.mark.parametrize("method,extra", [("clipped-mean", ["--delta", "1e-6"]),
@@ -73,7 +86,8 @@ def test_binary_methods_jsonl(tmp_path, capsys, method, extra):
     out = tmp_path / f"{method}.jsonl"
     eps = "8" if method == "clipped-mean" else "1"
     code, _stdout, err = run(capsys, "--data", str(data), "--columns", "a,b,c", "--epsilon", eps,
-                            "--method", method, "--num", "2", "--out", str(out), *extra)
+                            "--binary", "a,b", "--binary", "c", "--method", method, "--num", "2",
+                            "--out", str(out), *extra)
     assert code == 0, err
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(recs) == 2
@@ -88,12 +102,13 @@ def test_binary_methods_jsonl(tmp_path, capsys, method, extra):
 
 def test_budget_is_charged_before_writing(tmp_path, capsys, table):
     ledger = PrivacyLedger()
-    ledger.set_budget(file_digest(table), 0.5, 1e-6)
+    ledger.set_budget(str(table.resolve()), 0.5, 1e-6)
     out = tmp_path / "s.csv"
-    code, _, err = run(capsys, "--data", str(table), "--columns", "flag", "--epsilon", "1",
-                       "--out", str(out))
+    code, _, err = run(capsys, "--data", str(table), "--columns", "flag", "--binary", "flag",
+                       "--epsilon", "1", "--out", str(out))
     assert code == 3 and "budget" in err
     assert not out.exists() and not (tmp_path / "s.csv.manifest.json").exists()
+    assert not (tmp_path / "s.csv.private.json").exists()
 
 
 def _refused(capsys, table, tmp_path, *args):
@@ -107,29 +122,40 @@ def _refused(capsys, table, tmp_path, *args):
 
 def test_bad_input_is_refused(tmp_path, capsys, table):
     msg = _refused(capsys, table, tmp_path, "--columns", "price", "--epsilon", "1")
-    assert "not categorical or binary" in msg
+    assert "no declared type" in msg and "--binary price" in msg
     msg = _refused(capsys, table, tmp_path, "--columns", "color", "--epsilon", "1")
     assert "--domain color=" in msg
-    msg = _refused(capsys, table, tmp_path, "--columns", "nope", "--epsilon", "1")
+    msg = _refused(capsys, table, tmp_path, "--columns", "nope", "--binary", "nope",
+                   "--epsilon", "1")
     assert "unknown column" in msg and "'nope'" in msg
     for eps in ("0", "-1"):
-        assert "epsilon" in _refused(capsys, table, tmp_path, "--columns", "flag", "--epsilon",
-                                     eps)
+        assert "epsilon" in _refused(capsys, table, tmp_path, "--columns", "flag", "--binary",
+                                     "flag", "--epsilon", eps)
     for delta in ("0", "1", "1.5", "-0.1"):
-        assert "delta" in _refused(capsys, table, tmp_path, "--columns", "flag", "--epsilon",
-                                   "1", "--delta", delta)
+        assert "delta" in _refused(capsys, table, tmp_path, "--columns", "flag", "--binary",
+                                   "flag", "--epsilon", "1", "--delta", delta)
     msg = _refused(capsys, table, tmp_path, "--columns", "color", "--epsilon", "1", "--domain",
-                   "color=red,green")
-    assert "outside its declared domain" in msg
+                   "color=red,green", "--out-of-domain", "refuse")
+    assert "outside its declared categorical domain" in msg
     msg = _refused(capsys, table, tmp_path, "--columns", "color,flag", "--domain",
-                   "color=red,green,blue", "--method", "laplace-marginals", "--epsilon", "1")
+                   "color=red,green,blue", "--binary", "flag", "--method", "laplace-marginals",
+                   "--epsilon", "1")
     assert "binary" in msg
-    msg = _refused(capsys, table, tmp_path, "--columns", "flag,other", "--method",
-                   "clipped-mean", "--epsilon", "0.1", "--delta", "1e-6")
+    msg = _refused(capsys, table, tmp_path, "--columns", "flag,other", "--binary", "flag,other",
+                   "--method", "clipped-mean", "--epsilon", "0.1", "--delta", "1e-6")
     assert "records per sample" in msg
-    msg = _refused(capsys, table, tmp_path, "--columns", "flag", "--epsilon", "1", "--method",
-                   "nope")
+    msg = _refused(capsys, table, tmp_path, "--columns", "flag", "--binary", "flag",
+                   "--epsilon", "1", "--method", "nope")
     assert "unknown --method" in msg
+    msg = _refused(capsys, table, tmp_path, "--columns", "flag", "--binary", "flag",
+                   "--domain", "flag=0,1", "--epsilon", "1")
+    assert "declared twice" in msg
+    msg = _refused(capsys, table, tmp_path, "--columns", "flag", "--binary", "flag",
+                   "--fallback", "flag=7", "--epsilon", "1")
+    assert "fallback" in msg
+    msg = _refused(capsys, table, tmp_path, "--columns", "flag", "--binary", "flag,color",
+                   "--epsilon", "1")
+    assert "not in --columns" in msg
 
 
 def test_too_many_categories(tmp_path, capsys, table):
@@ -152,26 +178,110 @@ def test_too_many_categories(tmp_path, capsys, table):
 def test_empty_data(tmp_path, capsys):
     header_only = tmp_path / "h.csv"
     header_only.write_text("flag\n")
-    msg = _refused(capsys, header_only, tmp_path, "--columns", "flag", "--epsilon", "1")
+    msg = _refused(capsys, header_only, tmp_path, "--columns", "flag", "--binary", "flag",
+                   "--epsilon", "1")
     assert "no data rows" in msg
     empty = tmp_path / "e.csv"
     empty.write_text("")
-    assert "empty" in _refused(capsys, empty, tmp_path, "--columns", "flag", "--epsilon", "1")
+    assert "empty" in _refused(capsys, empty, tmp_path, "--columns", "flag", "--binary", "flag",
+                               "--epsilon", "1")
     missing = tmp_path / "m.csv"
-    missing.write_text("flag\n1\n\n0\n,\n")
     missing.write_text("flag,x\n1,a\n,b\n")
-    assert "missing" in _refused(capsys, missing, tmp_path, "--columns", "flag", "--epsilon", "1")
+    assert "missing" in _refused(capsys, missing, tmp_path, "--columns", "flag", "--binary",
+                                 "flag", "--epsilon", "1", "--out-of-domain", "refuse")
 
 
 def test_existing_output_is_not_overwritten(tmp_path, capsys, table):
     out = tmp_path / "x.csv"
     out.write_text("keep")
-    code, _, err = run(capsys, "--data", str(table), "--columns", "flag", "--epsilon", "1",
-                       "--out", str(out))
+    code, _, err = run(capsys, "--data", str(table), "--columns", "flag", "--binary", "flag",
+                       "--epsilon", "1", "--out", str(out))
     assert code == 2 and "exists" in err and out.read_text() == "keep"
 
 
 def test_huge_universe_is_refused(tmp_path, capsys, table):
     msg = _refused(capsys, table, tmp_path, "--columns", "size,flag", "--domain",
-                   "size=1..1000000", "--epsilon", "1", "--force")
+                   "size=1..1000000", "--binary", "flag", "--epsilon", "1", "--force")
     assert "too many categories" in msg and "accuracy bound" in msg
+
+
+def _public(path):
+    doc = json.loads(path.read_text())
+    for key in TIMESTAMP_FIELDS:
+        doc.pop(key, None)
+    return json.dumps(doc, sort_keys=True)
+
+
+@pytest.mark.parametrize("method,extra", [("discrete-laplace", []),
+                                          ("gaussian-marginals", ["--delta", "1e-6"])])
+def test_public_files_of_neighbouring_datasets_are_equal(tmp_path, capsys, method, extra):
+    """Replace-one neighbours: one record's flag changed from 0 to 2 (issue 13's example: an
+    inferred type made the first binary and refused the second). With declared types both are
+    released; the public manifests are byte-equal up to the timestamp; the differences (the
+    data digest, one mapped cell) are in the private side file only."""
+    rows = ["flag,other"] + [f"{i % 2},{(i // 3) % 2}" for i in range(200)]
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y").mkdir()
+    data, neighbour = tmp_path / "x" / "d.csv", tmp_path / "y" / "d.csv"
+    data.write_text("\n".join(rows) + "\n")
+    rows[5] = "2,0"  # was "0,0"
+    neighbour.write_text("\n".join(rows) + "\n")
+    outs = []
+    for d in (data, neighbour):
+        out = d.parent / "out" / "s.jsonl"
+        code, _, err = run(capsys, "--data", str(d), "--columns", "flag,other", "--binary",
+                           "flag,other", "--epsilon", "1", "--num", "2", "--seed", "3",
+                           "--method", method, "--out", str(out), *extra)
+        assert code == 0, err
+        outs.append(out.parent)
+    x, y = outs
+    assert sorted(p.name for p in x.iterdir()) == sorted(p.name for p in y.iterdir()) == [
+        "s.jsonl", "s.jsonl.manifest.json", "s.jsonl.private.json"]
+    assert _public(x / "s.jsonl.manifest.json") == _public(y / "s.jsonl.manifest.json")
+    px = json.loads((x / "s.jsonl.private.json").read_text())
+    py = json.loads((y / "s.jsonl.private.json").read_text())
+    assert px["data"]["out_of_domain_cells_mapped"] == {"flag": 0, "other": 0}
+    assert py["data"]["out_of_domain_cells_mapped"] == {"flag": 1, "other": 0}
+    assert px["data"]["sha256"] != py["data"]["sha256"]
+
+
+def test_types_are_declared_never_inferred(tmp_path, capsys):
+    """An undeclared column is refused the same way whatever its values (the refusal reads no
+    value); a declared one is released whatever its values."""
+    for values in ("0,1,1,0", "0,1,2,0"):
+        data = tmp_path / f"d{values[-3]}.csv"
+        data.write_text("flag\n" + "\n".join(values.split(",")) + "\n")
+        msg = _refused(capsys, data, tmp_path, "--columns", "flag", "--epsilon", "1")
+        assert msg == ("error: column 'flag' has no declared type: declare it with --binary "
+                       "flag, --domain flag=v1,v2,... or --domain flag=lo..hi, or in a --schema "
+                       "file (types are public: reading them from the values would leak which "
+                       "values occur)")
+        out = tmp_path / f"s{values[-3]}.csv"
+        code, _, err = run(capsys, "--data", str(data), "--columns", "flag", "--binary", "flag",
+                           "--epsilon", "1", "--out", str(out))
+        assert code == 0, err
+        assert ("mapped by the public rule" in err) == ("2" in values)
+
+
+def test_schema_file_and_fallback(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"region": r, "band": b, "smoker": s}) + "\n"
+                            for r, b, s in [("north", 3, True), ("mars", 12, "yes"),
+                                            ("south", 1, False), ("east", None, 1)] * 20))
+    schema = tmp_path / "schema.toml"
+    schema.write_text('[columns]\nregion = ["north", "south", "east", "west"]\n'
+                      'band = "1..5"\nsmoker = "binary"\n[fallback]\nregion = "west"\n')
+    out = tmp_path / "s.jsonl"
+    code, _, err = run(capsys, "--data", str(data), "--columns", "region,band,smoker",
+                       "--schema", str(schema), "--fallback", "band=3", "--epsilon", "2",
+                       "--out", str(out))
+    assert code == 0, err
+    manifest = json.loads((tmp_path / "s.jsonl.manifest.json").read_text())
+    assert [c["fallback"] for c in manifest["columns"]] == ["west", "3", "0"]
+    assert manifest["universe_size"] == 4 * 5 * 2
+    private = json.loads((tmp_path / "s.jsonl.private.json").read_text())
+    # "mars" → west; 12 → 5 (clipped); None → 3 (fallback); "yes" → 0 (fallback)
+    assert private["data"]["out_of_domain_cells_mapped"] == {"region": 20, "band": 40,
+                                                            "smoker": 20}
+    [rec] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rec["region"] in {"north", "south", "east", "west"} and 1 <= rec["band"] <= 5

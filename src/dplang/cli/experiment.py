@@ -9,6 +9,7 @@ import typer
 from ..experiments import ConfigError, load_config, run_experiment
 from ..io import ReferenceDataError
 from ..models import resolve_model
+from ..privacy.ledger import BudgetExceeded
 from ..textgen.runner import GenerationError
 from .errors import fail
 
@@ -24,8 +25,16 @@ def experiment(
     report_only: bool = typer.Option(
         False, "--report-only", help="Write the results of the finished cells; run nothing."
     ),
+    ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger (SQLite) path."),
+    dataset: str | None = typer.Option(
+        None, "--dataset",
+        help="Ledger name of the data's budget (default: [data].dataset, else the data "
+        "file's resolved path).",
+    ),
 ) -> None:
-    """Run (or resume) a sweep over method, ε, B, k, τ and seed; write tables and plots."""
+    """Run (or resume) a sweep over method, ε, B, k, τ and replicate; write tables and plots.
+
+    Every private cell is a release charged to the user's ledger under the dataset's name."""
     try:
         cfg = load_config(config)
     except ConfigError as exc:
@@ -37,8 +46,16 @@ def experiment(
         if not quiet:
             typer.echo(msg, err=True)
 
+    if cfg.written_seeds and not report_only:
+        typer.echo("warning: this configuration writes its seeds ([sweep].seeds): a written "
+                   "seed is not secret and voids the privacy guarantee; use written seeds for "
+                   "toy or public data only (omit them to give every cell a secret seed)",
+                   err=True)
     try:
-        rows = run_experiment(cfg, out, _load_model, progress=say, report_only=report_only)
+        rows = run_experiment(cfg, out, _load_model, progress=say, report_only=report_only,
+                              ledger=ledger, dataset=dataset)
+    except BudgetExceeded as exc:
+        fail(str(exc), code=3)
     except (GenerationError, ReferenceDataError, FileNotFoundError, ValueError) as exc:
         fail(str(exc).splitlines()[0])
     typer.echo(f"{len(rows)} cells; results in {out / 'results.csv'} and {out / 'results.md'}")

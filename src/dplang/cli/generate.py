@@ -89,6 +89,10 @@ def generate(
         help="Amin sensitivity: correct (2C/B, replace-by-null) or paper (C/B).",
     ),
     ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger (SQLite) path."),
+    dataset: str | None = typer.Option(
+        None, "--dataset",
+        help="Ledger name of the data's budget (default: the data file's resolved path).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or texts."),
 ) -> None:
     """Generate private synthetic texts from references with InvisibleInk."""
@@ -99,7 +103,8 @@ def generate(
         prompt=prompt, system=system, text_column=text_column,
         group_by=tuple(c.strip() for c in group_by.split(",") if c.strip()) if group_by else (),
         model=model, max_reference_tokens=max_reference_tokens, sparse_head=not dense,
-        ledger=ledger, method=method, amin_sigma=amin_sigma, amin_threshold=amin_threshold,
+        ledger=ledger, dataset=dataset, method=method, amin_sigma=amin_sigma,
+        amin_threshold=amin_threshold,
         amin_private_tokens=amin_private_tokens, amin_public_temperature=amin_public_temperature,
         amin_convention=amin_convention, augpe_iterations=augpe_iterations,
         augpe_variations=augpe_variations, dtype=dtype,
@@ -146,16 +151,20 @@ def generate(
         if not quiet:
             progress.console.print(f"[dim]#{record['group']}[/] {record['text'][:300]!r}")
 
+    def warn(message: str) -> None:  # the data holder's terminal only (stderr), never a file
+        typer.echo(f"warning: {message}", err=True)
+
     try:
         with progress:
             summary = execute_plan(plan, on_result=on_result, on_step=on_step,
-                                   on_start=on_start)
+                                   on_start=on_start, on_warning=warn)
     except BudgetExceeded as exc:
         fail(str(exc), code=3)
     except GenerationError as exc:
         fail(str(exc))
     console.print(
         f"wrote {summary.written} new generations ({summary.skipped_existing} already there) "
-        f"to {out}; manifest {plan.manifest_path}"
+        f"to {out}; public manifest {plan.manifest_path}, private side file "
+        f"{plan.private_path} (mode 600, never publish it)"
     )
     typer.echo(g.summary())

@@ -1,13 +1,18 @@
 """``dplang report``: an evidence-bearing report by proposal-and-filter (spec 003).
 
 Order of work (the privacy argument depends on it): parameters and candidate statements are
-validated and deduplicated and the predicate is built *before* the data is read; the ledger is
-charged before anything is written; the outputs contain no seed, noise or exact support.
+validated and deduplicated and the predicate is built *before* the data is read; the release
+pipeline (:mod:`dplang.release`) charges the ledger before anything is written; the public
+outputs (OUT.json, OUT.md) contain no seed, noise, exact support, data digest, data path or
+count of the private rows; those that the data holder may need (digest, path, blank rows,
+dataset name, release id) go to the private side file OUT.private.json (mode 600).
 """
 
 from __future__ import annotations
 
-import uuid
+import hashlib
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -98,14 +103,23 @@ def report(
     seed: int | None = typer.Option(
         None, "--seed", help="Secret seed for reproducible noise (default: OS entropy)."),
     ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger (SQLite) path."),
+    dataset: str | None = typer.Option(
+        None, "--dataset",
+        help="Ledger name of the data's budget (default: the data file's resolved path)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the guarantee."),
 ) -> None:
     """Certify candidate statements about a private corpus, or abstain, under DP."""
     from .. import io
-    from ..privacy.ledger import BudgetExceeded, PrivacyLedger
+    from ..privacy.ledger import BudgetExceeded
+    from ..release import Release, ReleaseError, fresh_seed
     from ..reports.mechanism import FilterConfig, ReportConfigError, calibrate, certify_counts
     from ..reports.predicates import PredicateError, support_counts
-    from ..reports.render import certificate_line, write_report
+    from ..reports.render import (
+        certificate_line,
+        private_path_for,
+        report_paths,
+        write_report,
+    )
     from ..reports.statements import StatementError, deduplicate, validate_statements
 
     console = Console(stderr=True, quiet=quiet, soft_wrap=True)
@@ -142,8 +156,7 @@ def report(
     if not data.exists():
         fail(f"data file not found: {data}")
     try:
-        records, _stats = io.load_references(data, text_column)
-        digest = io.file_digest(data)
+        records, stats = io.load_references(data, text_column)
     except io.ReferenceDataError as exc:
         fail(str(exc).splitlines()[0])
     texts = [r.text for r in records]
@@ -154,27 +167,51 @@ def report(
 
     from ..privacy.randomness import RandomStreams
 
-    streams = RandomStreams(seed) if seed is not None else RandomStreams.from_os_entropy()
+    fingerprint = {
+        "parameters": {"epsilon": epsilon, "threshold": threshold, "beta": beta,
+                       "noise": noise, "delta": delta, "composition": composition,
+                       "bonferroni": bonferroni,
+                       "release_abstained_bounds": release_abstained_bounds,
+                       "text_column": text_column},
+        "candidates_sha256": hashlib.sha256(json.dumps(
+            [[c.text, c.rule] for c in candidates],
+            default=str).encode()).hexdigest(),
+        "predicate": pred.describe(),
+    }
+    try:
+        release = Release.open("report", data=data, guarantee=guarantee,
+                               fingerprint=fingerprint, dataset=dataset,
+                               seed=seed if seed is not None else fresh_seed(),
+                               ledger=ledger, description=f"dplang report → {out}",
+                               seed_source="given" if seed is not None else "fresh OS entropy")
+    except (ReleaseError, io.ReferenceDataError) as exc:
+        fail(str(exc))
+    streams = RandomStreams(release.seed)
     with console.status(f"evaluating {len(candidates)} statements on {len(texts)} records…"):
         counts = support_counts(pred, candidates, texts)
     result = certify_counts(candidates, counts, len(texts), config, streams, pred)
     del counts  # exact supports: never written anywhere
 
     # 4. charge the ledger before writing anything (DESIGN.md invariant 6)
-    release_id = f"report-{uuid.uuid4().hex}"
     try:
-        book = PrivacyLedger(ledger)
-        book.charge(digest, release_id, result.guarantee, f"dplang report → {out}")
+        release.charge(lambda w: typer.echo(f"warning: {w}", err=True))
     except BudgetExceeded as exc:
         fail(str(exc), code=3)
-    metadata = {
-        "data": {"path": str(data), "sha256": digest, "text_column": text_column,
-                 "n_records": len(texts)},
+    json_path, md_path = report_paths(out)
+    release.write_private(private_path_for(out), release.private_record(
+        keep_seed=False,
+        data={"n_records": len(texts), "text_column": text_column,
+              "read": {"used": stats.used,
+                       "unusable_by_reason": dict(stats.skipped_by_reason)}},
+        outputs=[str(json_path), str(md_path)],
+    ))
+    write_report(result, out, {
+        "command": "report",
+        "text_column": text_column,
         "statements": source,
         "predicate": pred.describe(),
-        "ledger": {"path": str(book.path), "dataset": digest, "release_id": release_id},
-    }
-    json_path, md_path = write_report(result, out, metadata)
+        "created": time.time(),
+    }, write=release.write_output)
 
     for c in sorted(result.certificates, key=lambda c: c.decision != "emit"):
         console.print(certificate_line(c), markup=False, highlight=False)

@@ -1,4 +1,4 @@
-"""``dplang sample``: release private samples of categorical or binary records."""
+"""``dplang sample``: release private samples of categorical, integer or binary records."""
 
 from __future__ import annotations
 
@@ -9,8 +9,39 @@ from rich.console import Console
 
 from ..privacy.ledger import BudgetExceeded
 from ..sampling.release import METHODS, ReleaseRequest, execute_release, plan_release
-from ..sampling.tabular import SamplingDataError, parse_domain
+from ..sampling.tabular import (
+    OUT_OF_DOMAIN,
+    ColumnSpec,
+    SamplingDataError,
+    binary_column,
+    load_schema,
+    parse_column,
+)
 from .errors import fail
+
+
+def declared_types(domain: list[str], binary: list[str], schema: Path | None,
+                   fallback: list[str]) -> dict[str, ColumnSpec]:
+    """The public column types from ``--schema``, ``--binary`` and ``--domain`` (each column
+    declared once), with ``--fallback COL=VALUE`` applied. Reads no data."""
+    types: dict[str, ColumnSpec] = dict(load_schema(schema)) if schema is not None else {}
+    declared = [binary_column(c.strip()) for spec in binary for c in spec.split(",")
+                if c.strip()]
+    declared += [parse_column(spec) for spec in domain]
+    for col in declared:
+        if col.name in types:
+            raise SamplingDataError(f"column {col.name!r} is declared twice")
+        types[col.name] = col
+    for spec in fallback:
+        name, sep, value = spec.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or not value:
+            raise SamplingDataError(f"--fallback {spec!r}: expected COLUMN=VALUE")
+        if name not in types:
+            raise SamplingDataError(f"--fallback {spec!r}: column {name!r} has no declared type")
+        old = types[name]
+        types[name] = ColumnSpec(old.name, old.kind, old.values, value)
+    return types
 
 
 def sample(
@@ -28,8 +59,21 @@ def sample(
         None, "--seed", help="Secret seed (default: fresh OS entropy); not recorded."),
     domain: list[str] | None = typer.Option(
         None, "--domain",
-        help="Public categories of a column: COL=a,b,c or COL=1..5 (repeatable). Needed for "
-        "every non-binary column."),
+        help="Declare a column's public categories: COL=a,b,c (categorical) or COL=1..5 "
+        "(integer range) (repeatable)."),
+    binary: list[str] | None = typer.Option(
+        None, "--binary", help="Declare binary columns: A,B (repeatable)."),
+    schema: Path | None = typer.Option(
+        None, "--schema", help="Public schema TOML declaring the column types."),
+    fallback: list[str] | None = typer.Option(
+        None, "--fallback",
+        help="COL=VALUE: where out-of-domain cells of COL go (default: its first value, 0 for "
+        "binary columns, lo for ranges)."),
+    out_of_domain: str = typer.Option(
+        "map", "--out-of-domain",
+        help="map (default): cells outside their declared domain are mapped by the public rule "
+        "(clip numbers, else the fallback); refuse: stop with an error (a refusal that "
+        "depends on the data)."),
     split: bool = typer.Option(
         True, "--split/--no-split",
         help="Draw the m samples from disjoint blocks of rows (default; costs one draw's ε) "
@@ -38,25 +82,40 @@ def sample(
     force: bool = typer.Option(False, "--force", help="Release even if the accuracy bound "
                                "is vacuous."),
     ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger (SQLite) path."),
+    dataset: str | None = typer.Option(
+        None, "--dataset",
+        help="Ledger name of the data's budget (default: the data file's resolved path)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and warnings."),
 ) -> None:
     """Release m differentially private samples of records (RSSS NeurIPS 2021 samplers)."""
+    if out_of_domain not in OUT_OF_DOMAIN:
+        fail(f"--out-of-domain must be one of {', '.join(OUT_OF_DOMAIN)}, got {out_of_domain!r}")
     try:
-        domains = dict(parse_domain(spec) for spec in (domain or []))
+        types = declared_types(domain or [], binary or [], schema, fallback or [])
         request = ReleaseRequest(
             data=data, columns=tuple(c.strip() for c in columns.split(",")), epsilon=epsilon,
-            out=out, delta=delta, num=num, method=method, seed=seed, domains=domains,
-            split=split, alpha=alpha, force=force, ledger=ledger,
+            out=out, delta=delta, num=num, method=method, seed=seed, types=types,
+            split=split, alpha=alpha, force=force, ledger=ledger, dataset=dataset,
+            out_of_domain=out_of_domain,
         )
         plan = plan_release(request)
     except SamplingDataError as exc:
         fail(str(exc).splitlines()[0])
     except (ValueError, OSError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+    def warn(message: str) -> None:  # the data holder's terminal (stderr), never a file
+        typer.echo(f"warning: {message}", err=True)
+
     for warning in plan.warnings:
-        typer.echo(f"warning: {warning}", err=True)
+        warn(warning)
+    for name, count in plan.table.mapped.items():
+        if count:
+            warn(f"{count} cell(s) of column {name!r} were outside its declared domain (or "
+                 "missing) and were mapped by the public rule; this count is private (it is "
+                 "kept in the private side file only)")
     try:
-        manifest = execute_release(plan)
+        execute_release(plan, on_warning=warn)
     except BudgetExceeded as exc:
         fail(str(exc), code=3)
     console = Console(quiet=quiet, highlight=False, soft_wrap=True)
@@ -65,6 +124,6 @@ def sample(
         f"{method}: {num} sample(s) of {len(plan.table.columns)} column(s) from "
         f"{plan.table.n} rows ({plan.rows_per_sample} per sample) → {out}")
     console.print(f"accuracy: {plan.accuracy_note}")
-    release = manifest["ledger"]["release_id"][:12]
-    console.print(f"manifest: {plan.manifest_path}; ledger release {release}")
+    console.print(f"public manifest: {plan.manifest_path}; private side file (mode 600, never "
+                  f"publish it): {plan.private_path}")
     console.print(g.summary())

@@ -10,7 +10,9 @@ Rules (documented in ``docs/evaluation.md`` and repeated in every report):
   is kept; a file whose texts are all empty is refused.
 * **Real texts** are read with :func:`dplang.io.read_records`; blank or missing rows are
   skipped (and counted). They must be *held out*: when the real file is the generation's data
-  file (same path or same SHA-256 as recorded in the manifest), the selected real rows must not
+  file (same path or same SHA-256 as recorded in the run's private side file
+  ``OUT.private.json``, or in the manifest of runs written before the public/private split),
+  the selected real rows must not
   be references of any generation (``reference_ids``). Overlap is refused, or, with
   ``exclude_references=True``, the reference rows are skipped.
 * **Sizes.** Every comparison uses the same number ``n`` of real and synthetic texts:
@@ -58,6 +60,13 @@ def manifest_path_for(out: str | Path) -> Path:
     return out.with_name(out.name.removesuffix(".jsonl") + ".manifest.json")
 
 
+def private_path_for(out: str | Path) -> Path:
+    """The private side file of a ``dplang generate`` output: ``x.jsonl`` → ``x.private.json``
+    (same rule as :func:`dplang.textgen.runner.private_path_for`)."""
+    out = Path(out)
+    return out.with_name(out.name.removesuffix(".jsonl") + ".private.json")
+
+
 @dataclass
 class SyntheticRun:
     """One synthetic file (one seed / one run).
@@ -69,6 +78,8 @@ class SyntheticRun:
         manifest: the parsed manifest, or ``None`` when there is none.
         sha256: digest of the file.
         label: display name (default: the file name).
+        private: the run's private side file (data path and digest), when readable; used
+            only to recognise the generation's data file, never copied into a report.
     """
 
     path: Path
@@ -77,6 +88,7 @@ class SyntheticRun:
     manifest: dict[str, Any] | None
     sha256: str
     label: str | None = None
+    private: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -104,7 +116,7 @@ class SyntheticRun:
     def head(self, n: int) -> SyntheticRun:
         """The run cut to its first ``n`` generations."""
         return SyntheticRun(self.path, self.texts[:n], self.records[:n], self.manifest,
-                            self.sha256, self.label)
+                            self.sha256, self.label, self.private)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -146,7 +158,15 @@ def load_synthetic(path: str | Path) -> SyntheticRun:
             manifest = json.loads(mpath.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise EvaluationError(f"{mpath}: cannot read the manifest ({exc})") from None
-    return SyntheticRun(path, [r["text"] for r in records], records, manifest, file_digest(path))
+    private = None
+    ppath = private_path_for(path)
+    if ppath.is_file():
+        try:
+            private = json.loads(ppath.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            private = None  # unreadable (e.g. another user's mode-600 file): not needed
+    return SyntheticRun(path, [r["text"] for r in records], records, manifest, file_digest(path),
+                        private=private)
 
 
 @dataclass
@@ -180,18 +200,22 @@ class RealTexts:
 
 
 def _is_data_file(real: Path, real_sha: str, run: SyntheticRun) -> bool:
-    if not run.manifest:
-        return False
-    data = run.manifest.get("data") or {}
-    if data.get("sha256") and data.get("sha256") == real_sha:
-        return True
-    recorded = data.get("path") or run.parameters.get("data")
-    if not recorded:
-        return False
-    try:
-        return Path(recorded).resolve() == real.resolve()
-    except OSError:
-        return False
+    sources = [(run.private or {}).get("data") or {}]
+    if run.manifest:  # runs written before the public/private split kept these in the manifest
+        sources.append(run.manifest.get("data") or {})
+        sources.append({"path": run.parameters.get("data")})
+    for data in sources:
+        if data.get("sha256") and data.get("sha256") == real_sha:
+            return True
+        recorded = data.get("path")
+        if not recorded:
+            continue
+        try:
+            if Path(recorded).resolve() == real.resolve():
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def load_real(

@@ -5,6 +5,7 @@ name = "yelp-table12"
 
 [data]
 path = "../../shared/data/yelp/dev.csv"   # relative to this file
+dataset = "yelp-dev"        # ledger name of the data's budget (default: the file's resolved path)
 text_column = "text"
 references = [0, 4000]      # rows [start, stop) used as private references
 real = [4000, 5000]         # held-out real rows for evaluation (disjoint from references)
@@ -27,7 +28,8 @@ epsilon = [1, 3, 5, 10]
 batch_size = [7]            # or per method: batch_size = { invisibleink = [3, 7], amin = [15] }
 top_k = [10, 50, 100]
 temperature = [1.2]
-seeds = [0]
+replicates = 1              # independent cells per point, each with a fresh SECRET seed
+# seeds = [0]               # instead: seeds written here, NOT secret: toy or public data only
 public_baseline = true      # add the public-only cell (ε = 0, no references)
 
 [evaluation]
@@ -37,9 +39,18 @@ num_buckets = 5             # optional; MAUVE buckets (default max(2, n // 20))
 ```
 
 Row ranges are positions in the data file, so the split into references and held-out texts is
-data-independent. Every cell is charged to the experiment's own ledger (``DIR/ledger.sqlite``):
-a sweep over hyperparameters on private data costs the sequential composition of its cells,
-and ``results.md`` reports that total.
+data-independent. Every cell is a release: it is charged to the user's privacy ledger (CLI
+``--ledger``, default ``$DPLANG_LEDGER`` or the user data directory) under the dataset's name
+(``[data].dataset``, CLI ``--dataset``; default the data file's resolved path), so a sweep over
+hyperparameters on private data costs the sequential composition of its cells against the same
+budget as every other release of that data, and ``results.md`` reports that total.
+
+Seeds. By default (``replicates = N``) every private cell draws a fresh secret seed from the
+operating system, kept in the cell's private side file ``cells/<key>/gen.private.json`` (mode
+600) so that an interrupted cell resumes. A seed written in the configuration (``seeds = [...]``)
+is not secret — whoever reads the config can invert the sampler — so written seeds are for toy or
+public data only (reproducing a paper on a public benchmark); ``results.md`` then says that the
+cells carry no privacy guarantee.
 """
 
 from __future__ import annotations
@@ -61,21 +72,25 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Cell:
-    """One point of the sweep."""
+    """One point of the sweep: ``seed`` is a seed written in the configuration (not secret;
+    toy or public data only) or None (a fresh secret seed per cell); ``replicate`` numbers the
+    independent cells of one point."""
 
     method: str
     epsilon: float
     batch_size: int
     top_k: int
     temperature: float
-    seed: int
+    seed: int | None
+    replicate: int = 0
 
     @property
     def key(self) -> str:
+        tail = f"s{self.seed}" if self.seed is not None else f"r{self.replicate}"
         if self.method == "public":
-            return f"public_k{self.top_k}_t{self.temperature:g}_s{self.seed}"
+            return f"public_k{self.top_k}_t{self.temperature:g}_{tail}"
         return (f"{self.method}_eps{self.epsilon:g}_B{self.batch_size}_k{self.top_k}"
-                f"_t{self.temperature:g}_s{self.seed}")
+                f"_t{self.temperature:g}_{tail}")
 
 
 def calls_per_token(cell: Cell, config: ExperimentConfig) -> int:
@@ -113,6 +128,10 @@ class ExperimentConfig:
     augpe_variations: int = 7
     #: MAUVE k-means buckets (None: the paper's max(2, n // 20)).
     num_buckets: int | None = None
+    #: Ledger name of the data (None: the data file's resolved path).
+    dataset: str | None = None
+    #: True when the cells use seeds written in the config (not secret: toy/public data only).
+    written_seeds: bool = False
 
 
 def _range(value: Any, what: str) -> tuple[int, int]:
@@ -180,16 +199,31 @@ def load_config(path: str | Path) -> ExperimentConfig:
     bs = [b for m in methods for b in bs_of[m]]
     ks = _list(sweep, "top_k", int, [50])
     taus = _list(sweep, "temperature", float, [1.2])
-    seeds = _list(sweep, "seeds", int, [0])
+    if "seeds" in sweep:
+        if "replicates" in sweep:
+            raise ConfigError("[sweep]: give seeds (written, not secret) or replicates (secret "
+                              "seeds), not both")
+        points: list[tuple[int | None, int]] = [
+            (s, i) for i, s in enumerate(_list(sweep, "seeds", int))]
+        if any(s < 0 for s, _ in points):
+            raise ConfigError("[sweep].seeds must be >= 0")
+    else:
+        replicates = sweep.get("replicates", 1)
+        if not isinstance(replicates, int) or replicates < 1:
+            raise ConfigError("[sweep].replicates must be an integer >= 1")
+        points = [(None, i) for i in range(replicates)]
     if any(e <= 0 for e in eps) or any(b < 1 for b in bs) or any(k < 0 for k in ks) \
             or any(t <= 0 for t in taus):
         raise ConfigError("[sweep]: epsilon > 0, batch_size >= 1, top_k >= 0, temperature > 0")
-    cells = [Cell(m, e, b, k, t, s)
+    cells = [Cell(m, e, b, k, t, s, r)
              for m in methods
-             for e, b, k, t, s in itertools.product(eps, bs_of[m], ks, taus, seeds)]
+             for e, b, k, t, (s, r) in itertools.product(eps, bs_of[m], ks, taus, points)]
     if sweep.get("public_baseline", False):
-        cells += [Cell("public", 0.0, 0, k, t, s)
-                  for k, t, s in itertools.product(sorted(set(ks)), taus, seeds)]
+        cells += [Cell("public", 0.0, 0, k, t, s, r)
+                  for k, t, (s, r) in itertools.product(sorted(set(ks)), taus, points)]
+    dataset = data.get("dataset")
+    if dataset is not None and (not isinstance(dataset, str) or not dataset.strip()):
+        raise ConfigError("[data].dataset must be a non-empty name")
     num = int(gen.get("num", 100))
     if num < 1:
         raise ConfigError("[generation].num must be >= 1")
@@ -213,4 +247,5 @@ def load_config(path: str | Path) -> ExperimentConfig:
         metrics=tuple(ev.get("metrics", ["mauve", "length", "topk"])),
         embedder=str(ev.get("embedder", "default")), raw=raw, dtype=dtype,
         augpe_iterations=augpe_t, augpe_variations=augpe_l, num_buckets=buckets,
+        dataset=dataset.strip() if dataset else None, written_seeds="seeds" in sweep,
     )

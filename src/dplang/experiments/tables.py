@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..privacy.ledger import Spend
     from .config import ExperimentConfig
 
 
@@ -104,8 +105,43 @@ def _true(value: Any) -> bool:
     return value is True or str(value).lower() == "true"
 
 
+def privacy_section(config: ExperimentConfig, sweep_rho: float, sweep_eps: float,
+                    releases: int, dataset_total: Spend | None) -> list[str]:
+    """The results' privacy paragraph: the sweep's charge (from the ledger), and whether the
+    cells' seeds were secret."""
+    lines = [
+        f"Every private cell read the same references, so the sweep as a whole is the "
+        f"sequential composition of its cells: the ledger holds {releases} release(s) of this "
+        f"sweep, ρ = {sweep_rho:.4g} (ε = {sweep_eps:.4g} at δ = {config.delta:g}), charged to "
+        "the dataset's budget in the user's ledger. Choosing the best cell after looking at "
+        "utility on private data is covered by this total, not by one cell's guarantee.",
+    ]
+    if dataset_total is not None and dataset_total.dp_releases > releases:
+        lines += ["", f"All releases of this dataset in the ledger (this sweep included): "
+                  f"{dataset_total.dp_releases} DP release(s), ε = "
+                  f"{dataset_total.epsilon_at(config.delta):.4g} at δ = {config.delta:g} "
+                  "(`dplang ledger show`)."]
+    if dataset_total is not None and dataset_total.data_dependent:
+        lines += ["", f"{dataset_total.data_dependent} release(s) of this dataset have only a "
+                  "data-dependent bound (AdaPMixED): they are not differential privacy and are "
+                  "not in the totals above."]
+    if config.written_seeds:
+        lines += ["", "**No privacy guarantee: the cells used seeds written in the "
+                  "configuration (`seeds = [...]`).** A seed that is not secret lets anyone "
+                  "invert the sampler; written seeds are for toy or public data only. The "
+                  "ledger charges above are recorded all the same."]
+    else:
+        lines += ["", "Each private cell drew a fresh secret seed from the operating system, "
+                  "kept in its private side file `cells/<key>/gen.private.json` (mode 600)."]
+    lines += ["", "The utility figures (MAUVE, perplexity) are computed against held-out real "
+              "rows of the same data: they are statistics of private data, not differentially "
+              "private; publish them only when the held-out rows are public."]
+    return lines
+
+
 def write_results_md(rows: list[dict[str, Any]], path: Path, config: ExperimentConfig,
-                     sweep_rho: float, sweep_eps: float) -> None:
+                     sweep_rho: float, sweep_eps: float, releases: int = 0,
+                     dataset_total: Spend | None = None) -> None:
     parts = [
         f"# Experiment {config.name}",
         "",
@@ -127,10 +163,7 @@ def write_results_md(rows: list[dict[str, Any]], path: Path, config: ExperimentC
         "",
         "## Privacy spent by the sweep",
         "",
-        f"Every cell read the same references, so the sweep as a whole is the sequential "
-        f"composition of its cells: ρ = {sweep_rho:.4g} (ε = {sweep_eps:.4g} at "
-        f"δ = {config.delta:g}). Choosing the best cell after looking at utility on private "
-        "data is covered by this total, not by one cell's guarantee.",
+        *privacy_section(config, sweep_rho, sweep_eps, releases, dataset_total),
         "",
         "Plots: `utility_vs_epsilon.png`, `utility_vs_compute.png`, `effective_k_vs_epsilon.png`.",
     ]

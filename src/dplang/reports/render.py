@@ -1,23 +1,28 @@
 """Writing a report: ``REPORT.json`` (machine-readable) and ``REPORT.md`` (for a human).
 
 Privacy contract: both documents are post-processing of a :class:`~dplang.reports.mechanism.
-Report` plus public metadata (parameters, file digest, n, statement sources). They never contain
-the seed, a noise draw, an exact support or count, or any other statistic of the data (not even
-the number of blank rows, which changes when one record is replaced).
+Report` plus public metadata (parameters, n, statement sources, predicate). They never contain
+the seed, a noise draw, an exact support or count, the data file's digest or path, or any other
+statistic of the data (not even the number of blank rows, which changes when one record is
+replaced). n, the number of rows, is public under the report's replace-one adjacency
+(neighbours have the same n). What the data holder needs besides (digest, path, blank rows,
+release id) goes to the private side file ``OUT.private.json`` (:func:`private_path_for`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..release import write_atomic
 from .mechanism import Certificate, Report
 
-__all__ = ["FORMAT", "report_paths", "report_to_dict", "report_to_markdown", "write_report"]
+__all__ = ["FORMAT", "private_path_for", "report_paths", "report_to_dict", "report_to_markdown",
+           "write_report"]
 
 FORMAT = "dplang.report/1"
 
@@ -28,6 +33,12 @@ def report_paths(out: str | Path) -> tuple[Path, Path]:
     if out.suffix.lower() in (".json", ".md"):
         out = out.with_suffix("")
     return out.with_name(out.name + ".json"), out.with_name(out.name + ".md")
+
+
+def private_path_for(out: str | Path) -> Path:
+    """``REPORT`` → ``REPORT.private.json``: the private side file (mode 600; never publish)."""
+    json_path, _ = report_paths(out)
+    return json_path.with_name(json_path.stem + ".private.json")
 
 
 def _clean(x: Any) -> Any:
@@ -43,8 +54,9 @@ def _clean(x: Any) -> Any:
 def report_to_dict(report: Report, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON document: format, guarantee (+ plain-words summary), parameters, certificates.
 
-    ``metadata`` (public: data path and digest, statement source, predicate description,
-    ledger entry) is merged in under its own keys."""
+    ``metadata`` (public only: statement source, predicate description, text column, a
+    timestamp) is merged in under its own keys. It must hold nothing computed from the private
+    rows: no data digest or path, no counts (those go to the private side file)."""
     cfg = report.config
     test = report.test
     doc: dict[str, Any] = {
@@ -99,12 +111,8 @@ def report_to_markdown(report: Report, metadata: dict[str, Any] | None = None) -
     meta = metadata or {}
     emitted = sorted(report.emitted, key=lambda c: (-(c.lower_bound or 0.0), c.index))
     lines = ["# Evidence-bearing report", ""]
-    if meta.get("data"):
-        d = meta["data"]
-        lines.append(f"Data: `{d.get('path', '')}` (sha256 `{str(d.get('sha256', ''))[:16]}…`), "
-                     f"n = {report.n} records.")
-    else:
-        lines.append(f"n = {report.n} records.")
+    lines.append(f"n = {report.n} records (every row of the private corpus, blank ones "
+                 "included).")
     lines += [
         f"Candidates: {report.m} statements, fixed before the data was read"
         + (f" (source: {meta['statements']['source']})." if meta.get("statements") else "."),
@@ -167,24 +175,15 @@ def report_to_markdown(report: Report, metadata: dict[str, Any] | None = None) -
     return "\n".join(lines)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def write_report(report: Report, out: str | Path, metadata: dict[str, Any] | None = None
-                 ) -> tuple[Path, Path]:
-    """Write ``OUT.json`` and ``OUT.md`` (atomically). Charge the ledger *before* calling this.
-    Returns the two paths."""
+def write_report(report: Report, out: str | Path, metadata: dict[str, Any] | None = None,
+                 write: Callable[[Path, str], None] = write_atomic) -> tuple[Path, Path]:
+    """Write ``OUT.json`` and ``OUT.md`` (atomically, with ``write``: pass the release's
+    ``write_output`` so that nothing is written before the ledger charge). Returns the two
+    paths."""
     json_path, md_path = report_paths(out)
     doc = report_to_dict(report, metadata)
-    _atomic_write(json_path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
-    _atomic_write(md_path, report_to_markdown(report, metadata))
+    write(json_path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    write(md_path, report_to_markdown(report, metadata))
     return json_path, md_path
 
 

@@ -15,25 +15,20 @@ guarantees compose sequentially (m·ε for pure DP).
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import math
-import os
-import secrets
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .. import __version__
-from ..io import file_digest
 from ..privacy.guarantees import Guarantee
-from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import RandomStreams
+from ..release import Release, dataset_name
+from ..release import ReleaseError as PipelineError
 from .base import sample_repeated
 from .kary import DiscreteLaplaceHistogramSampler, LaplaceHistogramSampler, RevealOrObscureSampler
 from .product import (
@@ -42,7 +37,7 @@ from .product import (
     GaussianMarginalSampler,
     PerCoordinateLaplaceSampler,
 )
-from .tabular import CategoricalTable, SamplingDataError, load_table
+from .tabular import CategoricalTable, ColumnSpec, SamplingDataError, load_table
 
 __all__ = [
     "KARY_METHODS",
@@ -53,6 +48,7 @@ __all__ = [
     "execute_release",
     "manifest_path_for",
     "plan_release",
+    "private_path_for",
 ]
 
 KARY_METHODS = ("discrete-laplace", "laplace", "reveal-or-obscure")
@@ -84,11 +80,17 @@ class ReleaseRequest:
     num: int = 1
     method: str = "discrete-laplace"
     seed: int | None = None
-    domains: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    #: The declared (public) type of every column: tabular.parse_column / binary_column /
+    #: load_schema. Never inferred from the values.
+    types: Mapping[str, ColumnSpec] = field(default_factory=dict)
     split: bool = True
     alpha: float = 0.1
     force: bool = False
     ledger: Path | None = None
+    #: Ledger name of the dataset (default: the data file's resolved path).
+    dataset: str | None = None
+    #: "map" (public per-cell rule, default) or "refuse" (a data-dependent refusal).
+    out_of_domain: str = "map"
 
 
 @dataclass
@@ -104,17 +106,26 @@ class ReleasePlan:
     guarantee: Guarantee
     accuracy_bound: float | None
     accuracy_note: str
-    data_digest: str
+    dataset: str
     warnings: list[str]
 
     @property
     def manifest_path(self) -> Path:
         return manifest_path_for(self.request.out)
 
+    @property
+    def private_path(self) -> Path:
+        return private_path_for(self.request.out)
+
 
 def manifest_path_for(out: Path) -> Path:
-    """``samples.csv`` → ``samples.csv.manifest.json``. (Privacy contract: none needed.)"""
+    """``samples.csv`` → ``samples.csv.manifest.json`` (public). (Privacy contract: none.)"""
     return out.with_name(out.name + ".manifest.json")
+
+
+def private_path_for(out: Path) -> Path:
+    """``samples.csv`` → ``samples.csv.private.json`` (private side file, mode 600)."""
+    return out.with_name(out.name + ".private.json")
 
 
 def _validate(req: ReleaseRequest) -> None:
@@ -134,7 +145,7 @@ def _validate(req: ReleaseRequest) -> None:
         raise ReleaseError(f"--seed must be >= 0, got {req.seed}")
     if req.out.suffix.lower() not in (".csv", ".jsonl"):
         raise ReleaseError(f"--out must end in .csv or .jsonl, got {req.out.name!r}")
-    if req.out.exists() or manifest_path_for(req.out).exists():
+    if any(p.exists() for p in (req.out, manifest_path_for(req.out), private_path_for(req.out))):
         raise ReleaseError(f"{req.out} already exists; choose another --out")
 
 
@@ -154,9 +165,15 @@ def plan_release(req: ReleaseRequest) -> ReleasePlan:
     disjoint position blocks, or sequential with ``split=False``). It is fixed ex ante: it
     depends on n, the declared universe and the parameters, never on the records. The
     accuracy bound likewise depends only on public quantities. Refusals (bad schema, too few
-    rows for the requested ε) depend only on public quantities and the schema check."""
+    rows for the requested ε) depend only on public quantities and the declared types; cells
+    outside their declared domain are mapped by a public rule (or, with
+    ``out_of_domain="refuse"``, refused: a data-dependent refusal)."""
     _validate(req)
-    table = load_table(req.data, req.columns, req.domains)
+    try:
+        dataset = dataset_name(req.data, req.dataset)
+    except PipelineError as exc:
+        raise ReleaseError(str(exc)) from None
+    table = load_table(req.data, req.columns, req.types, req.out_of_domain)
     n = table.n
     m_split = req.num if req.split else 1
     if n // m_split < 1:
@@ -194,8 +211,8 @@ def plan_release(req: ReleaseRequest) -> ReleasePlan:
     else:
         if not table.all_binary:
             bad = [c.name for c in table.columns if c.kind != "binary"]
-            raise ReleaseError(f"--method {req.method} needs binary columns; not binary: "
-                               f"{', '.join(bad)}")
+            raise ReleaseError(f"--method {req.method} needs binary columns (declare them "
+                               f"with --binary); not binary: {', '.join(bad)}")
         d = len(table.columns)
         records = table.binary_matrix()
         if req.method == "clipped-mean":
@@ -243,7 +260,7 @@ def plan_release(req: ReleaseRequest) -> ReleasePlan:
                                  len(table.columns))
     guarantee = _overall(per_draw, req)
     return ReleasePlan(req, table, sampler, records, rows, per_draw, guarantee, bound, note,
-                       file_digest(req.data), warnings)
+                       dataset, warnings)
 
 
 def _overall(per_draw: Guarantee, req: ReleaseRequest) -> Guarantee:
@@ -259,13 +276,6 @@ def _overall(per_draw: Guarantee, req: ReleaseRequest) -> Guarantee:
                       "disjoint_blocks": bool(req.split)})
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _render(plan: ReleasePlan, values: list[tuple[str, ...]]) -> str:
     names = [c.name for c in plan.table.columns]
     kinds = [c.kind for c in plan.table.columns]
@@ -277,76 +287,74 @@ def _render(plan: ReleasePlan, values: list[tuple[str, ...]]) -> str:
         return buf.getvalue()
     lines = []
     for row in values:
-        obj = {name: (int(v) if kind == "binary" else v) for name, kind, v in
+        obj = {name: (int(v) if kind in ("binary", "integer") else v) for name, kind, v in
                zip(names, kinds, row, strict=True)}
         lines.append(json.dumps(obj, ensure_ascii=False))
     return "\n".join(lines) + "\n"
 
 
-def execute_release(plan: ReleasePlan) -> dict[str, Any]:
-    """Charge the ledger, draw the samples, write them and the manifest; return the manifest.
+def execute_release(plan: ReleasePlan,
+                    on_warning: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Charge the ledger, draw the samples, write the private side file, the public manifest
+    and the samples; return the public manifest.
 
     Raises :class:`dplang.privacy.ledger.BudgetExceeded` (nothing charged, nothing written)
-    when the dataset's budget would be exceeded.
+    when the dataset's budget would be exceeded. ``on_warning`` receives the ledger's warnings
+    for the data holder (never to be written to a public file).
 
-    Privacy contract: the samples written satisfy ``plan.guarantee``; the release is recorded
-    in the ledger (dataset id = SHA-256 of the data file) before anything is written
-    (DESIGN invariant 6). The manifest holds public parameters only (no seed, no data)."""
+    Privacy contract: the samples written satisfy ``plan.guarantee``; the release (public
+    fingerprint, dataset name, data digest, seed) is recorded in the ledger before anything is
+    written (DESIGN invariant 6). The manifest holds public inputs only (parameters, declared
+    columns, n, blocks, the ex-ante accuracy bound): no seed, no data digest or path, no count
+    of mapped cells; those go to ``OUT.private.json`` (mode 600), the seed nowhere."""
     req = plan.request
-    streams = RandomStreams(req.seed) if req.seed is not None else RandomStreams.from_os_entropy()
     params = {
         "method": req.method, "epsilon": req.epsilon, "delta": req.delta, "num": req.num,
         "split": req.split, "alpha": req.alpha, "columns": list(req.columns),
-        "domains": {c.name: list(c.values) for c in plan.table.columns},
+        "column_types": [c.describe() for c in plan.table.columns],
+        "out_of_domain": req.out_of_domain,
     }
-    release_id = hashlib.sha256(json.dumps(
-        {"data": plan.data_digest, "params": params, "out": str(req.out.resolve()),
-         "nonce": secrets.token_hex(16), "time": time.time_ns()}, sort_keys=True
-    ).encode()).hexdigest()
-    ledger = PrivacyLedger(req.ledger)
-    ledger.charge(plan.data_digest, release_id, plan.guarantee,
-                  f"dplang sample ({req.method}, {req.num} draw(s)) → {req.out}")
+    fingerprint = {"parameters": params,
+                   "sampler": {"class": type(plan.sampler).__name__,
+                               **_sampler_constants(plan.sampler)}}
+    release = Release.open(
+        "sample", data=req.data, guarantee=plan.guarantee, fingerprint=fingerprint,
+        dataset=plan.dataset, seed=req.seed, ledger=req.ledger,
+        description=f"dplang sample ({req.method}, {req.num} draw(s)) → {req.out}")
+    release.charge(on_warning)  # before anything is written
+    streams = RandomStreams(release.seed)
     result = sample_repeated(plan.sampler, plan.records, req.num, streams, split=req.split,
                              delta=req.delta)
     if req.method in KARY_METHODS:
         values = plan.table.decode_joint(result.samples)
     else:
         values = plan.table.decode_binary(result.samples)
-    manifest: dict[str, Any] = {
-        "dplang_version": __version__,
-        "command": "sample",
-        "guarantee": plan.guarantee.to_dict(),
-        "guarantee_summary": plan.guarantee.summary(),
-        "per_draw_guarantee": plan.per_draw.to_dict(),
-        "epsilon": plan.guarantee.epsilon,
-        "delta": plan.guarantee.delta,
-        "rho": plan.guarantee.rho,
-        "parameters": params,
-        "sampler": {"class": type(plan.sampler).__name__, **_sampler_constants(plan.sampler)},
-        "columns": [{"name": c.name, "kind": c.kind, "values": list(c.values)}
-                    for c in plan.table.columns],
-        "universe_size": plan.table.universe_size if req.method in KARY_METHODS else None,
-        "dimension": len(plan.table.columns),
-        "data": {"path": str(req.data), "sha256": plan.data_digest, "rows": plan.table.n,
-                 "rows_per_sample": plan.rows_per_sample},
-        "blocks": [list(b) for b in result.blocks],
-        "blocks_rule": ("disjoint blocks of consecutive rows by position (data-independent); "
-                        "parallel composition" if req.split else
-                        "every draw reads all rows; sequential composition"),
-        "accuracy_bound": plan.accuracy_bound,
-        "accuracy_note": plan.accuracy_note,
-        "warnings": plan.warnings,
-        "seed": "given on the command line (secret, not recorded)" if req.seed is not None
-        else "fresh OS entropy (not recorded)",
-        "ledger": {"path": str(ledger.path), "release_id": release_id,
-                   "dataset_id": plan.data_digest},
-        "output": {"path": str(req.out), "format": req.out.suffix.lower().lstrip("."),
-                   "samples": len(values)},
-        "created": time.time(),
-    }
-    _atomic_write(req.out, _render(plan, values))
-    _atomic_write(plan.manifest_path, json.dumps(manifest, indent=2, sort_keys=True,
-                                                  default=str) + "\n")
+    release.write_private(plan.private_path, release.private_record(
+        keep_seed=False,
+        data={"rows": plan.table.n,
+              "out_of_domain_cells_mapped": dict(plan.table.mapped)},
+        output=str(req.out),
+    ))
+    manifest = release.public_manifest(
+        per_draw_guarantee=plan.per_draw.to_dict(),
+        parameters=params,
+        sampler=fingerprint["sampler"],
+        columns=[c.describe() for c in plan.table.columns],
+        universe_size=plan.table.universe_size if req.method in KARY_METHODS else None,
+        dimension=len(plan.table.columns),
+        data={"rows": plan.table.n, "rows_per_sample": plan.rows_per_sample,
+              "rows_rule": "n = every data row (public under replace-one adjacency)"},
+        blocks=[list(b) for b in result.blocks],
+        blocks_rule=("disjoint blocks of consecutive rows by position (data-independent); "
+                     "parallel composition" if req.split else
+                     "every draw reads all rows; sequential composition"),
+        accuracy_bound=plan.accuracy_bound,
+        accuracy_note=plan.accuracy_note,
+        warnings=plan.warnings,
+        output={"format": req.out.suffix.lower().lstrip("."), "samples": len(values)},
+    )
+    release.write_manifest(plan.manifest_path, manifest)
+    release.write_output(req.out, _render(plan, values))
     return manifest
 
 

@@ -1,21 +1,32 @@
-"""Categorical and binary columns of a table, as records for the samplers.
+"""Declared binary, categorical and integer columns of a table, as records for the samplers.
 
 Reading: CSV and TSV through pandas with every cell kept as a string (``keep_default_na=False``:
 "NA" or "null" stay strings), JSONL line by line with :mod:`json` (values keep their JSON
 types), Parquet through pyarrow. A record is the tuple of the selected columns of one row.
 
-Column kinds — and why categories are never read from the data. A sampler over records needs
-the *universe* of possible records, and the privacy guarantee holds only if that universe is
-public: if the categories were taken from the data, a value held by a single person would be in
-the universe of x but not of its neighbour, and could be output from one and not the other (an
-unbounded privacy loss; DESIGN invariant 4). Hence:
+Column types are declared, never inferred. A sampler over records needs the *universe* of
+possible records, and the privacy guarantee holds only if that universe is public: if the
+categories — or even the type of a column — were read from the data, a value held by a single
+person could change the universe (a column whose values happen to be 0/1 would be binary, its
+neighbour with one "2" would be something else) and the output could exist for one dataset and
+not for its neighbour (an unbounded privacy loss; DESIGN invariant 4). Every column must be
+declared (:func:`parse_column`, :func:`load_schema`; CLI ``--binary``, ``--domain``,
+``--schema``):
 
-* a column whose values are all binary tokens (0/1, true/false, 0.0/1.0) is **binary**, with the
-  public universe {0, 1} fixed by its type;
-* any other column must have its categories **declared** (``domains``; CLI ``--domain
-  COL=a,b,c`` or ``COL=1..5``); every value must then belong to the declared list;
-* a column that is neither is refused, with a message saying whether it looks numeric /
-  free text (not categorical) or categorical without a declared domain.
+* ``binary``: the universe {0, 1};
+* ``categorical``: the declared values, in the declared order (``--domain COL=a,b,c``);
+* ``integer``: the declared range lo..hi (``--domain COL=lo..hi``).
+
+**Out-of-domain values follow a public rule** (``out_of_domain="map"``, the default), applied to
+each cell alone, so neighbouring datasets stay neighbours and the guarantee holds for the raw
+data: a numeric cell of a binary or integer column is rounded (half up) and clipped into the
+range ([0, 1] or [lo, hi]); ``1``/``true``/``1.0`` and ``0``/``false``/``0.0`` are binary
+tokens; any other cell — a missing one, text in a numeric column, an undeclared category — takes
+the column's *fallback*: the first declared value unless another is declared (``0`` for binary
+columns, lo for integer ones). How many cells were mapped is a statistic of the data: it goes to
+the private side file only. ``out_of_domain="refuse"`` refuses such data instead, with a
+one-line error; that refusal itself depends on the data (whether it fits the schema), so it is
+for data the holder has already validated, not for a pipeline whose failures others can see.
 
 Validation errors are :class:`SamplingDataError` with a one-line message.
 """
@@ -24,8 +35,10 @@ from __future__ import annotations
 
 import json
 import math
+import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +49,25 @@ from ..io import iter_json_objects
 __all__ = [
     "BINARY_FALSE",
     "BINARY_TRUE",
+    "KINDS",
+    "OUT_OF_DOMAIN",
     "CategoricalTable",
     "ColumnSpec",
     "SamplingDataError",
+    "binary_column",
+    "load_schema",
     "load_table",
+    "parse_column",
     "parse_domain",
 ]
 
 BINARY_TRUE = frozenset({"1", "true", "1.0"})
 BINARY_FALSE = frozenset({"0", "false", "0.0"})
+KINDS = ("binary", "categorical", "integer")
+OUT_OF_DOMAIN = ("map", "refuse")
 _FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
             ".parquet": "parquet"}
+_MAX_RANGE = 10**6
 
 
 class SamplingDataError(ValueError):
@@ -55,24 +76,46 @@ class SamplingDataError(ValueError):
 
 @dataclass(frozen=True)
 class ColumnSpec:
-    """One column: ``kind`` is ``"binary"`` (values ("0", "1")) or ``"categorical"`` (the
-    declared ``values``, in the declared order)."""
+    """One declared column: ``kind`` is ``"binary"`` (values ("0", "1")), ``"categorical"``
+    (the declared ``values``, in the declared order) or ``"integer"`` (``values`` = the
+    range lo..hi as strings); ``fallback`` is the value an out-of-domain cell maps to."""
 
     name: str
     kind: str
     values: tuple[str, ...]
+    fallback: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise SamplingDataError(f"column {self.name!r}: unknown type {self.kind!r}")
+        if not self.values:
+            raise SamplingDataError(f"column {self.name!r}: empty domain")
+        if not self.fallback:
+            object.__setattr__(self, "fallback", self.values[0])
+        if self.fallback not in self.values:
+            raise SamplingDataError(f"column {self.name!r}: fallback {self.fallback!r} is not "
+                                    "one of its declared values")
 
     @property
     def size(self) -> int:
         return len(self.values)
 
+    def describe(self) -> dict[str, Any]:
+        """The public declaration (for manifests)."""
+        return {"name": self.name, "kind": self.kind, "values": list(self.values),
+                "fallback": self.fallback}
+
 
 @dataclass(frozen=True)
 class CategoricalTable:
-    """Encoded records: ``codes[i, c]`` is the index of row i's value in column c's values."""
+    """Encoded records: ``codes[i, c]`` is the index of row i's value in column c's values.
+
+    ``mapped`` counts, per column, the cells that were out of the declared domain and were
+    mapped by the public rule: a statistic of the private data (private side file only)."""
 
     columns: tuple[ColumnSpec, ...]
     codes: np.ndarray
+    mapped: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -116,8 +159,36 @@ class CategoricalTable:
         return [tuple(str(int(b)) for b in row) for row in np.asarray(y)]
 
 
+def _range_values(spec: str, lo_s: str, hi_s: str) -> tuple[str, ...]:
+    try:
+        lo, hi = int(lo_s), int(hi_s)
+    except ValueError:
+        raise SamplingDataError(f"--domain {spec!r}: a range must be two integers lo..hi"
+                                ) from None
+    if hi < lo or hi - lo > _MAX_RANGE:
+        raise SamplingDataError(f"--domain {spec!r}: empty or too large range")
+    return tuple(str(v) for v in range(lo, hi + 1))
+
+
+def _list_values(spec: str, items: Sequence[Any]) -> tuple[str, ...]:
+    values = tuple(str(v).strip() for v in items)
+    if not values or any(v == "" for v in values):
+        raise SamplingDataError(f"--domain {spec!r}: empty category")
+    if len(set(values)) != len(values):
+        raise SamplingDataError(f"--domain {spec!r}: repeated category")
+    return values
+
+
 def parse_domain(spec: str) -> tuple[str, tuple[str, ...]]:
     """``"COL=a,b,c"`` → ("COL", ("a", "b", "c")); ``"COL=1..5"`` → ("COL", ("1", …, "5")).
+
+    Privacy contract: none needed — parses a public, user-declared domain."""
+    column = parse_column(spec)
+    return column.name, column.values
+
+
+def parse_column(spec: str, fallback: str | None = None) -> ColumnSpec:
+    """A ``--domain`` declaration: ``COL=a,b,c`` (categorical) or ``COL=lo..hi`` (integer).
 
     Privacy contract: none needed — parses a public, user-declared domain."""
     if "=" not in spec:
@@ -128,21 +199,56 @@ def parse_domain(spec: str) -> tuple[str, tuple[str, ...]]:
         raise SamplingDataError(f"--domain {spec!r}: empty column name")
     if ".." in rest and "," not in rest:
         lo_s, _, hi_s = rest.partition("..")
-        try:
-            lo, hi = int(lo_s), int(hi_s)
-        except ValueError:
-            raise SamplingDataError(f"--domain {spec!r}: a range must be two integers lo..hi"
-                                    ) from None
-        if hi < lo or hi - lo > 10**6:
-            raise SamplingDataError(f"--domain {spec!r}: empty or too large range")
-        values = tuple(str(v) for v in range(lo, hi + 1))
-    else:
-        values = tuple(v.strip() for v in rest.split(","))
-    if not values or any(v == "" for v in values):
-        raise SamplingDataError(f"--domain {spec!r}: empty category")
-    if len(set(values)) != len(values):
-        raise SamplingDataError(f"--domain {spec!r}: repeated category")
-    return name, values
+        return ColumnSpec(name, "integer", _range_values(spec, lo_s, hi_s), fallback or "")
+    return ColumnSpec(name, "categorical", _list_values(spec, rest.split(",")), fallback or "")
+
+
+def binary_column(name: str, fallback: str | None = None) -> ColumnSpec:
+    """A declared binary column (universe {0, 1}; out-of-domain cells map to ``fallback``,
+    default 0)."""
+    return ColumnSpec(name, "binary", ("0", "1"), fallback or "0")
+
+
+def load_schema(path: str | Path) -> dict[str, ColumnSpec]:
+    """Read a public schema file (TOML)::
+
+        [columns]
+        smoker = "binary"
+        region = ["north", "south", "east", "west"]
+        age_band = "1..9"
+
+        [fallback]            # optional: where out-of-domain cells go
+        region = "west"
+
+    Privacy contract: none needed — the schema is public and read without the data."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SamplingDataError(f"--schema {path}: no such file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SamplingDataError(f"--schema {path}: {first}") from None
+    columns = raw.get("columns")
+    fallbacks = raw.get("fallback", {})
+    if not isinstance(columns, dict) or not columns:
+        raise SamplingDataError(f"--schema {path}: needs a [columns] table")
+    if not isinstance(fallbacks, dict) or set(fallbacks) - set(columns):
+        raise SamplingDataError(f"--schema {path}: [fallback] names columns not in [columns]")
+    out: dict[str, ColumnSpec] = {}
+    for name, decl in columns.items():
+        fb = None if name not in fallbacks else str(fallbacks[name])
+        if decl == "binary":
+            out[name] = binary_column(name, fb)
+        elif isinstance(decl, str) and ".." in decl:
+            out[name] = parse_column(f"{name}={decl}", fb)
+        elif isinstance(decl, list):
+            out[name] = ColumnSpec(name, "categorical", _list_values(f"{name}=…", decl),
+                                   fb or "")
+        else:
+            raise SamplingDataError(f"--schema {path}: column {name!r} must be \"binary\", "
+                                    "\"lo..hi\" or a list of values")
+    return out
 
 
 def _cell_string(value: Any) -> str | None:
@@ -218,87 +324,117 @@ def _check_known(path: Path, available: Sequence[str], columns: Sequence[str]) -
                                 f"available columns: {shown}")
 
 
-def _looks_numeric(values: Sequence[str]) -> tuple[bool, bool]:
-    """(all numeric, some non-integer)."""
-    frac = False
-    for v in values:
-        try:
-            f = float(v)
-        except ValueError:
-            return False, False
-        if not math.isfinite(f) or not f.is_integer():
-            frac = True
-    return True, frac
+def _clip_round(text: str, lo: int, hi: int) -> int | None:
+    """A numeric cell rounded half up and clipped into [lo, hi]; None when not a finite
+    number. (Clipping happens before rounding to an int, so a huge exponent costs nothing.)"""
+    try:
+        d = Decimal(text.strip())
+    except InvalidOperation:
+        return None
+    if not d.is_finite():
+        return None
+    if d <= lo:
+        return lo
+    if d >= hi:
+        return hi
+    return int(d.to_integral_value(rounding=ROUND_HALF_UP))
 
 
-def _classify(name: str, cells: list[str], declared: tuple[str, ...] | None) -> ColumnSpec:
-    distinct = set(cells)
-    if declared is not None:
-        outside = distinct - set(declared)
-        if outside:
-            row = next(i for i, v in enumerate(cells) if v not in declared)
-            raise SamplingDataError(
-                f"column {name!r} has {len(outside)} value(s) outside its declared domain "
-                f"(first at data row {row + 1})")
-        return ColumnSpec(name, "categorical", tuple(declared))
-    lowered = {v.lower() for v in distinct}
-    if lowered <= BINARY_TRUE | BINARY_FALSE:
-        return ColumnSpec(name, "binary", ("0", "1"))
-    numeric, frac = _looks_numeric(sorted(distinct))
-    n = len(cells)
-    if numeric and (frac or len(distinct) > 50):
-        raise SamplingDataError(
-            f"column {name!r} is not categorical or binary: it is numeric with "
-            f"{len(distinct)} distinct values" + (" (non-integers)" if frac else ""))
-    if len(distinct) > max(50, n // 2):
-        raise SamplingDataError(
-            f"column {name!r} is not categorical or binary: {len(distinct)} distinct values "
-            f"among {n} rows (free text or an identifier)")
-    raise SamplingDataError(
-        f"column {name!r} is categorical: declare its categories with --domain {name}=v1,v2,... "
-        f"(they must be public; reading them from the data would leak which values occur)")
+def _encoder(col: ColumnSpec) -> Any:
+    """cell string (or None) → (code, mapped): the public per-cell rule of the module doc."""
+    index = {v: i for i, v in enumerate(col.values)}
+    fallback = (index[col.fallback], True)
+    cache: dict[str | None, tuple[int, bool]] = {}
+
+    def encode(cell: str | None) -> tuple[int, bool]:
+        if cell in cache:
+            return cache[cell]
+        result = fallback
+        if cell is not None:
+            if col.kind == "categorical":
+                if cell in index:
+                    result = (index[cell], False)
+            elif col.kind == "binary":
+                low = cell.lower()
+                if low in BINARY_TRUE:
+                    result = (1, False)
+                elif low in BINARY_FALSE:
+                    result = (0, False)
+                else:
+                    v = _clip_round(cell, 0, 1)
+                    if v is not None:
+                        result = (v, True)
+            else:
+                lo, hi = int(col.values[0]), int(col.values[-1])
+                v = _clip_round(cell, lo, hi)
+                if v is not None:
+                    result = (v - lo, Decimal(cell.strip()) != v)
+        cache[cell] = result
+        return result
+
+    return encode
 
 
 def load_table(path: str | Path, columns: Sequence[str],
-               domains: Mapping[str, Sequence[str]] | None = None) -> CategoricalTable:
-    """Read ``columns`` of a CSV/TSV/JSONL/Parquet file as encoded categorical records.
+               types: Mapping[str, ColumnSpec] | None = None,
+               out_of_domain: str = "map") -> CategoricalTable:
+    """Read ``columns`` of a CSV/TSV/JSONL/Parquet file as encoded records of the declared
+    ``types`` (every column must be declared: :func:`parse_column`, :func:`binary_column`,
+    :func:`load_schema`).
 
-    Refuses (SamplingDataError, one line): unknown or repeated columns, an empty file or no
-    rows, a missing cell, a column that is neither binary nor declared categorical, a value
-    outside a declared domain. ``domains`` maps column names to their public categories.
+    Refuses (SamplingDataError, one line), before reading any value: no or repeated columns, a
+    column without a declared type, a declaration for a column not selected. Then, from the
+    file: an unknown column, an empty file or no rows. Cells outside their declared domain
+    (missing ones included) are mapped by the module's public rule (``out_of_domain="map"``),
+    or refused (``"refuse"``: a refusal that depends on the data).
 
     Privacy contract: the result IS the private data (not private); only what a sampler
-    releases from it is. The universe it defines depends on the declared domains and the
-    column types alone, never on which values occur. A refusal reveals only that the data
-    violate the declared schema."""
+    releases from it is. The universe it defines depends on the declarations alone, never on
+    which values occur, and the mapping is a fixed per-record function, so neighbouring
+    datasets map to neighbouring (or equal) record lists. ``mapped`` (counts of mapped cells)
+    is private."""
     path = Path(path)
     cols = [c.strip() for c in columns]
     if not cols or any(not c for c in cols):
         raise SamplingDataError("no columns given (--columns A,B,C)")
     if len(set(cols)) != len(cols):
         raise SamplingDataError(f"repeated column in {','.join(cols)}")
-    domains = dict(domains or {})
-    unknown_domains = set(domains) - set(cols)
-    if unknown_domains:
-        raise SamplingDataError(f"--domain given for column(s) not in --columns: "
-                                f"{', '.join(sorted(unknown_domains))}")
+    if out_of_domain not in OUT_OF_DOMAIN:
+        raise SamplingDataError(f"--out-of-domain must be one of {', '.join(OUT_OF_DOMAIN)}, "
+                                f"got {out_of_domain!r}")
+    types = dict(types or {})
+    unknown_types = set(types) - set(cols)
+    if unknown_types:
+        raise SamplingDataError(f"a type is declared for column(s) not in --columns: "
+                                f"{', '.join(sorted(unknown_types))}")
+    undeclared = [c for c in cols if c not in types]
+    if undeclared:
+        c = undeclared[0]
+        raise SamplingDataError(
+            f"column {c!r} has no declared type: declare it with --binary {c}, --domain "
+            f"{c}=v1,v2,... or --domain {c}=lo..hi, or in a --schema file (types are public: "
+            "reading them from the values would leak which values occur)")
     raw, rows = _read_columns(path, cols)
     if rows == 0:
         raise SamplingDataError(f"{path}: no data rows")
-    specs = []
+    specs = tuple(types[c] if types[c].name == c else
+                  ColumnSpec(c, types[c].kind, types[c].values, types[c].fallback) for c in cols)
     codes = np.empty((rows, len(cols)), dtype=np.int64)
-    for j, c in enumerate(cols):
-        cells = [_cell_string(v) for v in raw[c]]
-        missing = [i for i, v in enumerate(cells) if v is None]
-        if missing:
-            raise SamplingDataError(f"column {c!r} has {len(missing)} missing value(s) (first at "
-                                    f"data row {missing[0] + 1}); remove or fill them first")
-        declared = tuple(domains[c]) if c in domains else None
-        spec = _classify(c, cells, declared)  # type: ignore[arg-type]
-        if spec.kind == "binary":
-            codes[:, j] = [1 if v.lower() in BINARY_TRUE else 0 for v in cells]  # type: ignore
-        else:
-            index = {v: i for i, v in enumerate(spec.values)}
-            codes[:, j] = [index[v] for v in cells]  # type: ignore[index]
-        specs.append(spec)
-    return CategoricalTable(tuple(specs), codes)
+    mapped: dict[str, int] = {}
+    for j, (c, spec) in enumerate(zip(cols, specs, strict=True)):
+        encode = _encoder(spec)
+        count = 0
+        first = -1
+        for i, value in enumerate(raw[c]):
+            code, was_mapped = encode(_cell_string(value))
+            codes[i, j] = code
+            if was_mapped:
+                count += 1
+                first = i if first < 0 else first
+        if count and out_of_domain == "refuse":
+            raise SamplingDataError(
+                f"column {c!r} has {count} value(s) outside its declared {spec.kind} "
+                f"domain or missing (first at data row {first + 1}); fix the data, or use "
+                "--out-of-domain map to map them by the public rule")
+        mapped[c] = count
+    return CategoricalTable(specs, codes, mapped)

@@ -1,41 +1,41 @@
 """A whole private generation run: data → batches → prompts → engine → JSONL + manifest.
 
 ``plan_generation`` validates everything (hyperparameters, data, prompt template, model) and
-writes nothing; ``execute_plan`` charges the privacy ledger, writes the manifest, and appends
-each finished generation to the output at once (flushed and fsynced), so a crash or Ctrl-C
-loses no finished generation. Rerunning the same command continues after the finished groups;
-each group's text depends only on (seed, group index), so the result equals an uninterrupted
-run's.
+writes nothing; ``execute_plan`` goes through the release pipeline (:mod:`dplang.release`):
+it charges the privacy ledger, writes the private side file ``OUT.private.json`` (mode 600:
+seed, data path and digest, dataset name, read counts) and the public manifest
+``OUT.manifest.json`` (parameters, guarantee, model: nothing computed from the private rows),
+and appends each finished generation to the output at once (flushed and fsynced), so a crash
+or Ctrl-C loses no finished generation. Rerunning the same command continues after the
+finished groups; each group's text depends only on (seed, group index), so the result equals
+an uninterrupted run's. A release is identified by its public fingerprint, dataset name, data
+digest and seed: a rerun with the outputs moved away draws a new seed and is a new charge.
 
 Privacy contract: the released texts, as a whole, satisfy ρ-zCDP with
 ρ = T·C²/(2B²τ²) (×4 under zero-out) with respect to replacing one reference by the empty one:
 each generation reads one disjoint, data-independently formed batch (parallel composition), and
 each is charged for T tokens whatever it emits. The random seed is a secret: an adversary who
-knows it can invert the sampler, so it is kept in a private side file (``OUT.seed``, mode 600),
-never in the manifest.
+knows it can invert the sampler, so it is kept in the private side file (``OUT.private.json``,
+mode 600 from creation), never in the manifest.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import os
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..io import ReadStats, ReferenceDataError, file_digest, load_references
 from ..models.base import LogitsModel
 from ..models.transformers import DTYPES
 from ..privacy.accounting import invisibleink_budget
 from ..privacy.guarantees import Guarantee
-from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import RandomStreams
+from ..release import Release, ReleaseError, dataset_name, write_json
 from . import adapmixed, amin, augpe
 from .batching import Batch, make_batches
 from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy, run_groups
@@ -85,6 +85,8 @@ class GenerationRequest:
     #: Compute dtype of the model body (a TransformersModel option; logits stay float32).
     dtype: str = "float32"
     ledger: Path | None = None
+    #: Ledger name of the dataset (default: the data file's resolved path).
+    dataset: str | None = None
     method: str = "invisibleink"
     #: Amin et al. baseline (spec 002 §3.1): SVT noise σ and threshold θ, cap on private
     #: tokens, public temperature, sensitivity convention ("correct" or "paper").
@@ -111,6 +113,7 @@ class GenerationPlan:
     guarantee: Guarantee
     params: DecodingParams
     make_policy: Callable[[GroupJob], StepPolicy]
+    dataset: str = ""
     truncated_references: int = 0
     jobs: list[GroupJob] = field(default_factory=list)
 
@@ -119,14 +122,20 @@ class GenerationPlan:
         return manifest_path_for(self.request.out)
 
     @property
-    def seed_path(self) -> Path:
-        return self.request.out.with_name(self.request.out.name.removesuffix(".jsonl") + ".seed")
+    def private_path(self) -> Path:
+        return private_path_for(self.request.out)
 
 
 def manifest_path_for(out: Path) -> Path:
-    """``runs/x.jsonl`` → ``runs/x.manifest.json``."""
+    """``runs/x.jsonl`` → ``runs/x.manifest.json`` (public)."""
     stem = out.name.removesuffix(".jsonl")
     return out.with_name(stem + ".manifest.json")
+
+
+def private_path_for(out: Path) -> Path:
+    """``runs/x.jsonl`` → ``runs/x.private.json`` (private side file, mode 600)."""
+    stem = out.name.removesuffix(".jsonl")
+    return out.with_name(stem + ".private.json")
 
 
 def _validate(req: GenerationRequest) -> None:
@@ -270,6 +279,10 @@ def plan_generation(
     guarantee, clip, factory = _make_guarantee(req)
     if not req.data.exists():
         raise GenerationError(f"data file not found: {req.data}")
+    try:
+        dataset = dataset_name(req.data, req.dataset)
+    except ReleaseError as exc:
+        raise GenerationError(str(exc)) from exc
     try:  # checked before the (slow) model load; the model decides the form later
         template = get_template(req.prompt, chat=False)
         template.check_labels(list(req.group_by))
@@ -289,7 +302,7 @@ def plan_generation(
     params = DecodingParams(clip, req.batch_size, req.temperature, req.top_k, req.max_tokens,
                             req.sparse_head)
     plan = GenerationPlan(req, model, template, batches, stats, file_digest(req.data),
-                          guarantee, params, factory(model.vocab_size))
+                          guarantee, params, factory(model.vocab_size), dataset=dataset)
     plan.jobs = [_job(plan, b) for b in batches]
     return plan
 
@@ -308,16 +321,22 @@ def _job(plan: GenerationPlan, batch: Batch) -> GroupJob:
     return GroupJob(batch.index, public, tuple(private))
 
 
+#: Request fields that are not part of the public fingerprint: the seed (secret), paths and
+#: the dataset name (private side file), and concurrency (does not change the output).
+_NOT_FINGERPRINTED = ("seed", "ledger", "out", "concurrent_groups", "data", "dataset")
+
+
 def _fingerprint(plan: GenerationPlan) -> dict[str, Any]:
+    """Everything public that determines the output (goes into the public manifest).
+
+    Privacy contract: a function of the request's public parameters, the model and the prompt
+    only: no data path, no digest, no count of the private rows."""
     req = plan.request
-    params = {k: v for k, v in asdict(req).items() if k not in ("seed", "ledger", "out",
-                                                                "concurrent_groups")}
-    params["data"] = str(req.data)
+    params = {k: v for k, v in asdict(req).items() if k not in _NOT_FINGERPRINTED}
     params["group_by"] = list(req.group_by)
     params["clip"] = plan.params.clip
     return {
         "parameters": params,
-        "data_sha256": plan.data_digest,
         "model_id": plan.model.model_id,
         "model_sha256": plan.model.weights_digest(),
         "model_dtype": str(getattr(plan.model, "dtype", "float32")).replace("torch.", ""),
@@ -328,6 +347,12 @@ def _fingerprint(plan: GenerationPlan) -> dict[str, Any]:
     }
 
 
+def _private_fingerprint(plan: GenerationPlan) -> dict[str, Any]:
+    """What a resumed run must share with the first one besides the public fingerprint."""
+    return {"path": str(plan.request.data), "sha256": plan.data_digest,
+            "dataset": plan.dataset}
+
+
 @dataclass
 class RunSummary:
     written: int
@@ -336,18 +361,6 @@ class RunSummary:
     guarantee: Guarantee
     elapsed_s: float
     tokens: int
-
-
-def _atomic_write_json(path: Path, data: dict[str, Any], mode: int | None = None) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    if mode is not None:
-        os.chmod(tmp, mode)
-    os.replace(tmp, path)
 
 
 def _finished_groups(out: Path) -> set[int]:
@@ -371,18 +384,57 @@ def _finished_groups(out: Path) -> set[int]:
     return done
 
 
-def _resolve_seed(plan: GenerationPlan, resuming: bool) -> int:
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise GenerationError(f"cannot read {path}: {exc}") from None
+
+
+def _resume_seed(plan: GenerationPlan, fingerprint: dict[str, Any]) -> tuple[bool, int | None]:
+    """(resuming, stored seed) after checking what ``--out`` already holds.
+
+    Refused with a one-line error: an output without its manifest; a manifest of a different
+    run; a run whose private side file is gone; a private side file left without its run's
+    outputs (a stale seed is never half-used: delete it to start a new, newly charged run)."""
     req = plan.request
-    if resuming and plan.seed_path.exists():
-        stored = int(json.loads(plan.seed_path.read_text())["seed"])
-        if req.seed is not None and req.seed != stored:
+    manifest_path, private_path = plan.manifest_path, plan.private_path
+    if not manifest_path.exists():
+        if req.out.exists():
+            raise GenerationError(f"{req.out} exists without a manifest; choose another --out")
+        if private_path.exists():
             raise GenerationError(
-                f"{req.out} was started with another --seed; use the same seed or a new --out"
-            )
-        return stored
-    if resuming:
-        raise GenerationError(f"cannot resume {req.out}: its seed file {plan.seed_path} is gone")
-    return req.seed if req.seed is not None else secrets.randbits(128)
+                f"{private_path} is left from a run whose outputs are gone; restore "
+                f"{req.out.name} and {manifest_path.name} to resume it, or delete it to start a "
+                "new run (a new seed, charged anew)")
+        return False, None
+    old = _read_json(manifest_path)
+    if old.get("fingerprint") != fingerprint:
+        raise GenerationError(
+            f"{req.out} holds a different run (other data, model or parameters); "
+            "choose another --out or delete it"
+        )
+    if not private_path.exists():
+        raise GenerationError(f"cannot resume {req.out}: its private side file {private_path} "
+                              "(with the secret seed) is gone; choose another --out")
+    private = _read_json(private_path)
+    data = private.get("data") or {}
+    stored_fp = {"path": data.get("path"), "sha256": data.get("sha256"),
+                 "dataset": private.get("dataset")}
+    if stored_fp != _private_fingerprint(plan):
+        raise GenerationError(
+            f"{req.out} holds a different run (other data, model or parameters); "
+            "choose another --out or delete it"
+        )
+    try:
+        stored = int(private["seed"])
+    except (KeyError, TypeError, ValueError):
+        raise GenerationError(f"cannot resume {req.out}: {private_path} holds no seed") from None
+    if req.seed is not None and req.seed != stored:
+        raise GenerationError(
+            f"{req.out} was started with another --seed; use the same seed or a new --out"
+        )
+    return True, stored
 
 
 def execute_plan(
@@ -390,61 +442,52 @@ def execute_plan(
     on_result: Callable[[dict[str, Any]], None] | None = None,
     on_step: Callable[[int], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
+    on_warning: Callable[[str], None] | None = None,
 ) -> RunSummary:
-    """Charge the ledger, write the manifest and generate every group not yet in the output.
+    """Charge the ledger, write the private side file and the public manifest, and generate
+    every group not yet in the output.
 
     ``on_start(total, already_done)`` is called once before decoding; ``on_result(record)``
-    after each generation is persisted; ``on_step(n)`` after each decode step."""
+    after each generation is persisted; ``on_step(n)`` after each decode step;
+    ``on_warning(message)`` with the ledger's warnings for the data holder (a dataset name
+    whose content changed...), which must not be written to a public file.
+
+    Privacy contract: the texts written satisfy ``plan.guarantee``; the release (public
+    fingerprint, dataset name, data digest, seed) is in the ledger before anything is written
+    (charged once however often it is resumed; a new seed is a new charge); the manifest holds
+    public inputs only and the seed, digest, counts and paths go to ``OUT.private.json``
+    (mode 600 from creation). Raises ``BudgetExceeded`` when over budget (nothing written)."""
     req = plan.request
     fingerprint = _fingerprint(plan)
-    manifest_path = plan.manifest_path
-    resuming = req.out.exists() or manifest_path.exists()
-    if resuming:
-        if not manifest_path.exists():
-            raise GenerationError(f"{req.out} exists without a manifest; choose another --out")
-        old = json.loads(manifest_path.read_text())
-        if old.get("fingerprint") != fingerprint:
-            raise GenerationError(
-                f"{req.out} holds a different run (other data, model or parameters); "
-                "choose another --out or delete it"
-            )
-    seed = _resolve_seed(plan, resuming)
+    resuming, stored_seed = _resume_seed(plan, fingerprint)
+    seed = stored_seed if stored_seed is not None else req.seed
+    release = Release.open(
+        "generate", data=req.data, guarantee=plan.guarantee, fingerprint=fingerprint,
+        dataset=plan.dataset, seed=seed, ledger=req.ledger, data_digest=plan.data_digest,
+        description=f"dplang generate ({req.method}) → {req.out}",
+        seed_source="resumed from the private side file" if resuming else None,
+    )
     done = _finished_groups(req.out)
-    release_id = hashlib.sha256(
-        (json.dumps(fingerprint, sort_keys=True) + str(req.out.resolve())).encode()
-    ).hexdigest()
-
-    req.out.parent.mkdir(parents=True, exist_ok=True)
-    ledger = PrivacyLedger(req.ledger)
-    ledger.charge(plan.data_digest, release_id, plan.guarantee,
-                  f"dplang generate → {req.out}")  # before any output (invariant 6)
-    if not plan.seed_path.exists():
-        _atomic_write_json(plan.seed_path, {"seed": seed, "note": "SECRET: knowing the seed "
-                                            "voids the privacy guarantee; needed to resume"},
-                           mode=0o600)
-    manifest: dict[str, Any] = {
-        "dplang_version": __version__,
-        "guarantee": plan.guarantee.to_dict(),
-        "guarantee_summary": plan.guarantee.summary(),
-        "rho": plan.guarantee.rho,
-        "epsilon": plan.guarantee.epsilon,
-        "delta": plan.guarantee.delta,
-        "clip": plan.params.clip,
-        "adjacency": req.adjacency,
-        "fingerprint": fingerprint,
-        "data": {"path": str(req.data), "sha256": plan.data_digest,
-                 "read": {"rows_seen": plan.read_stats.rows_seen,
-                          "used": plan.read_stats.used,
-                          "unusable_by_reason": dict(plan.read_stats.skipped_by_reason),
-                          "unusable_rule": plan.read_stats.on_unusable},
-                 "truncated_references": plan.truncated_references,
-                 "max_reference_tokens": req.max_reference_tokens},
-        "ledger": {"path": str(ledger.path), "release_id": release_id},
-        "concurrent_groups": req.concurrent_groups,
-        "status": "running",
-        "started": time.time(),
-    }
-    _atomic_write_json(manifest_path, manifest)
+    release.charge(on_warning)  # before any output (invariant 6); idempotent on resume
+    if not resuming:
+        release.write_private(plan.private_path, release.private_record(
+            keep_seed=True,
+            data={"read": {"rows_seen": plan.read_stats.rows_seen,
+                           "used": plan.read_stats.used,
+                           "unusable_by_reason": dict(plan.read_stats.skipped_by_reason),
+                           "unusable_rule": plan.read_stats.on_unusable},
+                  "truncated_references": plan.truncated_references},
+            output=str(req.out),
+        ))
+    manifest = release.public_manifest(
+        clip=plan.params.clip,
+        adjacency=req.adjacency,
+        concurrent_groups=req.concurrent_groups,
+        status="running",
+        started=time.time(),
+    )
+    del manifest["created"]
+    release.write_manifest(plan.manifest_path, manifest)
 
     pending = [j for j in plan.jobs if j.index not in done]
     if on_start is not None:
@@ -454,14 +497,12 @@ def execute_plan(
     written = 0
     tokens = 0
 
-    with open(req.out, "a", encoding="utf-8") as fh:
+    with release.append_log(req.out) as log:
 
         def persist(res: GroupResult) -> None:
             nonlocal written, tokens
             record = _record(res, batches[res.index], req.method)
-            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+            log.write_line(json.dumps(record, ensure_ascii=False))
             written += 1
             tokens += res.num_tokens
             if on_result is not None:
@@ -471,12 +512,12 @@ def execute_plan(
         try:
             if req.method == "augpe":
                 if pending:  # a population method: runs whole (no per-group resume)
-                    manifest["augpe"] = _run_augpe(plan, seed, persist, on_step)
+                    manifest["augpe"] = _run_augpe(plan, release.seed, persist, on_step)
                 status = "complete"
                 return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                                   time.time() - start, tokens)
             run_groups(plan.model, pending, plan.make_policy, req.batch_size,
-                       req.max_tokens, RandomStreams(seed), req.concurrent_groups,
+                       req.max_tokens, RandomStreams(release.seed), req.concurrent_groups,
                        on_result=persist, on_step=on_step, sparse_head=req.sparse_head)
             status = "complete"
         finally:
@@ -484,7 +525,7 @@ def execute_plan(
             manifest["finished"] = time.time()
             manifest["generations_written"] = len(done) + written
             with contextlib.suppress(OSError):
-                _atomic_write_json(manifest_path, manifest)
+                write_json(plan.manifest_path, manifest)
     return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                       time.time() - start, tokens)
 
@@ -512,4 +553,5 @@ __all__ = [
     "execute_plan",
     "manifest_path_for",
     "plan_generation",
+    "private_path_for",
 ]

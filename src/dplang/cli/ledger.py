@@ -1,0 +1,196 @@
+"""``dplang ledger``: the privacy ledger — datasets, budgets, spend and releases.
+
+``show`` prints, per dataset name, its budget, what its differentially private releases have
+spent (ρ of the zCDP releases, (ε, δ) of the pure/approximate ones, and the total (ε, δ) at the
+budget's δ), the data-dependent releases apart (they are not differential privacy and are
+never summed into the DP total), and every release. ``budget NAME --epsilon E --delta D`` sets
+a dataset's total budget.
+
+The ledger is private to the data holder (it holds content digests, paths and release ids):
+``show`` prints no digest, only how many distinct contents a name has been charged with.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ..privacy.ledger import BudgetExceeded, PrivacyLedger
+from ..release import dataset_name
+from .errors import fail
+
+app = typer.Typer(
+    name="ledger",
+    help="The privacy ledger: datasets, budgets, spend and releases.",
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+LEDGER_OPTION = typer.Option(None, "--ledger",
+                             help="Ledger file (default: $DPLANG_LEDGER or the user data dir).")
+
+
+def _key(book: PrivacyLedger, name: str) -> str:
+    """A dataset name as the commands key it: a name already in the ledger is taken as is; an
+    existing file is named by its resolved path (the default of ``--dataset``)."""
+    if name in book.datasets() or not Path(name).is_file():
+        return name
+    return dataset_name(Path(name))
+
+
+def _fmt_time(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _level(g: dict[str, Any]) -> str:
+    rho = f"ρ={g['rho']:.4g} " if g.get("rho") is not None else ""
+    return f"{rho}ε={g['epsilon']:.4g} δ={g['delta']:.3g}"
+
+
+def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
+                    ) -> dict[str, Any]:
+    """A JSON-ready summary of one dataset: budget, DP spend, data-dependent releases,
+    releases (no content digests: only how many distinct contents were charged)."""
+    budget = book.budget(name)
+    spent = book.spent(name)
+    at = delta if delta is not None else (budget[1] if budget else 1e-6)
+    releases = book.releases(name)
+    total = spent.epsilon_at(at) if spent.dp_releases else 0.0
+    out: dict[str, Any] = {
+        "dataset": name,
+        "budget": None if budget is None else {"epsilon": budget[0], "delta": budget[1]},
+        "dp": {
+            "releases": spent.dp_releases,
+            "rho": spent.rho,
+            "pure_or_approx_epsilon": spent.approx_epsilon,
+            "pure_or_approx_delta": spent.approx_delta,
+            "total_epsilon": None if math.isinf(total) else total,
+            "total_delta": at,
+        },
+        "data_dependent": {
+            "releases": spent.data_dependent,
+            "nominal_epsilon": spent.data_dependent_epsilon,
+            "nominal_delta": spent.data_dependent_delta,
+            "note": "no differential-privacy guarantee; not part of the DP total",
+        },
+        "distinct_contents": len({r["data_digest"] for r in releases if r["data_digest"]}),
+        "releases": [
+            {"release_id": r["release_id"], "created": r["created"],
+             "mechanism": r["guarantee"].get("mechanism"), "rho": r["guarantee"].get("rho"),
+             "epsilon": r["guarantee"].get("epsilon"), "delta": r["guarantee"].get("delta"),
+             "ex_ante": r["ex_ante"], "description": r["description"]}
+            for r in releases
+        ],
+    }
+    if budget is not None and not math.isinf(total):
+        out["remaining_epsilon"] = max(budget[0] - total, 0.0)
+    return out
+
+
+def _dp_line(s: dict[str, Any]) -> str:
+    dp = s["dp"]
+    if not dp["releases"]:
+        return "  DP spend        nothing yet"
+    parts = []
+    if dp["rho"] > 0:
+        parts.append(f"ρ = {dp['rho']:.6g} (zCDP releases)")
+    if dp["pure_or_approx_epsilon"] > 0 or dp["pure_or_approx_delta"] > 0:
+        parts.append(f"ε = {dp['pure_or_approx_epsilon']:.6g}, δ = "
+                     f"{dp['pure_or_approx_delta']:.3g} (pure/approximate releases, basic "
+                     "composition)")
+    total = ("∞ (δ too small)" if dp["total_epsilon"] is None
+             else f"{dp['total_epsilon']:.6g}")
+    return (f"  DP spend        {' + '.join(parts) or 'ρ = 0'} → total (ε = {total}, "
+            f"δ = {dp['total_delta']:.3g}) over {dp['releases']} release(s)")
+
+
+def show(
+    dataset: str | None = typer.Argument(None, help="Only this dataset (name or data file)."),
+    ledger: Path | None = LEDGER_OPTION,
+    delta: float | None = typer.Option(
+        None, "--delta", help="δ of the total (default: the budget's δ, else 1e-6)."),
+    releases: bool = typer.Option(True, "--releases/--no-releases", help="List each release."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Datasets, budgets, total spend (ρ and (ε, δ)) and releases."""
+    if delta is not None and not 0 < delta < 1:
+        fail(f"--delta must be in (0, 1), got {delta}")
+    if ledger is not None and not ledger.exists():
+        fail(f"no ledger at {ledger}")
+    book = PrivacyLedger(ledger)
+    names = book.datasets() if dataset is None else [_key(book, dataset)]
+    if dataset is not None and names[0] not in book.datasets():
+        fail(f"dataset {names[0]!r} is not in the ledger {book.path}")
+    summaries = [dataset_summary(book, n, delta) for n in names]
+    if as_json:
+        typer.echo(json.dumps({"ledger": str(book.path), "datasets": summaries}, indent=2,
+                              ensure_ascii=False))
+        return
+    lines = [f"ledger {book.path} (private to the data holder: do not share)"]
+    if not summaries:
+        lines.append("  no datasets yet")
+    for s in summaries:
+        lines += ["", f"dataset {s['dataset']}"]
+        b = s["budget"]
+        if b is None:
+            lines.append("  budget          none (releases are recorded, nothing is refused)")
+        else:
+            left = s.get("remaining_epsilon")
+            lines.append(f"  budget          ε = {b['epsilon']:.6g}, δ = {b['delta']:.3g}"
+                         + (f"; remaining ε = {left:.6g}" if left is not None else ""))
+        lines.append(_dp_line(s))
+        dd = s["data_dependent"]
+        if dd["releases"]:
+            lines.append(
+                f"  DATA-DEPENDENT  {dd['releases']} release(s) with only a data-dependent "
+                f"bound (nominal ε = {dd['nominal_epsilon']:.4g} in all): NOT differential "
+                "privacy and not in the total above; while they exist the dataset as a whole "
+                "has no DP guarantee")
+        if s["distinct_contents"] > 1:
+            lines.append(f"  contents        charged with {s['distinct_contents']} different "
+                         "file contents under this name")
+        if releases:
+            lines.append(f"  releases ({len(s['releases'])}):")
+            for r in s["releases"]:
+                kind = "DP" if r["ex_ante"] else "DATA-DEPENDENT (not DP)"
+                lines.append(f"    {_fmt_time(r['created'])}  {r['mechanism']:<20} "
+                             f"{_level(r):<34} {kind}  {r['description']}  "
+                             f"[{r['release_id'][:12]}]")
+    typer.echo("\n".join(lines))
+
+
+def budget(
+    dataset: str = typer.Argument(..., help="Dataset name (or its data file: resolved path)."),
+    epsilon: float = typer.Option(..., "--epsilon", help="Total ε of the budget."),
+    delta: float = typer.Option(..., "--delta", help="Total δ of the budget."),
+    ledger: Path | None = LEDGER_OPTION,
+) -> None:
+    """Set (or replace) a dataset's total (ε, δ) budget; refused below what it has spent."""
+    if not (epsilon > 0 and math.isfinite(epsilon)):
+        fail(f"--epsilon must be > 0, got {epsilon}")
+    if not 0 < delta < 1:
+        fail(f"--delta must be in (0, 1), got {delta}")
+    book = PrivacyLedger(ledger)
+    key = _key(book, dataset)
+    try:
+        book.set_budget(key, epsilon, delta)
+    except BudgetExceeded as exc:
+        fail(str(exc))
+    s = dataset_summary(book, key)
+    spent = s["dp"]["total_epsilon"]
+    typer.echo(f"budget of dataset {key}: ε = {epsilon:g}, δ = {delta:g}; spent so far "
+               f"ε = {0.0 if spent is None else spent:.6g} over {s['dp']['releases']} DP "
+               f"release(s) (ledger {book.path})")
+    if s["data_dependent"]["releases"]:
+        typer.echo(f"warning: {key} already has {s['data_dependent']['releases']} "
+                   "data-dependent release(s), which no DP budget covers", err=True)
+
+
+app.command("show")(show)
+app.command("budget")(budget)

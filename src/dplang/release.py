@@ -1,0 +1,353 @@
+"""The release pipeline: every command that publishes something computed from private data.
+
+One order of work for ``generate``, ``report``, ``sample`` and later commands (DESIGN.md
+invariants 6 and 8)::
+
+    plan        the command validates its parameters and reads the data; writes nothing
+    Release     fixes the dataset name (ledger key), the content digest, the seed and the
+                release id = H(command, public fingerprint, dataset name, content digest, seed)
+    charge()    records the release in the ledger BEFORE any output; refuses over budget
+    outputs     the private side file (mode 600 from creation), the public manifest and the
+                released content, each written atomically (temporary file, fsync, rename,
+                directory fsync) or appended line by line with fsync (resumable outputs)
+
+What is public and what is private (``docs/privacy.md``, "Public and private files"):
+
+* the **public manifest** (``Release.public_manifest``) holds only functions of public inputs:
+  parameters, the guarantee, model id and digest, versions, the public fingerprint, timestamps.
+  Nothing computed from the private rows: no content digest, no counts of used / blank /
+  truncated / unusable rows, no per-record cost, no data path, no dataset name, no seed.
+* the **private side file** (``Release.private_record``, written with mode 600 from creation)
+  holds what the data holder needs and nobody else may see: the seed where a run must be
+  resumable, the content digest, the dataset name, counts, paths, the release id.
+
+A release is identified by what determines its output: the public fingerprint, the dataset
+name, the content digest and the seed. The same command with the same seed on the same data is
+the same release (charged once: its output is identical); a new seed is a new release and a new
+charge (or a refusal when over budget).
+
+Library use::
+
+    release = Release.open("mycommand", data=path, guarantee=g, fingerprint=params,
+                           dataset=None, seed=None, ledger=None)
+    release.charge()                                   # raises BudgetExceeded
+    release.write_private(side_path, release.private_record(keep_seed=False, rows=n))
+    release.write_manifest(manifest_path, release.public_manifest(extra="..."))
+    release.write_output(out_path, text)               # refused before charge()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from . import __version__
+from .io import file_digest
+from .privacy.guarantees import Guarantee
+from .privacy.ledger import BudgetExceeded, PrivacyLedger
+
+__all__ = [
+    "MANIFEST_FORMAT",
+    "PRIVATE_FORMAT",
+    "PRIVATE_MODE",
+    "TIMESTAMP_FIELDS",
+    "AppendLog",
+    "BudgetExceeded",
+    "Charge",
+    "Release",
+    "ReleaseError",
+    "dataset_name",
+    "fresh_seed",
+    "fsync_dir",
+    "make_release_id",
+    "write_atomic",
+    "write_json",
+]
+
+MANIFEST_FORMAT = "dplang.manifest/1"
+PRIVATE_FORMAT = "dplang.private/1"
+#: Mode of every private file (side files, copies of references), set at creation.
+PRIVATE_MODE = 0o600
+#: Public-manifest fields that hold wall-clock times (the only fields allowed to differ between
+#: runs on neighbouring datasets besides the released content).
+TIMESTAMP_FIELDS = ("created", "started", "finished")
+PRIVATE_NOTE = ("PRIVATE: not part of the release; never publish this file. It holds the data's "
+                "digest and counts, and may hold the secret seed (knowing it voids the privacy "
+                "guarantee).")
+
+
+class ReleaseError(ValueError):
+    """A release cannot go ahead as asked (one-line message); nothing was written."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Durable writes
+
+
+def fsync_dir(directory: str | Path) -> None:
+    """fsync a directory so that a rename or a new file in it survives a crash."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - file systems that refuse directory fsync
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | Path, data: str | bytes, *, private: bool = False) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file in the same directory (mode 600
+    from creation when ``private``), flushed and fsynced, renamed over ``path``, then the
+    directory fsynced. A reader sees the old file or the new one, never a torn one.
+
+    Privacy contract: none by itself; ``private=True`` guarantees the bytes are never readable
+    by others at any moment (the mode is set by ``os.open``, not by a later chmod)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_MODE if private else 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_json(path: str | Path, obj: Mapping[str, Any], *, private: bool = False) -> None:
+    """:func:`write_atomic` of ``obj`` as indented, key-sorted JSON (one trailing newline)."""
+    text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n"
+    write_atomic(path, text, private=private)
+
+
+class AppendLog:
+    """A line-oriented output appended one line at a time, each line flushed and fsynced, so a
+    crash loses no finished line (resumable outputs such as ``generate``'s JSONL). The file is
+    created (mode 600 when ``private``) and its directory fsynced on first open."""
+
+    def __init__(self, path: str | Path, *, private: bool = False) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        created = not self.path.exists()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                     PRIVATE_MODE if private else 0o666)
+        self._fh = os.fdopen(fd, "a", encoding="utf-8")
+        if created:
+            fsync_dir(self.path.parent)
+
+    def write_line(self, line: str) -> None:
+        """Append ``line`` and a newline; durable when this returns."""
+        self._fh.write(line.rstrip("\n") + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> AppendLog:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Identity of a release
+
+
+def fresh_seed() -> int:
+    """A fresh secret 128-bit seed from the operating system's entropy."""
+    return secrets.randbits(128)
+
+
+def dataset_name(data: str | Path, given: str | None = None) -> str:
+    """The ledger key of a dataset: the name the user gave (``--dataset``), else the input's
+    resolved path. (Privacy contract: none needed; the name is a public input of the data
+    holder, kept in the ledger and the private side file only.)"""
+    if given is not None:
+        name = given.strip()
+        if not name:
+            raise ReleaseError("--dataset must not be empty")
+        return name
+    return str(Path(data).resolve())
+
+
+def make_release_id(command: str, fingerprint: Mapping[str, Any], dataset: str,
+                    data_digest: str, seed: int) -> str:
+    """H(command, public fingerprint, dataset name, content digest, seed): the same inputs
+    give the same output, hence the same release; any change, a new seed included, is a new
+    release. (It is a hash of the seed: keep it private, like the seed.)"""
+    blob = json.dumps({"command": command, "fingerprint": fingerprint, "dataset": dataset,
+                       "data_sha256": data_digest, "seed": str(int(seed))},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Charge:
+    """The outcome of :meth:`Release.charge`: ``recorded`` is False when the same release was
+    already in the ledger (a resumed run); ``warnings`` are for the data holder's terminal
+    only (they compare private digests)."""
+
+    release_id: str
+    ledger: Path
+    recorded: bool
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass
+class Release:
+    """One release of private data through the pipeline (see the module docstring).
+
+    ``fingerprint`` must hold everything public that determines the output (parameters,
+    model, prompt...), and nothing computed from the private rows: it goes into the public
+    manifest verbatim."""
+
+    command: str
+    guarantee: Guarantee
+    fingerprint: dict[str, Any]
+    data: Path
+    dataset: str
+    data_digest: str
+    seed: int
+    seed_source: str
+    ledger_path: Path | None = None
+    description: str = ""
+    _charge: Charge | None = field(default=None, repr=False)
+
+    @classmethod
+    def open(cls, command: str, *, data: str | Path, guarantee: Guarantee,
+             fingerprint: Mapping[str, Any], dataset: str | None = None,
+             seed: int | None = None, ledger: str | Path | None = None,
+             description: str = "", data_digest: str | None = None,
+             seed_source: str | None = None) -> Release:
+        """Fix a release: ``dataset`` defaults to the resolved data path, ``seed`` to fresh OS
+        entropy; ``data_digest`` (SHA-256 of the data file) is computed when not given."""
+        data = Path(data)
+        if seed is not None and seed < 0:
+            raise ReleaseError(f"--seed must be >= 0, got {seed}")
+        source = seed_source or ("given" if seed is not None else "fresh OS entropy")
+        return cls(command, guarantee, dict(fingerprint), data, dataset_name(data, dataset),
+                   data_digest if data_digest is not None else file_digest(data),
+                   fresh_seed() if seed is None else int(seed), source,
+                   Path(ledger) if ledger is not None else None, description)
+
+    @property
+    def release_id(self) -> str:
+        return make_release_id(self.command, self.fingerprint, self.dataset, self.data_digest,
+                               self.seed)
+
+    @property
+    def charged(self) -> Charge | None:
+        return self._charge
+
+    def charge(self, on_warning: Callable[[str], None] | None = None) -> Charge:
+        """Record the release in the ledger (idempotent per release id). Must come before any
+        output. Raises :class:`BudgetExceeded` (nothing recorded, nothing written) when the
+        dataset's budget would be exceeded or a data-dependent release meets a budget.
+
+        Privacy contract: the charge is the release's guarantee, fixed ex ante; the ledger is
+        private to the data holder (it stores the content digest to warn when a name's content
+        changes); ``on_warning`` receives those warnings, which must not go to a public file."""
+        ledger = PrivacyLedger(self.ledger_path)
+        warnings = tuple(ledger.content_warnings(self.dataset, self.data_digest))
+        for w in warnings:
+            if on_warning is not None:
+                on_warning(w)
+        description = self.description or f"dplang {self.command}"
+        recorded = ledger.charge(self.dataset, self.release_id, self.guarantee, description,
+                                 data_digest=self.data_digest)
+        self._charge = Charge(self.release_id, ledger.path, recorded, warnings)
+        return self._charge
+
+    def _require_charge(self) -> Charge:
+        if self._charge is None:
+            raise RuntimeError("charge the ledger (Release.charge) before writing any output "
+                               "(DESIGN invariant 6)")
+        return self._charge
+
+    def public_manifest(self, **fields: Any) -> dict[str, Any]:
+        """The public manifest: format, command, version, guarantee (and plain-words summary),
+        ρ/ε/δ, ``ex_ante``, the public fingerprint, a ``created`` timestamp, then ``fields``.
+
+        Privacy contract: a function of public inputs only, provided ``fields`` and the
+        fingerprint are (the caller's duty; the neighbouring-dataset tests check it)."""
+        g = self.guarantee
+        manifest: dict[str, Any] = {
+            "format": MANIFEST_FORMAT,
+            "command": self.command,
+            "dplang_version": __version__,
+            "guarantee": g.to_dict(),
+            "guarantee_summary": g.summary(),
+            "rho": g.rho,
+            "epsilon": g.epsilon,
+            "delta": g.delta,
+            "ex_ante": g.ex_ante,
+            "fingerprint": self.fingerprint,
+            "private_side_file": "kept beside the output with mode 600; not part of the "
+                                 "release (seed, data digest, counts, paths)",
+            "created": time.time(),
+        }
+        manifest.update(fields)
+        return manifest
+
+    def private_record(self, *, keep_seed: bool, **fields: Any) -> dict[str, Any]:
+        """The private side file's content: release id, dataset name, data path and digest,
+        ledger path, the seed (only when ``keep_seed``: needed to resume), then ``fields``
+        (counts and other statistics of the private data)."""
+        charge = self._require_charge()
+        record: dict[str, Any] = {
+            "format": PRIVATE_FORMAT,
+            "note": PRIVATE_NOTE,
+            "command": self.command,
+            "release_id": self.release_id,
+            "dataset": self.dataset,
+            "data": {"path": str(self.data), "sha256": self.data_digest},
+            "ledger": str(charge.ledger),
+            "seed": self.seed if keep_seed else None,
+            "seed_source": self.seed_source + ("" if keep_seed else "; not stored"),
+            "created": time.time(),
+        }
+        for key, value in fields.items():
+            if key == "data" and isinstance(value, Mapping):
+                record["data"].update(value)
+            else:
+                record[key] = value
+        return record
+
+    def write_private(self, path: str | Path, record: Mapping[str, Any]) -> None:
+        """Write the private side file atomically with mode 600 from creation."""
+        self._require_charge()
+        write_json(path, record, private=True)
+
+    def write_manifest(self, path: str | Path, manifest: Mapping[str, Any]) -> None:
+        """Write the public manifest atomically (after the charge)."""
+        self._require_charge()
+        write_json(path, manifest)
+
+    def write_output(self, path: str | Path, data: str | bytes) -> None:
+        """Write released content atomically (after the charge)."""
+        self._require_charge()
+        write_atomic(path, data)
+
+    def append_log(self, path: str | Path) -> AppendLog:
+        """Open a resumable line-by-line output (after the charge)."""
+        self._require_charge()
+        return AppendLog(path)

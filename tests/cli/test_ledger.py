@@ -1,0 +1,91 @@
+"""``dplang ledger show`` and ``dplang ledger budget``."""
+
+import json
+
+import pytest
+
+import dplang.cli.generate as gen_cli
+from dplang.cli.app import main
+from dplang.models import ToyModel
+from dplang.privacy import Guarantee, rho_to_epsilon
+from dplang.privacy.ledger import PrivacyLedger
+
+
+def run(capsys, *args):
+    code = main(["ledger", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _g(rho):
+    return Guarantee("invisibleink", "reference", "replace-by-null", rho,
+                     rho_to_epsilon(rho, 1e-6), 1e-6)
+
+
+def test_budget_and_show(tmp_path, capsys):
+    data = tmp_path / "d.csv"
+    data.write_text("text\na\n")
+    code, out, err = run(capsys, "budget", str(data), "--epsilon", "5", "--delta", "1e-6")
+    assert code == 0, err
+    name = str(data.resolve())  # a data file is named as --dataset's default names it
+    ledger = PrivacyLedger()
+    assert ledger.budget(name) == (5.0, 1e-6) and name in out
+    ledger.charge(name, "gen-1", _g(0.1), "dplang generate → a.jsonl", data_digest="h1")
+    ledger.charge(name, "rep-1", Guarantee("report", "record", "replace-one", None, 1.0, 0.0),
+                  "dplang report → r", data_digest="h1")
+    ledger.charge("research", "ada-1",
+                  Guarantee("adapmixed", "reference", "add-remove", None, 3.0, 1e-6,
+                            ex_ante=False), "dplang generate (adapmixed) → b.jsonl")
+    code, out, _ = run(capsys, "show")
+    assert code == 0
+    assert f"dataset {name}" in out and "dataset research" in out
+    total = rho_to_epsilon(0.1, 1e-6) + 1.0
+    assert f"ε = {total:.6g}" in out and "ρ = 0.1" in out
+    assert f"remaining ε = {5 - total:.6g}" in out
+    assert "dplang generate → a.jsonl" in out and "dplang report → r" in out
+    assert "NOT differential privacy" in out and "DATA-DEPENDENT (not DP)" in out
+    assert "h1" not in out  # no content digest is printed
+    code, out, _ = run(capsys, "show", "research", "--json")
+    doc = json.loads(out)["datasets"][0]
+    assert doc["dp"]["releases"] == 0 and doc["dp"]["total_epsilon"] == 0
+    assert doc["data_dependent"]["releases"] == 1
+    assert doc["releases"][0]["ex_ante"] is False
+    code, out, _ = run(capsys, "show", str(data), "--json")
+    doc = json.loads(out)["datasets"][0]
+    assert doc["dp"]["total_epsilon"] == pytest.approx(total)
+    assert doc["remaining_epsilon"] == pytest.approx(5 - total)
+    # a budget below what is spent is refused; unknown datasets and bad values too
+    code, _, err = run(capsys, "budget", name, "--epsilon", "1", "--delta", "1e-6")
+    assert code == 2 and err.startswith("error:") and "already spent" in err
+    assert run(capsys, "show", "nope")[0] == 2
+    assert run(capsys, "budget", "x", "--epsilon", "0", "--delta", "1e-6")[0] == 2
+    assert run(capsys, "budget", "x", "--epsilon", "1", "--delta", "1")[0] == 2
+
+
+def test_data_dependent_generation_is_shown_apart_and_refused_under_a_budget(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(gen_cli, "_load_model",
+                        lambda spec, dtype="float32": ToyModel(vocab_size=30, eos_after=None))
+    data = tmp_path / "d.csv"
+    data.write_text("text\n" + "".join(f"review {i}\n" for i in range(6)))
+    t = tmp_path / "t.toml"
+    t.write_text('private = "Here: {reference}\\nAnother:"\npublic = "Another:"\n')
+
+    def generate(out, *extra):
+        code = main(["generate", "--data", str(data), "--out", str(tmp_path / out),
+                     "--epsilon", "2", "--batch-size", "3", "--max-tokens", "3", "--prompt",
+                     str(t), "--quiet", *extra])
+        return code, capsys.readouterr().err
+
+    assert generate("ink.jsonl", "--dataset", "reviews")[0] == 0
+    assert generate("ada.jsonl", "--dataset", "reviews", "--method", "adapmixed")[0] == 0
+    code, out, _ = run(capsys, "show", "reviews", "--json")
+    doc = json.loads(out)["datasets"][0]
+    assert doc["dp"]["releases"] == 1 and doc["data_dependent"]["releases"] == 1
+    assert doc["dp"]["total_epsilon"] == pytest.approx(2.0, rel=1e-6)  # AdaPMixED not summed
+    code, _, err = run(capsys, "budget", "reviews", "--epsilon", "10", "--delta", "1e-6")
+    assert code == 0 and "data-dependent release(s), which no DP budget covers" in err
+    code, err = generate("ada2.jsonl", "--dataset", "reviews", "--method", "adapmixed",
+                         "--seed", "5")
+    assert code == 3 and "data-dependent" in err
+    assert not (tmp_path / "ada2.jsonl").exists()

@@ -1,0 +1,67 @@
+"""Declared column types and the public out-of-domain rule of ``dplang.sampling.tabular``."""
+
+import pytest
+
+from dplang.sampling.tabular import (
+    ColumnSpec,
+    SamplingDataError,
+    binary_column,
+    load_schema,
+    load_table,
+    parse_column,
+)
+
+
+def _table(tmp_path, column, cells, spec, mode="map"):
+    path = tmp_path / "d.csv"
+    path.write_text(column + "\n" + "\n".join(cells) + "\n")
+    return load_table(path, [column], {column: spec}, mode)
+
+
+def test_binary_rule(tmp_path):
+    cells = ["1", "0", "true", "FALSE", "1.0", "2", "-1", "0.5", "0.49", "yes", '""', "1e999999"]
+    t = _table(tmp_path, "b", cells, binary_column("b"))
+    assert t.codes[:, 0].tolist() == [1, 0, 1, 0, 1, 1, 0, 1, 0, 0, 0, 1]
+    assert t.mapped == {"b": 7}
+    t = _table(tmp_path, "b", ["yes", "1"], binary_column("b", "1"))
+    assert t.codes[:, 0].tolist() == [1, 1]
+
+
+def test_integer_rule(tmp_path):
+    t = _table(tmp_path, "n", ["3", "3.0", "2.5", "7", "-4", "abc", '""', "nan"],
+               parse_column("n=1..5"))
+    assert [t.columns[0].values[c] for c in t.codes[:, 0]] == ["3", "3", "3", "5", "1", "1",
+                                                                "1", "1"]
+    assert t.mapped == {"n": 6}
+    assert t.columns[0].kind == "integer"
+
+
+def test_categorical_rule_and_refuse_mode(tmp_path):
+    spec = parse_column("c=red,green,blue")
+    assert spec.kind == "categorical" and spec.fallback == "red"
+    t = _table(tmp_path, "c", ["green", "purple", "Blue"], spec)
+    assert t.codes[:, 0].tolist() == [1, 0, 0] and t.mapped == {"c": 2}
+    with pytest.raises(SamplingDataError, match=r"2 value\(s\) outside .* data row 2"):
+        _table(tmp_path, "c", ["green", "purple", "Blue"], spec, "refuse")
+    assert _table(tmp_path, "c", ["green", "blue"], spec, "refuse").mapped == {"c": 0}
+
+
+def test_declarations(tmp_path):
+    with pytest.raises(SamplingDataError, match="fallback"):
+        ColumnSpec("c", "categorical", ("a", "b"), "z")
+    path = tmp_path / "d.csv"
+    path.write_text("c\na\n")
+    with pytest.raises(SamplingDataError, match="no declared type"):
+        load_table(path, ["c"], {})
+    schema = tmp_path / "s.toml"
+    schema.write_text('[columns]\na = "binary"\nb = ["x", "y"]\nc = "0..2"\n[fallback]\nb = "y"\n')
+    cols = load_schema(schema)
+    assert [(c.kind, c.fallback) for c in cols.values()] == [("binary", "0"),
+                                                             ("categorical", "y"),
+                                                             ("integer", "0")]
+    schema.write_text('[columns]\na = "number"\n')
+    with pytest.raises(SamplingDataError, match="must be"):
+        load_schema(schema)
+    schema.write_text('[columns]\na = "binary"\n[fallback]\nb = "1"\n')
+    with pytest.raises(SamplingDataError, match="fallback"):
+        load_schema(schema)

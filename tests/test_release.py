@@ -1,0 +1,115 @@
+"""The release pipeline's building blocks: durable writes, private modes, release identity."""
+
+import json
+import os
+
+import pytest
+
+from dplang.privacy import Guarantee
+from dplang.privacy.ledger import BudgetExceeded, PrivacyLedger
+from dplang.release import (
+    AppendLog,
+    Release,
+    ReleaseError,
+    dataset_name,
+    make_release_id,
+    write_atomic,
+    write_json,
+)
+
+G = Guarantee("test", "record", "replace-one", None, 1.0, 0.0)
+
+
+@pytest.fixture
+def open_umask():
+    """Run with umask 0, so a mode below 600 can only come from the code itself."""
+    old = os.umask(0)
+    yield
+    os.umask(old)
+
+
+def test_private_writes_are_mode_600_from_creation(tmp_path, open_umask, monkeypatch):
+    modes = []
+    real_open = os.open
+
+    def spy(path, flags, mode=0o777, *args, **kwargs):
+        fd = real_open(path, flags, mode, *args, **kwargs)
+        if flags & os.O_CREAT:
+            modes.append(os.fstat(fd).st_mode & 0o777)
+        return fd
+
+    monkeypatch.setattr(os, "open", spy)
+    write_atomic(tmp_path / "secret.json", "{}", private=True)
+    write_json(tmp_path / "public.json", {"a": 1})
+    assert modes == [0o600, 0o666]  # the temporary private file never had wider rights
+    assert oct((tmp_path / "secret.json").stat().st_mode & 0o777) == "0o600"
+    assert oct((tmp_path / "public.json").stat().st_mode & 0o777) == "0o666"
+    assert json.loads((tmp_path / "public.json").read_text()) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["public.json", "secret.json"]
+
+
+def test_atomic_write_keeps_the_old_file_when_it_fails(tmp_path, monkeypatch):
+    target = tmp_path / "f.txt"
+    write_atomic(target, "old")
+
+    def boom(*_a, **_k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        write_atomic(target, "new")
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+def test_append_log_appends_whole_lines(tmp_path):
+    path = tmp_path / "o.jsonl"
+    with AppendLog(path) as log:
+        log.write_line('{"a": 1}')
+    with AppendLog(path) as log:
+        log.write_line('{"a": 2}\n')
+    assert path.read_text() == '{"a": 1}\n{"a": 2}\n'
+
+
+def test_dataset_name(tmp_path):
+    assert dataset_name(tmp_path / "x" / ".." / "d.csv") == str((tmp_path / "d.csv").resolve())
+    assert dataset_name(tmp_path / "d.csv", " reviews ") == "reviews"
+    with pytest.raises(ReleaseError):
+        dataset_name(tmp_path / "d.csv", "  ")
+
+
+def test_release_id_covers_what_determines_the_output():
+    base = make_release_id("c", {"k": 1}, "d", "h", 7)
+    assert base == make_release_id("c", {"k": 1}, "d", "h", 7)
+    others = [make_release_id("c", {"k": 1}, "d", "h", 8),
+              make_release_id("c", {"k": 2}, "d", "h", 7),
+              make_release_id("c", {"k": 1}, "e", "h", 7),
+              make_release_id("c", {"k": 1}, "d", "g", 7),
+              make_release_id("b", {"k": 1}, "d", "h", 7)]
+    assert len({base, *others}) == 6
+
+
+def test_release_charges_before_any_output_and_splits_metadata(tmp_path):
+    data = tmp_path / "d.csv"
+    data.write_text("text\nsecret row\n")
+    ledger = tmp_path / "l.sqlite"
+    r = Release.open("test", data=data, guarantee=G, fingerprint={"p": 1}, ledger=ledger)
+    assert r.seed >= 0 and r.dataset == str(data.resolve())
+    with pytest.raises(RuntimeError, match="charge"):
+        r.write_output(tmp_path / "out.txt", "x")
+    assert not (tmp_path / "out.txt").exists()
+    charge = r.charge()
+    assert charge.recorded and PrivacyLedger(ledger).has_release(r.release_id)
+    assert not r.charge().recorded  # idempotent
+    public = r.public_manifest(rows=1)
+    private = r.private_record(keep_seed=False, counts={"blank": 0})
+    text = json.dumps(public)
+    assert r.data_digest not in text and str(data) not in text and r.release_id not in text
+    assert private["data"]["sha256"] == r.data_digest and private["seed"] is None
+    assert private["release_id"] == r.release_id and private["counts"] == {"blank": 0}
+    assert r.private_record(keep_seed=True)["seed"] == r.seed
+    # a fresh seed is a new release
+    again = Release.open("test", data=data, guarantee=G, fingerprint={"p": 1}, ledger=ledger)
+    assert again.release_id != r.release_id
+    PrivacyLedger(ledger).set_budget(r.dataset, 1.5, 1e-6)
+    with pytest.raises(BudgetExceeded):
+        again.charge()

@@ -679,11 +679,13 @@ def _as_sample(s: Sequence[Any], universe: Any) -> np.ndarray:
 def privacy_audit_statistical(alg: Any, collection: Collection, n: int,
                               letters: Sequence[Any],
                               extra_pairs: Sequence[tuple[Sequence[Any], Sequence[Any]]] = (),
-                              name: str | None = None) -> AuditResult:
+                              name: str | None = None,
+                              claimed_epsilon: float | None = None) -> AuditResult:
     """Exact audit over all replace-one neighbours of size-n datasets over ``letters`` (plus
     crafted pairs): the max |log P(o|S) − log P(o|S′)| of the exact selection law
     (Algorithms 1, 3, 6; non-private 4 and 5 by their deterministic outputs), or the max exact
-    Gaussian profile δ(ε) of the released vector (Algorithms 2 and 7).
+    Gaussian profile δ(ε) of the released vector (Algorithms 2 and 7). ``claimed_epsilon``
+    checks a non-private algorithm against a finite ε (it fails: its loss is infinite).
 
     Privacy contract: none (an audit on public toy data)."""
     label = name or type(alg).__name__
@@ -691,6 +693,8 @@ def privacy_audit_statistical(alg: Any, collection: Collection, n: int,
     eps = getattr(alg, "epsilon", math.inf)
     if isinstance(alg, MarginIdentifier | PointerGenerator):
         eps = math.inf
+    if claimed_epsilon is not None:
+        eps = claimed_epsilon
     gaussian = isinstance(alg, GaussianMarginIdentifier | GaussianThresholdGenerator)
     delta = getattr(alg, "delta", 0.0) if gaussian else 0.0
     worst_loss, worst_delta, worst_sens, worst_pair = 0.0, 0.0, 0.0, None

@@ -494,6 +494,8 @@ class UniformPrivateGenerator:
 
     def _k_d(self, collection: Collection) -> tuple[int, int]:
         if not collection.is_finite:
+            if self.d is None:
+                collection.closure_dimension()  # raises: not computable for a countable one
             raise ValueError("the uniform private generator needs a finite collection")
         k = int(collection.size or 0)
         if k > 20:

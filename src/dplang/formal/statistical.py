@@ -56,17 +56,45 @@ __all__ = [
     "GaussianMarginIdentifier",
     "GaussianThresholdGenerator",
     "JointThresholdGenerator",
+    "Linear",
     "MarginIdentifier",
     "PointerGenerator",
     "PrefixCountGenerator",
     "Selection",
     "SoftMarginIdentifier",
+    "TimesPow2",
     "Unmaterialised",
     "gaussian_calibration",
     "uniform_int",
 ]
 
 Tuning = int | float | Callable[[int], float]
+
+
+@dataclass(frozen=True)
+class Linear:
+    """The public tuning n ↦ factor·n (picklable, unlike a lambda)."""
+
+    factor: float
+
+    def __call__(self, n: int) -> float:
+        return n * self.factor
+
+    def __repr__(self) -> str:
+        return f"{self.factor:g}·n"
+
+
+@dataclass(frozen=True)
+class TimesPow2:
+    """The public pool size n ↦ n·2^exponent (an exact integer)."""
+
+    exponent: int
+
+    def __call__(self, n: int) -> int:
+        return n << self.exponent
+
+    def __repr__(self) -> str:
+        return f"n·2^{self.exponent}"
 
 UNIT = "record"
 ADJACENCY = "replace-one"
@@ -468,7 +496,7 @@ class GaussianMarginIdentifier(_Identifier):
 @dataclass(frozen=True)
 class _Generator:
     k: Tuning = 2
-    big_r: Tuning = field(default=lambda n: n * 2**64)  # type: ignore[assignment]
+    big_r: Tuning = TimesPow2(64)
 
     name = "generator"
     paper = "000"
@@ -569,7 +597,7 @@ class PrefixCountGenerator(_Generator):
     output step is post-processing with public randomness)."""
 
     epsilon: float = 1.0
-    tau: Tuning = field(default=lambda n: n / 16)  # type: ignore[assignment]
+    tau: Tuning = Linear(1 / 16)
     big_m: Tuning = 3
 
     name = "prefix-count"
@@ -629,7 +657,7 @@ class JointThresholdGenerator(_Generator):
     Privacy contract: ε-DP under replace-one neighbours."""
 
     epsilon: float = 1.0
-    tau: Tuning = field(default=lambda n: n / 16)  # type: ignore[assignment]
+    tau: Tuning = Linear(1 / 16)
     mbar: Tuning = 6
 
     name = "joint-threshold"

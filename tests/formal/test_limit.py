@@ -50,7 +50,7 @@ def test_stream_closed_forms_match_the_materialised_prefix():
     streams = [CanonicalEnumeration(k), BlockShuffle(k, 7, seed=3),
                IntersectionFirst(k, ap(0, 2)), LateTelltale(k, 4, 50),
                DuplicateHeavy(ap(0, 2), first=3, offset=2),
-               IIDStream(dist, seed=1, materialise=500),
+               IIDStream(dist, seed=1, materialise=512),
                SubstitutedStream(CanonicalEnumeration(k), 5, 2)]
     for st in streams:
         prefix = st.prefix(300)
@@ -70,11 +70,16 @@ def test_stream_closed_forms_match_the_materialised_prefix():
 
 def test_iid_counts_beyond_the_materialised_prefix():
     dist = instance("remark-5.7").distributions["D1"]
-    st = IIDStream(dist, seed=4, materialise=1000)
+    st = IIDStream(dist, seed=4, materialise=1024)
     c = st.counts(2**40)
     assert sum(c.values()) == 2**40
-    again = IIDStream(dist, seed=4, materialise=1000)
+    again = IIDStream(dist, seed=4, materialise=1024)
+    again.counts(2**20)  # asking in another order gives the same stream
     assert again.error_count(ap(1, 2), 2**40) == st.error_count(ap(1, 2), 2**40)
+    small, big = st.counts(2**30), st.counts(2**31)
+    assert all(big.get(u, 0) >= v for u, v in small.items())  # nested prefixes
+    with pytest.raises(ValueError, match="2\\^j"):
+        st.counts(3000)
 
 
 def test_exact_sixth_root_hits_update_4096():

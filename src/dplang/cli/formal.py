@@ -156,7 +156,8 @@ def _build(alg_name: str, inst: Any, n: int | None, epsilon: float | None,
         if alg_name in ("margin", "soft-margin", "gaussian-margin"):
             if dist is not None and n is not None:
                 t = identification_truth(inst.collection, dist, max(big_k, 16)
-                                         if not inst.collection.is_finite else big_k)
+                                         if not inst.collection.is_finite
+                                         else int(inst.collection.size or 1))
                 theorem = {"soft-margin": "Thm 3.2", "gaussian-margin": "Thm 3.3",
                            "margin": "HP's bound"}[alg_name]
                 if big_k < t.i_star:
@@ -180,7 +181,9 @@ def _build(alg_name: str, inst: Any, n: int | None, epsilon: float | None,
         m_star = None
         rho = None
         if dist is not None:
-            g = generation_truth(inst.collection, dist, big_k, window=win)
+            g = generation_truth(inst.collection, dist, max(big_k, 16)
+                                 if not inst.collection.is_finite
+                                 else int(inst.collection.size or 1), window=win)
             m_star, rho = g.m_star, g.rho
             theorem = {"prefix-count": "Thm 4.5", "joint-threshold": "Thm 4.6",
                        "gaussian-threshold": "Thm 4.9", "pointer": "HP's bound"}[alg_name]

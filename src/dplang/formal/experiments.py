@@ -374,9 +374,12 @@ def _mc_unit(eps: float, n: int, runs: int, seed: int, offset: int) -> tuple[flo
 def exp_thm45(quick: bool, seed: int, workers: int) -> ExperimentResult:
     eps_grid = [0.25, 0.5, 1.0, 4.0] if quick else [0.1, 0.25, 0.5, 1, 2, 3, 4, 6, 8, 16]
     curve_ns = [400, 800, 1600, 3200]
+    def first_n(eps: float) -> int:
+        return 800 if quick else (1600 if eps >= 1 else int(400 / eps) * 4)
+
     tasks: list[tuple[Any, ...]] = []
     for eps in eps_grid:
-        n1 = 1600 if eps >= 1 else int(400 / eps) * 4
+        n1 = first_n(eps)
         for n in sorted({*curve_ns, n1, 2 * n1}):
             tasks.append((float(eps), n, "D1", True))
     lb_ns = [40, 200, 800] if quick else [20, 40, 100, 200, 400, 800, 1600]
@@ -394,7 +397,7 @@ def exp_thm45(quick: bool, seed: int, workers: int) -> ExperimentResult:
               "log_err": lv} for n, lv in ptr]
     slopes = []
     for eps in eps_grid:
-        n1 = 1600 if eps >= 1 else int(400 / eps) * 4
+        n1 = first_n(eps)
         pts = [(r["n"], r["log_err"]) for r in rows if r["series"] == "alg3"
                and r["epsilon"] == eps and r["n"] in (n1, 2 * n1)]
         s = _slope(pts)
@@ -403,7 +406,7 @@ def exp_thm45(quick: bool, seed: int, workers: int) -> ExperimentResult:
         pred = min(eps / 32, float(np.min(kl + eps * xs / 2)))
         slopes.append((eps, s, pred, eps / 2, s / (eps / 2)))
     # end-to-end Monte Carlo cross-check (000 §5.3): n = 400, ε = 0.25
-    total_runs = 2000 if quick else 20_000
+    total_runs = 1000 if quick else 20_000
     chunk = 500
     parts = _pmap(_mc_unit, [(0.25, 400, chunk, seed, i * chunk)
                              for i in range(total_runs // chunk)], workers)

@@ -373,6 +373,13 @@ class NatSet(Language):
 
     def contains_many(self, items: Iterable[Any]) -> np.ndarray:
         arr = np.asarray(items if isinstance(items, np.ndarray) else list(items))
+        if arr.dtype.kind == "O":  # e.g. numbers mixed with noise symbols
+            is_int = np.fromiter((isinstance(v, int | np.integer) and not isinstance(v, bool)
+                                  for v in arr.tolist()), dtype=bool, count=arr.size)
+            out = np.zeros(arr.shape, dtype=bool)
+            if is_int.any():
+                out[is_int] = self.contains_many(arr[is_int].astype(np.int64))
+            return out
         if arr.dtype.kind not in "iu":
             return super().contains_many(arr.tolist())
         x = arr.astype(np.int64, copy=False)

@@ -411,10 +411,8 @@ def _superset_sums(values: np.ndarray, k: int) -> np.ndarray:
     """cnt[S] = Σ_{T ⊇ S} values[T] over bitmasks (zeta transform), O(k 2^k)."""
     out = values.astype(np.float64).copy()
     for b in range(k):
-        bit = 1 << b
-        idx = np.arange(out.size)
-        lo = idx[(idx & bit) == 0]
-        out[lo] += out[lo | bit]
+        view = out.reshape(-1, 2, 1 << b)  # axis 1 = bit b of the mask
+        view[:, 0, :] += view[:, 1, :]
     return out
 
 
@@ -698,6 +696,9 @@ class EpochEMIdentifier:
 # =============================================================================================
 
 
+_HEAD_CACHE: dict[tuple[Any, ...], tuple[Stream, Collection, np.ndarray]] = {}
+
+
 @dataclass(frozen=True)
 class StochasticIdentifier:
     """001 Algorithm 3: at t_s = 2ˢ, k_s = s³,
@@ -744,9 +745,17 @@ class StochasticIdentifier:
     def head_log_weights(self, stream: Stream, collection: Collection, s: int,
                          m: int | None = None) -> np.ndarray:
         m = collection.horizon(self.cutoff(s) if m is None else m)
+        key = (id(stream), id(collection), s, m, self.epsilon, self.sensitivity)
+        hit = _HEAD_CACHE.get(key)
+        if hit is not None and hit[0] is stream and hit[1] is collection:
+            return hit[2]
         lam = self.lam(s)
-        return np.array([self.log_prior(i, s) + lam * self.utility(stream, collection, i, s)
-                         for i in range(1, m + 1)])
+        out = np.array([self.log_prior(i, s) + lam * self.utility(stream, collection, i, s)
+                        for i in range(1, m + 1)])
+        if len(_HEAD_CACHE) > 256:
+            _HEAD_CACHE.clear()
+        _HEAD_CACHE[key] = (stream, collection, out)
+        return out
 
     def log_law(self, stream: Stream, collection: Collection, s: int,
                 upto: int | None = None) -> np.ndarray:

@@ -410,15 +410,19 @@ class SubstitutedStream(Stream):
 
 
 class IIDStream(Stream):
-    """x_t i.i.d. from D (001 Def. 7). The first ``materialise`` draws are kept explicitly;
-    beyond, the multiplicities grow by sequential-binomial sufficient statistics, so
-    ``error_count`` and ``multiplicity`` work at t = 2⁶⁰ (requests must not decrease beyond the
-    materialised prefix; a smaller t restarts from the seed, giving the same answers)."""
+    """x_t i.i.d. from D (001 Def. 7). The first ``materialise`` draws (a power of two) are
+    kept explicitly; beyond them the stream is defined block by block — the multiplicities of
+    the draws in [2^j, 2^{j+1}) come from ``RandomStreams(seed).generator(1, j)`` by sequential
+    binomials — so ``error_count`` and ``multiplicity`` work at every t = 2^j up to 2⁶² and give
+    the same answers whatever was asked before. Beyond the materialised prefix only dyadic
+    t = 2^j can be asked (all the stochastic-setting algorithms update at t = 2ˢ)."""
 
     kind = "iid"
 
     def __init__(self, distribution: Distribution, seed: int, materialise: int = 1 << 16,
                  name: str = "") -> None:
+        if materialise < 1 or materialise & (materialise - 1):
+            raise ValueError("materialise must be a power of two")
         self.distribution = distribution
         self.universe = distribution.universe
         self.target = distribution.support
@@ -426,14 +430,9 @@ class IIDStream(Stream):
         self.cap = int(materialise)
         self.duplicate_free = False
         self.name = name or f"iid({distribution.describe()})"
-        rng = RandomStreams(seed).generator(0)
-        self._prefix = distribution.sample(self.cap, rng)
-        self._reset()
-
-    def _reset(self) -> None:
-        self._t = 0
-        self._counts: dict[Any, int] = {}
-        self._rng = RandomStreams(self.seed).generator(1)
+        self._prefix = distribution.sample(self.cap, RandomStreams(seed).generator(0))
+        self._blocks: dict[int, dict[Any, int]] = {}
+        self._at: dict[int, dict[Any, int]] = {}
 
     def element(self, t: int) -> Any:
         if t > self.cap:
@@ -446,22 +445,32 @@ class IIDStream(Stream):
             raise ValueError("the prefix beyond the materialised part is not available")
         return [element_key(v) for v in self._prefix[:t].tolist()]
 
+    def _block(self, j: int) -> dict[Any, int]:
+        blk = self._blocks.get(j)
+        if blk is None:
+            blk = self.distribution.sample_counts(1 << j,
+                                                  RandomStreams(self.seed).generator(1, j))
+            self._blocks[j] = blk
+        return blk
+
     def counts(self, t: int) -> dict[Any, int]:
         """Multiplicities of every element among x_1..x_t."""
         if t <= self.cap:
             vals, cnt = np.unique(self._prefix[:t], return_counts=True)
             return {element_key(v): int(c) for v, c in zip(vals.tolist(), cnt.tolist(),
                                                             strict=True)}
-        if t < self._t:
-            self._reset()
-        if self._t < self.cap:
-            self._counts = self.counts(self.cap)
-            self._t = self.cap
-        if t > self._t:
-            for u, c in self.distribution.sample_counts(t - self._t, self._rng).items():
-                self._counts[u] = self._counts.get(u, 0) + c
-            self._t = t
-        return self._counts
+        if t & (t - 1):
+            raise ValueError(f"beyond the materialised prefix ({self.cap}) an i.i.d. stream "
+                             f"answers only at t = 2^j, not at t = {t}")
+        hit = self._at.get(t)
+        if hit is not None:
+            return hit
+        out = dict(self.counts(self.cap))
+        for j in range(self.cap.bit_length() - 1, t.bit_length() - 1):
+            for u, c in self._block(j).items():
+                out[u] = out.get(u, 0) + c
+        self._at[t] = out
+        return out
 
     def error_count(self, language: Language, t: int) -> int:
         counts = self.counts(t)

@@ -374,3 +374,36 @@ def test_guarantees_are_continual_release_stream_element():
         assert g.epsilon == alg.epsilon
     g = ApproximateIntersectionGenerator(math.inf).guarantee()
     assert g.epsilon == math.inf and g.details["private"] is False
+
+
+def test_upg_continual_release_generates_and_spends_at_most_epsilon():
+    sp = instance("sperner")
+    coll = sp.collection
+    cr = UniformPrivateGenerator(4.0, d=0).continual()
+    assert sum(cr.epoch_epsilon(t) for t in range(1, 10_000)) < 4.0
+    valid_end = []
+    for u in range(8):
+        run = cr.run(sp.stream(), coll, 2**11, RandomStreams(3).generator(u, 0),
+                     target=coll[1])
+        assert run.segments[0].valid is False  # the data-independent string before n_1
+        valid_end.append(run.segments[-1].valid)
+    assert np.mean(valid_end) >= 0.75
+    fail = bounds.thmC1_continual_failure(11, 4, 4.0).value
+    assert 0 <= fail < 0.05
+
+
+def test_section_3_4_bounds_against_exact_laws():
+    # Alg 1's noise event: Pr[|Lap(k³/ε₀)| ≥ k⁶/(200 i²)] = exp(−ε₀k³/(200 i²))
+    alg = ApproximateIntersectionGenerator(1.0)
+    k, i = 5, 2
+    tau = k**6 / (200 * i * i)
+    assert bounds.alg1_bad_event(k, i, 1.0) == pytest.approx(
+        math.exp(-tau / alg.noise_scale(k)))
+    # Alg 3: at a late epoch the exact mistake probability is below the §3.4 bounds
+    th = instance("thresholds", target=2)
+    alg3 = StochasticIdentifier(20.0)
+    s = 36
+    exact = alg3.epoch_error(th.stream(seed=5), th.collection, s, 2)
+    prior = [2.0**-i for i in range(1, 60)]
+    b = bounds.alg3_mistake_bounds(s, 20.0, 2, prior, [1])
+    assert exact <= sum(b.values())

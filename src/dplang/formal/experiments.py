@@ -736,8 +736,31 @@ def exp_audit000(quick: bool, seed: int, workers: int) -> ExperimentResult:
             for (nm, br), r in zip(tasks, res, strict=True)]
     table = _table(["algorithm", "max exact loss", "max δ(ε)", "max empirical sensitivity",
                     "verdict"], [tuple(r.values()) for r in rows])
+
+    def plot(plt: Any) -> Any:
+        fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+        pure = [r for r in rows if r["max_loss"] != ""]
+        a.bar([r["algorithm"] for r in pure],
+              [min(float(r["max_loss"]), 10.0) for r in pure],
+              color=["C2" if r["verdict"] == "PASS" else "C3" for r in pure])
+        a.axhline(1.0, color="k", ls="--", label="claimed ε = 1")
+        a.set_ylabel("max exact privacy loss (∞ shown as 10)")
+        a.tick_params(axis="x", rotation=60, labelsize=7)
+        a.legend()
+        gauss = [r for r in rows if r["max_loss"] == ""]
+        b.bar([r["algorithm"] for r in gauss], [float(r["max_delta"]) for r in gauss],
+              color=["C2" if r["verdict"] == "PASS" else "C3" for r in gauss])
+        b.set_yscale("log")
+        b.axhline(1e-6, color="k", ls="--", label="target δ = 1e−6")
+        b.set_ylabel("max exact δ(ε) at ε = 0.5")
+        b.tick_params(axis="x", rotation=60, labelsize=7)
+        b.legend()
+        fig.suptitle("000 E8: exact audits over all neighbours (n ≤ 5, 4 letters); red = FAIL")
+        fig.tight_layout()
+        return fig
+
     return ExperimentResult("price:audit", "000 E8 — exact privacy audits (n ≤ 5, 4 letters)",
-                            rows, table, {"n": "1..5", "letters": 4}, [], None)
+                            rows, table, {"n": "1..5", "letters": 4}, [], plot)
 
 
 def exp_sensitivity(quick: bool, seed: int, workers: int) -> ExperimentResult:
@@ -753,8 +776,21 @@ def exp_sensitivity(quick: bool, seed: int, workers: int) -> ExperimentResult:
                          "gap_over_sensitivity": gap / sens})
     table = _table(["n", "task", "K", "sensitivity", "score gap", "gap/sensitivity"],
                    [tuple(r.values()) for r in rows])
+
+    def plot(plt: Any) -> Any:
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        for task in dict.fromkeys(r["task"] for r in rows):
+            pts = [(r["n"], r["gap_over_sensitivity"]) for r in rows if r["task"] == task]
+            ax.loglog(*zip(*pts, strict=True), marker="o", label=task)
+        ax.set_xlabel("n")
+        ax.set_ylabel("score gap / sensitivity")
+        ax.set_title("000 E9: Θ(n) signal for generation vs Θ(n/K²) for identification")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        return fig
+
     return ExperimentResult("price:sensitivity", "000 E9 — the sensitivity structure", rows,
-                            table, {"K": "⌊√(n/(8√n))⌋", "tau": "n/16", "mbar": 6}, [], None)
+                            table, {"K": "⌊√(n/(8√n))⌋", "tau": "n/16", "mbar": 6}, [], plot)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -788,8 +824,24 @@ def exp_dfa(quick: bool, seed: int, workers: int) -> ExperimentResult:
              f"m* = {g.m_star}, ρ (M = 9) = {g.rho}.\n\n"
              + _table(["algorithm", "n", "Err (end to end)", "95% low", "95% high"],
                       [(r["series"], r["n"], r["err"], r["low"], r["high"]) for r in rows]))
+    def plot(plt: Any) -> Any:
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        for k in ("alg3", "alg6", "alg7"):
+            pts = [r for r in rows if r["series"] == k]
+            x = [r["n"] for r in pts]
+            y = [r["err"] for r in pts]
+            err = [[r["err"] - r["low"] for r in pts], [r["high"] - r["err"] for r in pts]]
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=k)
+        ax.set_xscale("log")
+        ax.set_xlabel("n")
+        ax.set_ylabel("Err_GEN (end to end, 95% Wilson)")
+        ax.set_title("000 E10: generation over DFAs on {a, b} (m* = 9 from the automata)")
+        ax.legend()
+        fig.tight_layout()
+        return fig
+
     return ExperimentResult("price:dfa", "000 E10 — regular languages over {a, b}", rows,
-                            table, {"M": 9, "tau": "nρ/2", "runs": runs}, [], None)
+                            table, {"M": 9, "tau": "nρ/2", "runs": runs}, [], plot)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1140,8 +1192,21 @@ def exp_audit001(quick: bool, seed: int, workers: int) -> ExperimentResult:
     table = ("Exact privacy loss of 001 Alg 1's increment transcript on the worst-case pair "
              "(ε = 1):\n\n" + _table(["updates", "t", "corrected √t/ε₀", "printed t^{1/3}/ε₀",
                                       "ε₀Σ1/k²"], [tuple(r.values()) for r in rows]))
+    def plot(plt: Any) -> Any:
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        us = [r["updates"] for r in rows]
+        ax.semilogx(us, [r["corrected"] for r in rows], "o-", label="corrected scale √t/ε₀")
+        ax.semilogx(us, [r["printed"] for r in rows], "s-", label="printed scale t^{1/3}/ε₀")
+        ax.axhline(1.0, color="k", ls="--", label="ε = 1")
+        ax.set_xlabel("updates (t = k⁶)")
+        ax.set_ylabel("exact privacy loss of the transcript")
+        ax.set_title("001 erratum E1: the printed Laplace scale is not 1-DP")
+        ax.legend()
+        fig.tight_layout()
+        return fig
+
     return ExperimentResult("limit:audit", "001 E1 — the Laplace scale", rows, table,
-                            {"epsilon": 1.0}, [alg.guarantee().to_dict()], None)
+                            {"epsilon": 1.0}, [alg.guarantee().to_dict()], plot)
 
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [

@@ -49,7 +49,7 @@ from ..privacy.accounting import epsilon_to_rho
 from ..privacy.guarantees import Guarantee
 from ..privacy.mechanisms import exponential_mechanism, gaussian
 from .collections import Collection
-from .languages import Language, element_key
+from .languages import element_key
 
 __all__ = [
     "ALGORITHMS",
@@ -276,23 +276,6 @@ def _draw_string(collection: Collection, index: int, beyond: int, big_r: int,
         return Unmaterialised(index, beyond, r), r
 
 
-def collision_probability(language: Language, beyond: int, big_r: int,
-                          sample: Sequence[Any] | np.ndarray) -> float:
-    """|{first R members of L beyond position m} ∩ S| / R — the exact probability that the
-    output step repeats a sample string given the selected language (000 Lemma E.10b)."""
-    uni = language.universe
-    base = language.count_upto(beyond)
-    seen = set()
-    for x in np.asarray(sample).tolist():
-        x = element_key(x)
-        if x in seen or not language.contains(x):
-            continue
-        j = uni.index(x)
-        if j > beyond and language.count_upto(j) - base <= big_r:
-            seen.add(x)
-    return len(seen) / big_r
-
-
 # =============================================================================================
 # Identification (Algorithms 4, 1, 2)
 # =============================================================================================
@@ -431,7 +414,8 @@ class SoftMarginIdentifier(_Identifier):
         s = self.scores(counts, n, big_k)
         delta = self.sensitivity(n, big_k)
         i = exponential_mechanism(s, 2 * delta / self.epsilon, rng) + 1
-        return i, {"scores": s, "sensitivity": delta}
+        return i, {"scores": s, "sensitivity": delta,
+                   "log_law": self.log_law(counts, n, big_k)}
 
 
 @dataclass(frozen=True)
@@ -485,7 +469,10 @@ class GaussianMarginIdentifier(_Identifier):
         kp = len(counts)
         sig = self.sigma(n, kp)
         noisy = counts / n + np.asarray(gaussian(sig, rng, size=kp))
-        return int(self.index_from_noisy(noisy, big_k)), {"sigma": sig, "noisy_errors": noisy}
+        diag: dict[str, Any] = {"sigma": sig, "noisy_errors": noisy}
+        if kp <= 2:
+            diag["log_law"] = self.log_law(counts, n, big_k)
+        return int(self.index_from_noisy(noisy, big_k)), diag
 
 
 # =============================================================================================
@@ -644,8 +631,8 @@ class PrefixCountGenerator(_Generator):
         index = exponential_mechanism(s, self.temperature(n), rng) + 1
         out, r = _draw_string(collection, index, big_m, big_r, rng)
         return Selection(out, index, self.guarantee(n), big_m, {
-            "scores": s, "r": r, "R": big_r, "counts": counts, "K": big_k, "K_prime": kp,
-            "n": n, "tau": self.threshold_tau(n)})
+            "scores": s, "log_law": log_softmax(s / self.temperature(n)), "r": r, "R": big_r,
+            "counts": counts, "K": big_k, "K_prime": kp, "n": n, "tau": self.threshold_tau(n)})
 
 
 @dataclass(frozen=True)
@@ -708,8 +695,9 @@ class JointThresholdGenerator(_Generator):
         index, m_hat = index + 1, m_hat + 1
         out, r = _draw_string(collection, index, m_hat, big_r, rng)
         return Selection(out, index, self.guarantee(n), m_hat, {
-            "scores": s, "r": r, "R": big_r, "counts": counts, "K": big_k, "K_prime": kp,
-            "n": n, "sensitivity": self.sensitivity(n)})
+            "scores": s, "log_law": _em_log_law(s.ravel(), self.sensitivity(n), self.epsilon),
+            "r": r, "R": big_r, "counts": counts, "K": big_k, "K_prime": kp, "n": n,
+            "sensitivity": self.sensitivity(n)})
 
 
 @dataclass(frozen=True)

@@ -228,3 +228,19 @@ def test_audit_pass_and_fail_exit_codes(capsys):
     code, out, _ = run(capsys, "audit", "pointer", "--instance", "remark-5.7", "--epsilon",
                        "1")
     assert code == 1 and "inf" in out
+
+
+def test_run_limit_algorithms(capsys):
+    code, out, err = run(capsys, "run", "uniform-private", "--instance", "sperner",
+                         "--horizon", "512", "--epsilon", "4", "--runs", "2")
+    assert code == 0 and "valid at t = 512" in out, err
+    code, out, err = run(capsys, "run", "stochastic", "--instance", "thresholds", "--horizon",
+                         str(2**30), "--epsilon", "20", "--runs", "2")
+    assert code == 0 and "correct at t = 1073741824 in 2/2" in out
+    assert "duplicate" not in err  # i.i.d. streams repeat by nature: no E2 warning
+    code, out, err = run(capsys, "run", "approximate-intersection", "--instance", "dup-heavy",
+                         "--horizon", "5000", "--epsilon", "1", "--runs", "2")
+    assert code == 0 and "Thm 1.1" in err
+    code, out, _ = run(capsys, "run", "closure", "--instance", "sperner", "--horizon", "8",
+                       "--runs", "1")
+    assert code == 0 and "not private" in out

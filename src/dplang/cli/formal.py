@@ -373,7 +373,8 @@ def run(
     g = alg.guarantee(n) if alg_name in STATISTICAL else alg.guarantee()
     for line in summary["lines"]:
         typer.echo(line)
-    typer.echo(g.summary())
+    typer.echo(g.summary() if math.isfinite(g.epsilon) else
+               f"{g.mechanism}: not private (ε = ∞), a non-private baseline.")
     if out is not None:
         from ..formal.experiments import rows_to_csv
         from ..release import write_atomic, write_json
@@ -443,6 +444,14 @@ def _simulate(alg_name: str, alg: Any, inst: Any, n: int | None, horizon: int | 
     for r in range(runs):
         rng = RandomStreams(seed).generator(r, 0)
         st = inst.stream(seed=r)
+        if alg_name == "uniform-private" and n is None:  # continual release
+            res = alg.run(st, inst.collection, horizon, rng, target=target)
+            last = res.segments[-1]
+            rows.append({"run": r, "from_t": last.start, "to_t": last.end,
+                         "output": "" if last.output is None else last.output.describe(),
+                         "valid": last.valid, "last_invalid_t": res.last_invalid()})
+            ok += bool(last.valid)
+            continue
         if alg_name == "uniform-private":
             data = np.asarray(st.prefix(n), dtype=object)
             w, subset, u = alg.run(data, inst.collection, rng)

@@ -830,7 +830,8 @@ def exp_dfa(quick: bool, seed: int, workers: int) -> ExperimentResult:
             pts = [r for r in rows if r["series"] == k]
             x = [r["n"] for r in pts]
             y = [r["err"] for r in pts]
-            err = [[r["err"] - r["low"] for r in pts], [r["high"] - r["err"] for r in pts]]
+            err = [[max(0.0, r["err"] - r["low"]) for r in pts],
+                   [max(0.0, r["high"] - r["err"]) for r in pts]]
             ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=k)
         ax.set_xscale("log")
         ax.set_xlabel("n")

@@ -484,10 +484,11 @@ def check_stream(stream: Stream, target: Language | None, horizon: int,
                  sample: int = 2000) -> list[str]:
     """The harness's precondition check: returns warnings (empty when all is well).
 
-    Flags a stream that is not duplicate-free (Thms 1.1, C.1, C.5 and 1.5 assume it; spec 001
-    erratum E2) and, on the first ``sample`` elements, elements outside the target."""
+    Flags an adversarial stream that is not duplicate-free (Thms 1.1, C.1, C.5 and 1.5 assume
+    it; spec 001 erratum E2; i.i.d. streams repeat by nature) and, on the first ``sample``
+    elements, elements outside the target."""
     warnings = []
-    if not stream.duplicate_free:
+    if not stream.duplicate_free and stream.kind == "adversarial":
         warnings.append(f"{stream.describe()} repeats elements: Thm 1.1 (and C.1, C.5) assume "
                         "a duplicate-free enumeration (spec 001 erratum E2); their guarantees "
                         "do not apply")

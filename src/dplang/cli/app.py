@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover - older typer depends on click
     from click import exceptions as click_exceptions
 
 from .. import __version__
-from . import account, evaluate, experiment, generate, ledger, report, sample
+from . import account, evaluate, experiment, formal, generate, ledger, report, sample
 from .errors import CliError, echo_error
 
 app = typer.Typer(
@@ -51,6 +51,7 @@ app.command("experiment")(experiment.experiment)
 app.add_typer(ledger.app, name="ledger")
 app.command("report")(report.report)
 app.command("sample")(sample.sample)
+app.add_typer(formal.app, name="formal")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,3 +150,33 @@ def monte_carlo_epsilon_lower_bound(
     lb = max(bound(d_lo, p_hi), bound(1 - d_hi, 1 - p_lo),
              bound(p_lo, d_hi), bound(1 - p_hi, 1 - d_lo))
     return MonteCarloAudit(lb, hits_d / trials, hits_p / trials, trials, confidence)
+
+
+def gaussian_privacy_profile(epsilon: float, distance_over_sigma: float) -> float:
+    """Exact privacy profile δ(ε) of the Gaussian mechanism (Balle & Wang 2018, Thm 8).
+
+    For outputs f(D) + N(0, σ²I) and f(D′) + N(0, σ²I) with a = ‖f(D) − f(D′)‖₂/σ, the smallest
+    δ with P[M(D) ∈ E] ≤ e^ε P[M(D′) ∈ E] + δ for every event E is
+
+        δ(ε) = Φ(a/2 − ε/a) − e^ε Φ(−a/2 − ε/a)
+
+    (symmetric in D, D′). a = 0 gives δ = 0. Computed in log space, so tiny δ do not underflow
+    to 0 before they fall below float range. Any post-processing (an argmax, a margin rule) of
+    the released vector has a profile at most this one."""
+    if not epsilon >= 0 or math.isnan(epsilon):
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    a = float(distance_over_sigma)
+    if not a >= 0 or math.isnan(a):
+        raise ValueError(f"the distance over sigma must be >= 0, got {a}")
+    if a == 0:
+        return 0.0
+    if math.isinf(a):
+        return 1.0
+    from scipy.stats import norm
+
+    l1 = float(norm.logcdf(a / 2 - epsilon / a))
+    l2 = float(norm.logcdf(-a / 2 - epsilon / a))
+    diff = epsilon + l2 - l1
+    if diff >= 0:  # pragma: no cover - cannot happen mathematically (δ ≥ 0)
+        return 0.0
+    return max(0.0, math.exp(l1) * -math.expm1(diff))

@@ -1,0 +1,681 @@
+"""``dplang formal``: the formal-language lab (specs 000 and 001).
+
+``list`` the algorithms, instances and experiments; ``run`` one algorithm on a named instance
+(simulation: errors with confidence intervals) or on ``--data`` (a real release, charged to the
+ledger first); ``reproduce`` an experiment; ``audit`` an algorithm's privacy (exact where the
+output space is small, Monte Carlo on request). Bad input: one line ``error: …``, exit code 2,
+nothing written.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import typer
+
+from ..privacy.ledger import BudgetExceeded
+from ..release import ReleaseError
+from .errors import fail
+
+app = typer.Typer(
+    name="formal",
+    help="Formal-language lab: private identification and generation of languages (specs "
+    "000, 001).",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+)
+
+STATISTICAL = ("margin", "soft-margin", "gaussian-margin", "pointer", "prefix-count",
+               "joint-threshold", "gaussian-threshold")
+STREAMING = ("approximate-intersection", "epoch-em", "stochastic", "closure")
+BOTH = ("uniform-private",)
+
+ALIASES = {
+    "000.1": "soft-margin", "000.2": "gaussian-margin", "000.3": "prefix-count",
+    "000.4": "margin", "000.5": "pointer", "000.6": "joint-threshold",
+    "000.7": "gaussian-threshold", "001.1": "approximate-intersection",
+    "001.c1": "uniform-private", "001.2": "epoch-em", "001.3": "stochastic",
+}
+
+
+def _algorithm_name(name: str) -> str:
+    key = name.strip().lower().replace("·", ".")
+    key = ALIASES.get(key, key)
+    if key not in STATISTICAL + STREAMING + BOTH:
+        fail(f"unknown algorithm {name!r}; choose one of "
+             f"{', '.join(STATISTICAL + STREAMING + BOTH)} (or a paper number such as 000.3)")
+    return key
+
+
+def _instance(name: str, **params: Any) -> Any:
+    from ..formal.truth import instance
+
+    try:
+        return instance(name, **params)
+    except ValueError as exc:
+        fail(str(exc).splitlines()[0])
+
+
+def _positive(name: str, value: float | None, integer: bool = False) -> None:
+    if value is None:
+        return
+    if integer and value < 1:
+        fail(f"{name} must be >= 1, got {value}")
+    if not integer and not (value > 0):
+        fail(f"{name} must be > 0, got {value}")
+
+
+def _tau(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        tau = float(text)
+    except ValueError:
+        fail(f"--tau {text!r}: tuning taken from the data is not allowed; give a number (τ "
+             "must be a public function of n)")
+    if not (tau > 0 and math.isfinite(tau)):
+        fail(f"--tau must be > 0, got {text}")
+    return tau
+
+
+def _check_out(out: Path | None) -> None:
+    if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        fail(f"{out} already exists; choose another --out")
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# list
+# ---------------------------------------------------------------------------------------------
+
+
+@app.command("list")
+def list_() -> None:
+    """List the algorithms (with paper numbers), the named instances (with ground truth) and
+    the experiments."""
+    from ..formal import limit, statistical
+    from ..formal.experiments import EXPERIMENTS
+    from ..formal.truth import INSTANCES, instance
+
+    typer.echo("Algorithms:")
+    for name, (_, paper, task) in {**statistical.ALGORITHMS, **limit.ALGORITHMS}.items():
+        typer.echo(f"  {name:26s} {paper:12s} {task}")
+    typer.echo("\nInstances:")
+    for name in INSTANCES:
+        inst = instance(name)
+        typer.echo(f"  {inst.summary()}")
+    typer.echo("\nExperiments:")
+    for exp in EXPERIMENTS.values():
+        typer.echo(f"  {exp.name:20s} {exp.paper:16s} {exp.title}")
+
+
+# ---------------------------------------------------------------------------------------------
+# building algorithms from options
+# ---------------------------------------------------------------------------------------------
+
+
+def _build(alg_name: str, inst: Any, n: int | None, epsilon: float | None,
+           delta: float | None, k: int | None, tau: float | None, window: int | None,
+           calibration: str, big_r: int | None, data_mode: bool) -> tuple[Any, dict[str, Any],
+                                                                        list[str]]:
+    from ..formal import limit, statistical
+    from ..formal.truth import generation_truth, identification_truth
+
+    warnings: list[str] = []
+    private = alg_name not in ("margin", "pointer", "closure")
+    if private and epsilon is None:
+        fail(f"--epsilon is required for {alg_name}")
+    eps = epsilon if epsilon is not None else math.inf
+    gaussian = alg_name in ("gaussian-margin", "gaussian-threshold")
+    if calibration not in ("classical", "zcdp"):
+        fail(f"--calibration must be classical or zcdp, got {calibration!r}")
+    dlt = delta if delta is not None else 1e-6
+    if gaussian and calibration == "classical" and not eps < 1:
+        fail(f"the classical Gaussian calibration needs --epsilon < 1, got {eps:g}; use "
+             "--calibration zcdp")
+    params: dict[str, Any] = {"algorithm": alg_name, "epsilon": eps}
+    if gaussian:
+        params.update(delta=dlt, calibration=calibration)
+    big_k = k if k is not None else inst.defaults.get("k", 2)
+    if alg_name in STATISTICAL:
+        params["k"] = big_k
+        dist = None if data_mode else inst.distribution
+        if alg_name in ("margin", "soft-margin", "gaussian-margin"):
+            if dist is not None and n is not None:
+                t = identification_truth(inst.collection, dist, max(big_k, 16)
+                                         if not inst.collection.is_finite
+                                         else int(inst.collection.size or 1))
+                theorem = {"soft-margin": "Thm 3.2", "gaussian-margin": "Thm 3.3",
+                           "margin": "HP's bound"}[alg_name]
+                if big_k < t.i_star:
+                    warnings.append(f"k(n) = {big_k} < i* = {t.i_star}: {theorem} no longer "
+                                    "applies")
+                elif t.gap is not None and 1 / big_k > t.gap / 2:
+                    warnings.append(f"1/k = {1 / big_k:.3g} > Δ/2 = {t.gap / 2:.3g}: "
+                                    f"{theorem} no longer applies")
+            cls = {"margin": statistical.MarginIdentifier,
+                   "soft-margin": statistical.SoftMarginIdentifier,
+                   "gaussian-margin": statistical.GaussianMarginIdentifier}[alg_name]
+            kw: dict[str, Any] = {"k": big_k}
+            if alg_name != "margin":
+                kw["epsilon"] = eps
+            if gaussian:
+                kw.update(delta=dlt, calibration=calibration)
+            return _make(cls, kw), params, warnings
+        # generation
+        win = window if window is not None else inst.defaults.get("M", 3)
+        params["window"] = win
+        m_star = None
+        rho = None
+        if dist is not None:
+            g = generation_truth(inst.collection, dist, max(big_k, 16)
+                                 if not inst.collection.is_finite
+                                 else int(inst.collection.size or 1), window=win)
+            m_star, rho = g.m_star, g.rho
+            theorem = {"prefix-count": "Thm 4.5", "joint-threshold": "Thm 4.6",
+                       "gaussian-threshold": "Thm 4.9", "pointer": "HP's bound"}[alg_name]
+            if win < m_star:
+                warnings.append(f"M = {win} < m* = {m_star}: {theorem} no longer applies")
+            if g.i_circ is None or big_k < g.i_circ:
+                warnings.append(f"k(n) = {big_k} < i° = {g.i_circ}: {theorem} no longer "
+                                "applies")
+        if tau is None:
+            frac = (rho / 2) if rho else 1 / 16
+            tau_fn: Any = statistical.Linear(frac)
+            params["tau"] = f"n·{frac:g}" + (" (nρ/2 of the public model)" if rho else "")
+        else:
+            tau_fn = tau
+            params["tau"] = tau
+        if big_r is not None:
+            r_fn: Any = big_r
+            params["R"] = big_r
+        else:
+            r_fn = statistical.TimesPow2(64)
+            params["R"] = "n·2^64"
+        if alg_name == "pointer":
+            return statistical.PointerGenerator(k=big_k, big_r=r_fn), params, warnings
+        if alg_name == "prefix-count":
+            return _make(statistical.PrefixCountGenerator,
+                         {"k": big_k, "epsilon": eps, "tau": tau_fn, "big_m": win,
+                          "big_r": r_fn}), params, warnings
+        kw = {"k": big_k, "epsilon": eps, "tau": tau_fn, "mbar": win, "big_r": r_fn}
+        if gaussian:
+            kw.update(delta=dlt, calibration=calibration)
+            return _make(statistical.GaussianThresholdGenerator, kw), params, warnings
+        return _make(statistical.JointThresholdGenerator, kw), params, warnings
+    if alg_name == "approximate-intersection":
+        return _make(limit.ApproximateIntersectionGenerator, {"epsilon": eps}), params, warnings
+    if alg_name == "epoch-em":
+        return _make(limit.EpochEMIdentifier, {"epsilon": eps}), params, warnings
+    if alg_name == "stochastic":
+        return _make(limit.StochasticIdentifier, {"epsilon": eps}), params, warnings
+    if alg_name == "closure":
+        return limit.ClosureGenerator(), params, warnings
+    upg = _make(limit.UniformPrivateGenerator, {"epsilon": eps})
+    return (upg if n is not None or data_mode else upg.continual()), params, warnings
+
+
+def _make(cls: Any, kw: dict[str, Any]) -> Any:
+    try:
+        return cls(**kw)
+    except ValueError as exc:
+        fail(str(exc).splitlines()[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+# ---------------------------------------------------------------------------------------------
+
+
+def _stat_unit(args: tuple[Any, ...]) -> float:
+    alg, collection, dist, n, runs, seed, offset = args
+    from ..formal.evaluation import monte_carlo_error
+
+    return monte_carlo_error(alg, collection, dist, n, runs, seed, unit_offset=offset).value * runs
+
+
+@app.command("run")
+def run(
+    algorithm: str = typer.Argument(..., help="Algorithm name or paper number (000.3, …)."),
+    instance_name: str | None = typer.Option(None, "--instance", help="Named instance."),
+    n: int | None = typer.Option(None, "--n", help="Sample size (statistical setting)."),
+    horizon: int | None = typer.Option(None, "--horizon", help="Stream horizon T (limit "
+                                       "setting)."),
+    epsilon: float | None = typer.Option(None, "--epsilon", help="Privacy parameter ε > 0."),
+    delta: float | None = typer.Option(None, "--delta", help="δ ∈ (0, 1) (Gaussian "
+                                       "algorithms; default 1e-6)."),
+    k: int | None = typer.Option(None, "--k", help="Horizon K (languages searched); for the "
+                                 "uniform private generator on sperner, the collection size."),
+    tau: str | None = typer.Option(None, "--tau", help="Threshold τ > 0 (a number)."),
+    window: int | None = typer.Option(None, "--window", help="Witness window M (Alg 3) or "
+                                      "threshold horizon M̄ (Algs 6, 7)."),
+    big_r: int | None = typer.Option(None, "--R", help="Output pool R ≥ n (default n·2^64)."),
+    calibration: str = typer.Option("classical", "--calibration",
+                                    help="Gaussian calibration: classical (ε < 1) or zcdp."),
+    runs: int = typer.Option(200, "--runs", help="Simulation runs."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed (simulations: default 0; "
+                                    "--data: secret, default fresh OS entropy)."),
+    workers: int = typer.Option(1, "--workers", help="Worker processes."),
+    out: Path | None = typer.Option(None, "--out", help="Directory for results.csv and "
+                                    "manifest.json (must not exist)."),
+    data: Path | None = typer.Option(None, "--data", help="A private sample (one element per "
+                                     "line): a real release, charged to the ledger first."),
+    collection_file: Path | None = typer.Option(None, "--collection", help="With --data: a "
+                                                "public collection of DFAs (JSON)."),
+    ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger path."),
+    dataset: str | None = typer.Option(None, "--dataset", help="Ledger name of the data."),
+) -> None:
+    """Run an algorithm on an instance (simulation) or on --data (a charged release)."""
+    alg_name = _algorithm_name(algorithm)
+    if epsilon is not None and not epsilon > 0:
+        fail(f"--epsilon must be > 0, got {epsilon}")
+    if delta is not None and not 0 < delta < 1:
+        fail(f"--delta must be in (0, 1), got {delta}")
+    _positive("--n", n, integer=True)
+    _positive("--horizon", horizon, integer=True)
+    _positive("--k", k, integer=True)
+    _positive("--window", window, integer=True)
+    _positive("--runs", runs, integer=True)
+    _positive("--workers", workers, integer=True)
+    tau_v = _tau(tau)
+    if seed is not None and seed < 0:
+        fail(f"--seed must be >= 0, got {seed}")
+    if n is not None and horizon is not None:
+        fail("give either --n (statistical setting) or --horizon (limit setting), not both")
+    if alg_name in STATISTICAL and horizon is not None:
+        fail(f"--horizon given to {alg_name}, an algorithm of the statistical setting; use --n")
+    if alg_name in STREAMING and n is not None:
+        fail(f"--n given to {alg_name}, an algorithm of the limit setting; use --horizon")
+    _check_out(out)
+    if data is not None:
+        if n is not None or horizon is not None:
+            fail("with --data, n (or the horizon) is the number of elements in the file; do "
+                 "not give --n or --horizon")
+        if out is None:
+            fail("--data needs --out (the release's directory)")
+    elif collection_file is not None:
+        fail("--collection is only for --data runs")
+    if big_r is not None and n is not None and big_r < n:
+        fail(f"--R must be >= n, got R = {big_r} < n = {n}")
+    if big_r is not None and big_r < 1:
+        fail(f"--R must be >= 1, got {big_r}")
+    from ..formal.release import FormalDataError, custom_collection, release_on_data
+
+    if collection_file is not None:
+        try:
+            coll = custom_collection(collection_file)
+        except FormalDataError as exc:
+            fail(str(exc))
+        inst = None
+    else:
+        if instance_name is None:
+            fail("--instance is required (or --data with --collection)")
+        params: dict[str, Any] = {}
+        if alg_name == "uniform-private" and k is not None and k > 20:
+            fail(f"the uniform private generator enumerates 2^k subsets: k = {k} > 20")
+        if alg_name == "uniform-private" and instance_name == "sperner" and k is not None:
+            params["k"] = k
+        inst = _instance(instance_name, **params)
+        coll = inst.collection
+        setting = "statistical" if alg_name in STATISTICAL else "limit"
+        if setting not in inst.settings:
+            fail(f"instance {instance_name} belongs to the {inst.settings[0]} setting; "
+                 f"{alg_name} needs a {setting} instance")
+    if data is None and alg_name in STATISTICAL and n is None:
+        fail(f"{alg_name} needs --n (sample size)")
+    if data is None and alg_name in STREAMING and horizon is None:
+        fail(f"{alg_name} needs --horizon")
+    if data is None and alg_name in BOTH and n is None and horizon is None:
+        fail("uniform-private needs --n (one-shot) or --horizon (continual release)")
+    fake_inst = inst if inst is not None else _CustomInstance(coll)
+    k_alg = None if alg_name == "uniform-private" else k
+    alg, params_used, warnings = _build(alg_name, fake_inst, n, epsilon, delta, k_alg, tau_v,
+                                        window, calibration, big_r, data is not None)
+    params_used["instance"] = instance_name or str(collection_file)
+    for w in warnings:
+        typer.echo(f"warning: {w}", err=True)
+    if data is not None:
+        try:
+            res = release_on_data(alg, coll, data, out, _jsonable(params_used),  # type: ignore[arg-type]
+                                  seed=seed, dataset=dataset, ledger=ledger,
+                                  on_warning=lambda m: typer.echo(f"warning: {m}", err=True))
+        except FormalDataError as exc:
+            fail(str(exc))
+        except BudgetExceeded as exc:
+            fail(str(exc), code=3)
+        except (ReleaseError, ValueError) as exc:
+            fail(str(exc).splitlines()[0])
+        typer.echo(f"{alg_name} on {res.manifest['n']} elements of {data} → {out}")
+        for row in res.rows[-3:]:
+            typer.echo(f"  released: {row}")
+        typer.echo(alg.guarantee(res.manifest["n"]).summary() if alg_name in STATISTICAL
+                   else alg.guarantee().summary())
+        return
+    assert inst is not None
+    try:
+        rows, summary = _simulate(alg_name, alg, inst, n, horizon, runs,
+                                  0 if seed is None else seed, workers)
+    except ValueError as exc:
+        fail(str(exc).splitlines()[0])
+    g = alg.guarantee(n) if alg_name in STATISTICAL else alg.guarantee()
+    for line in summary["lines"]:
+        typer.echo(line)
+    typer.echo(g.summary() if math.isfinite(g.epsilon) else
+               f"{g.mechanism}: not private (ε = ∞), a non-private baseline.")
+    if out is not None:
+        from ..formal.experiments import rows_to_csv
+        from ..release import write_atomic, write_json
+
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / "results.csv", rows_to_csv(rows))
+        write_json(out / "manifest.json", _jsonable({
+            "command": "formal run", "algorithm": alg_name, "parameters": params_used,
+            "n": n, "horizon": horizon, "runs": runs, "seed": 0 if seed is None else seed,
+            "guarantee": g.to_dict(), "summary": summary["values"],
+            "note": "a simulation on a public synthetic model: not a release of anyone's "
+                    "data, not charged to a ledger"}))
+
+
+class _CustomInstance:
+    def __init__(self, collection: Any) -> None:
+        self.collection = collection
+        self.defaults: dict[str, Any] = {"k": int(collection.size or 2), "M": 3}
+        self.settings = ("statistical", "limit")
+        self.distribution = None
+
+
+def _simulate(alg_name: str, alg: Any, inst: Any, n: int | None, horizon: int | None,
+              runs: int, seed: int, workers: int) -> tuple[list[dict[str, Any]],
+                                                          dict[str, Any]]:
+    from ..formal import evaluation as ev
+    from ..formal.experiments import _pmap
+    from ..privacy.randomness import RandomStreams
+
+    lines: list[str] = []
+    values: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    if alg_name in STATISTICAL:
+        assert n is not None
+        dist = inst.distribution
+        chunk = max(1, math.ceil(runs / max(1, workers)))
+        tasks = [((alg, inst.collection, dist, n, min(chunk, runs - s), seed, s),)
+                 for s in range(0, runs, chunk)]
+        total = sum(_pmap(_stat_unit, tasks, workers))
+        mean = total / runs
+        lo, hi = ev.wilson(total, runs, 0.95)
+        lines.append(f"{alg_name} on {inst.name}, n = {n}: Err = {mean:.4g} "
+                     f"(95% Wilson [{lo:.3g}, {hi:.3g}], {runs} end-to-end runs)")
+        values.update(err=mean, low=lo, high=hi, runs=runs)
+        rows.append({"estimate": "monte-carlo", "n": n, "err": mean, "low": lo, "high": hi,
+                     "runs": runs})
+        exact = None
+        try:
+            if alg_name in ("margin", "soft-margin", "gaussian-margin"):
+                exact = ev.exact_identification_error(alg, inst.collection, dist, n)
+            elif alg_name == "pointer":
+                exact = ev.exact_pointer_error(alg, inst.collection, dist, n)
+            else:
+                exact = ev.exact_generation_error(alg, inst.collection, dist, n)
+        except (ValueError, NotImplementedError):
+            exact = None
+        if exact is not None:
+            lines.append(f"exact: Err = {exact.value:.6g} (ln Err = {exact.log_value:.6g})")
+            values.update(exact=exact.value, log_exact=exact.log_value)
+            rows.append({"estimate": "exact", "n": n, "err": exact.value,
+                         "log_err": exact.log_value})
+        return rows, {"lines": lines, "values": values}
+    assert horizon is not None or n is not None
+    target_index = inst.target
+    target = inst.collection[target_index] if target_index else None
+    ok = 0
+    for r in range(runs):
+        rng = RandomStreams(seed).generator(r, 0)
+        st = inst.stream(seed=r)
+        if alg_name == "uniform-private" and n is None:  # continual release
+            res = alg.run(st, inst.collection, horizon, rng, target=target)
+            last = res.segments[-1]
+            rows.append({"run": r, "from_t": last.start, "to_t": last.end,
+                         "output": "" if last.output is None else last.output.describe(),
+                         "valid": last.valid, "last_invalid_t": res.last_invalid()})
+            ok += bool(last.valid)
+            continue
+        if alg_name == "uniform-private":
+            data = np.asarray(st.prefix(n), dtype=object)
+            w, subset, u = alg.run(data, inst.collection, rng)
+            good = bool(target is not None and u.is_infinite and u.issubset(target))
+            rows.append({"run": r, "subset": format(subset, "b"), "output": str(w),
+                         "valid_set": good})
+            ok += good
+            continue
+        if alg_name == "closure":
+            w = alg.output(st.prefix(horizon), inst.collection)
+            good = bool(target is not None and target.contains(w))
+            rows.append({"run": r, "output": str(w), "valid": good})
+            ok += good
+            continue
+        if alg_name in ("epoch-em", "stochastic"):
+            res = alg.run(st, inst.collection, horizon, rng, target_index=target_index)
+        else:
+            res = alg.run(st, inst.collection, horizon, rng, target=target, record=False)
+        last = res.segments[-1]
+        rows.append({"run": r, "from_t": last.start, "to_t": last.end,
+                     "output": last.output if isinstance(last.output, int)
+                     else last.output.describe(), "valid": last.valid,
+                     "last_invalid_t": res.last_invalid()})
+        ok += bool(last.valid)
+    lo, hi = ev.wilson(ok, runs, 0.95)
+    what = "correct" if alg_name in ("epoch-em", "stochastic") else "valid"
+    at = f"n = {n}" if alg_name == "uniform-private" and n is not None else f"t = {horizon}"
+    lines.append(f"{alg_name} on {inst.name}: {what} at {at} in {ok}/{runs} runs "
+                 f"({ok / runs:.3g}, 95% Wilson [{lo:.3g}, {hi:.3g}])")
+    values.update(fraction=ok / runs, low=lo, high=hi, runs=runs)
+    from ..formal.streams import check_stream
+
+    for w in check_stream(inst.stream(seed=0), target, horizon or n or 1):
+        typer.echo(f"warning: {w}", err=True)
+    return rows, {"lines": lines, "values": values}
+
+
+# ---------------------------------------------------------------------------------------------
+# reproduce
+# ---------------------------------------------------------------------------------------------
+
+
+@app.command("reproduce")
+def reproduce(
+    experiment: str = typer.Argument(..., help="Experiment name, e.g. price:thm4.5."),
+    quick: bool = typer.Option(False, "--quick", help="Smaller grids (seconds)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the Monte Carlo parts."),
+    workers: int = typer.Option(1, "--workers", help="Worker processes."),
+    out: Path | None = typer.Option(None, "--out", help="Directory for results.csv, "
+                                    "table.md, manifest.json and the plot."),
+) -> None:
+    """Reproduce one theorem's experiment (CSV, table, plot)."""
+    from ..formal.experiments import EXPERIMENTS, run_experiment, write_result
+
+    if experiment not in EXPERIMENTS:
+        fail(f"unknown experiment {experiment!r}; see `dplang formal list`")
+    _positive("--workers", workers, integer=True)
+    if seed < 0:
+        fail(f"--seed must be >= 0, got {seed}")
+    _check_out(out)
+    res = run_experiment(experiment, quick=quick, seed=seed, workers=workers)
+    typer.echo(f"# {res.name}: {res.title}\n")
+    typer.echo(res.table)
+    typer.echo(f"\n({res.runtime_s:.1f} s{', quick' if quick else ''})")
+    if out is not None:
+        paths = write_result(res, out, parameters={"quick": quick, "seed": seed})
+        typer.echo(f"wrote {', '.join(str(p) for p in paths.values())}")
+
+
+# ---------------------------------------------------------------------------------------------
+# audit
+# ---------------------------------------------------------------------------------------------
+
+
+@app.command("audit")
+def audit(
+    algorithm: str = typer.Argument(..., help="Algorithm name or paper number."),
+    instance_name: str = typer.Option(..., "--instance", help="Named instance."),
+    epsilon: float = typer.Option(..., "--epsilon", help="Claimed ε > 0."),
+    delta: float | None = typer.Option(None, "--delta", help="δ for Gaussian algorithms."),
+    twin: bool = typer.Option(False, "--twin", help="Audit the deliberately broken variant."),
+    max_n: int = typer.Option(5, "--max-n", help="Largest dataset size enumerated (≤ 5)."),
+    monte_carlo: bool = typer.Option(False, "--monte-carlo", help="Black-box Monte Carlo "
+                                     "audit on a crafted pair (lower bound on ε)."),
+    trials: int = typer.Option(20000, "--trials", help="Monte Carlo trials per dataset."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the Monte Carlo audit."),
+) -> None:
+    """Audit an algorithm's privacy: exact losses over all neighbours of small datasets (or
+    the exact transcript/profile), or a Monte Carlo lower bound; prints PASS/FAIL (exit 1 on
+    FAIL)."""
+    from ..formal import evaluation as ev
+    from ..formal import limit
+
+    alg_name = _algorithm_name(algorithm)
+    if not epsilon > 0:
+        fail(f"--epsilon must be > 0, got {epsilon}")
+    if delta is not None and not 0 < delta < 1:
+        fail(f"--delta must be in (0, 1), got {delta}")
+    if not 1 <= max_n <= 5:
+        fail(f"--max-n must be in 1..5, got {max_n}")
+    _positive("--trials", trials, integer=True)
+    inst = _instance(instance_name)
+    eps_opt = None if alg_name in ("margin", "pointer", "closure") else epsilon
+    if alg_name in STATISTICAL:
+        if "statistical" not in inst.settings:
+            fail(f"instance {instance_name} is not a statistical instance")
+        tau = 2.0
+        alg, _, _ = _build(alg_name, _AuditInstance(inst), None, eps_opt, delta,
+                           min(4, inst.defaults.get("k", 2)), tau, None, "classical", None,
+                           True)
+        if twin:
+            if alg_name in ("margin", "pointer"):
+                fail(f"{alg_name} is not private; it is its own negative control")
+            alg = ev.twin(alg)
+        uni = inst.collection.universe
+        letters = [uni.at(j) for j in range(1, 5)]
+        if monte_carlo:
+            line, passed = _mc_audit(alg, inst, letters, epsilon, trials, seed)
+        else:
+            results = [ev.privacy_audit_statistical(alg, inst.collection, m, letters,
+                                                    claimed_epsilon=epsilon)
+                       for m in range(1, max_n + 1)]
+            worst = max(results, key=lambda r: (r.max_delta if r.max_delta is not None
+                                                else r.max_loss))
+            passed = all(r.passed for r in results)
+            total = sum(r.pairs for r in results)
+            line = (("PASS" if passed else "FAIL") + worst.line()[4:]).replace(
+                f"over {worst.pairs} neighbour pairs",
+                f"over {total} neighbour pairs (n ≤ {max_n}, 4 letters)")
+    else:
+        if "limit" not in inst.settings:
+            fail(f"instance {instance_name} is not a limit instance")
+        alg, _, _ = _build(alg_name, inst, 1, eps_opt, delta, None, None, None, "classical",
+                           None, True)
+        if twin:
+            if alg_name == "closure":
+                fail("closure is not private; it is its own negative control")
+            alg = limit.twin(alg)
+        line, passed = _limit_audit(alg_name, alg, inst, epsilon)
+    typer.echo(line)
+    if not passed:
+        raise typer.Exit(1)
+
+
+class _AuditInstance:
+    def __init__(self, inst: Any) -> None:
+        self.collection = inst.collection
+        self.defaults = dict(inst.defaults)
+        self.defaults["M"] = min(self.defaults.get("M", 3), 4)
+        self.settings = inst.settings
+        self.distribution = None
+
+
+def _mc_audit(alg: Any, inst: Any, letters: list[Any], epsilon: float, trials: int,
+              seed: int) -> tuple[str, bool]:
+    """Black-box audit on the worst exact pair at n = 3: event "output index = i"."""
+    from ..formal import evaluation as ev
+    from ..privacy.audit import monte_carlo_epsilon_lower_bound
+    from ..privacy.randomness import RandomStreams
+
+    exact = ev.privacy_audit_statistical(alg, inst.collection, 3, letters)
+    if exact.worst_pair is None:
+        return f"PASS {type(alg).__name__}: no pair moved the output law", True
+    a, b = exact.worst_pair
+
+    def runner(sample: tuple[Any, ...]) -> Any:
+        arr = ev._as_sample(sample, inst.collection.universe)
+        return lambda rng: alg.run(arr, inst.collection, rng).index
+
+    best = 0.0
+    rng = RandomStreams(seed).generator(0)
+    indices = range(1, inst.collection.horizon(getattr(alg, "k", 2)) + 1)
+    for i in indices:
+        res = monte_carlo_epsilon_lower_bound(runner(a), runner(b), lambda o, i=i: o == i,
+                                              trials, rng, confidence=0.95,
+                                              delta=getattr(alg, "delta", 0.0))
+        best = max(best, res.epsilon_lower_bound)
+    passed = best <= epsilon
+    return (f"{'PASS' if passed else 'FAIL'} {type(alg).__name__}: Monte Carlo lower bound "
+            f"ε̂ = {best:.4g} (claimed ε = {epsilon:g}; pair {a} ~ {b}, {trials} trials)"), passed
+
+
+def _limit_audit(alg_name: str, alg: Any, inst: Any, epsilon: float) -> tuple[str, bool]:
+    from ..formal import limit
+    from ..formal.evaluation import neighbour_pairs
+    from ..formal.streams import ExplicitStream, SubstitutedStream
+
+    coll = inst.collection
+    if isinstance(alg, limit.ApproximateIntersectionGenerator):
+        a, b = limit.alg1_worst_case_counts(200)
+        loss = limit.alg1_transcript_loss(alg, a, b)
+        what = "worst-case pair, 200 updates"
+    elif isinstance(alg, limit.UniformPrivateGenerator):
+        letters = [coll.universe.at(j) for j in range(1, 5)]
+        loss = 0.0
+        for m in range(1, 5):
+            for x, y in neighbour_pairs(letters, m):
+                la = alg.log_law(np.array(x, dtype=object), coll)
+                lb = alg.log_law(np.array(y, dtype=object), coll)
+                loss = max(loss, float(np.max(np.abs(la - lb))))
+        what = "all neighbours of size ≤ 4 over 4 letters"
+    elif isinstance(alg, limit.EpochEMIdentifier | limit.StochasticIdentifier):
+        if isinstance(alg, limit.StochasticIdentifier):
+            alg.check(coll)
+        base = ExplicitStream(inst.stream(seed=0).prefix(16), coll.universe)
+        letters = [coll.universe.at(j) for j in range(1, 4)]
+        loss = 0.0
+        for pos in range(1, 17):
+            for v in letters:
+                nb = SubstitutedStream(base, pos, v)
+                total = 0.0
+                for s in (1, 2, 3, 4):
+                    if isinstance(alg, limit.StochasticIdentifier):
+                        la, lb = alg.log_law(base, coll, s, 20), alg.log_law(nb, coll, s, 20)
+                    else:
+                        la = alg.log_law(alg.scores(base, coll, s), s)
+                        lb = alg.log_law(alg.scores(nb, coll, s), s)
+                    fa, fb = np.isfinite(la), np.isfinite(lb)
+                    total += math.inf if np.any(fa != fb) else float(
+                        np.max(np.abs(la[fa] - lb[fb])))
+                loss = max(loss, total)
+        what = "every substitution of a 16-element prefix, epochs 1–4"
+    else:
+        return "FAIL closure: not private (ε = ∞)", False
+    passed = loss <= epsilon + 1e-9
+    return (f"{'PASS' if passed else 'FAIL'} {type(alg).__name__}: exact transcript loss "
+            f"{loss:.6g} (ε = {epsilon:g}; {what})"), passed

@@ -1,0 +1,839 @@
+"""Exact and Monte Carlo evaluation of the lab's algorithms, and their privacy audits.
+
+Errors (spec 000 §1.2–1.3):
+    Err_ID(A, D, n) = E[err_D(A(S))] − err*,    Err_GEN(A, D, n) = Pr[A(S) ∉ supp D ∖ S].
+
+Monte Carlo cannot see errors like e^{−40}, so wherever the sufficient statistics are
+low-dimensional the error is computed **exactly** (spec 000 §5.3):
+
+* identification (:func:`exact_identification_error`): every support point has a *membership
+  type* (which of L_1..L_K′ contain it); the error counts depend on the sample only through
+  the multinomial type counts, which are enumerated (O(n) for two types, O(n²) for three), and
+  the algorithm's exact selection law given the counts is averaged in log space;
+* generation (:func:`exact_generation_error`): the scores depend on the multiplicities of the
+  window's positive-mass strings, clipped at ⌈τ⌉; with at most two such strings (Remark 5.7 with
+  M = 3) the joint law is enumerated exactly — the common string by an exact sum over its count,
+  the other through conditional binomial tails — in O(n·τ). The output step adds the exact
+  probability that the released string is invalid or a repeat (``fail_given_selection``).
+
+Elsewhere :func:`rao_blackwell_error` draws samples S and averages the *exact* conditional
+error given S (the mechanism's randomness integrated out), and :func:`monte_carlo_error` runs
+the algorithm end to end; both report Wilson intervals (for the Rao–Blackwell average of
+[0, 1]-valued terms the Wilson interval is conservative, as Var ≤ μ(1 − μ)).
+
+Privacy audits (spec 000 §5.4) enumerate every dataset of size n over a few letters and every
+replace-one neighbour, and compute the exact privacy loss of the exponential-mechanism laws, or
+the exact Gaussian privacy profile δ(ε) (:func:`dplang.privacy.audit.gaussian_privacy_profile`)
+of the released noisy vector; the broken twins (:func:`twin`) must fail the same audits.
+
+Privacy contract: none — this module evaluates algorithms on public simulation models; it
+releases nothing about private data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.special import gammaln, logsumexp
+from scipy.stats import binom, norm
+
+from ..privacy.audit import gaussian_privacy_profile
+from ..privacy.randomness import RandomStreams
+from .collections import Collection
+from .distributions import Distribution
+from .languages import element_key
+from .statistical import (
+    GaussianMarginIdentifier,
+    GaussianThresholdGenerator,
+    JointThresholdGenerator,
+    MarginIdentifier,
+    PointerGenerator,
+    PrefixCountGenerator,
+    SoftMarginIdentifier,
+    _Generator,
+    _Identifier,
+    _membership_cached,
+    error_counts,
+    multiplicities,
+)
+from .truth import generation_truth, identification_truth
+
+__all__ = [
+    "AuditResult",
+    "ErrorEstimate",
+    "exact_generation_error",
+    "exact_identification_error",
+    "exact_pointer_error",
+    "gaussian_argmax_log_law",
+    "monte_carlo_error",
+    "privacy_audit_statistical",
+    "rao_blackwell_error",
+    "sampled_identification_error",
+    "twin",
+    "wilson",
+]
+
+
+@dataclass(frozen=True)
+class ErrorEstimate:
+    """An error value with its natural log (exact values may be below float range) and, for
+    Monte Carlo, a confidence interval."""
+
+    value: float
+    log_value: float
+    exact: bool
+    low: float | None = None
+    high: float | None = None
+    runs: int | None = None
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        if self.exact:
+            return f"{self.value:.4g} (exact)"
+        return f"{self.value:.4g} [{self.low:.3g}, {self.high:.3g}] ({self.runs} runs)"
+
+
+def _from_log(log_value: float, **kw: Any) -> ErrorEstimate:
+    return ErrorEstimate(math.exp(log_value) if log_value > -745 else 0.0, log_value, **kw)
+
+
+def wilson(successes: float, trials: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a proportion (successes may be a Rao–Blackwell sum)."""
+    if trials <= 0:
+        raise ValueError("trials must be > 0")
+    z = float(norm.ppf(0.5 + confidence / 2))
+    p = successes / trials
+    den = 1 + z * z / trials
+    mid = (p + z * z / (2 * trials)) / den
+    half = z * math.sqrt(max(p * (1 - p), 0.0) / trials + z * z / (4 * trials**2)) / den
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+# =============================================================================================
+# Exact identification error
+# =============================================================================================
+
+
+def _compositions(n: int, parts: int) -> np.ndarray:
+    """All vectors of ``parts`` non-negative integers summing to n (parts ≤ 3)."""
+    if parts == 1:
+        return np.array([[n]])
+    if parts == 2:
+        a = np.arange(n + 1)
+        return np.stack([a, n - a], axis=1)
+    raise ValueError("use the row-wise enumeration for three types")
+
+
+def _multinomial_logpmf(comp: np.ndarray, logp: np.ndarray) -> np.ndarray:
+    n = comp.sum(axis=-1)
+    return gammaln(n + 1) - gammaln(comp + 1).sum(axis=-1) + (comp * logp).sum(axis=-1)
+
+
+def exact_identification_error(alg: _Identifier, collection: Collection,
+                               distribution: Distribution, n: int) -> ErrorEstimate:
+    """Err_ID exactly, by enumerating the multinomial counts of membership types.
+
+    Needs a finite support with at most three membership types over L_1..L_K′ (the IPP pair
+    has two under D1 or D2; nested segments have three) and an algorithm whose selection law
+    has a closed form (Algorithms 4, 1, and 2 with K′ ≤ 2)."""
+    big_k, kp = alg.horizon(n, collection)
+    truth = identification_truth(collection, distribution, big_k)
+    langs = collection.first(kp)
+    types: dict[tuple[bool, ...], float] = {}
+    for u, p in distribution.atoms():
+        key = tuple(lang.contains(u) for lang in langs)
+        types[key] = types.get(key, 0.0) + p
+    keys = list(types)
+    if len(keys) > 3:
+        raise ValueError(f"{len(keys)} membership types: exact enumeration supports at most 3")
+    logp = np.log(np.array([types[k] for k in keys]))
+    outside = np.array([[not k[i] for i in range(kp)] for k in keys], dtype=np.int64)  # T×K′
+    excess = np.array(truth.errors) - truth.err_star
+    pos = excess > 1e-15
+    if not pos.any():
+        return ErrorEstimate(0.0, -math.inf, True)
+    log_excess = np.where(pos, np.log(np.where(pos, excess, 1.0)), -np.inf)
+    terms: list[np.ndarray] = []
+
+    def add(comp: np.ndarray) -> None:
+        counts = comp @ outside  # error counts per language
+        lp = _multinomial_logpmf(comp, logp)
+        law = alg.log_law(counts, n, big_k)
+        terms.append(logsumexp(lp[:, None] + law + log_excess[None, :], axis=1))
+
+    if len(keys) <= 2:
+        add(_compositions(n, len(keys)))
+    else:
+        for a in range(n + 1):
+            b = np.arange(n - a + 1)
+            add(np.stack([np.full_like(b, a), b, n - a - b], axis=1))
+    total = float(logsumexp(np.concatenate(terms)))
+    return _from_log(total, exact=True)
+
+
+def sampled_identification_error(alg: _Identifier, collection: Collection,
+                                 distribution: Distribution, n: int, runs: int, seed: int,
+                                 confidence: float = 0.95,
+                                 truth_horizon: int | None = None) -> ErrorEstimate:
+    """Rao–Blackwellised Err_ID for large n: draw the multinomial counts of the membership
+    types (not the samples), and average the exact conditional error given them in log space
+    (so values like e^{−200} survive). Algorithm 2 with K′ > 2 averages 400 noise draws.
+    ``truth_horizon`` measures err* over more languages than the algorithm searches (to show
+    the error of a horizon that is too short)."""
+    big_k, kp = alg.horizon(n, collection)
+    truth = identification_truth(collection, distribution, max(big_k, truth_horizon or 0))
+    langs = collection.first(kp)
+    types: dict[tuple[bool, ...], float] = {}
+    for u, p in distribution.atoms():
+        key = tuple(lang.contains(u) for lang in langs)
+        types[key] = types.get(key, 0.0) + p
+    keys = list(types)
+    probs = np.array([types[k] for k in keys])
+    outside = np.array([[not k[i] for i in range(kp)] for k in keys], dtype=np.int64)
+    rng = RandomStreams(seed).generator(0)
+    comp = rng.multinomial(n, probs / probs.sum(), size=runs)
+    counts = comp @ outside
+    excess = np.array(truth.errors[:kp]) - truth.err_star
+    if isinstance(alg, GaussianMarginIdentifier) and kp > 2:
+        sig = alg.sigma(n, kp)
+        vals = []
+        for c in counts:
+            noisy = c / n + rng.normal(0, sig, size=(400, kp))
+            vals.append(float(np.mean(excess[alg.index_from_noisy(noisy, big_k) - 1])))
+        logs = np.log(np.maximum(vals, 1e-300))
+    else:
+        pos = excess > 1e-15
+        law = alg.log_law(counts, n, big_k)
+        logs = logsumexp(law[:, pos] + np.log(excess[pos])[None, :], axis=1)
+    log_mean = float(logsumexp(logs) - math.log(runs))
+    mean = math.exp(log_mean) if log_mean > -745 else 0.0
+    lo, hi = wilson(mean * runs, runs, confidence)
+    return ErrorEstimate(mean, log_mean, False, lo, hi, runs)
+
+
+# =============================================================================================
+# Exact generation error
+# =============================================================================================
+
+
+def fail_given_selection(collection: Collection, index: int, beyond: int, big_r: int,
+                         support: Any, atoms: list[tuple[Any, float]],
+                         n: int) -> tuple[float, float]:
+    """(probability that the r-th member of L_index beyond ``beyond`` is outside supp D,
+    log of the expected collision probability with S ~ Dⁿ) for r ~ Unif{1..R}.
+
+    The invalid part is exact; the collision part is E[|first R ∩ supp ∩ S|]/R =
+    Σ_x (1 − (1 − D(x))ⁿ)/R over the atoms among the first R members (tail < 1e−18)."""
+    lang = collection[index]
+    valid_lang = lang.intersection(support)
+    end = lang.nth_index_beyond(beyond, big_r)
+    valid = valid_lang.count_upto(end) - valid_lang.count_upto(beyond)
+    invalid = (big_r - valid) / big_r
+    uni = collection.universe
+    coll = 0.0
+    base = lang.count_upto(beyond)
+    for x, p in atoms:
+        if not lang.contains(x):
+            continue
+        j = uni.index(x)
+        if j > beyond and lang.count_upto(j) - base <= big_r:
+            coll += -math.expm1(n * math.log1p(-p)) if p < 1 else 1.0
+    return invalid, (math.log(coll) - math.log(big_r)) if coll > 0 else -math.inf
+
+
+def exact_generation_error(alg: _Generator, collection: Collection,
+                           distribution: Distribution, n: int) -> ErrorEstimate:
+    """Err_GEN exactly for Algorithms 3, 6 and 7 when at most two window strings have positive
+    mass (Algorithm 7's law by quadrature, once per distinct score vector).
+
+    Err = E[Σ_i P(î = i | S)·invalid_i] + E[Σ_i P(î = i | S)·(1 − invalid_i)]·collision_i, where
+    the collision term uses E over S of the collision probability (its correlation with the
+    selection changes Err by at most E[P(bad)]·n/R, i.e. relative 2⁻⁶⁴ for R = n·2⁶⁴)."""
+    if not isinstance(alg, PrefixCountGenerator | JointThresholdGenerator):
+        raise ValueError("exact generation error is implemented for Algorithms 3, 6 and 7")
+    _, kp = alg.horizon(n, collection)
+    window = alg.window(n)
+    big_r = alg.pool(n)
+    tau = alg.threshold_tau(n)
+    cap = math.ceil(tau)
+    memb = alg.membership(collection, n)
+    uni = collection.universe
+    probs = np.array([distribution.pmf(uni.at(j)) for j in range(1, window + 1)])
+    positive = [j for j in range(window) if probs[j] > 0]
+    if len(positive) > 2 or not positive:
+        raise ValueError(f"{len(positive)} positive-mass strings in the window: use "
+                         "rao_blackwell_error")
+    support = distribution.support
+    atoms = distribution.atoms()
+    # per selected unit: invalid probability and collision probability
+    if isinstance(alg, JointThresholdGenerator):
+        units = [(i, m) for i in range(1, kp + 1) for m in range(1, window + 1)]
+    else:
+        units = [(i, window) for i in range(1, kp + 1)]
+    fails = np.array([fail_given_selection(collection, i, m, big_r, support, atoms, n)
+                      for i, m in units])
+    invalid, log_coll = fails[:, 0], fails[:, 1]
+
+    gauss_cache: dict[bytes, np.ndarray] = {}
+
+    def log_laws(counts: np.ndarray) -> np.ndarray:
+        if isinstance(alg, GaussianThresholdGenerator):
+            scores = alg.scores(counts, memb, n).reshape(counts.shape[0], -1)
+            uniq, inverse = np.unique(scores, axis=0, return_inverse=True)
+            sig = alg.sigma(n, kp)
+            todo = [row for row in uniq if row.tobytes() not in gauss_cache]
+            if todo:
+                for row, law in zip(todo, gaussian_argmax_log_law(np.array(todo), sig),
+                                    strict=True):
+                    gauss_cache[row.tobytes()] = law
+            laws = [gauss_cache[row.tobytes()] for row in uniq]
+            return np.asarray(laws)[np.ravel(inverse)]
+        law = alg.log_law(counts, memb, n)
+        return law.reshape(counts.shape[0], -1)
+
+    # enumerate (clipped) counts of the positive-mass strings with exact probabilities:
+    # blocks of (log probability, count vectors)
+    blocks: list[tuple[np.ndarray, np.ndarray]] = []
+    if len(positive) == 1:
+        (a,) = positive
+        c = np.arange(0, cap + 1)
+        lp = binom.logpmf(c, n, probs[a])
+        lp[-1] = binom.logsf(cap - 1, n, probs[a])
+        counts = np.zeros((c.size, window))
+        counts[:, a] = c
+        blocks.append((lp, counts))
+    else:
+        # the rarer string's count x is enumerated exactly; given x, the commoner's count is
+        # Bin(n − x, p_b/(1 − p_a)), clipped at cap (its upper tail lumped)
+        a, b = sorted(positive, key=lambda j: probs[j])
+        pa, pb = probs[a], probs[b]
+        cond = min(1.0, pb / (1 - pa))
+        ca = np.arange(n + 1)
+        lpa = binom.logpmf(ca, n, pa)
+        xs = ca[lpa > lpa.max() - 800]
+        cb = np.arange(0, cap + 1)
+        for chunk in np.array_split(xs, max(1, xs.size // 256)):
+            m = (n - chunk)[:, None]
+            lpb = binom.logpmf(cb[None, :], m, cond)
+            tail = binom.logsf(cap - 1, m[:, 0], cond)
+            lpb[:, -1] = np.where(cap <= m[:, 0], tail, lpb[:, -1])
+            lpb = np.where(cb[None, :] <= m, lpb, -np.inf)
+            lp = (lpa[chunk][:, None] + lpb).ravel()
+            counts = np.zeros((chunk.size, cb.size, window))
+            counts[:, :, a] = np.minimum(chunk, cap)[:, None]
+            counts[:, :, b] = cb[None, :]
+            counts = counts.reshape(-1, window)
+            ok = np.isfinite(lp)
+            blocks.append((lp[ok], counts[ok]))
+    # rows are processed by decreasing probability: a row whose probability is below
+    # e^{−40} times the error accumulated so far is dropped (relative error ≤ e^{−40}·rows)
+    all_lp = np.concatenate([lp for lp, _ in blocks])
+    all_counts = np.concatenate([c for _, c in blocks], axis=0)
+    order = np.argsort(-all_lp, kind="stable")
+    all_lp, all_counts = all_lp[order], all_counts[order]
+    sel_terms, good_terms = [], []
+    log_inv = np.log(np.maximum(invalid, 1e-300))
+    pos_inv = invalid > 0
+    current = -math.inf
+    step = 4096
+    for start in range(0, all_lp.size, step):
+        lp = all_lp[start:start + step]
+        if current > -math.inf and lp[0] + math.log(all_lp.size) < current - 40:
+            break
+        counts = all_counts[start:start + step]
+        law = log_laws(counts)
+        if pos_inv.any():
+            sel_terms.append(logsumexp(lp[:, None] + law[:, pos_inv] + log_inv[None, pos_inv],
+                                       axis=1))
+            current = float(logsumexp(np.concatenate(sel_terms)))
+        good_terms.append(logsumexp(lp[:, None] + law, axis=0)[None, :])
+    log_sel = float(logsumexp(np.concatenate(sel_terms))) if sel_terms else -math.inf
+    log_mean_law = logsumexp(np.concatenate(good_terms, axis=0), axis=0)
+    with np.errstate(divide="ignore"):
+        log_valid = np.log1p(-np.minimum(invalid, 1.0))
+    log_collision = float(logsumexp(log_mean_law + log_valid + log_coll))
+    total = np.logaddexp(log_sel, log_collision)
+    return _from_log(float(total), exact=True,
+                     parts={"selection": math.exp(log_sel) if log_sel > -745 else 0.0,
+                            "log_selection": log_sel, "log_collision": log_collision})
+
+
+def _signed_logsumexp(logs: Sequence[float], signs: Sequence[int]) -> float:
+    pos = [v for v, sg in zip(logs, signs, strict=True) if sg > 0 and v > -math.inf]
+    neg = [v for v, sg in zip(logs, signs, strict=True) if sg < 0 and v > -math.inf]
+    lp = float(logsumexp(pos)) if pos else -math.inf
+    ln = float(logsumexp(neg)) if neg else -math.inf
+    if ln == -math.inf:
+        return lp
+    if ln >= lp:
+        return -math.inf  # cancellation to (numerically) zero
+    return lp + math.log1p(-math.exp(ln - lp))
+
+
+def exact_pointer_error(alg: PointerGenerator, collection: Collection,
+                        distribution: Distribution, n: int) -> ErrorEstimate:
+    """Err_GEN of the pointer rule (000 Alg 5) exactly.
+
+    With W = m* (every bad language's pointer stops at or before its witness, which is never
+    seen), the outcome depends only on which positive-mass strings among u_1..u_W were seen:
+    a pointer beyond W belongs to a good language (success); otherwise the output is the
+    unseen u_p, valid iff D(u_p) > 0. P(seen set = T) by inclusion–exclusion, in log space."""
+    big_k, kp = alg.horizon(n, collection)
+    truth = generation_truth(collection, distribution, big_k)
+    window = int(truth.m_star)
+    uni = collection.universe
+    probs = [distribution.pmf(uni.at(j)) for j in range(1, window + 1)]
+    positive = [j for j in range(window) if probs[j] > 0]
+    if len(positive) > 12:
+        raise ValueError("too many positive-mass strings before the witness index")
+    memb = _membership_cached(collection, kp, window)
+    logs, signs = [], []
+    for r in range(len(positive) + 1):
+        for seen in itertools.combinations(positive, r):
+            seen_set = set(seen)
+            ptr = []
+            for i in range(kp):
+                p = next((j for j in range(window) if memb[i, j] and j not in seen_set), None)
+                ptr.append(window if p is None else p)  # window = "beyond"
+            best = max(ptr)
+            if best == window:
+                continue  # a good language wins: valid and novel
+            if probs[best] > 0:
+                continue  # the unseen u_p is in the support
+            unseen = [j for j in positive if j not in seen_set]
+            q = sum(probs[j] for j in unseen)
+            for a in range(len(seen) + 1):
+                for sub in itertools.combinations(seen, a):
+                    rest = 1.0 - q - sum(probs[j] for j in sub)
+                    logs.append(n * math.log(rest) if rest > 0 else -math.inf)
+                    signs.append(-1 if a % 2 else 1)
+    total = _signed_logsumexp(logs, signs) if logs else -math.inf
+    return _from_log(total, exact=True)
+
+
+# =============================================================================================
+# Gaussian argmax law (Algorithm 7)
+# =============================================================================================
+
+
+def gaussian_argmax_log_law(means: np.ndarray, sigma: float, points: int = 1201) -> np.ndarray:
+    """log P(argmax_b (means_b + Z_b) = b), Z i.i.d. N(0, σ²), by quadrature in log space:
+    P(b) = ∫ φ_σ(x − μ_b) Π_{o≠b} Φ((x − μ_o)/σ) dx on a grid from below the lowest mean (at
+    most 40σ under the top) to 12σ above the top; the integrand is smooth, so the trapezoid
+    rule converges spectrally (1201 points agree with 20001 to 1e−12). ``means`` may be a
+    matrix (one law per row)."""
+    mu = np.asarray(means, dtype=np.float64)
+    single = mu.ndim == 1
+    mu = mu.reshape(-1, mu.shape[-1])
+    out = np.empty_like(mu)
+    for start in range(0, mu.shape[0], 128):
+        block = mu[start:start + 128] / sigma  # standardised means, rows × B
+        top = block.max(axis=1, keepdims=True)
+        low = np.maximum(block.min(axis=1, keepdims=True), top - 40.0) - 12.0
+        z = low + (top + 12.0 - low) * np.linspace(0.0, 1.0, points)[None, :]  # rows × X
+        diff = z[:, None, :] - block[:, :, None]  # rows × B × X
+        logcdf = norm.logcdf(diff)
+        total = logcdf.sum(axis=1, keepdims=True)
+        integrand = norm.logpdf(diff) + total - logcdf
+        dz = (z[:, 1] - z[:, 0])[:, None]
+        res = logsumexp(integrand, axis=2) + np.log(dz)
+        out[start:start + 128] = res - logsumexp(res, axis=1, keepdims=True)
+    return out[0] if single else out
+
+
+# =============================================================================================
+# Monte Carlo
+# =============================================================================================
+
+
+def conditional_log_error(alg: Any, collection: Collection, distribution: Distribution,
+                          sample: np.ndarray, rng: np.random.Generator) -> float:
+    """log of the error given the sample, with the mechanism's randomness integrated out
+    exactly (Monte Carlo over the noise only for Algorithm 2 with K′ > 2); −inf for 0."""
+    n = len(sample)
+    if isinstance(alg, _Identifier):
+        big_k, kp = alg.horizon(n, collection)
+        truth = identification_truth(collection, distribution, big_k)
+        counts = error_counts(sample, collection, kp)
+        excess = np.array(truth.errors) - truth.err_star
+        if isinstance(alg, GaussianMarginIdentifier) and kp > 2:
+            draws = 400
+            sig = alg.sigma(n, kp)
+            noisy = counts / n + rng.normal(0, sig, size=(draws, kp))
+            idx = alg.index_from_noisy(noisy, big_k)
+            v = float(np.mean(excess[idx - 1]))
+            return math.log(v) if v > 0 else -math.inf
+        pos = excess > 1e-15
+        if not pos.any():
+            return -math.inf
+        return float(logsumexp(alg.log_law(counts, n, big_k)[pos] + np.log(excess[pos])))
+    support = distribution.support
+    if isinstance(alg, PointerGenerator):
+        sel = alg.run(sample, collection, rng)
+        bad = not (support.contains(sel.output) and not in_sample(sel.output, sample))
+        return 0.0 if bad else -math.inf
+    ctx = _generation_context(alg, collection, distribution, n)
+    counts = multiplicities(sample, collection, ctx.window)
+    kp, window = ctx.kp, ctx.window
+    if isinstance(alg, GaussianThresholdGenerator):
+        log_law = gaussian_argmax_log_law(alg.scores(counts, ctx.memb, n),
+                                          alg.sigma(n, kp)).reshape(kp, window)
+    elif isinstance(alg, JointThresholdGenerator):
+        log_law = alg.log_law(counts, ctx.memb, n).reshape(kp, window)
+    else:
+        log_law = np.full((kp, window), -np.inf)
+        log_law[:, -1] = alg.log_law(counts, ctx.memb, n)
+    terms = []
+    with np.errstate(divide="ignore"):
+        inv = np.log(ctx.invalid)
+    terms.append(log_law + inv)
+    # collisions: distinct valid sample strings among the first R members beyond m
+    uniq = np.unique(np.asarray(sample))
+    log_r = math.log(ctx.big_r)
+    for i in range(kp):
+        inside = ctx.valid_langs[i].contains_many(uniq)
+        if not inside.any():
+            continue
+        pos = np.array([ctx.universe.index(element_key(x)) for x in uniq[inside].tolist()])
+        for m in range(window):
+            if log_law[i, m] == -np.inf or ctx.invalid[i, m] >= 1:
+                continue
+            beyond = pos[pos > m + 1]
+            if beyond.size:
+                lang = collection[i + 1]
+                base = lang.count_upto(m + 1)
+                if lang.count_upto(int(beyond.max())) - base <= ctx.big_r:
+                    hits = int(beyond.size)
+                else:
+                    hits = sum(1 for j in beyond.tolist()
+                               if lang.count_upto(j) - base <= ctx.big_r)
+                if hits:
+                    terms.append(np.array([log_law[i, m] + math.log(hits) - log_r]))
+    flat = np.concatenate([t.ravel() for t in terms])
+    return float(min(0.0, logsumexp(flat)))
+
+
+def conditional_error(alg: Any, collection: Collection, distribution: Distribution,
+                      sample: np.ndarray, rng: np.random.Generator) -> float:
+    """The error given the sample (see :func:`conditional_log_error`)."""
+    return math.exp(conditional_log_error(alg, collection, distribution, sample, rng))
+
+
+@dataclass
+class _GenContext:
+    kp: int
+    window: int
+    big_r: int
+    memb: np.ndarray
+    invalid: np.ndarray
+    valid_langs: list[Any]
+    universe: Any
+
+
+_CONTEXTS: dict[tuple[int, int, int, int], tuple[Any, _GenContext]] = {}
+
+
+def _generation_context(alg: Any, collection: Collection, distribution: Distribution,
+                        n: int) -> _GenContext:
+    key = (id(alg), id(collection), id(distribution), n)
+    hit = _CONTEXTS.get(key)
+    if hit is not None and hit[0] == (alg, collection, distribution):
+        return hit[1]
+    _, kp = alg.horizon(n, collection)
+    window, big_r = alg.window(n), alg.pool(n)
+    support = distribution.support
+    valid_langs = [lang.intersection(support) for lang in collection.first(kp)]
+    invalid = np.zeros((kp, window))
+    for i, (lang, vl) in enumerate(zip(collection.first(kp), valid_langs, strict=True)):
+        for m in range(1, window + 1):
+            end = lang.nth_index_beyond(m, big_r)
+            valid = vl.count_upto(end) - vl.count_upto(m)
+            invalid[i, m - 1] = (big_r - valid) / big_r
+    ctx = _GenContext(kp, window, big_r, alg.membership(collection, n), invalid, valid_langs,
+                      collection.universe)
+    if len(_CONTEXTS) > 64:
+        _CONTEXTS.clear()
+    _CONTEXTS[key] = ((alg, collection, distribution), ctx)
+    return ctx
+
+
+def rao_blackwell_error(alg: Any, collection: Collection, distribution: Distribution, n: int,
+                        runs: int, seed: int, confidence: float = 0.95,
+                        unit_offset: int = 0) -> ErrorEstimate:
+    """Average over ``runs`` samples S of the exact conditional error given S (run u draws S
+    from ``RandomStreams(seed).generator(unit_offset + u)``)."""
+    streams = RandomStreams(seed)
+    logs = []
+    for u in range(runs):
+        rng = streams.generator(unit_offset + u)
+        sample = distribution.sample(n, rng)
+        logs.append(conditional_log_error(alg, collection, distribution, sample, rng))
+    log_mean = float(logsumexp(logs) - math.log(runs))
+    mean = math.exp(log_mean) if log_mean > -745 else 0.0
+    lo, hi = wilson(mean * runs, runs, confidence)
+    return ErrorEstimate(mean, log_mean, False, lo, hi, runs)
+
+
+def run_failed(alg: Any, collection: Collection, distribution: Distribution,
+               sample: np.ndarray, rng: np.random.Generator) -> float:
+    """One end-to-end run: the realised excess risk (identification) or the 0/1 failure
+    (generation: output ∉ supp D ∖ S)."""
+    sel = alg.run(sample, collection, rng)
+    if isinstance(alg, _Identifier):
+        big_k, _ = alg.horizon(len(sample), collection)
+        truth = identification_truth(collection, distribution, big_k)
+        return truth.errors[sel.index - 1] - truth.err_star
+    out = sel.output
+    from .statistical import Unmaterialised
+
+    if isinstance(out, Unmaterialised):
+        lang = collection[out.language_index]
+        return 0.0 if lang.issubset(distribution.support) else 1.0
+    return float(not (distribution.support.contains(out) and not in_sample(out, sample)))
+
+
+def in_sample(u: Any, sample: np.ndarray) -> bool:
+    """Whether u occurs in the sample (vectorised for integer samples)."""
+    arr = np.asarray(sample)
+    key = element_key(u)
+    if arr.dtype.kind in "iu":
+        return isinstance(key, int) and not isinstance(key, bool) and bool(np.any(arr == key))
+    return any(element_key(x) == key for x in arr.tolist())
+
+
+def monte_carlo_error(alg: Any, collection: Collection, distribution: Distribution, n: int,
+                      runs: int, seed: int, confidence: float = 0.95,
+                      unit_offset: int = 0) -> ErrorEstimate:
+    """End-to-end Monte Carlo (sampling, oracles, mechanism, output step): each run u uses its
+    own stream ``RandomStreams(seed).generator(unit_offset + u)`` (DESIGN invariant 5)."""
+    streams = RandomStreams(seed)
+    total = 0.0
+    for u in range(runs):
+        rng = streams.generator(unit_offset + u)
+        sample = distribution.sample(n, rng)
+        total += run_failed(alg, collection, distribution, sample, rng)
+    mean = total / runs
+    lo, hi = wilson(total, runs, confidence)
+    return ErrorEstimate(mean, math.log(mean) if mean > 0 else -math.inf, False, lo, hi, runs)
+
+
+# =============================================================================================
+# Privacy audits (000)
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """The worst case found over the audited neighbour pairs."""
+
+    algorithm: str
+    epsilon: float
+    delta: float
+    pairs: int
+    max_loss: float
+    max_delta: float | None
+    max_sensitivity: float
+    claimed_sensitivity: float | None
+    worst_pair: tuple[Any, Any] | None
+    passed: bool
+    method: str = "exact"
+
+    def line(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        what = (f"max δ(ε) = {self.max_delta:.3g} (target {self.delta:g})"
+                if self.max_delta is not None else
+                f"max privacy loss = {self.max_loss:.6g} (ε = {self.epsilon:g})")
+        return (f"{verdict} {self.algorithm}: {what} over {self.pairs} neighbour pairs "
+                f"({self.method})")
+
+
+def neighbour_pairs(letters: Sequence[Any],
+                    n: int) -> list[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+    """All (S, S′) with S ∈ lettersⁿ (as sorted multisets: the algorithms are symmetric) and S′
+    obtained by replacing one entry by another letter."""
+    out = []
+    for s in itertools.combinations_with_replacement(letters, n):
+        for pos in range(n):
+            if pos and s[pos] == s[pos - 1]:
+                continue
+            for v in letters:
+                if v != s[pos]:
+                    out.append((s, tuple(sorted((*s[:pos], v, *s[pos + 1:]),
+                                                key=lambda e: (str(type(e)), e)))))
+    return out
+
+
+def _as_sample(s: Sequence[Any], universe: Any) -> np.ndarray:
+    if all(isinstance(v, int) for v in s):
+        return np.asarray(s, dtype=np.int64)
+    arr = np.empty(len(s), dtype=object)
+    arr[:] = list(s)
+    return arr
+
+
+def privacy_audit_statistical(alg: Any, collection: Collection, n: int,
+                              letters: Sequence[Any],
+                              extra_pairs: Sequence[tuple[Sequence[Any], Sequence[Any]]] = (),
+                              name: str | None = None,
+                              claimed_epsilon: float | None = None) -> AuditResult:
+    """Exact audit over all replace-one neighbours of size-n datasets over ``letters`` (plus
+    crafted pairs): the max |log P(o|S) − log P(o|S′)| of the exact selection law
+    (Algorithms 1, 3, 6; non-private 4 and 5 by their deterministic outputs), or the max exact
+    Gaussian profile δ(ε) of the released vector (Algorithms 2 and 7). ``claimed_epsilon``
+    checks a non-private algorithm against a finite ε (it fails: its loss is infinite).
+
+    Privacy contract: none (an audit on public toy data)."""
+    label = name or type(alg).__name__
+    pairs = neighbour_pairs(letters, n) + [(tuple(a), tuple(b)) for a, b in extra_pairs]
+    eps = getattr(alg, "epsilon", math.inf)
+    if isinstance(alg, MarginIdentifier | PointerGenerator):
+        eps = math.inf
+    if claimed_epsilon is not None:
+        eps = claimed_epsilon
+    gaussian = isinstance(alg, GaussianMarginIdentifier | GaussianThresholdGenerator)
+    delta = getattr(alg, "delta", 0.0) if gaussian else 0.0
+    worst_loss, worst_delta, worst_sens, worst_pair = 0.0, 0.0, 0.0, None
+    claimed: float | None = None
+    uni = collection.universe
+
+    def stats(s: Sequence[Any]) -> Any:
+        sample = _as_sample(s, uni)
+        if isinstance(alg, _Identifier):
+            _, kp = alg.horizon(n, collection)
+            return error_counts(sample, collection, kp)
+        if isinstance(alg, PointerGenerator):
+            return alg.run(sample, collection, np.random.default_rng(0)).output
+        return multiplicities(sample, collection, alg.window(n))
+
+    cache: dict[tuple[Any, ...], Any] = {}
+    for s, t in pairs:
+        a = cache.setdefault(s, stats(s))
+        b = cache.setdefault(t, stats(t))
+        if isinstance(alg, PointerGenerator):
+            loss = 0.0 if element_key(a) == element_key(b) else math.inf
+            sens = loss
+        elif isinstance(alg, _Identifier):
+            big_k, kp = alg.horizon(n, collection)
+            if isinstance(alg, GaussianMarginIdentifier):
+                dist = float(np.linalg.norm((a - b) / n))
+                sig = alg.sigma(n, kp)
+                claimed = math.sqrt(kp) / n
+                dlt = gaussian_privacy_profile(eps, dist / sig)
+                if dlt > worst_delta:
+                    worst_delta, worst_pair = dlt, (s, t)
+                worst_sens = max(worst_sens, dist)
+                continue
+            la, lb = alg.log_law(a, n, big_k), alg.log_law(b, n, big_k)
+            loss = _loss(la, lb)
+            if isinstance(alg, SoftMarginIdentifier):
+                sens = float(np.max(np.abs(alg.scores(a, n, big_k) - alg.scores(b, n, big_k))))
+                claimed = alg.sensitivity(n, big_k)
+            else:
+                sens = loss
+        else:
+            memb = alg.membership(collection, n)
+            if isinstance(alg, GaussianThresholdGenerator):
+                _, kp = alg.horizon(n, collection)
+                dist = float(np.linalg.norm(alg.scores(a, memb, n) - alg.scores(b, memb, n)))
+                claimed = alg.l2_sensitivity(n, kp)
+                dlt = gaussian_privacy_profile(eps, dist / alg.sigma(n, kp))
+                if dlt > worst_delta:
+                    worst_delta, worst_pair = dlt, (s, t)
+                worst_sens = max(worst_sens, dist)
+                continue
+            la, lb = alg.log_law(a, memb, n), alg.log_law(b, memb, n)
+            loss = _loss(la, lb)
+            sens = float(np.max(np.abs(alg.scores(a, memb, n) - alg.scores(b, memb, n))))
+            claimed = alg.sensitivity(n)
+        worst_sens = max(worst_sens, sens)
+        if loss > worst_loss:
+            worst_loss, worst_pair = loss, (s, t)
+    if gaussian:
+        passed = worst_delta <= delta * (1 + 1e-9)
+        return AuditResult(label, eps, delta, len(pairs), math.nan, worst_delta, worst_sens,
+                           claimed, worst_pair, passed)
+    passed = worst_loss <= eps + 1e-9
+    return AuditResult(label, eps, 0.0, len(pairs), worst_loss, None, worst_sens, claimed,
+                       worst_pair, passed)
+
+
+def _loss(la: np.ndarray, lb: np.ndarray) -> float:
+    la, lb = np.asarray(la, float).ravel(), np.asarray(lb, float).ravel()
+    fa, fb = np.isfinite(la), np.isfinite(lb)
+    if np.any(fa != fb):
+        return math.inf
+    if not fa.any():
+        return 0.0
+    return float(np.max(np.abs(la[fa] - lb[fa])))
+
+
+# =============================================================================================
+# Broken twins (negative controls)
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class _SoftMarginTwin(SoftMarginIdentifier):
+    """000·1 calibrated to Δ = 2/n (the sensitivity of a single risk difference) — wrong."""
+
+    def sensitivity(self, n: int, big_k: int) -> float:
+        return 2.0 / n
+
+
+@dataclass(frozen=True)
+class _PrefixCountTwin(PrefixCountGenerator):
+    """000·3 with weights e^{εs} (temperature 1/ε) — twice the stated loss."""
+
+    def temperature(self, n: int) -> float:
+        return 1.0 / self.epsilon
+
+
+@dataclass(frozen=True)
+class _JointThresholdTwin(JointThresholdGenerator):
+    """000·6 calibrated to Δ = 1 although the pair scores move by M̄/τ."""
+
+    def sensitivity(self, n: int) -> float:
+        return 1.0
+
+
+@dataclass(frozen=True)
+class _GaussianMarginTwin(GaussianMarginIdentifier):
+    """000·2 with σ/2."""
+
+    def sigma(self, n: int, kp: int) -> float:
+        return super().sigma(n, kp) / 2
+
+
+@dataclass(frozen=True)
+class _GaussianThresholdTwin(GaussianThresholdGenerator):
+    """000·7 with σ/2."""
+
+    def sigma(self, n: int, kp: int) -> float:
+        return super().sigma(n, kp) / 2
+
+
+_TWINS: dict[type, type] = {
+    SoftMarginIdentifier: _SoftMarginTwin,
+    PrefixCountGenerator: _PrefixCountTwin,
+    JointThresholdGenerator: _JointThresholdTwin,
+    GaussianMarginIdentifier: _GaussianMarginTwin,
+    GaussianThresholdGenerator: _GaussianThresholdTwin,
+}
+
+
+def twin(alg: Any) -> Any:
+    """The deliberately broken variant of a private algorithm (same parameters), used as a
+    negative control by the audits; the non-private algorithms are their own negative
+    controls."""
+    cls = _TWINS.get(type(alg))
+    if cls is None:
+        from . import limit
+
+        return limit.twin(alg)
+    fields = {f: getattr(alg, f) for f in alg.__dataclass_fields__}
+    return cls(**fields)

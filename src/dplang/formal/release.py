@@ -1,0 +1,201 @@
+"""``--data`` runs of the formal lab: a user's sample is private data, so running an algorithm
+on it is a real release through the shared pipeline (:mod:`dplang.release`).
+
+:func:`read_elements` parses the file (one element per line: a JSON value — an integer, a
+string, a pair [x, y] — or the raw line as a string), :func:`custom_collection` reads a public
+collection of regular languages from JSON (complete DFAs only), and :func:`release_on_data`
+does the release: the guarantee is fixed from public inputs (algorithm, parameters, n), the
+ledger is charged *before* anything is written (DESIGN invariant 6), then the output, the public
+manifest (parameters, n, guarantee — no seed, no data digest or path) and the private side file
+(mode 600: dataset name, data digest and path, release id) are written atomically.
+
+Privacy contract: the released output satisfies the algorithm's guarantee with respect to
+replacing one element of the file (n public); everything written outside the output is a
+function of public inputs, or private (mode 600).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..privacy.randomness import RandomStreams
+from ..release import Release, ReleaseError
+from .collections import Collection, finite_collection
+from .languages import DFALanguage, dfa_language
+from .limit import (
+    ApproximateIntersectionGenerator,
+    EpochEMIdentifier,
+    StochasticIdentifier,
+    UniformPrivateGenerator,
+    UPGContinual,
+)
+from .statistical import Unmaterialised
+from .streams import ExplicitStream
+from .universe import CantorPairs, FiniteUniverse, Naturals, Shortlex, Universe
+
+__all__ = ["FormalDataError", "ReleaseOutcome", "custom_collection", "read_elements",
+           "release_on_data"]
+
+
+class FormalDataError(ValueError):
+    """Bad ``--data`` or ``--collection`` input (one-line message)."""
+
+
+def _parse(line: str, universe: Universe) -> Any:
+    raw = line.rstrip("\n")
+    try:
+        value: Any = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    if isinstance(universe, Naturals):
+        if isinstance(value, str) and value in universe.noise:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise FormalDataError(f"{raw!r} is not a natural number")
+        return value
+    if isinstance(universe, Shortlex):
+        if not isinstance(value, str):
+            value = raw
+        universe.index(value)
+        return value
+    if isinstance(universe, CantorPairs):
+        if not (isinstance(value, list) and len(value) == 2):
+            raise FormalDataError(f"{raw!r} is not a pair [x, y]")
+        pair = (value[0], value[1])
+        universe.index(pair)
+        return pair
+    if isinstance(universe, FiniteUniverse):
+        for cand in (value, raw):
+            if universe.contains(cand):
+                return cand
+        raise FormalDataError(f"{raw!r} is not an element of {universe.describe()}")
+    raise FormalDataError(f"unsupported universe {universe.describe()}")
+
+
+def read_elements(path: Path, universe: Universe) -> list[Any]:
+    """Read one element per line; FormalDataError (one line) for anything unreadable."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FormalDataError(f"cannot read --data {path}: {exc}") from None
+    lines = text.splitlines()
+    if not lines:
+        raise FormalDataError(f"--data {path} is empty")
+    out = []
+    for i, line in enumerate(lines, 1):
+        try:
+            out.append(_parse(line, universe))
+        except (ValueError, TypeError) as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise FormalDataError(f"--data {path}, line {i}: {msg}") from None
+    return out
+
+
+def custom_collection(path: Path) -> Collection:
+    """A public finite collection of regular languages from JSON:
+    ``{"name": ..., "alphabet": "ab", "languages": [{"name": ..., "transitions":
+    {state: {letter: next}}, "start": s, "accept": [...]}, ...]}``. Partial DFAs are refused."""
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FormalDataError(f"cannot read --collection {path}: "
+                              f"{str(exc).splitlines()[0]}") from None
+    try:
+        alphabet = spec["alphabet"]
+        langs: list[DFALanguage] = []
+        for i, lang in enumerate(spec["languages"], 1):
+            langs.append(dfa_language(alphabet, lang["transitions"], lang["start"],
+                                      lang["accept"], lang.get("name", f"L{i}")))
+    except (KeyError, TypeError) as exc:
+        raise FormalDataError(f"--collection {path}: missing or malformed field {exc}") \
+            from None
+    except ValueError as exc:
+        raise FormalDataError(f"--collection {path}: {str(exc).splitlines()[0]}") from None
+    if not langs:
+        raise FormalDataError(f"--collection {path} has no languages")
+    return finite_collection(str(spec.get("name", path.stem)), langs)
+
+
+@dataclass
+class ReleaseOutcome:
+    manifest: dict[str, Any]
+    rows: list[dict[str, Any]]
+    paths: dict[str, Path]
+
+
+def _describe(out: Any) -> str:
+    if isinstance(out, Unmaterialised):
+        return str(out)
+    if hasattr(out, "describe"):
+        return out.describe()
+    if isinstance(out, str):
+        return out
+    return json.dumps(out if not isinstance(out, tuple) else list(out), default=str)
+
+
+def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path,
+                    parameters: dict[str, Any], *, seed: int | None = None,
+                    dataset: str | None = None, ledger: Path | None = None,
+                    on_warning: Any = None) -> ReleaseOutcome:
+    """Run a private algorithm once on the elements of ``data_path`` as a charged release.
+
+    Statistical (000) algorithms treat the file as the sample S (n = its length, public);
+    limit (001) algorithms treat it as the stream x_1..x_n and release their transcript up to
+    n (the uniform private generator one-shot releases one string).
+
+    Privacy contract: see the module docstring. Non-private algorithms are refused."""
+    if not getattr(alg, "private", True) or math.isinf(getattr(alg, "epsilon", 1.0)):
+        raise ReleaseError(f"{alg.name} is not private: it cannot run on --data")
+    elements = read_elements(data_path, collection.universe)
+    n = len(elements)
+    stream_alg = isinstance(alg, ApproximateIntersectionGenerator | EpochEMIdentifier
+                            | StochasticIdentifier | UPGContinual)
+    guarantee = alg.guarantee() if (stream_alg or isinstance(alg, UniformPrivateGenerator)) \
+        else alg.guarantee(n)
+    fingerprint = {"algorithm": alg.name, "paper": getattr(alg, "paper", ""),
+                   "collection": collection.describe(), "parameters": parameters, "n": n}
+    release = Release.open("formal run", data=data_path, guarantee=guarantee,
+                           fingerprint=fingerprint, dataset=dataset, seed=seed, ledger=ledger,
+                           description=f"dplang formal run {alg.name} → {out}")
+    release.charge(on_warning)  # before anything is written (DESIGN invariant 6)
+    rng = RandomStreams(release.seed).generator(0)
+    rows: list[dict[str, Any]] = []
+    if stream_alg:
+        stream = ExplicitStream(elements, collection.universe, name="data")
+        res = alg.run(stream, collection, n, rng)
+        for seg in res.segments:
+            rows.append({"from_t": seg.start, "to_t": seg.end, "output": _describe(
+                seg.output if not isinstance(seg.output, int) else collection[seg.output]),
+                "index": seg.output if isinstance(seg.output, int) else ""})
+    elif isinstance(alg, UniformPrivateGenerator):
+        w, subset, u = alg.run(np.asarray(elements, dtype=object), collection, rng)
+        rows.append({"output": _describe(w), "subset": format(subset, "b"),
+                     "closure": u.describe()})
+    else:
+        arr = (np.asarray(elements, dtype=np.int64) if all(isinstance(e, int)
+                                                             for e in elements)
+               else np.asarray(elements, dtype=object))
+        sel = alg.run(arr, collection, rng)
+        rows.append({"index": sel.index, "output": _describe(sel.output),
+                     "threshold": "" if sel.threshold is None else sel.threshold})
+    from .experiments import rows_to_csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"csv": out / "results.csv", "manifest": out / "manifest.json",
+             "private": out / "formal.private.json"}
+    release.write_private(paths["private"], release.private_record(keep_seed=False,
+                                                                   data={"elements": n}))
+    manifest = release.public_manifest(algorithm=alg.name, parameters=parameters,
+                                       collection=collection.describe(), n=n,
+                                       n_rule="n = the number of elements (public under "
+                                              "replace-one adjacency)",
+                                       output_file="results.csv")
+    release.write_output(paths["csv"], rows_to_csv(rows))
+    release.write_manifest(paths["manifest"], manifest)
+    return ReleaseOutcome(manifest, rows, paths)

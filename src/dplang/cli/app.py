@@ -81,3 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:  # pragma: no cover - console script
     sys.exit(main())
+
+
+if __name__ == "__main__":  # ``python -m dplang.cli.app``: the same entry point as ``dplang``
+    run()

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..models.transformers import DTYPES
+from ..models.dtypes import DTYPES
 
 METHODS = ("invisibleink", "amin", "adapmixed", "augpe", "public")
 

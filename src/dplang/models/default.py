@@ -21,7 +21,8 @@ from importlib import metadata
 from pathlib import Path
 
 from dplang.models.base import LogitsModel
-from dplang.models.transformers import TransformersModel, strip_quantization
+from dplang.models.hf_loading import strip_quantization
+from dplang.models.transformers import TransformersModel
 
 __all__ = [
     "DEFAULT_MODEL_ID",

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..io import ReadStats, ReferenceDataError, file_digest, load_references
 from ..models.base import LogitsModel
-from ..models.transformers import DTYPES
+from ..models.dtypes import DTYPES
 from ..privacy.accounting import invisibleink_budget
 from ..privacy.guarantees import Guarantee
 from ..privacy.randomness import RandomStreams

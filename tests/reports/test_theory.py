@@ -20,9 +20,11 @@ from dplang.reports.theory import (
     minimax_estimation_risk,
     paper_identity_check,
     pure_dp_loss,
-    testing_error_lower_bound as error_bound,
     total_variation,
     tv_upper_bound,
+)
+from dplang.reports.theory import (
+    testing_error_lower_bound as error_bound,
 )
 
 EPS = (0.05, 0.25, 0.5, 1.0, 2.0)

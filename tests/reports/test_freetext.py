@@ -123,3 +123,19 @@ def test_score_claims_groups_by_text() -> None:
     sup = score_claims([["Great stuff.", "Slow days."], [], ["Nothing here."]], P(), records)
     assert [s.tolist() for s in sup] == [[0.5, 0.25], [], [0.0]]
     assert pred.kind == "keyword"
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_invisibleink_report_with_the_default_model() -> None:
+    """The free-text DP (doc) generator end to end with the embedded default model."""
+    from dplang.models import resolve_model
+
+    model = resolve_model("default")
+    mech = InvisibleInkReport(model, epsilon=10.0, batch_size=3, max_tokens=12, generations=2)
+    records = ["The food was great and the staff friendly.", "Slow service, cold food.",
+               None, "Loved the coffee.", "Great location, nice staff.", "Too pricey."]
+    out = mech.generate(records, seed=0)
+    assert len(out.texts) == 2 and all(isinstance(t, str) for t in out.texts)
+    assert out.guarantee.epsilon == pytest.approx(10.0, rel=1e-6)
+    assert out.texts == mech.generate(records, seed=0).texts

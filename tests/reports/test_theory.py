@@ -184,3 +184,15 @@ def test_paper_numbers_claims_16_and_17() -> None:
     assert tab.predicted == pytest.approx(0.0087, abs=5e-5)
     wc = paper_identity_check(0.014, 0.220, (0.350 - 0.05) / 0.95, 0.004)
     assert wc.predicted == pytest.approx(0.0045, abs=5e-5)
+
+
+def test_discrete_laplace_law_keeps_its_tails() -> None:
+    mech = DiscreteLaplaceCount(0.3, lo=-5, hi=5)
+    law = mech.law([2])
+    assert law.sum() == pytest.approx(1.0, abs=1e-15)
+    a = math.exp(-0.3)
+    # the end points carry the whole tails: P(Y = hi) = P(Z ≥ 3) = a^3/(1+a)
+    assert law[-1] == pytest.approx(a**3 / (1 + a), rel=1e-12)
+    assert law[0] == pytest.approx(a**7 / (1 + a), rel=1e-12)
+    with pytest.raises(ValueError):
+        mech.law([9])

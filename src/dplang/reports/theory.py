@@ -183,14 +183,14 @@ class DiscreteLaplaceCount:
 
     def law(self, counts: Sequence[int]) -> np.ndarray:
         c = int(counts[0])
+        if not self.lo <= c <= self.hi:
+            raise ValueError(f"count {c} outside the window [{self.lo}, {self.hi}]")
         y = np.arange(self.lo, self.hi + 1)
         a = math.exp(-self.epsilon)
         pmf = (1 - a) / (1 + a) * np.exp(-self.epsilon * np.abs(y - c))
         # tails: P(Z ≤ −t) = P(Z ≥ t) = a^t/(1+a) for t ≥ 1
-        below = (a ** (c - self.lo + 1)) / (1 + a) if c >= self.lo else 1.0
-        above = (a ** (self.hi - c + 1)) / (1 + a) if c <= self.hi else 1.0
-        pmf[0] += below
-        pmf[-1] += above
+        pmf[0] += a ** (c - self.lo + 1) / (1 + a)  # P(Z < lo − c)
+        pmf[-1] += a ** (self.hi - c + 1) / (1 + a)  # P(Z > hi − c)
         return pmf / pmf.sum()
 
 

@@ -94,11 +94,13 @@ def test_count_mechanisms_and_generator_respect_both_bounds() -> None:
                 assert not ev.flagged
 
 
-def test_laplace_count_and_staircase_attain_the_sharp_bound() -> None:
+def test_laplace_counts_and_staircase_attain_the_sharp_bound() -> None:
     for eps in EPS:
         for k in KS:
             if k % 2 == 0:
                 assert LaplaceCount(eps).tv(0, k) == pytest.approx(group_tv_bound(k, eps))
+            assert check_pair(DiscreteLaplaceCount(eps), [20], [20 + k], k).tv == \
+                pytest.approx(group_tv_bound(k, eps), rel=1e-9)
             st = StaircaseCount(eps, k)
             ev = check_pair(st, [0], [k], k)
             assert ev.tv == pytest.approx(group_tv_bound(k, eps), rel=1e-9)

@@ -26,8 +26,8 @@ p_c = Pr[A(S_c) ∈ E] of any event must satisfy p_{c+1} ≤ e^ε p_c and
 
 equal to tanh(kε/2) at k = 1 and strictly below it for k ≥ 2 (ε > 0). The bound is attained by
 :class:`StaircaseCount` (a Bernoulli whose success probability follows the extremal chain in a
-clipped support count), and for even k also by the continuous Laplace count of scale 1/ε, whose
-d_TV at distance k is 1 − e^{−kε/2}.
+clipped support count) and by the discrete Laplace count at every k, and for even k also by the
+continuous Laplace count of scale 1/ε, whose d_TV at distance k is 1 − e^{−kε/2}.
 
 Privacy contracts: the bound functions and evaluators read no private data (they evaluate known
 laws); each mechanism class states its own contract in its docstring. The mechanisms here are

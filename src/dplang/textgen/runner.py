@@ -263,15 +263,16 @@ def _make_guarantee(
     ``--clip``) is refused like a huge ``--epsilon``."""
     try:
         made = _make_guarantee_unchecked(req)
-    except (OverflowError, ZeroDivisionError) as exc:
-        raise GenerationError(f"the privacy calculation overflows ({exc}); lower --clip") from None
-    except ValueError as exc:
+        epsilon = made[0].epsilon
+    except (OverflowError, ZeroDivisionError, ValueError) as exc:
         if isinstance(exc, GenerationError):
             raise
-        raise GenerationError(str(exc).splitlines()[0]) from None
+        if req.clip is None:
+            raise GenerationError(str(exc).splitlines()[0]) from None
+        epsilon = math.inf  # a clip norm so large that its ρ overflows
     if req.clip is not None:
         try:
-            check_epsilon_limit(made[0].epsilon, f"--clip {req.clip:g}", req.delta)
+            check_epsilon_limit(epsilon, f"--clip {req.clip:g}", req.delta)
         except BudgetLimitError as exc:
             raise GenerationError(str(exc)) from None
     return made

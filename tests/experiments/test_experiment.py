@@ -274,6 +274,15 @@ def test_a_changed_generation_setting_is_refused_not_relabelled(setup, capsys):
     assert "prompt" in capsys.readouterr().err
     assert sorted(str(p) for p in out.rglob("*")) == before
     assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == spent
+    # --overwrite generates the changed cells anew: a new release, charged anew
+    cfg.write_text(_small(CONFIG).replace("max_tokens = 6", "max_tokens = 7"))
+    assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 0
+    assert capsys.readouterr().err.count("generating anew (--overwrite)") == 2
+    assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == spent + 1
+    for gen in out.glob("cells/*/gen.jsonl"):
+        assert all(json.loads(line)["num_tokens"] == 7 for line in gen.read_text().splitlines())
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    assert capsys.readouterr().err.count("done, skipped") == 2
 
 
 def test_a_changed_evaluation_setting_re_evaluates(setup, capsys):

@@ -41,6 +41,10 @@ def experiment(
     ),
     data: Path | None = typer.Option(
         None, "--data", help="The data file, instead of [data].path (e.g. from another clone)."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite",
+        help="Generate anew the cells this --out holds with other generation settings (new "
+        "releases, charged anew); without it they are refused."),
 ) -> None:
     """Run (or resume) a sweep over method, ε, B, k, τ and replicate; write tables and plots.
 
@@ -68,7 +72,7 @@ def experiment(
         with quiet_libraries(quiet):
             rows = run_experiment(cfg, out, _load_model, progress=say,
                                   report_only=report_only, ledger=ledger, dataset=dataset,
-                                  check_model=_check_model)
+                                  check_model=_check_model, overwrite=overwrite)
     except BudgetExceeded as exc:
         fail(str(exc), code=3)
     except (ConfigError, GenerationError, ReferenceDataError, ReleaseError, LedgerError,

@@ -27,6 +27,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -181,25 +182,31 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
 
 
-def _cell_state(cell_dir: Path, spec: dict[str, Any]) -> str:
+def _cell_state(cell_dir: Path, spec: dict[str, Any], overwrite: bool = False) -> str:
     """``new`` (nothing there), ``same``, ``re-evaluate`` (the generation is the one the config
-    asks for, the evaluation settings changed); raises :class:`ConfigError` when the
-    generation there was made with other settings (or by an older dplang that recorded none):
-    rerunning would relabel old numbers with the new configuration."""
+    asks for, the evaluation settings changed) or, with ``overwrite``, ``changed`` (to be
+    generated anew). Without ``overwrite`` a generation made with other settings (or by an
+    older dplang that recorded none) raises :class:`ConfigError`: rerunning would relabel old
+    numbers with the new configuration."""
     if not cell_dir.exists():
         return "new"
     stored = _read_spec(cell_dir / CELL_SPEC)
     if stored is None:
         if not any((cell_dir / name).exists() for name in ("gen.jsonl", "eval")):
             return "new"
+        if overwrite:
+            return "changed"
         raise ConfigError(f"{cell_dir} records no configuration (made by an older dplang); "
-                          "its results cannot be checked against this config: use a new --out")
+                          "its results cannot be checked against this config: use a new --out "
+                          "(or --overwrite to generate it anew, a new charge)")
     diff = _differences(stored.get("generation"), spec["generation"])
     if diff:
+        if overwrite:
+            return "changed"
         shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
         raise ConfigError(f"cell {cell_dir.name} in this --out was generated with other "
-                          f"settings ({shown}); use a new --out (a new generation is a new "
-                          "release) or restore the config")
+                          f"settings ({shown}); use a new --out, restore the config, or "
+                          "--overwrite to generate it anew (a new release, charged anew)")
     return "same" if stored.get("evaluation") == spec["evaluation"] else "re-evaluate"
 
 
@@ -210,7 +217,8 @@ def count_rows(config: ExperimentConfig) -> int:
 
 
 def preflight(config: ExperimentConfig, out_dir: Path, ledger: Path | None,
-              dataset: str | None, check_model: Callable[[str], None] | None = None
+              dataset: str | None, check_model: Callable[[str], None] | None = None,
+              overwrite: bool = False,
               ) -> tuple[str, dict[str, dict[str, Any]], dict[str, str]]:
     """Check the whole sweep before anything is written, loaded or charged: the output
     folder, the ledger, the model spec, every private cell's request (parameters, budget
@@ -253,20 +261,20 @@ def preflight(config: ExperimentConfig, out_dir: Path, ledger: Path | None,
                     f"need {need} references but [data].references holds {available} rows")
     digest = file_digest(config.data_path)
     specs = {c.key: cell_spec(config, c, digest) for c in config.cells}
-    states = {c.key: _cell_state(out_dir / "cells" / c.key, specs[c.key])
+    states = {c.key: _cell_state(out_dir / "cells" / c.key, specs[c.key], overwrite)
               for c in config.cells}
     return digest, specs, states
 
 
 def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
-              load_model: Callable[[str], LogitsModel], ledger: Path | None, dataset: str
-              ) -> tuple[Path, dict[str, Any]]:
+              load_model: Callable[[str], LogitsModel], ledger: Path | None, dataset: str,
+              overwrite: bool = False) -> tuple[Path, dict[str, Any]]:
     """Generate one cell; returns the output and its timing: ``gen_seconds`` (wall clock) and
     ``cpu_seconds`` (CPU time of this process over all threads, which a paused or contended
     run does not inflate), plus ``resumed: True`` when an interrupted generation was continued
     (its times then cover the continuation only). The model is loaded before the clocks start."""
     out = cell_dir / "gen.jsonl"
-    resumed = out.exists() and out.stat().st_size > 0
+    resumed = not overwrite and out.exists() and out.stat().st_size > 0
     model = load_model(config.model)
     start, cpu_start = time.time(), time.process_time()
 
@@ -285,7 +293,7 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
             generate_public_texts(model, template, labels, config.max_tokens,
                                   cell.temperature, cell.top_k, seed, out)
         return out, timing()
-    request = _request(config, cell, refs, out, ledger, dataset)
+    request = replace(_request(config, cell, refs, out, ledger, dataset), overwrite=overwrite)
     plan = plan_generation(request, load_model)
     execute_plan(plan)
     return out, timing()
@@ -366,6 +374,7 @@ def run_experiment(
     ledger: Path | None = None,
     dataset: str | None = None,
     check_model: Callable[[str], None] | None = None,
+    overwrite: bool = False,
 ) -> list[dict[str, Any]]:
     """Run every cell not yet finished, then write results.csv / results.md / plots.
 
@@ -374,8 +383,9 @@ def run_experiment(
     loaded or charged, under a lock on ``out_dir`` (a second process is refused). A finished
     cell whose recorded configuration matches is skipped; one whose evaluation settings
     changed is re-evaluated (no privacy cost); one generated with other generation settings
-    is refused. With ``report_only`` nothing is generated: the results cover the finished
-    cells only (the state of a long sweep).
+    is refused, or with ``overwrite`` generated anew (a new release: charged; its old files
+    are replaced once the new generation is charged). With ``report_only`` nothing is
+    generated: the results cover the finished cells only (the state of a long sweep).
 
     Privacy contract: each private cell is a release of the references, charged before its
     output to ``ledger`` (default: the user's ledger) under ``dataset`` (default
@@ -386,7 +396,8 @@ def run_experiment(
 
     say = progress or (lambda _msg: None)
     with RunLock(out_dir):
-        digest, specs, states = preflight(config, out_dir, ledger, dataset, check_model)
+        digest, specs, states = preflight(config, out_dir, ledger, dataset, check_model,
+                                          overwrite)
         name = dataset_name(config.data_path, dataset or config.dataset)
         out_dir.mkdir(parents=True, exist_ok=True)
         refs, real = (None, None) if report_only else split_data(config, out_dir, digest)
@@ -417,16 +428,22 @@ def run_experiment(
             else:
                 assert refs is not None and real is not None
                 new = state == "new"
-                if state == "re-evaluate":
+                if state in ("re-evaluate", "changed"):
                     metrics_path.unlink(missing_ok=True)  # never a stale "done" marker
+                if state == "changed":
+                    timing_path.unlink(missing_ok=True)
+                    if cell.method == "public":  # no release: nothing to charge first
+                        (cell_dir / "gen.jsonl").unlink(missing_ok=True)
                 cell_dir.mkdir(parents=True, exist_ok=True)
                 write_json(cell_dir / CELL_SPEC, specs[cell.key], private=True)
-                say(f"{tag}: " + ("generating" if new or not (cell_dir / "gen.jsonl").exists()
+                say(f"{tag}: " + ("generating anew (--overwrite)" if state == "changed"
+                                   else "generating" if new
+                                   or not (cell_dir / "gen.jsonl").exists()
                                    else "evaluation settings changed, re-evaluating"
                                    if state == "re-evaluate" else "resuming"))
                 try:
                     gen, timing = _generate(config, cell, refs, cell_dir, generation_model,
-                                            ledger, name)
+                                            ledger, name, overwrite=state == "changed")
                 except BaseException:
                     if new and not (cell_dir / "gen.jsonl").exists():
                         _remove_empty_cell(cell_dir)  # a cell that never started leaves nothing

@@ -16,20 +16,21 @@ import pytest
 
 from dplang.release import RunLock, RunLocked, lock_path_for
 
-#: Runs ``dplang`` with the toy model, each decode step slowed down so that a run lasts a few
-#: seconds (the other process can meet it while it writes).
+#: Runs ``dplang`` with the toy model whose decode steps wait until the file ``argv[1]``
+#: exists ("-": no waiting), so that the test decides when a run may go on.
 RUNNER = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     import dplang.cli.generate as gen_cli
     from dplang.cli.app import main
     from dplang.models import ToyModel
 
-    class Slow(ToyModel):
+    class Gated(ToyModel):
         def next_hidden(self, state, tokens):
-            time.sleep(float(sys.argv[1]))
+            while sys.argv[1] != "-" and not os.path.exists(sys.argv[1]):
+                time.sleep(0.02)
             return super().next_hidden(state, tokens)
 
-    model = Slow(vocab_size=30, eos_after=None)
+    model = Gated(vocab_size=30, eos_after=None)
     gen_cli._load_model = lambda spec, dtype="float32": model
     sys.exit(main(sys.argv[2:]))
 """)
@@ -41,12 +42,12 @@ def _env(tmp: Path) -> dict[str, str]:
             "DPLANG_LEDGER": str(tmp / "ledger.sqlite")}
 
 
-def _start(tmp: Path, out: Path, delay: float) -> subprocess.Popen[str]:
+def _start(tmp: Path, out: Path, gate: str) -> subprocess.Popen[str]:
     data = tmp / "d.csv"
     if not data.exists():
         data.write_text("text\n" + "\n".join(f"review {i} was fine" for i in range(12)) + "\n")
         (tmp / "runner.py").write_text(RUNNER)
-    args = [sys.executable, str(tmp / "runner.py"), str(delay), "generate", "--data", str(data),
+    args = [sys.executable, str(tmp / "runner.py"), gate, "generate", "--data", str(data),
             "--out", str(out), "--epsilon", "3", "-B", "3", "-T", "12", "-G", "1",
             "--seed", "5", "-q"]
     return subprocess.Popen(args, env=_env(tmp), stdout=subprocess.PIPE,
@@ -69,16 +70,18 @@ def _groups(out: Path) -> list[int]:
 
 def test_a_second_process_is_refused_while_the_first_writes(tmp_path):
     out = tmp_path / "runs" / "x.jsonl"
-    first = _start(tmp_path, out, delay=0.5)
+    gate = tmp_path / "go"
+    first = _start(tmp_path, out, str(gate))
     try:
-        _wait_for(out, first)  # it holds the lock and has opened its output
-        second = _start(tmp_path, out, delay=0.0)
+        _wait_for(out, first)  # it holds the lock, has opened its output and waits
+        second = _start(tmp_path, out, "-")
         _stdout, err = second.communicate(timeout=300)
         assert second.returncode == 2, err
         assert err.startswith("error: ") and err.count("\n") == 1
         assert "being written by another dplang process" in err and "Traceback" not in err
         assert f"pid {first.pid}" in err
     finally:
+        gate.write_text("go")
         _stdout, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     assert _groups(out) == [0, 1, 2, 3]  # every group once
@@ -87,12 +90,12 @@ def test_a_second_process_is_refused_while_the_first_writes(tmp_path):
 
 def test_a_lock_left_by_kill_9_is_harmless(tmp_path):
     out = tmp_path / "x.jsonl"
-    first = _start(tmp_path, out, delay=0.3)
+    first = _start(tmp_path, out, str(tmp_path / "never"))
     _wait_for(out, first)
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=60)
     assert lock_path_for(out).exists()  # left behind, but nobody holds it
-    again = _start(tmp_path, out, delay=0.0)
+    again = _start(tmp_path, out, "-")
     _stdout, err = again.communicate(timeout=300)
     assert again.returncode == 0, err
     assert _groups(out) == [0, 1, 2, 3]  # resumed after the finished groups, none twice

@@ -76,6 +76,7 @@ class Row:
 
 
 MASTER = 1000  # candidates in the master list; a configuration with m uses the first m
+FIXED_LIST = 100  # the candidates evaluated in the EmitRate-vs-m sweep, whatever m
 
 
 def supports_for(n: int, m: int, streams: RandomStreams) -> np.ndarray:
@@ -90,13 +91,16 @@ def supports_for(n: int, m: int, streams: RandomStreams) -> np.ndarray:
 
 def simulate(family: str, n: int, m: int, eps: float, beta: float, theta: float, runs: int,
              streams: RandomStreams, index: int, bonferroni: bool = False,
-             ) -> tuple[Row, np.ndarray, np.ndarray]:
+             list_size: int | None = None) -> tuple[Row, np.ndarray, np.ndarray]:
+    """One configuration. The budget is split over m tests (ε₀ = ε/m); the candidates
+    evaluated are the first m of the master list, or, with ``list_size``, always the first
+    ``list_size`` (a fixed list, so that a sweep over m changes only ε₀ and τ)."""
     t0 = time.time()
     cfg = FilterConfig(epsilon=eps, beta=beta, theta=theta, noise=family, delta=1e-5,
                        bonferroni=bonferroni)
     test, _ = calibrate(cfg, m, n)
-    counts = supports_for(n, m, streams)
-    noise = test.sample_array(streams.generator(index, 1), (runs, m))
+    counts = supports_for(n, list_size or m, streams)
+    noise = test.sample_array(streams.generator(index, 1), (runs, counts.size))
     emitted = test.emits_array(counts[None, :], noise, theta)
     f = counts / n
     iv = theorem_5_2_interval(f, theta, test.tau, test.beta)
@@ -110,7 +114,7 @@ def simulate(family: str, n: int, m: int, eps: float, beta: float, theta: float,
               exact_expected_emit_rate(counts, test, theta), emit_rate(emitted),
               1.96 * per_run.std(ddof=1) / math.sqrt(runs),
               unsupported_emit(emitted, f, theta), u_hi, false_emission(emitted, f, theta),
-              math.sqrt(sum(g * (1 - g) for g in probs)) / m / math.sqrt(runs),
+              math.sqrt(sum(g * (1 - g) for g in probs)) / counts.size / math.sqrt(runs),
               time.time() - t0)
     return row, emitted, counts
 
@@ -196,7 +200,8 @@ def sweep_plots(out_dir: Path, rows_eps: list[Row], rows_m: list[Row], rows_all:
     import matplotlib.pyplot as plt
 
     for rows, key, name, xlabel in ((rows_eps, "eps", "reports_emitrate_vs_eps.png", "ε total"),
-                                    (rows_m, "m", "reports_emitrate_vs_m.png", "m candidates")):
+                                    (rows_m, "m", "reports_emitrate_vs_m.png",
+                                     "m (tests the budget ε is split over)")):
         fig, ax = plt.subplots(figsize=(6, 4))
         x = np.array([getattr(r, key) for r in rows], dtype=float)
         ax.fill_between(x, [r.lo for r in rows], [r.hi for r in rows], alpha=0.25,
@@ -208,8 +213,9 @@ def sweep_plots(out_dir: Path, rows_eps: list[Row], rows_m: list[Row], rows_all:
         ax.set_xlabel(xlabel)
         ax.set_ylabel("EmitRate")
         r0 = rows[0]
-        fixed = (f"n={r0.n}, m={r0.m}" if key == "eps" else f"n={r0.n}, ε={r0.eps:g}")
-        ax.set_title(f"{r0.family}, {fixed}, β={r0.beta}, θ={r0.theta}")
+        fixed = (f"n={r0.n}, m={r0.m}" if key == "eps" else
+                 f"n={r0.n}, ε={r0.eps:g}, the same {FIXED_LIST} candidates at ε₀ = ε/m")
+        ax.set_title(f"{r0.family}, {fixed}, β={r0.beta}, θ={r0.theta}", fontsize=8)
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out_dir / name, dpi=110)
@@ -294,10 +300,14 @@ def main() -> None:
 
     rows_eps = [simulate("discrete-laplace", 1268, 100, e, 0.05, 0.05, args.runs, streams,
                          300 + i)[0] for i, e in enumerate((0.3, 1, 3, 10, 30, 100))]
+    # the candidates are held fixed (the first FIXED_LIST of the master list) while m, the
+    # number of tests the budget is split over, varies: the plot isolates m (ε₀ = ε/m, τ)
     rows_m = [simulate("discrete-laplace", 1268, m, 10.0, 0.05, 0.05, args.runs, streams,
-                       400 + i)[0] for i, m in enumerate((5, 10, 20, 50, 100, 200, 500, 1000))]
+                       400 + i, list_size=FIXED_LIST)[0]
+              for i, m in enumerate((5, 10, 20, 50, 100, 200, 500, 1000))]
     sweep_plots(args.out_dir, rows_eps, rows_m, rows)
-    print("## EmitRate vs ε (n=1268, m=100) and vs m (n=1268, ε=10)\n")
+    print(f"## EmitRate vs ε (n=1268, m=100) and vs m (n=1268, ε=10; the same {FIXED_LIST} "
+          "candidates evaluated at every m, ε₀ = ε/m)\n")
     print(table(rows_eps + rows_m))
     print("\n## Emission curve g(f): exact vs empirical\n")
     print(emission_curves(args.out_dir, streams, args.draws))

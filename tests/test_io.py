@@ -318,3 +318,23 @@ def test_demo_corpus() -> None:
     assert all(1 <= o["text"].count(".") + o["text"].count("!") <= 3 for o in objs)
     records, stats = load_references(path, columns=("stars",))
     assert len(records) == 42 and stats.used == 42 and not stats.skipped_by_reason
+
+
+@pytest.mark.parametrize("ext,delim", [(".csv", ","), (".tsv", "\t")])
+def test_unbalanced_quote_is_refused(tmp_path: Path, ext: str, delim: str) -> None:
+    """A quoted field that is never closed would swallow the rest of the file as one
+    reference: the file is not valid CSV (outside the input domain) and is refused, naming the
+    line where the quote opened, even when a row limit stops reading at that row."""
+    path = tmp_path / f"q{ext}"
+    path.write_text(f"text{delim}label\nfine{delim}a\n\"broken start{delim}b\nmore\nlast\n")
+    with pytest.raises(ReferenceDataError, match="line 3: a quoted field") as info:
+        load_references(path, columns=("label",))
+    assert "\n" not in str(info.value)
+    with pytest.raises(ReferenceDataError, match="line 3"):
+        load_references(path, limit=2)
+    assert [r.text for r in load_references(path, limit=1)[0]] == ["fine"]
+    # a quoted field over several lines that is closed is fine, with or without a final newline
+    for tail in ("", "\n"):
+        ok = tmp_path / f"ok{ext}"
+        ok.write_text(f'text\nfine\n"quoted\nover lines"\nlast{tail}')
+        assert [r.text for r in load_references(ok)[0]] == ["fine", "quoted\nover lines", "last"]

@@ -224,6 +224,18 @@ def _decoded_lines(
             ) from None
 
 
+#: Python refuses to convert integers of more digits than this (sys.int_info); JSON allows them.
+_MAX_INT_DIGITS = 4000
+
+
+def _parse_int(digits: str) -> int | float:
+    """A JSON integer; one too long for Python is read as a float (inf when it overflows), so a
+    record holding one is a non-string value like any number, never an exception."""
+    if len(digits) > _MAX_INT_DIGITS:
+        return float(digits)
+    return int(digits)
+
+
 def iter_json_objects(
     path: str | Path, error: type[Exception] | None = None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -239,11 +251,13 @@ def iter_json_objects(
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(line, parse_int=_parse_int)
             except json.JSONDecodeError as exc:
                 raise fail(
                     f"{path}: line {lineno}: invalid JSON ({exc.msg} at column {exc.colno})"
                 ) from None
+            except RecursionError:
+                raise fail(f"{path}: line {lineno}: JSON nested too deeply") from None
             if not isinstance(obj, dict):
                 raise fail(
                     f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}"
@@ -276,6 +290,13 @@ def _raise_csv_field_limit() -> None:
         _CSV_FIELD_LIMIT_SET = True
 
 
+#: Fed to the csv reader after the file's last line: if the reader is still inside a quoted
+#: field at the end of the file, the marker ends up inside that field (an unbalanced quote);
+#: otherwise it forms a row of its own, which is dropped. It contains a NUL and random-looking
+#: text, so no data can hold it.
+_EOF_MARKER = "\x00dplang-end-of-file-7c3e9a1f\x00"
+
+
 def _rows_delimited(
     path: Path, delimiter: str, text_column: str, columns: Sequence[str]
 ) -> Iterator[tuple[Any, dict[str, Any]]]:
@@ -285,21 +306,41 @@ def _rows_delimited(
         current = [0]
 
         def feed() -> Iterator[str]:
+            last = ""
             for lineno, line in lines:
                 current[0] = lineno
+                last = line
                 yield line
+            if last and not last.endswith(("\n", "\r")):
+                yield "\n"  # so the marker cannot join the last line's last field
+            yield _EOF_MARKER + "\n"
 
         reader = csv.reader(feed(), delimiter=delimiter)
+        row_start = [1]
+
+        def rows() -> Iterator[list[str]]:
+            for row in reader:
+                if row == [_EOF_MARKER]:
+                    return
+                if any(_EOF_MARKER in cell for cell in row):
+                    raise ReferenceDataError(
+                        f"{path}: line {row_start[0]}: a quoted field opened on this line is "
+                        "never closed (unbalanced \"); it would swallow the rest of the file as "
+                        'one value: fix the quoting (a literal " inside a quoted field is "")')
+                yield row
+                row_start[0] = current[0] + 1
+
         try:
-            header = next(reader, None)
+            parsed = rows()
+            header = next(parsed, None)
             while header is not None and not any(h.strip() for h in header):
-                header = next(reader, None)  # leading blank lines
+                header = next(parsed, None)  # leading blank lines
             if header is None:
                 raise ReferenceDataError(f"{path}: empty file (no header row)")
             _check_columns(path, header, text_column, columns)
             text_pos = header.index(text_column)
             label_pos = {c: header.index(c) for c in columns}
-            for row in reader:
+            for row in parsed:
                 if not row:
                     continue  # a completely empty line is not a row in CSV
                 text = row[text_pos] if text_pos < len(row) else None
@@ -309,17 +350,34 @@ def _rows_delimited(
             raise ReferenceDataError(f"{path}: line {current[0]}: malformed CSV ({exc})") from None
 
 
+def _unicode_text(path: Path, lineno: int, value: Any) -> Any:
+    """``value``, refused when it is a string that is not Unicode text: a JSON escape such as
+    ``"\\ud800"`` decodes to a lone surrogate, which no UTF-8 file can hold (the same domain
+    rule as undecodable bytes)."""
+    text = value if isinstance(value, str) else (
+        json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else None)
+    if text is not None:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ReferenceDataError(
+                f"{path}: line {lineno}: a string holds an unpaired surrogate escape (not "
+                "Unicode text)") from None
+    return value
+
+
 def _rows_jsonl(
     path: Path, text_column: str, columns: Sequence[str]
 ) -> Iterator[tuple[Any, dict[str, Any]]]:
     first = True
-    for _lineno, obj in iter_json_objects(path):
+    for lineno, obj in iter_json_objects(path):
         if first:
             # Columns are checked against the first object's keys (a later object may
             # still lack a key; its value then counts as missing).
             _check_columns(path, list(obj), text_column, columns)
             first = False
-        yield obj.get(text_column), {c: obj.get(c) for c in columns}
+        yield (_unicode_text(path, lineno, obj.get(text_column)),
+               {c: _unicode_text(path, lineno, obj.get(c)) for c in columns})
     if first:
         raise ReferenceDataError(f"{path}: empty file (no JSON objects)")
 

@@ -38,6 +38,7 @@ Library use::
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -47,7 +48,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 from . import __version__
 from .io import file_digest
@@ -64,9 +65,13 @@ __all__ = [
     "Charge",
     "Release",
     "ReleaseError",
+    "RunLock",
+    "RunLocked",
+    "check_output_path",
     "dataset_name",
     "fresh_seed",
     "fsync_dir",
+    "lock_path_for",
     "make_release_id",
     "write_atomic",
     "write_json",
@@ -166,6 +171,165 @@ class AppendLog:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Output paths and the run lock
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists (the folder a new output is created in)."""
+    current = path
+    while not os.path.lexists(current) and current != current.parent:
+        current = current.parent
+    return current
+
+
+def check_output_path(path: str | Path, *, what: str = "--out", directory: bool = False) -> None:
+    """Refuse (one-line :class:`ReleaseError`), before anything runs, an output that cannot be
+    written: an existing path of the wrong kind (a folder where a file goes, or the reverse),
+    an existing file that is not writable, or a path whose folder cannot be created because an
+    ancestor is a file or not writable. Creates nothing."""
+    path = Path(path)
+    if os.path.lexists(path):
+        if directory and not path.is_dir():
+            raise ReleaseError(f"{what} {path} is an existing file, not a folder")
+        if not directory and path.is_dir():
+            raise ReleaseError(f"{what} {path} is an existing folder, not a file")
+        if not os.access(path, os.W_OK):
+            raise ReleaseError(f"{what} {path} is not writable")
+        return
+    ancestor = _nearest_existing(path.parent)
+    if not ancestor.is_dir():
+        raise ReleaseError(f"{what} {path} cannot be created: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ReleaseError(f"{what} {path} cannot be created: {ancestor} is not writable")
+
+
+def lock_path_for(out: str | Path) -> Path:
+    """``runs/x.jsonl`` → ``runs/.x.jsonl.lock``: the lock file of a run writing ``out``."""
+    out = Path(out)
+    return out.with_name(f".{out.name}.lock")
+
+
+class RunLocked(ReleaseError):
+    """Another process holds the lock on this output (one-line message)."""
+
+
+class RunLock:
+    """An exclusive lock on one run's output, so that two processes never write it together.
+
+    The lock is :func:`fcntl.flock` on a lock file beside the output (:func:`lock_path_for`),
+    taken without waiting: a second process is refused at once with :class:`RunLocked`. The
+    kernel drops a flock when its process ends, however it ends (``kill -9`` included), so a
+    lock file left by a crash is harmless: the next run takes it. A released lock removes its
+    file, and the folders it had to create for it when they are still empty, so a run that
+    stops before writing anything leaves nothing behind.
+
+    Re-entrant within a process: the command line takes the lock before the (slow) model load
+    and the library takes it again around the charge and the writes."""
+
+    _held: ClassVar[dict[str, list[Any]]] = {}
+
+    def __init__(self, out: str | Path, *, what: str = "--out") -> None:
+        self.out = Path(out)
+        self.path = lock_path_for(self.out)
+        self.what = what
+        self._key = str(self.path.absolute())
+        self._acquired = False
+
+    def acquire(self) -> RunLock:
+        """Take the lock (or join this process's hold on it); raises :class:`RunLocked`."""
+        held = RunLock._held.get(self._key)
+        if held is not None:
+            held[1] += 1
+            self._acquired = True
+            return self
+        created: list[Path] = []
+        folder = self.path.parent
+        while not folder.exists():
+            created.append(folder)
+            folder = folder.parent
+        for d in reversed(created):
+            try:
+                d.mkdir()
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                self._remove_dirs(created)
+                raise ReleaseError(f"{self.what} {self.out}: cannot create {d} ({exc.strerror})"
+                                   ) from None
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, PRIVATE_MODE)
+            except OSError as exc:
+                self._remove_dirs(created)
+                raise ReleaseError(f"{self.what} {self.out}: cannot create the lock file "
+                                   f"{self.path} ({exc.strerror})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = _read_pid(fd)
+                os.close(fd)
+                raise RunLocked(
+                    f"{self.out} is being written by another dplang process"
+                    + (f" (pid {holder})" if holder else "")
+                    + f"; wait for it to finish or choose another {self.what}") from None
+            # a holder that released in between may have unlinked the file we opened
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        RunLock._held[self._key] = [fd, 1, created]
+        self._acquired = True
+        return self
+
+    def release(self) -> None:
+        """Give up this hold; the last one unlocks, removes the lock file and the folders
+        created for it that are still empty."""
+        if not self._acquired:
+            return
+        self._acquired = False
+        held = RunLock._held.get(self._key)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] > 0:
+            return
+        del RunLock._held[self._key]
+        fd, _depth, created = held
+        try:
+            self.path.unlink(missing_ok=True)  # while still holding the lock
+        finally:
+            os.close(fd)
+        self._remove_dirs(created)
+
+    @staticmethod
+    def _remove_dirs(created: list[Path]) -> None:
+        for d in created:  # deepest first
+            try:
+                d.rmdir()
+            except OSError:
+                break
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+
+def _read_pid(fd: int) -> str:
+    try:
+        return os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
 
 
 # ---------------------------------------------------------------------------------------------

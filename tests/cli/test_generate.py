@@ -32,11 +32,11 @@ def run(capsys, *args):
     return code, out.out, out.err
 
 
-def base_args(data, out, *extra):
+def base_args(data, out, *extra, quiet=True):
     template = custom_template(data.parent)
     return ["--data", str(data), "--out", str(out), "--epsilon", "10", "--batch-size", "3",
             "--max-tokens", "5", "--top-k", "4", "--seed", "1", "--prompt", str(template),
-            "--quiet", *extra]
+            *(["--quiet"] if quiet else []), *extra]
 
 
 def custom_template(tmp_path):
@@ -49,7 +49,7 @@ def test_generate_writes_records_and_manifest(tmp_path, capsys, toy):
     data = write_csv(tmp_path / "d.csv", 10, blank_at=(4,))
     out = tmp_path / "runs" / "x.jsonl"
     code, stdout, err = run(capsys, *base_args(data, out, "--prompt",
-                                                str(custom_template(tmp_path))))
+                                                str(custom_template(tmp_path)), quiet=False))
     assert code == 0, err
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(r["group"] for r in recs) == [0, 1, 2]  # ⌊10/3⌋
@@ -289,7 +289,8 @@ def test_dataset_names_key_the_budget(tmp_path, capsys, toy):
 def test_baselines_through_the_cli(tmp_path, capsys, toy, method, extra, mechanism, ex_ante):
     data = write_csv(tmp_path / "d.csv", 9)
     out = tmp_path / f"{method}.jsonl"
-    code, stdout, err = run(capsys, *base_args(data, out, "--method", method, *extra))
+    code, stdout, err = run(capsys, *base_args(data, out, "--method", method, *extra,
+                                               quiet=False))
     assert code == 0, err
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(recs) == 3 and all(r["method"] == method for r in recs)

@@ -49,6 +49,7 @@ def setup(tmp_path, monkeypatch):
         return model
 
     monkeypatch.setattr(exp_cli, "_load_model", load)
+    monkeypatch.setattr(exp_cli, "_check_model", lambda spec: None)  # "toy" is no model path
     return tmp_path, calls
 
 
@@ -232,3 +233,143 @@ def test_seeds_and_replicates(tmp_path):
     cfg.write_text(CONFIG.replace("public_baseline = true", "replicates = 0"))
     with pytest.raises(ConfigError, match="replicates"):
         load_config(cfg)
+
+
+def _small(config: str) -> str:
+    """One private cell and the public one (fast)."""
+    return (config.replace("epsilon = [1, 10]", "epsilon = [10]")
+            .replace("top_k = [3, 5]", "top_k = [3]"))
+
+
+def test_a_changed_generation_setting_is_refused_not_relabelled(setup, capsys):
+    """Issue 14: the cell key covers everything that determines the result. Rerunning into
+    the same --out with another max_tokens (or other rows, model, dtype, prompt file...)
+    refuses, naming what changed, before any model loads; nothing is charged or written."""
+    from dplang.privacy.ledger import PrivacyLedger
+
+    tmp, calls = setup
+    cfg = tmp / "exp.toml"
+    cfg.write_text(_small(CONFIG))
+    out = tmp / "out"
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    capsys.readouterr()
+    spent = PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases
+    before = sorted(str(p) for p in out.rglob("*"))
+    for old, new, needle in (("max_tokens = 6", "max_tokens = 7", "max_tokens: 6 → 7"),
+                             ("references = [0, 60]", "references = [0, 50]", "references"),
+                             ('model = "toy"', 'model = "toy2"', "model"),
+                             ("concurrent_groups = 4",
+                              'concurrent_groups = 4\ndtype = "bfloat16"', "dtype")):
+        cfg.write_text(_small(CONFIG).replace(old, new))
+        calls.clear()
+        code = main(["experiment", str(cfg), "--out", str(out)])
+        err = capsys.readouterr().err
+        assert code == 2 and needle in err and "new --out" in err, err
+        assert err.count("\n") == 1 and not calls
+    # a changed template file is a changed prompt
+    cfg.write_text(_small(CONFIG))
+    (tmp / "template.toml").write_text(
+        'private = "Text: {reference}\\nAnother text:"\npublic = "Another text:"\n')
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 2
+    assert "prompt" in capsys.readouterr().err
+    assert sorted(str(p) for p in out.rglob("*")) == before
+    assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == spent
+    # --overwrite generates the changed cells anew: a new release, charged anew
+    cfg.write_text(_small(CONFIG).replace("max_tokens = 6", "max_tokens = 7"))
+    assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 0
+    assert capsys.readouterr().err.count("generating anew (--overwrite)") == 2
+    assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == spent + 1
+    for gen in out.glob("cells/*/gen.jsonl"):
+        assert all(json.loads(line)["num_tokens"] == 7 for line in gen.read_text().splitlines())
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    assert capsys.readouterr().err.count("done, skipped") == 2
+
+
+def test_a_changed_evaluation_setting_re_evaluates(setup, capsys):
+    """Evaluation settings are part of the key too, but they cost no privacy: the cells are
+    re-evaluated with the new settings (nothing regenerated, nothing charged)."""
+    from dplang.privacy.ledger import PrivacyLedger
+
+    tmp, _calls = setup
+    cfg = tmp / "exp.toml"
+    cfg.write_text(_small(CONFIG))
+    out = tmp / "out"
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    gen = {p: p.read_bytes() for p in out.glob("cells/*/gen.jsonl")}
+    spent = PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases
+    cfg.write_text(_small(CONFIG).replace('metrics = ["mauve", "topk"]', 'metrics = ["topk"]'))
+    capsys.readouterr()
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("re-evaluating") == 2 and "done, skipped" not in err
+    for path in out.glob("cells/*/eval/metrics.json"):
+        assert "mauve" not in json.loads(path.read_text())["runs"][0]
+    assert {p: p.read_bytes() for p in out.glob("cells/*/gen.jsonl")} == gen
+    assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == spent
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    assert capsys.readouterr().err.count("done, skipped") == 2
+    # a cell folder without its configuration record (an older dplang) is refused
+    (next(out.glob("cells/invisibleink*")) / "cell.private.json").unlink()
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 2
+    assert "older dplang" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (("[generation]", "[generation]\nfoo = 1"), "[generation].foo"),
+    (("[data]", "[data]\ncolumn = 'text'"), "[data].column"),
+    (('name = "toy-sweep"', 'name = "toy-sweep"\nextra = true'), "unknown key extra"),
+    (("max_tokens = 6", 'max_tokens = "six"'), "[generation].max_tokens"),
+    (("epsilon = [1, 10]", "epsilon = [1, 1e308]"), "ε ≤ 100"),
+    (("metrics = [\"mauve\", \"topk\"]", "metrics = [\"bleu\"]"), "[evaluation].metrics"),
+])
+def test_config_values_are_checked_by_name(tmp_path, edit, needle):
+    (tmp_path / "data.csv").write_text("text\na\n")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CONFIG.replace(*edit))
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("old", "new", "needle"), [
+    ("batch_size = [2]", "batch_size = [2, 200]", "need 4000 references"),
+    ("real = [60, 90]", "real = [60, 200]", "has 100 data rows"),
+    ("num = 20", "num = 31", "need 62 references"),
+    ('prompt = "template.toml"', 'prompt = "yelp"', "--group-by"),
+])
+def test_every_cell_is_checked_before_any_model_loads(setup, capsys, old, new, needle):
+    """A bad cell anywhere in the sweep fails the run before the first model load: no cell
+    folder, no data copy, no charge (today a bad config failed after a load, five times)."""
+    from dplang.privacy.ledger import PrivacyLedger
+
+    tmp, calls = setup
+    cfg = tmp / "exp.toml"
+    cfg.write_text(CONFIG.replace(old, new))
+    out = tmp / "out"
+    code = main(["experiment", str(cfg), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and err.count("\n") == 1, err
+    assert not calls and not out.exists()
+    assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == 0
+
+
+def test_shipped_configs_load_and_resolve_from_a_clone(tmp_path):
+    """experiments/*.toml have only known keys, valid values and a data path that resolves
+    from a clone of the repository that sits beside shared/ (as DESIGN.md lays it out)."""
+    import shutil
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    clone = tmp_path / "clone"
+    shutil.copytree(repo / "experiments", clone / "experiments")
+    (clone / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    data = tmp_path / "shared" / "data" / "yelp" / "dev.csv"
+    data.parent.mkdir(parents=True)
+    data.write_text("text,label1,label2\nnice,a,b\n")
+    configs = sorted((clone / "experiments").glob("*.toml"))
+    shipped = [c for c in configs if "[data]" in c.read_text()]
+    assert len(shipped) >= 4
+    for path in shipped:
+        config = load_config(path)
+        assert config.data_path == data.resolve(), path.name
+        assert Path(config.prompt).is_file()

@@ -12,6 +12,7 @@ import torch
 
 from dplang.models import LogitsModel, load_default_model, resolve_model
 from dplang.models import default as default_module
+from dplang.models.default import ModelSpecError, check_model_spec
 
 pytestmark = pytest.mark.model
 
@@ -100,12 +101,33 @@ def test_second_load_uses_cache(gemma, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_resolve_model_errors(tmp_path) -> None:
-    with pytest.raises(FileNotFoundError, match="model not found"):
+    """Bad --model values are refused by check_model_spec, before anything loads."""
+    with pytest.raises(ModelSpecError, match="not found"):
         resolve_model(str(tmp_path / "missing"))
     not_gguf = tmp_path / "weights.txt"
     not_gguf.write_text("x")
-    with pytest.raises(ValueError):
+    with pytest.raises(ModelSpecError, match=r"\.gguf"):
         resolve_model(str(not_gguf))
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("not really")
+    with pytest.raises(ModelSpecError, match="GGUF header"):
+        resolve_model(str(fake))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelSpecError, match=r"config\.json"):
+        resolve_model(str(empty))
+    (empty / "config.json").write_text("{}")
+    with pytest.raises(ModelSpecError, match="no weights"):
+        check_model_spec(str(empty))
+    (empty / "model.safetensors.index.json").write_text(
+        '{"weight_map": {"a": "model-00001-of-00002.safetensors"}}')
+    with pytest.raises(ModelSpecError, match="no weights"):
+        check_model_spec(str(empty))
+    (empty / "model-00001-of-00002.safetensors").write_bytes(b"")
+    with pytest.raises(ModelSpecError, match="no tokenizer"):
+        check_model_spec(str(empty))
+    (empty / "tokenizer.json").write_text("{}")
+    check_model_spec(str(empty))  # complete on paper (loading it is another matter)
 
 
 @pytest.mark.slow

@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 from dplang.models import LogitsModel, TransformersModel, _rowwise
 from dplang.models._kernels import linear_product, pack_linear_weight
-from dplang.models.transformers import RowDecodeState, RowInvarianceError, _bitwise_equal
+from dplang.models.invariance import RowInvarianceError
+from dplang.models.invariance import bitwise_equal as _bitwise_equal
+from dplang.models.transformers import RowDecodeState
 
 PROMPTS = [
     "The food was great and the service was friendly, but the pasta was cold.",
@@ -409,7 +411,7 @@ def test_bfloat16_body_float32_logits(tiny_gemma_dir: Path) -> None:
 
 
 def test_dtype_resolution(monkeypatch: pytest.MonkeyPatch, tiny_llama_dir: Path) -> None:
-    from dplang.models import transformers as backend
+    from dplang.models import dtypes as backend
 
     assert backend.resolve_dtype("float32") == torch.float32
     assert backend.resolve_dtype("bfloat16") == torch.bfloat16

@@ -226,13 +226,20 @@ def test_reveal_or_obscure_release_path_keeps_the_uniform_branch(eps):
 
 
 def test_reveal_or_obscure_cli_at_huge_epsilon(tmp_path, capsys):
-    """ε ≥ 710 used to end in an OverflowError traceback; now it is an ordinary release."""
+    """ε ≥ 710 used to end in an OverflowError traceback. The library computes q stably at any
+    finite ε (above); the command line releases up to the documented limit ε = 100 and refuses
+    more (issue 14: a budget that means no privacy is not a private release)."""
     data = _categorical_csv(tmp_path / "d.csv", ["a", "b", "a", "c"])
     manifest = _sample_cli(capsys, data, tmp_path / "s.csv", "--columns", "cat", "--domain",
-                           "cat=a,b,c", "--epsilon", "1000", "--method", "reveal-or-obscure",
+                           "cat=a,b,c", "--epsilon", "100", "--method", "reveal-or-obscure",
                            "--force")
-    assert manifest["guarantee"]["epsilon"] == 1000
+    assert manifest["guarantee"]["epsilon"] == 100
     assert manifest["guarantee"]["details"]["mixing_probability"] > 0
+    code = main(["sample", "--data", str(data), "--out", str(tmp_path / "t.csv"), "--columns",
+                 "cat", "--domain", "cat=a,b,c", "--epsilon", "1000", "--method",
+                 "reveal-or-obscure", "--force"])
+    err = capsys.readouterr().err
+    assert code == 2 and "ε ≤ 100" in err and not (tmp_path / "t.csv").exists()
 
 
 def test_reveal_or_obscure_audit_at_large_epsilon():

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from dplang.textgen.prompts import (
     BUILTIN_TEMPLATES,
     DEFAULT_MAX_REFERENCE_TOKENS,
+    DEFAULT_TEMPLATE,
     SYSTEM_PROMPT,
     PromptTemplate,
     get_template,
@@ -20,7 +21,7 @@ from dplang.textgen.prompts import (
 
 YELP_LABELS = {"category": "Restaurants", "stars": "4.0"}
 RAW_YELP_LABELS = {"label1": "Business Category: Restaurants", "label2": "Review Stars: 4.0"}
-LABELS = {"yelp": YELP_LABELS, "tab": {}, "mimic": {}}
+LABELS = {"yelp": YELP_LABELS, "tab": {}, "mimic": {}, "generic": {}}
 
 
 def common_suffix(a: str, b: str) -> str:
@@ -34,8 +35,24 @@ ALL = [(name, chat) for name in BUILTIN_TEMPLATES for chat in (True, False)]
 
 
 def test_builtins_exist() -> None:
-    assert set(BUILTIN_TEMPLATES) == {"yelp", "tab", "mimic"}
+    assert set(BUILTIN_TEMPLATES) == {"generic", "yelp", "tab", "mimic"}
     assert DEFAULT_MAX_REFERENCE_TOKENS == 256
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_default_template_needs_no_label(chat: bool) -> None:
+    """The default works on any text column: no label slot, so no --group-by is needed."""
+    template = get_template(DEFAULT_TEMPLATE, chat=chat)
+    assert DEFAULT_TEMPLATE == "generic" and template.label_slots == ()
+    template.check_labels([])
+    assert "a review" in template.render("a review", {})
+
+
+def test_label_error_points_to_prompt_and_group_by() -> None:
+    with pytest.raises(ValueError) as info:
+        get_template("yelp", chat=False).check_labels([])
+    message = str(info.value)
+    assert "--group-by" in message and "--prompt generic" in message and "\n" not in message
 
 
 @pytest.mark.parametrize("name,chat", ALL)

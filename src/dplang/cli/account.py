@@ -7,7 +7,15 @@ import math
 
 import typer
 
-from ..privacy.accounting import invisibleink_budget
+from ..privacy.accounting import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
+    BudgetLimitError,
+    check_budget_limit,
+    check_epsilon_limit,
+    invisibleink_budget,
+)
 from .errors import fail
 
 ADJACENCY_CHOICES = ("replace-by-null", "zero-out")
@@ -16,20 +24,22 @@ ADJACENCY_CHOICES = ("replace-by-null", "zero-out")
 def validate_budget_flags(
     epsilon: float | None, rho: float | None, clip: float | None, delta: float
 ) -> None:
-    """Exactly one of --epsilon, --rho, --clip; each in range."""
+    """Exactly one of --epsilon, --rho, --clip; each in range (a budget above
+    :data:`~dplang.privacy.accounting.MAX_EPSILON` is refused)."""
     given = [name for name, v in (("--epsilon", epsilon), ("--rho", rho), ("--clip", clip))
              if v is not None]
     if len(given) != 1:
         fail("give exactly one of --epsilon, --rho or --clip"
              + (f" (got {', '.join(given)})" if given else ""))
-    if epsilon is not None and not (epsilon > 0 and math.isfinite(epsilon)):
-        fail(f"--epsilon must be > 0, got {epsilon}")
-    if rho is not None and not (rho > 0 and math.isfinite(rho)):
-        fail(f"--rho must be > 0, got {rho}")
-    if clip is not None and not (clip > 0 and math.isfinite(clip)):
-        fail(f"--clip must be > 0, got {clip}")
     if not 0 < delta < 1:
         fail(f"--delta must be in (0, 1), got {delta}")
+    try:
+        check_budget_limit(epsilon, name="--epsilon")
+        check_budget_limit(rho, name="--rho", kind="rho", delta=delta)
+    except BudgetLimitError as exc:
+        fail(str(exc))
+    if clip is not None and not (clip > 0 and math.isfinite(clip)):
+        fail(f"--clip must be finite and > 0, got {clip}")
 
 
 def validate_generation_flags(tokens: int, batch_size: int, temperature: float,
@@ -51,11 +61,13 @@ def account(
     clip: float | None = typer.Option(
         None, "--clip", help="Clip norm C instead of a budget: print the ε it implies."
     ),
-    tokens: int = typer.Option(..., "--tokens", "-T", help="Maximum tokens T per generation."),
+    tokens: int = typer.Option(DEFAULT_MAX_TOKENS, "--tokens", "--max-tokens", "-T",
+                               help="Maximum tokens T per generation."),
     batch_size: int = typer.Option(
-        ..., "--batch-size", "-B", help="Private references B per generation."
+        DEFAULT_BATCH_SIZE, "--batch-size", "-B", help="Private references B per generation."
     ),
-    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature τ."),
+    temperature: float = typer.Option(DEFAULT_TEMPERATURE, "--temperature",
+                                      help="Sampling temperature τ (generate's default)."),
     adjacency: str = typer.Option(
         "replace-by-null", "--adjacency", help="replace-by-null (default) or zero-out."
     ),
@@ -64,8 +76,17 @@ def account(
     """InvisibleInk privacy calculation: ρ ↔ (ε, δ), the clip norm C, the Top-k+ margin."""
     validate_budget_flags(epsilon, rho, clip, delta)
     validate_generation_flags(tokens, batch_size, temperature, adjacency)
-    r = invisibleink_budget(epsilon=epsilon, rho=rho, clip=clip, delta=delta, tokens=tokens,
-                            batch_size=batch_size, temperature=temperature, adjacency=adjacency)
+    try:
+        r = invisibleink_budget(epsilon=epsilon, rho=rho, clip=clip, delta=delta,
+                                tokens=tokens, batch_size=batch_size, temperature=temperature,
+                                adjacency=adjacency)
+    except (ValueError, OverflowError):  # only a huge --clip gets here (ρ overflows)
+        r = {"epsilon": math.inf}
+    if clip is not None:
+        try:
+            check_epsilon_limit(float(r["epsilon"]), f"--clip {clip:g}", delta)
+        except BudgetLimitError as exc:
+            fail(str(exc))
     if as_json:
         typer.echo(json.dumps(r))
         return

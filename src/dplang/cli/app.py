@@ -1,11 +1,15 @@
 """The ``dplang`` command-line application (typer).
 
 The CLI only parses, calls the library, prints and writes files. User errors are reported as
-one line on stderr (``error: ...``) with a non-zero exit code (2 for bad input).
+one line on stderr (``error: ...``) with a non-zero exit code: 2 for bad input (nothing was
+charged or written), 3 for a release refused by the privacy budget, 130 when interrupted. An
+unexpected exception (a bug) is one line too, with exit code 1; ``DPLANG_TRACEBACK=1`` shows
+its traceback.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -16,6 +20,8 @@ except ImportError:  # pragma: no cover - older typer depends on click
     from click import exceptions as click_exceptions
 
 from .. import __version__
+from ..privacy.ledger import LedgerError
+from ..release import ReleaseError
 from . import account, evaluate, experiment, formal, generate, ledger, report, sample
 from .errors import CliError, echo_error
 
@@ -76,7 +82,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         echo_error("interrupted; finished work was kept")
         return 130
+    except (LedgerError, ReleaseError) as exc:  # a ledger or output that cannot be used
+        echo_error(_one_line(exc))
+        return 2
+    except Exception as exc:  # a bug: one line, not a traceback (unless asked for)
+        if os.environ.get("DPLANG_TRACEBACK"):
+            raise
+        echo_error(f"unexpected {type(exc).__name__}: {_one_line(exc)} (a bug in dplang; "
+                   "DPLANG_TRACEBACK=1 shows the traceback)")
+        return 1
     return result if isinstance(result, int) else 0
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def run() -> None:  # pragma: no cover - console script

@@ -45,9 +45,38 @@ def evaluate(
         False, "--exclude-references",
         help="If --real is the generation's data file, skip its reference rows.",
     ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace the results an earlier evaluation left in --out."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and warnings."),
 ) -> None:
     """Evaluate synthetic texts: MAUVE, perplexity/ΔPPL, lengths, Top-k+ statistics."""
+    from dplang.release import ReleaseError, RunLock, check_output_path
+
+    from .console import quiet_libraries
+
+    try:
+        check_output_path(out, directory=True)
+    except ReleaseError as exc:
+        fail(f"{exc} (evaluate writes a folder: metrics.json, report.md and plots)")
+    existing = [out / name for name in ("metrics.json", "report.md") if (out / name).exists()]
+    if existing and not overwrite:
+        fail(f"{existing[0]} already exists; choose another --out, or --overwrite to replace "
+             "the results")
+    with quiet_libraries(quiet):
+        try:
+            lock = RunLock(out).acquire()
+        except ReleaseError as exc:
+            fail(str(exc))
+        try:
+            _evaluate(real, synthetic, out, text_column, metrics, embedder, model, num, seed,
+                      num_buckets, exclude_references, quiet)
+        finally:
+            lock.release()
+
+
+def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
+              metrics: str | None, embedder: str, model: str, num: int | None, seed: int,
+              num_buckets: int | None, exclude_references: bool, quiet: bool) -> None:
     from dplang.evaluation import EvaluationError, evaluate_files
     from dplang.io import ReferenceDataError
 
@@ -65,6 +94,8 @@ def evaluate(
         fail(_one_line(exc))
     for warning in result["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
+    if quiet:
+        return
     for run in result["runs"]:
         parts = [run["name"], f"n={run['n']}"]
         if "mauve" in run:

@@ -7,15 +7,23 @@ from pathlib import Path
 import typer
 
 from ..experiments import ConfigError, load_config, run_experiment
+from ..experiments.config import missing_data_message
 from ..io import ReferenceDataError
 from ..models import resolve_model
-from ..privacy.ledger import BudgetExceeded
+from ..models.default import check_model_spec
+from ..privacy.ledger import BudgetExceeded, LedgerError
+from ..release import ReleaseError
 from ..textgen.runner import GenerationError
+from .console import quiet_libraries
 from .errors import fail
 
 
 def _load_model(spec: str, dtype: str = "float32"):  # indirection: tests substitute a toy
     return resolve_model(spec, dtype=dtype)
+
+
+def _check_model(spec: str) -> None:  # milliseconds: is [generation].model loadable at all?
+    check_model_spec(spec)
 
 
 def experiment(
@@ -31,16 +39,25 @@ def experiment(
         help="Ledger name of the data's budget (default: [data].dataset, else the data "
         "file's resolved path).",
     ),
+    data: Path | None = typer.Option(
+        None, "--data", help="The data file, instead of [data].path (e.g. from another clone)."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite",
+        help="Generate anew the cells this --out holds with other generation settings (new "
+        "releases, charged anew); without it they are refused."),
 ) -> None:
     """Run (or resume) a sweep over method, ε, B, k, τ and replicate; write tables and plots.
 
-    Every private cell is a release charged to the user's ledger under the dataset's name."""
+    Every private cell is a release charged to the user's ledger under the dataset's name.
+    The whole sweep is checked before any model loads; a cell that an earlier run generated
+    with other settings is refused, one whose evaluation settings changed is re-evaluated."""
     try:
-        cfg = load_config(config)
+        cfg = load_config(config, data=data)
     except ConfigError as exc:
         fail(str(exc))
-    if not cfg.data_path.exists():
-        fail(f"data file not found: {cfg.data_path}")
+    missing = missing_data_message(cfg)
+    if missing:
+        fail(missing)
 
     def say(msg: str) -> None:
         if not quiet:
@@ -52,10 +69,15 @@ def experiment(
                    "toy or public data only (omit them to give every cell a secret seed)",
                    err=True)
     try:
-        rows = run_experiment(cfg, out, _load_model, progress=say, report_only=report_only,
-                              ledger=ledger, dataset=dataset)
+        with quiet_libraries(quiet):
+            rows = run_experiment(cfg, out, _load_model, progress=say,
+                                  report_only=report_only, ledger=ledger, dataset=dataset,
+                                  check_model=_check_model, overwrite=overwrite)
     except BudgetExceeded as exc:
         fail(str(exc), code=3)
-    except (GenerationError, ReferenceDataError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, GenerationError, ReferenceDataError, ReleaseError, LedgerError,
+            FileNotFoundError, ValueError) as exc:
         fail(str(exc).splitlines()[0])
-    typer.echo(f"{len(rows)} cells; results in {out / 'results.csv'} and {out / 'results.md'}")
+    if not quiet:
+        typer.echo(f"{len(rows)} cells; results in {out / 'results.csv'} and "
+                   f"{out / 'results.md'}")

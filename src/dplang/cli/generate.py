@@ -12,25 +12,33 @@ from rich.progress import (
     Progress,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 
 from ..io import ReferenceDataError
 from ..models import resolve_model
-from ..privacy.ledger import BudgetExceeded
-from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS
+from ..models.default import check_model_spec
+from ..privacy.accounting import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
+from ..privacy.ledger import BudgetExceeded, LedgerError
+from ..release import ReleaseError, RunLock
+from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, DEFAULT_TEMPLATE
 from ..textgen.runner import (
     DEFAULT_CONCURRENT_GROUPS,
     GenerationError,
     GenerationRequest,
+    check_request,
     execute_plan,
     plan_generation,
 )
+from .console import GenerationProgress, quiet_libraries, warn
 from .errors import fail
 
 
 def _load_model(spec: str, dtype: str = "float32"):  # indirection: tests substitute a toy
     return resolve_model(spec, dtype=dtype)
+
+
+def _check_model(spec: str) -> None:  # milliseconds: is --model loadable at all?
+    check_model_spec(spec)
 
 
 def generate(
@@ -45,9 +53,12 @@ def generate(
     delta: float = typer.Option(1e-6, "--delta", help="Target δ."),
     rho: float | None = typer.Option(None, "--rho", help="zCDP budget instead of ε."),
     clip: float | None = typer.Option(None, "--clip", help="Clip norm C instead of a budget."),
-    batch_size: int = typer.Option(7, "--batch-size", "-B", help="References per generation."),
-    max_tokens: int = typer.Option(64, "--max-tokens", "-T", help="Maximum tokens T."),
-    temperature: float = typer.Option(1.2, "--temperature", help="Sampling temperature τ."),
+    batch_size: int = typer.Option(DEFAULT_BATCH_SIZE, "--batch-size", "-B",
+                                   help="References per generation."),
+    max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, "--max-tokens", "-T",
+                                   help="Maximum tokens T."),
+    temperature: float = typer.Option(DEFAULT_TEMPERATURE, "--temperature",
+                                      help="Sampling temperature τ."),
     top_k: int = typer.Option(50, "--top-k", help="Top-k+ parameter k; 0 = full vocabulary."),
     num: int | None = typer.Option(None, "--num", "-n", help="Generations (default ⌊N/B⌋)."),
     seed: int | None = typer.Option(
@@ -56,7 +67,10 @@ def generate(
     concurrent_groups: int = typer.Option(
         DEFAULT_CONCURRENT_GROUPS, "--concurrent-groups", "-G", help="Groups decoded at once."
     ),
-    prompt: str = typer.Option("yelp", "--prompt", help="yelp, tab, mimic or a .toml file."),
+    prompt: str = typer.Option(
+        DEFAULT_TEMPLATE, "--prompt",
+        help="generic (default: any text column), yelp (needs --group-by label columns), tab, "
+        "mimic or a .toml file."),
     system: str | None = typer.Option(None, "--system", help="System prompt (chat models)."),
     text_column: str = typer.Option("text", "--text-column", help="Column with the text."),
     group_by: str | None = typer.Option(
@@ -93,7 +107,13 @@ def generate(
         None, "--dataset",
         help="Ledger name of the data's budget (default: the data file's resolved path).",
     ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or texts."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite",
+        help="Replace what --out holds (another run) with a new run; the old files are removed "
+        "only once the new run is charged. Without it, the same run resumes and another is "
+        "refused."),
+    quiet: bool = typer.Option(False, "--quiet", "-q",
+                               help="Print only errors and warnings (no progress, no texts)."),
 ) -> None:
     """Generate private synthetic texts from references with InvisibleInk."""
     request = GenerationRequest(
@@ -107,13 +127,37 @@ def generate(
         amin_threshold=amin_threshold,
         amin_private_tokens=amin_private_tokens, amin_public_temperature=amin_public_temperature,
         amin_convention=amin_convention, augpe_iterations=augpe_iterations,
-        augpe_variations=augpe_variations, dtype=dtype,
+        augpe_variations=augpe_variations, dtype=dtype, overwrite=overwrite,
     )
-    console = Console(stderr=True, quiet=quiet)
+    with quiet_libraries(quiet):
+        _generate(request, quiet)
+
+
+def _generate(request: GenerationRequest, quiet: bool) -> None:
+    out = request.out
+    console = Console(stderr=True, quiet=quiet, soft_wrap=True)
+    try:  # every flag and path, in milliseconds, before the data is read or the model loads
+        check_request(request, _check_model)
+    except GenerationError as exc:
+        fail(str(exc))
+    lock = RunLock(out)
     try:
-        with console.status("loading model and data…"):
-            plan = plan_generation(request, lambda spec: _load_model(spec, dtype))
-    except (GenerationError, ReferenceDataError, FileNotFoundError) as exc:
+        lock.acquire()  # a second process on the same --out is refused before it loads
+    except ReleaseError as exc:
+        fail(str(exc))
+    try:
+        _run_locked(request, quiet, console)
+    finally:
+        lock.release()
+
+
+def _run_locked(request: GenerationRequest, quiet: bool, console: Console) -> None:
+    out = request.out
+    try:
+        with console.status("reading the data and loading the model…"):
+            plan = plan_generation(request, lambda spec: _load_model(spec, request.dtype),
+                                   _check_model)
+    except (GenerationError, ReferenceDataError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     g = plan.guarantee
     console.print(
@@ -123,38 +167,38 @@ def generate(
         + (f"(ε={g.epsilon:.4g}, δ={g.delta:g}), " if g.ex_ante else
            f"(stopping target ε={g.epsilon:.4g}, δ={g.delta:g}: data-dependent, NOT a DP "
            "guarantee), ")
-        + f"model {plan.model.model_id}"
+        + f"model {plan.model.model_id}", highlight=False,
     )
+    console.print(plan.reference_usage(), markup=False, highlight=False)
     progress = Progress(
         TextColumn("[progress.description]{task.description}"), BarColumn(),
         MofNCompleteColumn(), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-        TimeRemainingColumn(), console=console, transient=False,
+        TextColumn("{task.fields[eta]}"), console=console, transient=False,
     )
-    state = {"tokens": 0, "t0": 0.0}
-    task = progress.add_task("generations", total=len(plan.jobs), rate="")
+    task = progress.add_task("generations", total=len(plan.jobs), rate="", eta="")
+    meter = GenerationProgress(len(plan.jobs))
+
+    def refresh() -> None:
+        progress.update(task, rate=meter.rate_text(), eta=meter.eta_text())
 
     def on_start(total: int, done: int) -> None:
-        import time
-
-        state["t0"] = time.time()
+        nonlocal meter
+        meter = GenerationProgress(total - done)
         progress.update(task, completed=done)
+        refresh()
         if done:
             console.print(f"resuming: {done} of {total} generations already in {out}")
 
     def on_step(n: int) -> None:
-        import time
-
-        state["tokens"] += n
-        elapsed = max(time.time() - state["t0"], 1e-9)
-        progress.update(task, rate=f"{state['tokens'] / elapsed:.1f} tok/s")
+        meter.step(n)
+        refresh()
 
     def on_result(record: dict) -> None:
+        meter.group_done(int(record.get("num_tokens") or 0))
         progress.advance(task)
+        refresh()
         if not quiet:
             progress.console.print(f"[dim]#{record['group']}[/] {record['text'][:300]!r}")
-
-    def warn(message: str) -> None:  # the data holder's terminal only (stderr), never a file
-        typer.echo(f"warning: {message}", err=True)
 
     try:
         with progress:
@@ -162,11 +206,12 @@ def generate(
                                    on_start=on_start, on_warning=warn)
     except BudgetExceeded as exc:
         fail(str(exc), code=3)
-    except GenerationError as exc:
+    except (GenerationError, ReleaseError, LedgerError) as exc:
         fail(str(exc))
     console.print(
         f"wrote {summary.written} new generations ({summary.skipped_existing} already there) "
         f"to {out}; public manifest {plan.manifest_path}, private side file "
         f"{plan.private_path} (mode 600, never publish it)"
     )
-    typer.echo(g.summary())
+    if not quiet:
+        typer.echo(g.summary())

@@ -8,7 +8,14 @@ import typer
 from rich.console import Console
 
 from ..privacy.ledger import BudgetExceeded
-from ..sampling.release import METHODS, ReleaseRequest, execute_release, plan_release
+from ..release import RunLock
+from ..sampling.release import (
+    METHODS,
+    ReleaseRequest,
+    check_request,
+    execute_release,
+    plan_release,
+)
 from ..sampling.tabular import (
     OUT_OF_DOMAIN,
     ColumnSpec,
@@ -17,6 +24,7 @@ from ..sampling.tabular import (
     load_schema,
     parse_column,
 )
+from .console import quiet_libraries, warn
 from .errors import fail
 
 
@@ -85,9 +93,22 @@ def sample(
     dataset: str | None = typer.Option(
         None, "--dataset",
         help="Ledger name of the data's budget (default: the data file's resolved path)."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite",
+        help="Replace an existing output (its files are replaced only after the new charge)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and warnings."),
 ) -> None:
     """Release m differentially private samples of records (RSSS NeurIPS 2021 samplers)."""
+    with quiet_libraries(quiet):
+        _sample(data, columns, epsilon, out, delta, num, method, seed, domain, binary, schema,
+                fallback, out_of_domain, split, alpha, force, ledger, dataset, overwrite, quiet)
+
+
+def _sample(data: Path, columns: str, epsilon: float, out: Path, delta: float | None, num: int,
+            method: str, seed: int | None, domain: list[str] | None, binary: list[str] | None,
+            schema: Path | None, fallback: list[str] | None, out_of_domain: str, split: bool,
+            alpha: float, force: bool, ledger: Path | None, dataset: str | None,
+            overwrite: bool, quiet: bool) -> None:
     if out_of_domain not in OUT_OF_DOMAIN:
         fail(f"--out-of-domain must be one of {', '.join(OUT_OF_DOMAIN)}, got {out_of_domain!r}")
     try:
@@ -96,16 +117,28 @@ def sample(
             data=data, columns=tuple(c.strip() for c in columns.split(",")), epsilon=epsilon,
             out=out, delta=delta, num=num, method=method, seed=seed, types=types,
             split=split, alpha=alpha, force=force, ledger=ledger, dataset=dataset,
-            out_of_domain=out_of_domain,
+            out_of_domain=out_of_domain, overwrite=overwrite,
         )
+        check_request(request)  # parameters and paths, before anything is read
+        lock = RunLock(out).acquire()  # a second process on the same --out is refused
+    except SamplingDataError as exc:
+        fail(str(exc).splitlines()[0])
+    except (ValueError, OSError) as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    try:
+        _release(request, quiet)
+    finally:
+        lock.release()
+
+
+def _release(request: ReleaseRequest, quiet: bool) -> None:
+    out, method, num = request.out, request.method, request.num
+    try:
         plan = plan_release(request)
     except SamplingDataError as exc:
         fail(str(exc).splitlines()[0])
     except (ValueError, OSError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-
-    def warn(message: str) -> None:  # the data holder's terminal (stderr), never a file
-        typer.echo(f"warning: {message}", err=True)
 
     for warning in plan.warnings:
         warn(warning)
@@ -118,6 +151,8 @@ def sample(
         execute_release(plan, on_warning=warn)
     except BudgetExceeded as exc:
         fail(str(exc), code=3)
+    except (SamplingDataError, ValueError) as exc:  # a ledger that cannot be written...
+        fail(str(exc).splitlines()[0])
     console = Console(quiet=quiet, highlight=False, soft_wrap=True)
     g = plan.guarantee
     console.print(

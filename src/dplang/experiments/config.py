@@ -56,12 +56,20 @@ cells carry no privacy guarantee.
 from __future__ import annotations
 
 import itertools
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..models.transformers import DTYPES
+from ..models.dtypes import DTYPES
+from ..privacy.accounting import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
+    BudgetLimitError,
+    check_budget_limit,
+)
+from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, DEFAULT_TEMPLATE
 
 METHODS = ("invisibleink", "amin", "adapmixed", "augpe", "public")
 
@@ -132,13 +140,62 @@ class ExperimentConfig:
     dataset: str | None = None
     #: True when the cells use seeds written in the config (not secret: toy/public data only).
     written_seeds: bool = False
+    #: References are cut to their first this-many model tokens (as ``generate``'s flag).
+    max_reference_tokens: int = 256
+    #: Where ``[data].path`` was looked for (see :func:`resolve_data_path`).
+    data_candidates: tuple[Path, ...] = ()
+
+
+#: The keys each section may hold; anything else is refused with its name (a misspelt key
+#: would otherwise be ignored and the sweep would run with the default it meant to change).
+KEYS: dict[str, frozenset[str]] = {
+    "": frozenset({"name", "data", "generation", "sweep", "evaluation"}),
+    "data": frozenset({"path", "dataset", "text_column", "references", "real", "group_by",
+                       "prompt"}),
+    "generation": frozenset({"model", "max_tokens", "num", "delta", "concurrent_groups",
+                             "dtype", "augpe_iterations", "augpe_variations",
+                             "max_reference_tokens"}),
+    "sweep": frozenset({"methods", "epsilon", "batch_size", "top_k", "temperature",
+                        "replicates", "seeds", "public_baseline"}),
+    "evaluation": frozenset({"metrics", "embedder", "num_buckets"}),
+}
+#: Metric names of ``[evaluation].metrics`` (dplang.evaluation's, without importing it).
+METRICS = ("mauve", "perplexity", "length", "topk")
+
+
+def _check_keys(raw: dict[str, Any]) -> None:
+    for section, allowed in KEYS.items():
+        table = raw if not section else raw.get(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{section}] must be a table")
+        for key in table:
+            if key not in allowed:
+                where = f"[{section}].{key}" if section else key
+                raise ConfigError(f"unknown key {where}; allowed"
+                                  + (f" in [{section}]" if section else " at the top") + ": "
+                                  + ", ".join(sorted(allowed)))
 
 
 def _range(value: Any, what: str) -> tuple[int, int]:
     if (not isinstance(value, list) or len(value) != 2
-            or not all(isinstance(v, int) for v in value) or not 0 <= value[0] < value[1]):
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            or not 0 <= value[0] < value[1]):
         raise ConfigError(f"[data].{what} must be [start, stop) with 0 <= start < stop")
     return value[0], value[1]
+
+
+def _int(section: dict[str, Any], name: str, key: str, default: int, low: int) -> int:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"[{name}].{key} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _str(section: dict[str, Any], name: str, key: str, default: str) -> str:
+    value = section.get(key, default)
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"[{name}].{key} must be a non-empty string, got {value!r}")
+    return value
 
 
 def _list(section: dict[str, Any], key: str, kind: type, default: Any = None) -> list[Any]:
@@ -147,37 +204,82 @@ def _list(section: dict[str, Any], key: str, kind: type, default: Any = None) ->
         raise ConfigError(f"[sweep].{key} is required")
     if not isinstance(value, list):
         value = [value]
-    try:
-        return [kind(v) for v in value]
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"[sweep].{key}: {exc}") from exc
+    if not value:
+        raise ConfigError(f"[sweep].{key} must not be empty")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or (kind is int and not isinstance(v, int)) or (
+                kind is float and not isinstance(v, int | float)) or (
+                kind is str and not isinstance(v, str)):
+            what = {float: "a number", int: "an integer"}.get(kind, "a string")
+            raise ConfigError(f"[sweep].{key}: {v!r} is not {what}")
+        out.append(kind(v))
+    return out
 
 
-def load_config(path: str | Path) -> ExperimentConfig:
-    """Read and validate an experiment TOML file."""
+def project_root(start: Path) -> Path | None:
+    """The nearest folder at or above ``start`` holding ``pyproject.toml`` or ``.git``."""
+    for folder in (start, *start.parents):
+        if (folder / "pyproject.toml").exists() or (folder / ".git").exists():
+            return folder
+    return None
+
+
+def resolve_data_path(value: str, base: Path) -> tuple[Path, list[Path]]:
+    """``[data].path`` → (path, the places looked at). An absolute path is taken as is; a
+    relative one is looked up relative to the config file's folder, then relative to the
+    project root (the nearest folder above it with ``pyproject.toml`` or ``.git``), so a config
+    inside a repository can name data the way the project's docs do
+    (``../shared/data/yelp/dev.csv`` from the repository root) and runs from any clone. The
+    first candidate that exists wins; when none does, the first is returned."""
+    raw = Path(value).expanduser()
+    if raw.is_absolute():
+        return raw, [raw]
+    candidates = [(base / raw).resolve()]
+    root = project_root(base)
+    if root is not None and (root / raw).resolve() not in candidates:
+        candidates.append((root / raw).resolve())
+    for c in candidates:
+        if c.exists():
+            return c, candidates
+    return candidates[0], candidates
+
+
+def load_config(path: str | Path, data: str | Path | None = None) -> ExperimentConfig:
+    """Read and validate an experiment TOML file (every key, type and range; unknown keys
+    are refused by name). ``data`` overrides ``[data].path`` (CLI ``--data``)."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config not found: {path}")
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
+    _check_keys(raw)
     base = path.resolve().parent
-    data = raw.get("data", {})
+    data_section = raw.get("data", {})
     gen = raw.get("generation", {})
     sweep = raw.get("sweep", {})
     ev = raw.get("evaluation", {})
-    if "path" not in data:
-        raise ConfigError("[data].path is required")
-    data_path = (base / data["path"]).resolve()
-    refs = _range(data.get("references"), "references")
-    real = _range(data.get("real"), "real")
+    if data is not None:
+        data_path, looked = Path(data).expanduser().resolve(), [Path(data)]
+    else:
+        if "path" not in data_section:
+            raise ConfigError("[data].path is required (or give --data)")
+        data_path, looked = resolve_data_path(_str(data_section, "data", "path", ""), base)
+    refs = _range(data_section.get("references"), "references")
+    real = _range(data_section.get("real"), "real")
     if refs[0] < real[1] and real[0] < refs[1]:
         raise ConfigError("[data].references and [data].real overlap: held-out texts must "
                           "never be references")
-    prompt = str(data.get("prompt", "yelp"))
+    prompt = _str(data_section, "data", "prompt", DEFAULT_TEMPLATE)
     if prompt.endswith(".toml"):
         prompt = str((base / prompt).resolve())
+    group_by = data_section.get("group_by", [])
+    if not isinstance(group_by, list) or not all(isinstance(c, str) and c for c in group_by):
+        raise ConfigError("[data].group_by must be a list of column names")
     methods = _list(sweep, "methods", str, ["invisibleink"])
     for m in methods:
         if m not in METHODS:
@@ -198,7 +300,7 @@ def load_config(path: str | Path) -> ExperimentConfig:
         bs_of = {m: shared for m in methods}
     bs = [b for m in methods for b in bs_of[m]]
     ks = _list(sweep, "top_k", int, [50])
-    taus = _list(sweep, "temperature", float, [1.2])
+    taus = _list(sweep, "temperature", float, [DEFAULT_TEMPERATURE])
     if "seeds" in sweep:
         if "replicates" in sweep:
             raise ConfigError("[sweep]: give seeds (written, not secret) or replicates (secret "
@@ -209,43 +311,73 @@ def load_config(path: str | Path) -> ExperimentConfig:
             raise ConfigError("[sweep].seeds must be >= 0")
     else:
         replicates = sweep.get("replicates", 1)
-        if not isinstance(replicates, int) or replicates < 1:
+        if isinstance(replicates, bool) or not isinstance(replicates, int) or replicates < 1:
             raise ConfigError("[sweep].replicates must be an integer >= 1")
         points = [(None, i) for i in range(replicates)]
-    if any(e <= 0 for e in eps) or any(b < 1 for b in bs) or any(k < 0 for k in ks) \
-            or any(t <= 0 for t in taus):
-        raise ConfigError("[sweep]: epsilon > 0, batch_size >= 1, top_k >= 0, temperature > 0")
+    if any(b < 1 for b in bs) or any(k < 0 for k in ks) \
+            or any(not (math.isfinite(t) and t > 0) for t in taus):
+        raise ConfigError("[sweep]: batch_size >= 1, top_k >= 0, temperature finite and > 0")
+    for e in eps:
+        try:
+            check_budget_limit(e, name="[sweep].epsilon")
+        except BudgetLimitError as exc:
+            raise ConfigError(str(exc)) from None
+    baseline = sweep.get("public_baseline", False)
+    if not isinstance(baseline, bool):
+        raise ConfigError("[sweep].public_baseline must be true or false")
     cells = [Cell(m, e, b, k, t, s, r)
              for m in methods
              for e, b, k, t, (s, r) in itertools.product(eps, bs_of[m], ks, taus, points)]
-    if sweep.get("public_baseline", False):
+    if baseline:
         cells += [Cell("public", 0.0, 0, k, t, s, r)
                   for k, t, (s, r) in itertools.product(sorted(set(ks)), taus, points)]
-    dataset = data.get("dataset")
+    keys = [c.key for c in cells]
+    if len(set(keys)) != len(keys):
+        raise ConfigError("[sweep] lists a value twice (two cells would share a directory)")
+    dataset = data_section.get("dataset")
     if dataset is not None and (not isinstance(dataset, str) or not dataset.strip()):
         raise ConfigError("[data].dataset must be a non-empty name")
-    num = int(gen.get("num", 100))
-    if num < 1:
-        raise ConfigError("[generation].num must be >= 1")
-    dtype = str(gen.get("dtype", "float32"))
+    num = _int(gen, "generation", "num", 100, 1)
+    delta = gen.get("delta", 1e-6)
+    if isinstance(delta, bool) or not isinstance(delta, int | float) or not 0 < delta < 1:
+        raise ConfigError(f"[generation].delta must be in (0, 1), got {delta!r}")
+    dtype = _str(gen, "generation", "dtype", "float32")
     if dtype not in DTYPES:
         raise ConfigError(f"[generation].dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
     buckets = ev.get("num_buckets")
-    if buckets is not None and (not isinstance(buckets, int) or buckets < 2):
+    if buckets is not None and (isinstance(buckets, bool) or not isinstance(buckets, int)
+                                or buckets < 2):
         raise ConfigError("[evaluation].num_buckets must be an integer >= 2")
-    augpe_t = int(gen.get("augpe_iterations", 3))
-    augpe_l = int(gen.get("augpe_variations", 7))
-    if augpe_t < 1 or augpe_l < 0:
-        raise ConfigError("[generation]: augpe_iterations >= 1 and augpe_variations >= 0")
+    augpe_t = _int(gen, "generation", "augpe_iterations", 3, 1)
+    augpe_l = _int(gen, "generation", "augpe_variations", 7, 0)
+    metrics = ev.get("metrics", ["mauve", "length", "topk"])
+    if not isinstance(metrics, list) or not metrics or any(m not in METRICS for m in metrics):
+        raise ConfigError(f"[evaluation].metrics must be a non-empty list of "
+                          f"{', '.join(METRICS)}; got {metrics!r}")
     return ExperimentConfig(
-        name=str(raw.get("name", path.stem)), base_dir=base, data_path=data_path,
-        text_column=str(data.get("text_column", "text")), references=refs, real=real,
-        group_by=tuple(data.get("group_by", [])), prompt=prompt,
-        model=str(gen.get("model", "default")), max_tokens=int(gen.get("max_tokens", 64)),
-        num=num, delta=float(gen.get("delta", 1e-6)),
-        concurrent_groups=int(gen.get("concurrent_groups", 8)), cells=tuple(cells),
-        metrics=tuple(ev.get("metrics", ["mauve", "length", "topk"])),
-        embedder=str(ev.get("embedder", "default")), raw=raw, dtype=dtype,
+        name=_str(raw, "", "name", path.stem) if "name" in raw else path.stem,
+        base_dir=base, data_path=data_path,
+        text_column=_str(data_section, "data", "text_column", "text"), references=refs,
+        real=real, group_by=tuple(group_by), prompt=prompt,
+        model=_str(gen, "generation", "model", "default"),
+        max_tokens=_int(gen, "generation", "max_tokens", DEFAULT_MAX_TOKENS, 1),
+        num=num, delta=float(delta),
+        concurrent_groups=_int(gen, "generation", "concurrent_groups", 8, 1),
+        cells=tuple(cells), metrics=tuple(metrics),
+        embedder=_str(ev, "evaluation", "embedder", "default"), raw=raw, dtype=dtype,
         augpe_iterations=augpe_t, augpe_variations=augpe_l, num_buckets=buckets,
         dataset=dataset.strip() if dataset else None, written_seeds="seeds" in sweep,
+        max_reference_tokens=_int(gen, "generation", "max_reference_tokens",
+                                  DEFAULT_MAX_REFERENCE_TOKENS, 1),
+        data_candidates=tuple(looked),
     )
+
+
+def missing_data_message(config: ExperimentConfig) -> str | None:
+    """A one-line error when the configuration's data file does not exist, else None."""
+    if config.data_path.is_file():
+        return None
+    given = config.raw.get("data", {}).get("path", config.data_path)
+    return (f"data file not found: {given} (looked in "
+            + " and ".join(str(p) for p in config.data_candidates)
+            + "); fix [data].path or give --data PATH")

@@ -27,19 +27,35 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..io import iter_json_objects, read_records
+from ..io import file_digest, iter_json_objects, read_records
 from ..models.base import LogitsModel
 from ..privacy.accounting import rho_to_epsilon
-from ..privacy.ledger import PrivacyLedger
-from ..release import PRIVATE_MODE, dataset_name, fsync_dir
+from ..privacy.ledger import LedgerError, PrivacyLedger, check_ledger_path
+from ..release import (
+    PRIVATE_MODE,
+    ReleaseError,
+    RunLock,
+    check_output_path,
+    dataset_name,
+    fsync_dir,
+    write_json,
+)
 from ..textgen.batching import make_batches
 from ..textgen.prompts import get_template
 from ..textgen.public import generate_public_texts
-from ..textgen.runner import GenerationRequest, execute_plan, plan_generation, private_path_for
-from .config import Cell, ExperimentConfig, calls_per_token
+from ..textgen.runner import (
+    GenerationError,
+    GenerationRequest,
+    check_request,
+    execute_plan,
+    plan_generation,
+    private_path_for,
+)
+from .config import Cell, ConfigError, ExperimentConfig, calls_per_token
 from .tables import write_plots, write_results_md
 
 RESULT_COLUMNS = (
@@ -56,14 +72,25 @@ def _private_writer(path: Path) -> Any:
     return os.fdopen(fd, "w", encoding="utf-8")
 
 
-def split_data(config: ExperimentConfig, out_dir: Path) -> tuple[Path, Path]:
-    """Write the reference and held-out row ranges to ``out_dir/data`` (once).
+def _split_spec(config: ExperimentConfig, data_digest: str) -> dict[str, Any]:
+    return {"data_sha256": data_digest, "text_column": config.text_column,
+            "group_by": list(config.group_by), "references": list(config.references),
+            "real": list(config.real)}
+
+
+def split_data(config: ExperimentConfig, out_dir: Path,
+               data_digest: str | None = None) -> tuple[Path, Path]:
+    """Write the reference and held-out row ranges to ``out_dir/data``, again whenever what
+    selects them (the data's content, the ranges, the columns: ``data/split.private.json``)
+    changed since they were written.
 
     Privacy contract: both files are copies of private rows: they are created with mode 600
     (the directory 700) and never published; copies left by earlier versions are tightened."""
     data_dir = out_dir / "data"
     refs, real = data_dir / "references.jsonl", data_dir / "real.jsonl"
-    if refs.exists() and real.exists():
+    spec_path = data_dir / "split.private.json"
+    spec = _split_spec(config, data_digest or file_digest(config.data_path))
+    if refs.exists() and real.exists() and _read_spec(spec_path) == spec:
         for p in (data_dir, refs, real):
             if p.stat().st_mode & 0o077:
                 p.chmod(0o700 if p.is_dir() else PRIVATE_MODE)
@@ -86,19 +113,168 @@ def split_data(config: ExperimentConfig, out_dir: Path) -> tuple[Path, Path]:
             os.fsync(fh.fileno())
     refs.with_suffix(".tmp").replace(refs)
     real.with_suffix(".tmp").replace(real)
+    write_json(spec_path, spec, private=True)
     fsync_dir(data_dir)
     return refs, real
 
 
+def _read_spec(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# What determines a cell's result
+
+
+CELL_SPEC = "cell.private.json"
+
+
+def _prompt_identity(config: ExperimentConfig) -> dict[str, str]:
+    """A built-in template by name; a template file by its content (editing it changes the
+    cells' results)."""
+    path = Path(config.prompt)
+    if config.prompt.endswith(".toml") and path.is_file():
+        return {"file": path.name, "sha256": file_digest(path)}
+    return {"name": config.prompt}
+
+
+def cell_spec(config: ExperimentConfig, cell: Cell, data_digest: str) -> dict[str, Any]:
+    """Everything that determines a cell's result, in two parts: ``generation`` (method,
+    hyperparameters, seed or replicate, every generation option, the prompt, the model and
+    its dtype, the data's content and the rows used) and ``evaluation`` (metrics, embedder,
+    buckets, the held-out rows, the number of texts, the scoring model). Kept in the cell's
+    ``cell.private.json`` (mode 600: it holds the data's digest)."""
+    generation: dict[str, Any] = {
+        "method": cell.method, "epsilon": cell.epsilon, "batch_size": cell.batch_size,
+        "top_k": cell.top_k, "temperature": cell.temperature,
+        "seed": cell.seed, "replicate": cell.replicate,
+        "max_tokens": config.max_tokens, "num": config.num, "delta": config.delta,
+        "max_reference_tokens": config.max_reference_tokens,
+        "adjacency": "replace-by-null", "model": config.model, "dtype": config.dtype,
+        "prompt": _prompt_identity(config), "text_column": config.text_column,
+        "group_by": list(config.group_by), "references": list(config.references),
+        "data_sha256": data_digest,
+    }
+    if cell.method == "augpe":
+        generation["augpe"] = {"iterations": config.augpe_iterations,
+                               "variations": config.augpe_variations}
+    evaluation = {
+        "metrics": list(config.metrics), "embedder": config.embedder,
+        "num_buckets": config.num_buckets, "real": list(config.real), "num": config.num,
+        "model": config.model if "perplexity" in config.metrics else None,
+    }
+    return {"generation": generation, "evaluation": evaluation}
+
+
+def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new), key=str):
+            out += _differences(old.get(key), new.get(key), f"{prefix}{key}.")
+        return out
+    if old == new:
+        return []
+    if prefix.rstrip(".").endswith("sha256"):
+        return [f"{prefix.rstrip('.')} (changed)"]  # a digest is private: not shown
+    return [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
+
+
+def _cell_state(cell_dir: Path, spec: dict[str, Any], overwrite: bool = False) -> str:
+    """``new`` (nothing there), ``same``, ``re-evaluate`` (the generation is the one the config
+    asks for, the evaluation settings changed) or, with ``overwrite``, ``changed`` (to be
+    generated anew). Without ``overwrite`` a generation made with other settings (or by an
+    older dplang that recorded none) raises :class:`ConfigError`: rerunning would relabel old
+    numbers with the new configuration."""
+    if not cell_dir.exists():
+        return "new"
+    stored = _read_spec(cell_dir / CELL_SPEC)
+    if stored is None:
+        if not any((cell_dir / name).exists() for name in ("gen.jsonl", "eval")):
+            return "new"
+        if overwrite:
+            return "changed"
+        raise ConfigError(f"{cell_dir} records no configuration (made by an older dplang); "
+                          "its results cannot be checked against this config: use a new --out "
+                          "(or --overwrite to generate it anew, a new charge)")
+    diff = _differences(stored.get("generation"), spec["generation"])
+    if diff:
+        if overwrite:
+            return "changed"
+        shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
+        raise ConfigError(f"cell {cell_dir.name} in this --out was generated with other "
+                          f"settings ({shown}); use a new --out, restore the config, or "
+                          "--overwrite to generate it anew (a new release, charged anew)")
+    return "same" if stored.get("evaluation") == spec["evaluation"] else "re-evaluate"
+
+
+def count_rows(config: ExperimentConfig) -> int:
+    """Data rows of the configured file (a public quantity under replace-by-null: neighbours
+    have as many rows)."""
+    return sum(1 for _ in read_records(config.data_path, config.text_column, config.group_by))
+
+
+def preflight(config: ExperimentConfig, out_dir: Path, ledger: Path | None,
+              dataset: str | None, check_model: Callable[[str], None] | None = None,
+              overwrite: bool = False,
+              ) -> tuple[str, dict[str, dict[str, Any]], dict[str, str]]:
+    """Check the whole sweep before anything is written, loaded or charged: the output
+    folder, the ledger, the model spec, every private cell's request (parameters, budget
+    limit, prompt and labels), the row ranges against the file, ``num × B`` against the
+    reference rows, and what earlier runs left in ``out_dir`` (a cell generated with other
+    settings is refused). Returns (data digest, spec per cell key, state per cell key).
+    Raises :class:`ConfigError`, :class:`GenerationError` or ``ReferenceDataError``."""
+    try:
+        check_output_path(out_dir, what="--out", directory=True)
+        check_ledger_path(ledger)
+        dataset_name(config.data_path, dataset or config.dataset)
+    except (ReleaseError, LedgerError) as exc:
+        raise ConfigError(str(exc)) from None
+    if check_model is not None:
+        try:
+            check_model(config.model)
+        except ValueError as exc:
+            raise ConfigError(str(exc).splitlines()[0]) from None
+    for cell in config.cells:
+        if cell.method == "public":
+            continue
+        request = _request(config, cell, config.data_path, out_dir / "cells" / cell.key
+                           / "gen.jsonl", ledger, dataset)
+        try:
+            check_request(request)
+        except GenerationError as exc:
+            raise GenerationError(f"cell {cell.key}: {exc}") from None
+    rows = count_rows(config)
+    for what, (_start, stop) in (("references", config.references), ("real", config.real)):
+        if stop > rows:
+            raise ConfigError(f"[data].{what} ends at row {stop} but {config.data_path.name} "
+                              f"has {rows} data rows")
+    available = config.references[1] - config.references[0]
+    if not config.group_by:
+        for cell in config.cells:
+            need = config.num * max(cell.batch_size, 1)
+            if cell.method != "public" and need > available:
+                raise ConfigError(
+                    f"cell {cell.key}: num = {config.num} generations × B = {cell.batch_size} "
+                    f"need {need} references but [data].references holds {available} rows")
+    digest = file_digest(config.data_path)
+    specs = {c.key: cell_spec(config, c, digest) for c in config.cells}
+    states = {c.key: _cell_state(out_dir / "cells" / c.key, specs[c.key], overwrite)
+              for c in config.cells}
+    return digest, specs, states
+
+
 def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
-              load_model: Callable[[str], LogitsModel], ledger: Path | None, dataset: str
-              ) -> tuple[Path, dict[str, Any]]:
+              load_model: Callable[[str], LogitsModel], ledger: Path | None, dataset: str,
+              overwrite: bool = False) -> tuple[Path, dict[str, Any]]:
     """Generate one cell; returns the output and its timing: ``gen_seconds`` (wall clock) and
     ``cpu_seconds`` (CPU time of this process over all threads, which a paused or contended
     run does not inflate), plus ``resumed: True`` when an interrupted generation was continued
     (its times then cover the continuation only). The model is loaded before the clocks start."""
     out = cell_dir / "gen.jsonl"
-    resumed = out.exists() and out.stat().st_size > 0
+    resumed = not overwrite and out.exists() and out.stat().st_size > 0
     model = load_model(config.model)
     start, cpu_start = time.time(), time.process_time()
 
@@ -117,8 +293,16 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
             generate_public_texts(model, template, labels, config.max_tokens,
                                   cell.temperature, cell.top_k, seed, out)
         return out, timing()
-    request = GenerationRequest(
-        data=refs, out=out, batch_size=cell.batch_size, max_tokens=config.max_tokens,
+    request = replace(_request(config, cell, refs, out, ledger, dataset), overwrite=overwrite)
+    plan = plan_generation(request, load_model)
+    execute_plan(plan)
+    return out, timing()
+
+
+def _request(config: ExperimentConfig, cell: Cell, data: Path, out: Path,
+             ledger: Path | None, dataset: str | None) -> GenerationRequest:
+    return GenerationRequest(
+        data=data, out=out, batch_size=cell.batch_size, max_tokens=config.max_tokens,
         temperature=cell.temperature, top_k=cell.top_k, epsilon=cell.epsilon,
         delta=config.delta, num=config.num, seed=cell.seed,
         concurrent_groups=config.concurrent_groups, prompt=config.prompt,
@@ -127,10 +311,8 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
         adjacency="replace-by-null",  # the only dataset-level adjacency of every method
         dtype=config.dtype, augpe_iterations=config.augpe_iterations,
         augpe_variations=config.augpe_variations,
+        max_reference_tokens=config.max_reference_tokens,
     )
-    plan = plan_generation(request, load_model)
-    execute_plan(plan)
-    return out, timing()
 
 
 def _cell_metrics(config: ExperimentConfig, gen: Path) -> list[str]:
@@ -191,11 +373,19 @@ def run_experiment(
     report_only: bool = False,
     ledger: Path | None = None,
     dataset: str | None = None,
+    check_model: Callable[[str], None] | None = None,
+    overwrite: bool = False,
 ) -> list[dict[str, Any]]:
     """Run every cell not yet finished, then write results.csv / results.md / plots.
 
-    With ``report_only`` nothing is generated: the results cover the finished cells only (the
-    state of a long sweep).
+    The whole sweep is checked first (:func:`preflight`: every cell, the ranges, the model
+    spec with ``check_model``, what ``out_dir`` already holds) before anything is written,
+    loaded or charged, under a lock on ``out_dir`` (a second process is refused). A finished
+    cell whose recorded configuration matches is skipped; one whose evaluation settings
+    changed is re-evaluated (no privacy cost); one generated with other generation settings
+    is refused, or with ``overwrite`` generated anew (a new release: charged; its old files
+    are replaced once the new generation is charged). With ``report_only`` nothing is
+    generated: the results cover the finished cells only (the state of a long sweep).
 
     Privacy contract: each private cell is a release of the references, charged before its
     output to ``ledger`` (default: the user's ledger) under ``dataset`` (default
@@ -205,49 +395,86 @@ def run_experiment(
     from ..evaluation import evaluate_files
 
     say = progress or (lambda _msg: None)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    refs, real = split_data(config, out_dir)
-    name = dataset_name(config.data_path, dataset or config.dataset)
-    cache: dict[tuple[str, str], LogitsModel] = {}
+    with RunLock(out_dir):
+        digest, specs, states = preflight(config, out_dir, ledger, dataset, check_model,
+                                          overwrite)
+        name = dataset_name(config.data_path, dataset or config.dataset)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        refs, real = (None, None) if report_only else split_data(config, out_dir, digest)
+        cache: dict[tuple[str, str], LogitsModel] = {}
 
-    def cached(spec: str, dtype: str) -> LogitsModel:
-        if (spec, dtype) not in cache:
-            cache[(spec, dtype)] = load_model(spec, dtype)
-        return cache[(spec, dtype)]
+        def cached(spec: str, dtype: str) -> LogitsModel:
+            if (spec, dtype) not in cache:
+                cache[(spec, dtype)] = load_model(spec, dtype)
+            return cache[(spec, dtype)]
 
-    def generation_model(spec: str) -> LogitsModel:
-        return cached(spec, config.dtype)
+        def generation_model(spec: str) -> LogitsModel:
+            return cached(spec, config.dtype)
 
-    rows = []
-    for i, cell in enumerate(config.cells, 1):
-        cell_dir = out_dir / "cells" / cell.key
-        metrics_path = cell_dir / "eval" / "metrics.json"
-        timing_path = cell_dir / "timing.json"
-        if metrics_path.exists():
-            say(f"[{i}/{len(config.cells)}] {cell.key}: done, skipped")
-        elif report_only:
-            say(f"[{i}/{len(config.cells)}] {cell.key}: not finished, left out of the report")
-            continue
-        else:
-            say(f"[{i}/{len(config.cells)}] {cell.key}: generating")
-            cell_dir.mkdir(parents=True, exist_ok=True)
-            gen, timing = _generate(config, cell, refs, cell_dir, generation_model, ledger,
-                                    name)
-            if not timing_path.exists():
-                timing_path.write_text(json.dumps(timing))
-            say(f"[{i}/{len(config.cells)}] {cell.key}: evaluating")
-            model_for_eval = (cached(config.model, "float32")
-                              if "perplexity" in config.metrics else config.model)
-            evaluate_files(real, gen, metrics=_cell_metrics(config, gen),
-                           embedder=config.embedder,
-                           model=model_for_eval, num=config.num,
-                           num_buckets=config.num_buckets,
-                           out_dir=cell_dir / "eval")
-        metrics = json.loads(metrics_path.read_text())
-        timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
-        rows.append(_row(cell, config, metrics, timing))
-    write_results(rows, out_dir, config, ledger, name)
+        rows = []
+        for i, cell in enumerate(config.cells, 1):
+            tag = f"[{i}/{len(config.cells)}] {cell.key}"
+            cell_dir = out_dir / "cells" / cell.key
+            metrics_path = cell_dir / "eval" / "metrics.json"
+            timing_path = cell_dir / "timing.json"
+            state = states[cell.key]
+            if state == "same" and metrics_path.exists():
+                say(f"{tag}: done, skipped")
+            elif report_only:
+                say(f"{tag}: not finished" + (" (its evaluation settings changed)"
+                                              if state == "re-evaluate" else "")
+                    + ", left out of the report")
+                continue
+            else:
+                assert refs is not None and real is not None
+                new = state == "new"
+                if state in ("re-evaluate", "changed"):
+                    metrics_path.unlink(missing_ok=True)  # never a stale "done" marker
+                if state == "changed":
+                    timing_path.unlink(missing_ok=True)
+                    if cell.method == "public":  # no release: nothing to charge first
+                        (cell_dir / "gen.jsonl").unlink(missing_ok=True)
+                cell_dir.mkdir(parents=True, exist_ok=True)
+                write_json(cell_dir / CELL_SPEC, specs[cell.key], private=True)
+                say(f"{tag}: " + ("generating anew (--overwrite)" if state == "changed"
+                                   else "generating" if new
+                                   or not (cell_dir / "gen.jsonl").exists()
+                                   else "evaluation settings changed, re-evaluating"
+                                   if state == "re-evaluate" else "resuming"))
+                try:
+                    gen, timing = _generate(config, cell, refs, cell_dir, generation_model,
+                                            ledger, name, overwrite=state == "changed")
+                except BaseException:
+                    if new and not (cell_dir / "gen.jsonl").exists():
+                        _remove_empty_cell(cell_dir)  # a cell that never started leaves nothing
+                    raise
+                if not timing_path.exists():
+                    timing_path.write_text(json.dumps(timing))
+                say(f"{tag}: evaluating")
+                model_for_eval = (cached(config.model, "float32")
+                                  if "perplexity" in config.metrics else config.model)
+                evaluate_files(real, gen, metrics=_cell_metrics(config, gen),
+                               embedder=config.embedder,
+                               model=model_for_eval, num=config.num,
+                               num_buckets=config.num_buckets,
+                               out_dir=cell_dir / "eval")
+            metrics = json.loads(metrics_path.read_text())
+            timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+            rows.append(_row(cell, config, metrics, timing))
+        write_results(rows, out_dir, config, ledger, name)
     return rows
+
+
+def _remove_empty_cell(cell_dir: Path) -> None:
+    """Remove a cell folder that holds nothing but its configuration record."""
+    spec = cell_dir / CELL_SPEC
+    if {p.name for p in cell_dir.iterdir()} <= {CELL_SPEC}:
+        spec.unlink(missing_ok=True)
+        try:
+            cell_dir.rmdir()
+            cell_dir.parent.rmdir()  # cells/, when it was the first
+        except OSError:
+            pass
 
 
 def sweep_spend(ledger_path: Path | None, release_ids: list[str], delta: float

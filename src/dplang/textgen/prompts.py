@@ -15,10 +15,13 @@ substituting an empty string into the private form. The public prompt *is* what 
 reference means; a model that renders the private form with ``reference=""`` would double the
 sensitivity.
 
-Each built-in template (``yelp``, ``tab``, ``mimic``) comes in two forms:
+Each built-in template comes in two forms. ``generic`` (the default) needs no label and works on
+any text column; ``yelp``, ``tab`` and ``mimic`` are the paper's data sets (``yelp`` needs the
+labels ``category`` and ``stars``, from ``--group-by``) and are opt-in.
 
 * ``instruction`` -- the paper's Table 5 prompts (spec §4.4) verbatim, with the system prompt
-  "You are a chatbot"; for instruction-tuned models that have a chat template;
+  "You are a chatbot"; for instruction-tuned models that have a chat template (``generic``:
+  the same shape without a domain);
 * ``completion`` -- for base models without a chat template (such as the default Gemma 3
   270M), which continue text rather than follow instructions. The public and the private
   version end with the same cue (the text the model continues), so both rows of a batch ask
@@ -55,6 +58,7 @@ from pathlib import Path
 __all__ = [
     "BUILTIN_TEMPLATES",
     "DEFAULT_MAX_REFERENCE_TOKENS",
+    "DEFAULT_TEMPLATE",
     "SYSTEM_PROMPT",
     "PromptTemplate",
     "get_template",
@@ -70,6 +74,10 @@ The rule depends only on the public tokenizer and this constant, never on the da
 (e.g. not on an average or maximum length), so it adds no data-dependent choice (DESIGN.md
 invariant 4). The model backend applies it.
 """
+
+DEFAULT_TEMPLATE = "generic"
+"""The template ``dplang generate`` and experiment configs use unless told otherwise: it has no
+label slot, so it works on any file with a text column."""
 
 SYSTEM_PROMPT = "You are a chatbot"
 """System prompt of the paper's experiments (spec §4.4), used with the instruction forms."""
@@ -185,7 +193,8 @@ class PromptTemplate:
                 got = ", ".join(sorted(labels)) or "none"
                 raise ValueError(
                     f"template {self.name!r} needs label {slot!r} (labels given: {got}); "
-                    "group by a column of that name"
+                    f"group by a column of that name (--group-by) or choose a template "
+                    f"without labels (--prompt {DEFAULT_TEMPLATE}, or a .toml file)"
                 )
             values[slot] = str(labels[slot])
         return values
@@ -211,8 +220,16 @@ class PromptTemplate:
 # --------------------------------------------------------------------------------------------
 # built-in templates
 
-# Spec §4.4 (paper Table 5), verbatim; "Text:" and the request start on new lines.
+# Spec §4.4 (paper Table 5), verbatim; "Text:" and the request start on new lines. ``generic``
+# is dplang's own, in the same shape, for data of any domain.
 _INSTRUCTION = {
+    "generic": (
+        "Here is a text.\n"
+        "Text: “{reference}”\n"
+        "Please output one more similar text: of the same kind, on a similar subject and in "
+        "the same style and length.",
+        "Please output a short text of the kind people write.",
+    ),
     "yelp": (
         "Here is a text with Business Category : “{category}” and Review Stars : “{stars}” "
         "out of 5.0.\n"
@@ -258,7 +275,12 @@ _TAB_HEAD = "Here is the text of a case transcript set before the European Court
 _TAB_CUE = ":\n\nPROCEDURE: The case originated in an application"
 _MIMIC_HEAD = "Here is the discharge summary of a patient discharged from a hospital"
 _MIMIC_CUE = ":\n\nDischarge Instructions:\n"
+_GENERIC_HEAD = "Here is a piece of text written by a person:\n"
 _COMPLETION = {
+    "generic": (
+        _GENERIC_HEAD + "{reference}\n\nHere is another piece of text written by a person:\n",
+        _GENERIC_HEAD,
+    ),
     "yelp": (
         _YELP_HEAD
         + "{reference}\n\n"
@@ -351,7 +373,7 @@ def load_template_file(
 def get_template(
     name_or_path: str | Path, chat: bool, label_columns: Sequence[str] | None = None
 ) -> PromptTemplate:
-    """A built-in template (``yelp``, ``tab``, ``mimic``) or a custom TOML file.
+    """A built-in template (``generic``, ``yelp``, ``tab``, ``mimic``) or a custom TOML file.
 
     ``chat=True`` picks the instruction form (model with a chat template), ``chat=False`` the
     completion form (base model). A custom file has a single form and ``chat`` is ignored.

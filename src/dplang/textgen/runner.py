@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -31,16 +32,34 @@ from typing import Any
 
 from ..io import ReadStats, ReferenceDataError, file_digest, load_references
 from ..models.base import LogitsModel
-from ..models.transformers import DTYPES
-from ..privacy.accounting import invisibleink_budget
+from ..models.dtypes import DTYPES
+from ..privacy.accounting import (
+    BudgetLimitError,
+    check_budget_limit,
+    check_epsilon_limit,
+    invisibleink_budget,
+)
 from ..privacy.guarantees import Guarantee
+from ..privacy.ledger import LedgerError, check_ledger_path
 from ..privacy.randomness import RandomStreams
-from ..release import Release, ReleaseError, dataset_name, write_json
+from ..release import (
+    Release,
+    ReleaseError,
+    RunLock,
+    check_output_path,
+    dataset_name,
+    write_json,
+)
 from . import adapmixed, amin, augpe
 from .batching import Batch, make_batches
 from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy, run_groups
 from .invisibleink import InvisibleInkPolicy
-from .prompts import DEFAULT_MAX_REFERENCE_TOKENS, PromptTemplate, get_template
+from .prompts import (
+    DEFAULT_MAX_REFERENCE_TOKENS,
+    DEFAULT_TEMPLATE,
+    PromptTemplate,
+    get_template,
+)
 
 DEFAULT_CONCURRENT_GROUPS = 8
 #: Per-token methods that run on the engine (Aug-PE is a population method: see augpe.py).
@@ -78,7 +97,7 @@ class GenerationRequest:
     num: int | None = None
     seed: int | None = None
     concurrent_groups: int = DEFAULT_CONCURRENT_GROUPS
-    prompt: str = "yelp"
+    prompt: str = DEFAULT_TEMPLATE
     system: str | None = None
     text_column: str = "text"
     group_by: tuple[str, ...] = ()
@@ -101,6 +120,9 @@ class GenerationRequest:
     #: Aug-PE baseline (spec 002 §3.3): iterations T_PE and variations L per selected text.
     augpe_iterations: int = 3
     augpe_variations: int = 7
+    #: Replace what ``out`` holds (another run, or a stale private side file) with a new run.
+    #: The old files are removed only once the new release has been charged.
+    overwrite: bool = False
 
 
 @dataclass
@@ -125,6 +147,36 @@ class GenerationPlan:
         return manifest_path_for(self.request.out)
 
     @property
+    def references_used(self) -> int:
+        """n·B: the references the batches hold (each used by exactly one generation)."""
+        return len(self.batches) * self.request.batch_size
+
+    def reference_usage(self) -> str:
+        """One line for the data holder: how many references the run uses, how many of those
+        read it leaves unused (N − n·B) and why (the batching rule; docs/generation.md).
+
+        The numbers are row counts, which replace-by-null neighbours share; the line is still
+        printed to the terminal only, never written into a public file."""
+        req, n, used = self.request, len(self.batches), self.references_used
+        read = self.read_stats.rows_seen
+        head = f"{n} generations × B = {req.batch_size} use {used} references"
+        if req.num is not None and not req.group_by:
+            return (f"{head}: the first {used} rows of {req.data.name} (--num {req.num}); "
+                    "later rows are not read")
+        unused = read - used
+        if unused == 0:
+            return f"{head}: all {read} rows of {req.data.name}"
+        if req.group_by:
+            why = (f"within each group of {'/'.join(req.group_by)} the rows after the last full "
+                   f"batch of {req.batch_size} are left out"
+                   + (f", and batches after the first {req.num}" if req.num is not None else ""))
+        else:
+            rows = "row does" if unused == 1 else "rows do"
+            why = (f"batches are consecutive chunks of exactly B = {req.batch_size} rows, so the "
+                   f"last N mod B = {unused} {rows} not fill one")
+        return f"{head} of the N = {read} rows; {unused} left unused ({why})"
+
+    @property
     def private_path(self) -> Path:
         return private_path_for(self.request.out)
 
@@ -141,19 +193,31 @@ def private_path_for(out: Path) -> Path:
     return out.with_name(stem + ".private.json")
 
 
+def _finite_positive(value: float) -> bool:
+    return math.isfinite(value) and value > 0
+
+
 def _validate(req: GenerationRequest) -> None:
+    """Every parameter of the request, alone and together (no file is read)."""
     given = [n for n, v in (("--epsilon", req.epsilon), ("--rho", req.rho), ("--clip", req.clip))
              if v is not None]
     if len(given) != 1:
-        raise GenerationError("give exactly one of --epsilon, --rho or --clip")
-    for name, value in (("--epsilon", req.epsilon), ("--rho", req.rho), ("--clip", req.clip)):
-        if value is not None and not value > 0:
-            raise GenerationError(f"{name} must be > 0, got {value}")
+        raise GenerationError("give exactly one of --epsilon, --rho or --clip"
+                              + (f" (got {', '.join(given)})" if given else ""))
+    if not 0 < req.delta < 1:
+        raise GenerationError(f"--delta must be in (0, 1), got {req.delta}")
+    try:
+        check_budget_limit(req.epsilon, name="--epsilon")
+        check_budget_limit(req.rho, name="--rho", kind="rho", delta=req.delta)
+    except BudgetLimitError as exc:
+        raise GenerationError(str(exc)) from None
+    if req.clip is not None and not _finite_positive(req.clip):
+        raise GenerationError(f"--clip must be finite and > 0, got {req.clip}")
     checks = [
-        (0 < req.delta < 1, f"--delta must be in (0, 1), got {req.delta}"),
         (req.batch_size >= 1, f"--batch-size must be >= 1, got {req.batch_size}"),
         (req.max_tokens >= 1, f"--max-tokens must be >= 1, got {req.max_tokens}"),
-        (req.temperature > 0, f"--temperature must be > 0, got {req.temperature}"),
+        (_finite_positive(req.temperature),
+         f"--temperature must be finite and > 0, got {req.temperature}"),
         (req.top_k >= 0, f"--top-k must be >= 0 (0 = full vocabulary), got {req.top_k}"),
         (req.num is None or req.num >= 1, f"--num must be >= 1, got {req.num}"),
         (req.seed is None or req.seed >= 0, f"--seed must be >= 0, got {req.seed}"),
@@ -170,6 +234,19 @@ def _validate(req: GenerationRequest) -> None:
         (req.method == "invisibleink" or req.epsilon is not None,
          f"--method {req.method} needs --epsilon (its accounting is calibrated from ε)"),
         (req.out.suffix == ".jsonl", f"--out must end in .jsonl, got {req.out}"),
+        (_finite_positive(req.amin_sigma), f"--amin-sigma must be finite and > 0, got "
+                                            f"{req.amin_sigma}"),
+        (math.isfinite(req.amin_threshold),
+         f"--amin-threshold must be finite, got {req.amin_threshold}"),
+        (_finite_positive(req.amin_public_temperature),
+         f"--amin-public-temperature must be finite and > 0, got "
+         f"{req.amin_public_temperature}"),
+        (req.amin_private_tokens >= 1,
+         f"--amin-private-tokens must be >= 1, got {req.amin_private_tokens}"),
+        (req.augpe_iterations >= 1,
+         f"--augpe-iterations must be >= 1, got {req.augpe_iterations}"),
+        (req.augpe_variations >= 0,
+         f"--augpe-variations must be >= 0, got {req.augpe_variations}"),
     ]
     for ok, message in checks:
         if not ok:
@@ -180,7 +257,30 @@ def _make_guarantee(
     req: GenerationRequest,
 ) -> tuple[Guarantee, float, Callable[[int], Callable[[GroupJob], StepPolicy]]]:
     """The run's guarantee, its clip norm (0 when the method has none) and a factory that,
-    given the model's vocabulary size, makes one step policy per generation."""
+    given the model's vocabulary size, makes one step policy per generation.
+
+    A guarantee whose ε is above :data:`~dplang.privacy.accounting.MAX_EPSILON` (a huge
+    ``--clip``) is refused like a huge ``--epsilon``."""
+    try:
+        made = _make_guarantee_unchecked(req)
+        epsilon = made[0].epsilon
+    except (OverflowError, ZeroDivisionError, ValueError) as exc:
+        if isinstance(exc, GenerationError):
+            raise
+        if req.clip is None:
+            raise GenerationError(str(exc).splitlines()[0]) from None
+        epsilon = math.inf  # a clip norm so large that its ρ overflows
+    if req.clip is not None:
+        try:
+            check_epsilon_limit(epsilon, f"--clip {req.clip:g}", req.delta)
+        except BudgetLimitError as exc:
+            raise GenerationError(str(exc)) from None
+    return made
+
+
+def _make_guarantee_unchecked(
+    req: GenerationRequest,
+) -> tuple[Guarantee, float, Callable[[int], Callable[[GroupJob], StepPolicy]]]:
     if req.method == "amin":
         try:
             budget = amin.calibrate(req.epsilon, req.delta, req.batch_size,  # type: ignore[arg-type]
@@ -271,43 +371,85 @@ def _run_augpe(plan: GenerationPlan, seed: int, persist: Callable[[GroupResult],
     return stats
 
 
-def plan_generation(
-    req: GenerationRequest, load_model: Callable[[str], LogitsModel]
-) -> GenerationPlan:
-    """Validate the request, read the data, form the batches and load the model.
-
-    Writes nothing. Raises :class:`GenerationError` (or ``ReferenceDataError`` /
-    ``FileNotFoundError``) with a one-line message on bad input."""
+def check_request(
+    req: GenerationRequest, check_model: Callable[[str], None] | None = None
+) -> tuple[Guarantee, float, Callable[[int], Callable[[GroupJob], StepPolicy]]]:
+    """Everything about a request that can be checked without reading the data or loading the
+    model: the parameters, the budget (and its limit), the prompt template and its labels,
+    the data path, the output path (its folder can be created), the ledger (an SQLite dplang
+    ledger, or creatable) and, with ``check_model``, the model spec. Milliseconds; creates
+    nothing. Returns what :func:`_make_guarantee` returns; raises :class:`GenerationError`."""
     _validate(req)
-    guarantee, clip, factory = _make_guarantee(req)
+    made = _make_guarantee(req)
     if not req.data.exists():
         raise GenerationError(f"data file not found: {req.data}")
+    if not req.data.is_file():
+        raise GenerationError(f"--data {req.data} is not a file")
     try:
-        dataset = dataset_name(req.data, req.dataset)
-    except ReleaseError as exc:
-        raise GenerationError(str(exc)) from exc
-    try:  # checked before the (slow) model load; the model decides the form later
+        dataset_name(req.data, req.dataset)
+        check_output_path(req.out)
+        check_ledger_path(req.ledger)
+    except (ReleaseError, LedgerError) as exc:
+        raise GenerationError(str(exc)) from None
+    try:  # the model decides the form later; the labels are the same in both forms
         template = get_template(req.prompt, chat=False)
         template.check_labels(list(req.group_by))
     except (ValueError, OSError) as exc:
-        raise GenerationError(f"--prompt: {exc}") from exc
+        raise GenerationError(f"--prompt: {exc}") from None
+    if check_model is not None:
+        try:
+            check_model(req.model)
+        except ValueError as exc:
+            raise GenerationError(str(exc).splitlines()[0]) from None
+    return made
+
+
+def plan_generation(
+    req: GenerationRequest, load_model: Callable[[str], LogitsModel],
+    check_model: Callable[[str], None] | None = None,
+) -> GenerationPlan:
+    """Validate the request (:func:`check_request`), read the data, form the batches, check
+    what ``--out`` already holds, and only then load the model.
+
+    Writes nothing. Raises :class:`GenerationError` (or ``ReferenceDataError``) with a
+    one-line message on bad input, a model that fails to load included."""
+    guarantee, clip, factory = check_request(req, check_model)
+    dataset = dataset_name(req.data, req.dataset)
     limit = None if req.num is None or req.group_by else req.num * req.batch_size
     records, stats = load_references(req.data, req.text_column, req.group_by, limit=limit)
     try:
         batches = make_batches(records, req.batch_size, req.num, req.group_by)
     except ValueError as exc:
         raise GenerationError(str(exc)) from exc
-    model = load_model(req.model)
+    digest = file_digest(req.data)
+    # a different run in --out is refused before the (slow) model load; the model's own
+    # identity (weights digest, prompt form) is compared again once it is loaded
+    _check_existing(req, _public_parameters(req, clip), _private_identity(req, digest, dataset))
+    model = _load(load_model, req.model)
     template = get_template(req.prompt, chat=model.has_chat_template)
     if req.system is not None:
         template = PromptTemplate(template.name, template.private_text, template.public_text,
                                   req.system, template.form, template.label_normaliser)
     params = DecodingParams(clip, req.batch_size, req.temperature, req.top_k, req.max_tokens,
                             req.sparse_head)
-    plan = GenerationPlan(req, model, template, batches, stats, file_digest(req.data),
+    plan = GenerationPlan(req, model, template, batches, stats, digest,
                           guarantee, params, factory(model.vocab_size), dataset=dataset)
     plan.jobs = [_job(plan, b) for b in batches]
     return plan
+
+
+def _load(load_model: Callable[[str], LogitsModel], spec: str) -> LogitsModel:
+    """Load the model; any failure (a folder transformers cannot read, an unsupported
+    architecture, a configuration that cannot be made row-invariant) is a one-line
+    :class:`GenerationError`: nothing has been charged or written yet."""
+    try:
+        return load_model(spec)
+    except GenerationError:
+        raise
+    except Exception as exc:  # third-party loaders raise anything
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise GenerationError(f"--model {spec}: cannot load it ({type(exc).__name__}"
+                              + (f": {first}" if first else "") + ")") from None
 
 
 def _job(plan: GenerationPlan, batch: Batch) -> GroupJob:
@@ -346,8 +488,18 @@ def _shared_prefix(plan: GenerationPlan, labels: dict[str, str], public: str) ->
 
 
 #: Request fields that are not part of the public fingerprint: the seed (secret), paths and
-#: the dataset name (private side file), and concurrency (does not change the output).
-_NOT_FINGERPRINTED = ("seed", "ledger", "out", "concurrent_groups", "data", "dataset")
+#: the dataset name (private side file), concurrency (does not change the output) and
+#: ``overwrite`` (what to do with an earlier run, not what this run is).
+_NOT_FINGERPRINTED = ("seed", "ledger", "out", "concurrent_groups", "data", "dataset",
+                      "overwrite")
+
+
+def _public_parameters(req: GenerationRequest, clip: float) -> dict[str, Any]:
+    """The request's public parameters as the manifest records them (no model needed)."""
+    params = {k: v for k, v in asdict(req).items() if k not in _NOT_FINGERPRINTED}
+    params["group_by"] = list(req.group_by)
+    params["clip"] = clip
+    return params
 
 
 def _fingerprint(plan: GenerationPlan) -> dict[str, Any]:
@@ -355,12 +507,8 @@ def _fingerprint(plan: GenerationPlan) -> dict[str, Any]:
 
     Privacy contract: a function of the request's public parameters, the model and the prompt
     only: no data path, no digest, no count of the private rows."""
-    req = plan.request
-    params = {k: v for k, v in asdict(req).items() if k not in _NOT_FINGERPRINTED}
-    params["group_by"] = list(req.group_by)
-    params["clip"] = plan.params.clip
     return {
-        "parameters": params,
+        "parameters": _public_parameters(plan.request, plan.params.clip),
         "model_id": plan.model.model_id,
         "model_sha256": plan.model.weights_digest(),
         "model_dtype": str(getattr(plan.model, "dtype", "float32")).replace("torch.", ""),
@@ -374,10 +522,13 @@ def _fingerprint(plan: GenerationPlan) -> dict[str, Any]:
     }
 
 
-def _private_fingerprint(plan: GenerationPlan) -> dict[str, Any]:
+def _private_identity(req: GenerationRequest, digest: str, dataset: str) -> dict[str, Any]:
     """What a resumed run must share with the first one besides the public fingerprint."""
-    return {"path": str(plan.request.data), "sha256": plan.data_digest,
-            "dataset": plan.dataset}
+    return {"path": str(req.data), "sha256": digest, "dataset": dataset}
+
+
+def _private_fingerprint(plan: GenerationPlan) -> dict[str, Any]:
+    return _private_identity(plan.request, plan.data_digest, plan.dataset)
 
 
 @dataclass
@@ -418,29 +569,60 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise GenerationError(f"cannot read {path}: {exc}") from None
 
 
-def _resume_seed(plan: GenerationPlan, fingerprint: dict[str, Any]) -> tuple[bool, int | None]:
+def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """``key: old → new`` for the leaves that differ between two JSON-like values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new), key=str):
+            out += _differences(old.get(key), new.get(key), f"{prefix}{key}.")
+        return out
+    if old == new:
+        return []
+    return [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
+
+
+def _different_run(req: GenerationRequest, detail: str = "") -> GenerationError:
+    return GenerationError(
+        f"{req.out} holds a different run{detail}; choose another --out, or --overwrite to "
+        "replace it with a new run")
+
+
+def _check_existing(
+    req: GenerationRequest, parameters: dict[str, Any], private_fp: dict[str, Any],
+    fingerprint: dict[str, Any] | None = None,
+) -> tuple[bool, int | None]:
     """(resuming, stored seed) after checking what ``--out`` already holds.
 
-    Refused with a one-line error: an output without its manifest; a manifest of a different
-    run; a run whose private side file is gone; a private side file left without its run's
-    outputs (a stale seed is never half-used: delete it to start a new, newly charged run)."""
-    req = plan.request
-    manifest_path, private_path = plan.manifest_path, plan.private_path
+    Called twice: before the model load with the public ``parameters`` only, and after it
+    with the whole public ``fingerprint`` (model digest and prompt form included). With
+    ``--overwrite`` whatever is there is to be replaced: (False, None). Refused with a
+    one-line error: an output without its manifest; a manifest of a different run (the
+    message names what differs); a run whose private side file is gone; a private side file
+    left without its run's outputs (a stale seed is never half-used)."""
+    if req.overwrite:
+        return False, None
+    manifest_path, private_path = manifest_path_for(req.out), private_path_for(req.out)
     if not manifest_path.exists():
         if req.out.exists():
-            raise GenerationError(f"{req.out} exists without a manifest; choose another --out")
+            raise GenerationError(f"{req.out} exists without a manifest; choose another --out "
+                                  "or --overwrite")
         if private_path.exists():
             raise GenerationError(
                 f"{private_path} is left from a run whose outputs are gone; restore "
-                f"{req.out.name} and {manifest_path.name} to resume it, or delete it to start a "
-                "new run (a new seed, charged anew)")
+                f"{req.out.name} and {manifest_path.name} to resume it, or delete it (or "
+                "--overwrite) to start a new run (a new seed, charged anew)")
         return False, None
     old = _read_json(manifest_path)
-    if old.get("fingerprint") != fingerprint:
-        raise GenerationError(
-            f"{req.out} holds a different run (other data, model or parameters); "
-            "choose another --out or delete it"
-        )
+    old_fp = old.get("fingerprint")
+    if not isinstance(old_fp, dict):
+        raise _different_run(req, " (its manifest has no fingerprint)")
+    diff = _differences(old_fp.get("parameters"), parameters)
+    if fingerprint is not None:
+        diff += _differences({k: v for k, v in old_fp.items() if k != "parameters"},
+                             {k: v for k, v in fingerprint.items() if k != "parameters"})
+    if diff:
+        shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
+        raise _different_run(req, f" ({shown})")
     if not private_path.exists():
         raise GenerationError(f"cannot resume {req.out}: its private side file {private_path} "
                               "(with the secret seed) is gone; choose another --out")
@@ -448,11 +630,11 @@ def _resume_seed(plan: GenerationPlan, fingerprint: dict[str, Any]) -> tuple[boo
     data = private.get("data") or {}
     stored_fp = {"path": data.get("path"), "sha256": data.get("sha256"),
                  "dataset": private.get("dataset")}
-    if stored_fp != _private_fingerprint(plan):
-        raise GenerationError(
-            f"{req.out} holds a different run (other data, model or parameters); "
-            "choose another --out or delete it"
-        )
+    if stored_fp != private_fp:
+        # which of them differs is told (the data holder's own terminal), not the values
+        what = [k for k in ("path", "sha256", "dataset") if stored_fp[k] != private_fp[k]]
+        names = {"path": "data path", "sha256": "data content", "dataset": "dataset name"}
+        raise _different_run(req, f" (other {', '.join(names[k] for k in what)})")
     try:
         stored = int(private["seed"])
     except (KeyError, TypeError, ValueError):
@@ -462,6 +644,12 @@ def _resume_seed(plan: GenerationPlan, fingerprint: dict[str, Any]) -> tuple[boo
             f"{req.out} was started with another --seed; use the same seed or a new --out"
         )
     return True, stored
+
+
+def _resume_seed(plan: GenerationPlan, fingerprint: dict[str, Any]) -> tuple[bool, int | None]:
+    """:func:`_check_existing` with the loaded model's whole fingerprint."""
+    return _check_existing(plan.request, fingerprint["parameters"],
+                           _private_fingerprint(plan), fingerprint)
 
 
 def execute_plan(
@@ -483,7 +671,21 @@ def execute_plan(
     fingerprint, dataset name, data digest, seed) is in the ledger before anything is written
     (charged once however often it is resumed; a new seed is a new charge); the manifest holds
     public inputs only and the seed, digest, counts and paths go to ``OUT.private.json``
-    (mode 600 from creation). Raises ``BudgetExceeded`` when over budget (nothing written)."""
+    (mode 600 from creation). Raises ``BudgetExceeded`` when over budget (nothing written).
+
+    The whole of it runs under the run's lock (:class:`~dplang.release.RunLock`): a second
+    process writing the same ``--out`` is refused with :class:`~dplang.release.RunLocked`."""
+    with RunLock(plan.request.out):
+        return _execute_locked(plan, on_result, on_step, on_start, on_warning)
+
+
+def _execute_locked(
+    plan: GenerationPlan,
+    on_result: Callable[[dict[str, Any]], None] | None,
+    on_step: Callable[[int], None] | None,
+    on_start: Callable[[int, int], None] | None,
+    on_warning: Callable[[str], None] | None,
+) -> RunSummary:
     req = plan.request
     fingerprint = _fingerprint(plan)
     resuming, stored_seed = _resume_seed(plan, fingerprint)
@@ -494,8 +696,11 @@ def execute_plan(
         description=f"dplang generate ({req.method}) → {req.out}",
         seed_source="resumed from the private side file" if resuming else None,
     )
-    done = _finished_groups(req.out)
+    done = set() if req.overwrite else _finished_groups(req.out)
     release.charge(on_warning)  # before any output (invariant 6); idempotent on resume
+    if req.overwrite:  # the earlier run's files go only now that the new run is charged
+        for old in (req.out, plan.manifest_path, plan.private_path):
+            old.unlink(missing_ok=True)
     if plan.read_stats.used == 0 and on_warning is not None:
         # Not refused (a neighbour with one usable row would not be): the data holder is told.
         on_warning(f"no row of {req.data} holds a usable reference: every generation is the "
@@ -507,7 +712,8 @@ def execute_plan(
                            "used": plan.read_stats.used,
                            "unusable_by_reason": dict(plan.read_stats.skipped_by_reason),
                            "unusable_rule": plan.read_stats.on_unusable},
-                  "truncated_references": plan.truncated_references},
+                  "truncated_references": plan.truncated_references,
+                  "references_used": plan.references_used},
             output=str(req.out),
         ))
     manifest = release.public_manifest(

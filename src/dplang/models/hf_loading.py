@@ -1,0 +1,136 @@
+"""Loading a Hugging Face causal LM for the transformers backend: paths, GGUF files, the
+transformer body, the LM head's post-processing, EOS ids and the weights' digest."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "find_body",
+    "find_eos_ids",
+    "load_pretrained",
+    "logit_postprocessing",
+    "resolve_model_path",
+    "strip_quantization",
+    "weights_digest_of",
+]
+
+
+def resolve_model_path(path: Path, gguf_file: str | None) -> tuple[Path, str | None]:
+    """(folder, GGUF file name or None) for a model folder or a ``.gguf`` file path."""
+    if not path.exists():
+        raise FileNotFoundError(f"model path does not exist: {path}")
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ValueError(f"a model file must be a .gguf file, got {path}")
+        return path.parent, path.name
+    if gguf_file is not None and not (path / gguf_file).is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path / gguf_file}")
+    return path, gguf_file
+
+
+def load_pretrained(folder: Path, gguf_name: str | None, tokenizer: Any) -> tuple[Any, Any]:
+    """The float32 causal LM (GGUF blocks dequantised) and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, Any] = {"dtype": torch.float32}
+    if gguf_name is not None:
+        kwargs["gguf_file"] = gguf_name
+        try:  # transformers >= 5 can keep GGUF blocks packed; we want plain float32.
+            from transformers import GgufConfig
+
+            kwargs["quantization_config"] = GgufConfig(dequantize=True)
+        except ImportError:  # pragma: no cover - older transformers always dequantise
+            pass
+    model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+    strip_quantization(model)
+    if tokenizer is None:
+        tok_kwargs = {"gguf_file": gguf_name} if gguf_name is not None else {}
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), **tok_kwargs)
+    return model, tokenizer
+
+
+def find_body(model: Any) -> Any:
+    """The transformer body (embeddings + layers + final norm), without the LM head."""
+    body = None
+    get_decoder = getattr(model, "get_decoder", None)
+    if callable(get_decoder):
+        try:
+            body = get_decoder()
+        except (AttributeError, NotImplementedError):
+            body = None
+    if body is None or body is model:
+        body = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    if body is None or body is model:
+        raise ValueError(f"cannot find the transformer body of {type(model).__name__}")
+    return body
+
+
+def logit_postprocessing(config: Any) -> tuple[float | None, float]:
+    """(soft-cap, multiplier) the architecture applies to the LM-head output."""
+    softcap = getattr(config, "final_logit_softcapping", None)
+    multiplier = 1.0
+    logit_scale = getattr(config, "logit_scale", None)  # Cohere: logits * logit_scale
+    if isinstance(logit_scale, (int, float)):
+        multiplier *= float(logit_scale)
+    logits_scaling = getattr(config, "logits_scaling", None)  # Granite: logits / scaling
+    if isinstance(logits_scaling, (int, float)) and logits_scaling:
+        multiplier /= float(logits_scaling)
+    return (float(softcap) if softcap else None), multiplier
+
+
+def find_eos_ids(model: Any, tokenizer: Any, vocab_size: int) -> frozenset[int]:
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), model.config.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    vocab = tokenizer.get_vocab()
+    for token in ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|endoftext|>"):
+        if token in vocab:
+            ids.add(int(vocab[token]))
+    return frozenset(i for i in ids if 0 <= i < vocab_size)
+
+
+def weights_digest_of(path: Path | None, gguf_name: str | None, model: Any) -> str:
+    digest = hashlib.sha256()
+    files: list[Path] = []
+    if path is not None and path.is_dir():
+        if gguf_name is not None:
+            files = [path / gguf_name]
+        else:
+            files = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
+    if files:
+        for file in files:
+            if len(files) > 1:  # one file: its plain sha256 (what `sha256sum` prints)
+                digest.update(file.name.encode())
+            with file.open("rb") as handle:
+                while block := handle.read(1 << 22):
+                    digest.update(block)
+        return digest.hexdigest()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def strip_quantization(model: Any) -> None:
+    """Forget a (dequantised) GGUF quantisation config so the model saves as plain weights."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and hasattr(quantizer, "remove_quantization_config"):
+        quantizer.remove_quantization_config(model)
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    if getattr(model, "is_quantized", False):
+        with contextlib.suppress(AttributeError):  # a read-only property in transformers 5
+            model.is_quantized = False

@@ -1,0 +1,132 @@
+"""The load-time check that a backend configuration is row-invariant (privacy-critical).
+
+See :mod:`dplang.models._rowwise` for why every row's logits must be a function of that row's
+own tokens, bit for bit, and how the transformers backend achieves it. This module verifies it
+on the machine and configuration at hand; the backend runs it at every load and refuses a
+configuration where it fails.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from dplang.models.transformers import TransformersModel
+
+__all__ = ["RowInvarianceError", "bitwise_equal", "check_row_invariance"]
+
+
+class RowInvarianceError(RuntimeError):
+    """This model configuration does not give bit-identical per-row results on this machine."""
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit patterns (``-0.0`` and ``0.0`` differ, NaNs with the same bits are equal)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    as_int = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64}
+    kind = as_int.get(a.dtype)
+    if kind is None:
+        return bool(torch.equal(a, b))
+    return bool(torch.equal(a.contiguous().view(kind), b.contiguous().view(kind)))
+
+
+def check_row_invariance(model: TransformersModel) -> None:
+    """Verify, on this machine and configuration, that rows decoded together give exactly
+    the bits they give alone: prompts of several lengths (crossing cache blocks), decoded
+    together, alone, in another order beside a duplicate, and after a row is dropped;
+    hidden states, full-vocabulary logits and candidate logits are compared bit for bit.
+
+    Raises :class:`RowInvarianceError` (the configuration must not be used for private
+    generation) on any difference."""
+    block = model.block_size
+    base = model._prompt_ids("Row invariance probe: the quick brown fox jumps over the lazy "
+                            "dog while five boxing wizards jump quickly.")
+    # A one-token prompt, one that fills its first block on the first decode step and
+    # crosses into a second on the next, and one that starts in its second block.
+    lengths = [1, max(1, block - 1), block + 2]
+    prompts = [(base * (n // len(base) + 1))[:n] for n in lengths]
+    steps = 2
+    tokens = [[(31 * s + 7 * r + 11) % model.vocab_size for r in range(len(prompts))]
+              for s in range(steps)]
+    candidates = torch.tensor([sorted({(97 * j + 5) % model.vocab_size for j in range(41)})])
+
+    def decode(rows: list[int], drop_after: int | None = None) -> list[list[torch.Tensor]]:
+        """Per slot of ``rows``: hidden, dense and sparse logits at every step it lived."""
+        state = _state(prompts=[prompts[r] for r in rows])
+        live = list(range(len(rows)))
+        seen: list[list[torch.Tensor]] = [[] for _ in rows]
+        for s in range(steps + 1):
+            step_tokens = None if s == 0 else torch.tensor(
+                [tokens[s - 1][rows[i]] for i in live], dtype=torch.int64)
+            hidden = model.next_hidden(state, step_tokens)
+            sparse = model.logits_from_hidden(hidden, candidates.expand(len(live), -1))
+            values = [hidden, sparse]
+            if s == steps:  # the full head costs most: once per run
+                values.append(model.logits_from_hidden(hidden))
+            for j, i in enumerate(live):
+                seen[i].extend(v[j] for v in values)
+            if drop_after is not None and s == drop_after:
+                # The dropped row's blocks are poisoned before they are freed: whoever
+                # gets them next must not see its old values, finite or not.
+                dropped = state.caches[0]
+                assert state.cache is not None and dropped is not None
+                state.cache.fill(dropped.owned, float("nan"))
+                model.drop_rows(state, torch.arange(1, len(live)))
+                live = live[1:]
+        return seen
+
+    everyone = list(range(len(prompts)))
+    alone = {r: decode([r])[0] for r in everyone}
+    runs = {"together": everyone, "reordered": [2, 0, 1, 0]}
+    checks = [(name, rows, decode(rows)) for name, rows in runs.items()]
+    checks.append(("after a drop", everyone, decode(everyone, drop_after=1)))
+    checks.extend(_prefix_checks(model, steps))
+    for name, rows, seen in checks:
+        for slot, values in enumerate(seen):
+            reference = alone[rows[slot]] if isinstance(rows[slot], int) else rows[slot]
+            for got, want in zip(values, reference, strict=False):
+                if not bitwise_equal(got, want):
+                    diff = float((got - want).abs().max())
+                    raise RowInvarianceError(
+                        f"{model.model_id}: a row decoded {name} with others differs from "
+                        f"the same row decoded alone (max {diff:.3g}) with dtype "
+                        f"{str(model.dtype).replace('torch.', '')} and {model.threads} "
+                        "threads; this configuration cannot guarantee that one reference "
+                        "influences only its own generation: try --dtype float32 or "
+                        "another thread count"
+                    )
+
+
+_Check = tuple[str, list[Any], list[list[torch.Tensor]]]
+
+
+def _prefix_checks(model: TransformersModel, steps: int) -> list[_Check]:
+    """Rows sharing a public prefix (longer than a block, so that full blocks are shared
+    and the last one copied; one row is the prefix itself) decoded together and alone."""
+    prefix = "Shared prefix of the row invariance probe: " + "word " * model.block_size
+    texts = [prefix + "alpha beta gamma", prefix + "delta", prefix]
+
+    def run(indices: list[int]) -> list[list[torch.Tensor]]:
+        state = _state(prompts=[])
+        model.add_prompts(state, [texts[i] for i in indices], [prefix] * len(indices))
+        seen: list[list[torch.Tensor]] = [[] for _ in indices]
+        for s in range(steps + 1):
+            step = None if s == 0 else torch.tensor(
+                [(13 * s + 5 * i + 3) % model.vocab_size for i in indices])
+            hidden = model.next_hidden(state, step)
+            for j in range(len(indices)):
+                seen[j].append(hidden[j])
+        return seen
+
+    alone = [run([i])[0] for i in range(len(texts))]
+    together = run(list(range(len(texts))))
+    return [("sharing a prefix", alone, together)]
+
+
+def _state(prompts: list[list[int]]) -> Any:
+    from dplang.models.transformers import RowDecodeState
+
+    return RowDecodeState(prompts=prompts)

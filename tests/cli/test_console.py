@@ -1,0 +1,51 @@
+"""Progress meter and quiet mode of the command line."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+import pytest
+
+from dplang.cli.console import GenerationProgress, quiet_libraries
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_eta_from_the_first_finished_group_on():
+    clock = Clock()
+    meter = GenerationProgress(pending=10, clock=clock)
+    assert meter.eta_seconds() is None and meter.eta_text() == "ETA after the first group"
+    clock.now += 2.0
+    meter.step(4)  # four groups decoded together, one token each
+    assert meter.eta_seconds() is None and meter.rate_text() == "2.0 tok/s"
+    for _ in range(4):
+        clock.now += 2.0
+        meter.step(4)
+    meter.group_done(5)  # the first group ended after 5 tokens: 20 tokens in 10 s
+    # 10 groups × 5 tokens expected, 20 decoded, at 2 tok/s: 15 s left
+    assert meter.eta_seconds() == pytest.approx(15.0)
+    assert meter.eta_text() == "ETA 0:00:15"
+    for _ in range(9):
+        meter.group_done(5)
+    assert meter.eta_seconds() == 0.0
+
+
+def test_quiet_libraries_silences_and_restores():
+    os.environ.pop("TQDM_DISABLE", None)
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    with quiet_libraries(True):
+        assert os.environ["TQDM_DISABLE"] == "1"
+        assert logging.getLogger("transformers").level == logging.ERROR
+        assert warnings.filters[0][0] == "ignore"
+    assert "TQDM_DISABLE" not in os.environ and logger.level == level
+    with quiet_libraries(False):
+        assert "TQDM_DISABLE" not in os.environ

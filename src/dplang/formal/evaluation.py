@@ -13,7 +13,11 @@ low-dimensional the error is computed **exactly** (spec 000 §5.3):
 * generation (:func:`exact_generation_error`): the scores depend on the multiplicities of the
   window's positive-mass strings, clipped at ⌈τ⌉; with at most two such strings (Remark 5.7 with
   M = 3) the joint law is enumerated exactly — the common string by an exact sum over its count,
-  the other through conditional binomial tails — in O(n·τ). The output step adds the exact
+  the other through conditional binomial tails — in O(n·τ). With more (Remark 5.7 with M̄ = 4,
+  6, 12; ``dfa-demo``), the clipped counts of the three rarest are enumerated with their exact
+  law (exact coordinates by the multinomial, lumped ones by conditional joint tails, no
+  cancellation) and the commoner ones are taken as covered, which is only accepted when the
+  bound Σ_j P(N_j < ⌈τ⌉) on the change is below 1e−9·Err. The output step adds the exact
   probability that the released string is invalid or a repeat (``fail_given_selection``).
 
 Elsewhere :func:`rao_blackwell_error` draws samples S and averages the *exact* conditional
@@ -39,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.special import gammaln, logsumexp
+from scipy.special import gammaln, logsumexp, xlogy
 from scipy.stats import binom, norm
 
 from ..privacy.audit import gaussian_privacy_profile
@@ -248,8 +252,12 @@ def fail_given_selection(collection: Collection, index: int, beyond: int, big_r:
 
 def exact_generation_error(alg: _Generator, collection: Collection,
                            distribution: Distribution, n: int) -> ErrorEstimate:
-    """Err_GEN exactly for Algorithms 3, 6 and 7 when at most two window strings have positive
-    mass (Algorithm 7's law by quadrature, once per distinct score vector).
+    """Err_GEN exactly for Algorithms 3, 6 and 7 (Algorithm 7's law by quadrature, once per
+    distinct score vector). One or two positive-mass window strings: every clipped count
+    enumerated. Three or more: :func:`_exact_generation_many` (the three rarest enumerated, the
+    others covered up to a remainder ≤ 1e−9·Err, else ValueError). States are visited by
+    decreasing probability and the rest left out once it is below e^{−40}·Err
+    (``parts['log_left_out']``).
 
     Err = E[Σ_i P(î = i | S)·invalid_i] + E[Σ_i P(î = i | S)·(1 − invalid_i)]·collision_i, where
     the collision term uses E over S of the collision probability (its correlation with the
@@ -265,9 +273,8 @@ def exact_generation_error(alg: _Generator, collection: Collection,
     uni = collection.universe
     probs = np.array([distribution.pmf(uni.at(j)) for j in range(1, window + 1)])
     positive = [j for j in range(window) if probs[j] > 0]
-    if len(positive) > 2 or not positive:
-        raise ValueError(f"{len(positive)} positive-mass strings in the window: use "
-                         "rao_blackwell_error")
+    if not positive:
+        raise ValueError("no positive-mass string in the window: use rao_blackwell_error")
     support = distribution.support
     atoms = distribution.atoms()
     # per selected unit: invalid probability and collision probability
@@ -296,9 +303,13 @@ def exact_generation_error(alg: _Generator, collection: Collection,
         law = alg.log_law(counts, memb, n)
         return law.reshape(counts.shape[0], -1)
 
+    if len(positive) > 2:
+        return _exact_generation_many(window, cap, n, probs, positive, invalid, log_coll,
+                                      log_laws)
     # enumerate (clipped) counts of the positive-mass strings with exact probabilities:
     # blocks of (log probability, count vectors)
     blocks: list[tuple[np.ndarray, np.ndarray]] = []
+    log_skipped = -math.inf  # bound on the probability of the counts not enumerated
     if len(positive) == 1:
         (a,) = positive
         c = np.arange(0, cap + 1)
@@ -315,7 +326,10 @@ def exact_generation_error(alg: _Generator, collection: Collection,
         cond = min(1.0, pb / (1 - pa))
         ca = np.arange(n + 1)
         lpa = binom.logpmf(ca, n, pa)
-        xs = ca[lpa > lpa.max() - 800]
+        far = lpa <= lpa.max() - 800
+        xs = ca[~far]
+        if far.any():
+            log_skipped = float(logsumexp(lpa[far]))
         cb = np.arange(0, cap + 1)
         for chunk in np.array_split(xs, max(1, xs.size // 256)):
             m = (n - chunk)[:, None]
@@ -330,37 +344,270 @@ def exact_generation_error(alg: _Generator, collection: Collection,
             counts = counts.reshape(-1, window)
             ok = np.isfinite(lp)
             blocks.append((lp[ok], counts[ok]))
-    # rows are processed by decreasing probability: a row whose probability is below
-    # e^{−40} times the error accumulated so far is dropped (relative error ≤ e^{−40}·rows)
     all_lp = np.concatenate([lp for lp, _ in blocks])
     all_counts = np.concatenate([c for _, c in blocks], axis=0)
-    order = np.argsort(-all_lp, kind="stable")
-    all_lp, all_counts = all_lp[order], all_counts[order]
-    sel_terms, good_terms = [], []
+    log_sel, log_collision, left_out = _accumulate(all_lp, lambda idx: all_counts[idx],
+                                                   invalid, log_coll, log_laws)
+    total = float(np.logaddexp(log_sel, log_collision))
+    log_left = float(np.logaddexp(left_out, log_skipped))
+    if log_left > total - 40:
+        raise ValueError("the count enumeration left out too much mass: use "
+                         "rao_blackwell_error")
+    return _from_log(total, exact=True,
+                     parts={"selection": math.exp(log_sel) if log_sel > -745 else 0.0,
+                            "log_selection": log_sel, "log_collision": log_collision,
+                            "log_left_out": log_left})
+
+
+# ---------------------------------------------------------------------------------------------
+# the clipped multinomial law (three or more positive-mass window strings)
+# ---------------------------------------------------------------------------------------------
+
+_RARE = 3  # positive-mass window strings whose clipped counts are enumerated exactly
+_MAX_STATES = 8_000_000  # clipped-count states enumerated at most (memory ~40 bytes each)
+
+
+def _log_all_below(m: int, qs: Sequence[float], cap: int) -> float:
+    """log P(N_l < cap for every l), (N_l) ~ Mult(m; qs, rest): a finite sum of positive terms,
+    conditioning on the first count (no cancellation)."""
+    if not qs:
+        return 0.0
+    if cap <= 0:
+        return -math.inf
+    if len(qs) == 1:
+        return float(binom.logcdf(cap - 1, m, qs[0]))
+    q1 = qs[0]
+    rest = [q / (1 - q1) for q in qs[1:]]
+    x = np.arange(0, min(cap - 1, m) + 1)
+    lp = binom.logpmf(x, m, q1)
+    if len(rest) == 1:
+        inner = binom.logcdf(cap - 1, m - x, rest[0])
+    else:
+        inner = np.array([_log_all_below(m - int(v), rest, cap) for v in x])
+    return float(logsumexp(lp + inner))
+
+
+def _log_all_at_least(m: int, qs: Sequence[float], cap: int) -> float:
+    """log P(N_l ≥ cap for every l), (N_l) ~ Mult(m; qs, rest).
+
+    When the union bound Σ_l P(N_l < cap) is at most 1/2, as 1 − P(∪{N_l < cap}) by
+    inclusion–exclusion (every term a sum of positive terms; relative error ~1e−16 as the
+    result is ≥ 1/2). Otherwise by conditioning on the first count x ≥ cap and summing the
+    positive terms P(N_1 = x)·P(rest ≥ cap | x) from the most probable x outwards, until the
+    binomial mass of the x not yet summed is below e^{−50} times the sum (a rigorous bound, as
+    every conditional factor is ≤ 1)."""
+    if not qs or cap <= 0:
+        return 0.0
+    if m < len(qs) * cap:
+        return -math.inf
+    if len(qs) == 1:
+        return float(binom.logsf(cap - 1, m, qs[0]))
+    lows = [float(binom.logcdf(cap - 1, m, q)) for q in qs]
+    if float(logsumexp(lows)) <= math.log(0.5):
+        logs, signs = [], []
+        for size in range(1, len(qs) + 1):
+            for sub in itertools.combinations(range(len(qs)), size):
+                logs.append(lows[sub[0]] if size == 1
+                            else _log_all_below(m, [qs[i] for i in sub], cap))
+                signs.append(1 if size % 2 else -1)
+        union = _signed_logsumexp(logs, signs)
+        return math.log1p(-math.exp(union)) if union > -math.inf else 0.0
+    q1 = qs[0]
+    rest = [q / (1 - q1) for q in qs[1:]]
+    x = np.arange(cap, m + 1)
+    lp = binom.logpmf(x, m, q1)
+    order = np.argsort(-lp, kind="stable")
+    lp_sorted = lp[order]
+    # remaining[k] = log Σ_{k' ≥ k} P(N_1 = x_(k')): the mass not yet summed
+    remaining = np.logaddexp.accumulate(lp_sorted[::-1])[::-1]
+    total = -math.inf
+    for start in range(0, x.size, 256):
+        if total > -math.inf and remaining[start] < total - 50:
+            break
+        idx = order[start:start + 256]
+        xs = x[idx]
+        if len(rest) == 1:
+            inner = binom.logsf(cap - 1, m - xs, rest[0])
+        else:
+            inner = np.array([_log_all_at_least(m - int(v), rest, cap) for v in xs])
+        total = float(np.logaddexp(total, logsumexp(lp[idx] + inner)))
+    return total
+
+
+def _clipped_states(n: int, ps: Sequence[float], cap: int,
+                    horizon: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """The exact law of the clipped counts Y_l = min(N_l, cap) of r ≤ 3 strings with masses
+    ``ps`` when S ~ Dⁿ: (log-probabilities, states (rows of Y), log of a bound on the total
+    probability of the states left out). States below max − ``horizon`` are left out.
+
+    A state with exact coordinates E (Y_l < cap) and lumped ones L (Y_l = cap) has probability
+    Mult(y_E, m; p_E, 1 − Σp_E)·P(N_l ≥ cap ∀ l ∈ L | m) with m = n − Σ y_E, where the lumped
+    counts given y_E are Mult(m; p_L/(1 − Σp_E)) (:func:`_log_all_at_least`): no cancellation.
+    An exact coordinate only ranges over the values y whose marginal P(N_l = y) is at least
+    e^{−horizon} times the all-lumped state's probability (a state's probability is at most
+    each of its coordinates' marginals), so the work grows with the horizon, not with cap^r."""
+    r = len(ps)
+    if not 1 <= r <= 3:
+        raise ValueError("the clipped law is enumerated for 1 to 3 strings")
+    logp = np.log(np.asarray(ps, dtype=np.float64))
+    top = _log_all_at_least(n, list(ps), cap)  # the all-lumped state: a lower bound on the max
+    floor = top - horizon if top > -math.inf else -math.inf
+    band = []
+    outside = 0
+    for p in ps:
+        lpm = binom.logpmf(np.arange(cap), n, p)
+        inside = np.flatnonzero(lpm >= floor)
+        band.append(inside)
+        outside = max(outside, cap - inside.size)
+    size = sum(math.prod(band[i].size for i in range(r) if not lump[i])
+               for lump in itertools.product((False, True), repeat=r))
+    if size > _MAX_STATES:
+        raise ValueError(f"{size} clipped-count states within e^-{horizon:.0f} of the most "
+                         f"probable one (limit {_MAX_STATES}): use rao_blackwell_error")
+    keep_lp: list[np.ndarray] = []
+    keep_y: list[np.ndarray] = []
+    dropped = 0
+    for lump in itertools.product((False, True), repeat=r):
+        ex = [i for i in range(r) if not lump[i]]
+        lu = [i for i in range(r) if lump[i]]
+        pe = float(sum(ps[i] for i in ex))
+        rest_mass = 1.0 - pe
+        if lu and rest_mass <= 0:
+            continue
+        ql = [ps[i] / rest_mass for i in lu]
+        # exact coordinates: the first one by layers (bounded memory), the others as a grid
+        first = band[ex[0]] if ex else np.zeros(1, dtype=np.int64)
+        if len(ex) > 1:
+            grid = np.stack(np.meshgrid(*[band[i] for i in ex[1:]], indexing="ij"),
+                            axis=-1).reshape(-1, len(ex) - 1)
+        else:
+            grid = np.zeros((1, 0), dtype=np.int64)
+        tails: dict[int, float] = {}
+        for x0 in first.tolist():
+            vals = (np.concatenate([np.full((grid.shape[0], 1), x0), grid], axis=1)
+                    if ex else np.zeros((1, 0), dtype=np.int64))
+            m_rem = n - vals.sum(axis=1)
+            ok = m_rem >= len(lu) * cap
+            if not ok.all():  # impossible states (probability 0)
+                vals, m_rem = vals[ok], m_rem[ok]
+            if vals.shape[0] == 0:
+                continue
+            lp = (gammaln(n + 1) - gammaln(vals + 1).sum(axis=1) - gammaln(m_rem + 1)
+                  + (vals * logp[ex][None, :]).sum(axis=1) + xlogy(m_rem, rest_mass))
+            if lu:
+                for v in np.unique(m_rem).tolist():
+                    if v not in tails:
+                        tails[v] = _log_all_at_least(int(v), ql, cap)
+                lp = lp + np.array([tails[v] for v in m_rem.tolist()])
+            finite = np.isfinite(lp)
+            lp, vals = lp[finite], vals[finite]
+            if lp.size == 0:
+                continue
+            top = max(top, float(lp.max()))
+            keep = lp >= top - horizon
+            dropped += int(np.count_nonzero(~keep))
+            ys = np.full((int(np.count_nonzero(keep)), r), cap, dtype=np.int32)
+            ys[:, ex] = vals[keep]
+            keep_lp.append(lp[keep])
+            keep_y.append(ys)
+    lp_all = np.concatenate(keep_lp)
+    y_all = np.concatenate(keep_y, axis=0)
+    final = lp_all >= top - horizon
+    dropped += int(np.count_nonzero(~final))
+    log_dropped = math.log(dropped) + top - horizon if dropped else -math.inf
+    if outside:  # states with a coordinate outside its band: each below ``floor``
+        log_dropped = float(np.logaddexp(log_dropped, r * math.log(cap + 1) + floor))
+    return lp_all[final], y_all[final], log_dropped
+
+
+def _accumulate(lp: np.ndarray, counts_of: Any, invalid: np.ndarray, log_coll: np.ndarray,
+                log_laws: Any) -> tuple[float, float, float]:
+    """Σ over states of P(state)·(selection failure + collision), states processed by
+    decreasing probability; a state whose probability is below e^{−40} times the error so far
+    (divided by the number of states) is left out: (log selection part, log collision part,
+    log bound on what was left out)."""
+    order = np.argsort(-lp, kind="stable")
+    lp_sorted = lp[order]
+    sel_terms: list[np.ndarray] = []
+    good_terms: list[np.ndarray] = []
     log_inv = np.log(np.maximum(invalid, 1e-300))
     pos_inv = invalid > 0
     current = -math.inf
+    left_out = -math.inf
+    log_size = math.log(max(lp.size, 1))
     step = 4096
-    for start in range(0, all_lp.size, step):
-        lp = all_lp[start:start + step]
-        if current > -math.inf and lp[0] + math.log(all_lp.size) < current - 40:
+    for start in range(0, lp.size, step):
+        chunk_lp = lp_sorted[start:start + step]
+        if current > -math.inf and chunk_lp[0] + log_size < current - 40:
+            left_out = float(chunk_lp[0] + log_size)
             break
-        counts = all_counts[start:start + step]
-        law = log_laws(counts)
+        law = log_laws(counts_of(order[start:start + step]))
         if pos_inv.any():
-            sel_terms.append(logsumexp(lp[:, None] + law[:, pos_inv] + log_inv[None, pos_inv],
-                                       axis=1))
+            sel_terms.append(logsumexp(chunk_lp[:, None] + law[:, pos_inv]
+                                       + log_inv[None, pos_inv], axis=1))
             current = float(logsumexp(np.concatenate(sel_terms)))
-        good_terms.append(logsumexp(lp[:, None] + law, axis=0)[None, :])
+        good_terms.append(logsumexp(chunk_lp[:, None] + law, axis=0)[None, :])
     log_sel = float(logsumexp(np.concatenate(sel_terms))) if sel_terms else -math.inf
     log_mean_law = logsumexp(np.concatenate(good_terms, axis=0), axis=0)
     with np.errstate(divide="ignore"):
         log_valid = np.log1p(-np.minimum(invalid, 1.0))
     log_collision = float(logsumexp(log_mean_law + log_valid + log_coll))
-    total = np.logaddexp(log_sel, log_collision)
-    return _from_log(float(total), exact=True,
+    return log_sel, log_collision, left_out
+
+
+def _exact_generation_many(window: int, cap: int, n: int, probs: np.ndarray,
+                           positive: Sequence[int], invalid: np.ndarray, log_coll: np.ndarray,
+                           log_laws: Any, rare: int = _RARE) -> ErrorEstimate:
+    """exact_generation_error with more than two positive-mass window strings.
+
+    The clipped counts of the ``rare`` (3) rarest strings are enumerated with their exact law
+    (:func:`_clipped_states`, (⌈τ⌉ + 1)³ states); every commoner string is taken as *covered*
+    (count ≥ ⌈τ⌉, so it never enters a deficit). That changes Err by at most the remainder
+    Σ_j P(N_j < ⌈τ⌉) over the commoner strings (Err is the expectation of a [0, 1]-valued
+    function f of S, and |E f − E f̃| ≤ P(f ≠ f̃)); the value is returned only when the
+    remainder is at most 1e−9·Err (``parts['log_remainder']``), else ValueError. States are
+    left out only below e^{−40}·Err in total (``parts['log_left_out']``): the value is exact to
+    a relative 1e−9."""
+    order = sorted(positive, key=lambda j: (probs[j], j))
+    exact_set, common = order[:rare], order[rare:]
+    log_rem = (float(logsumexp([binom.logcdf(cap - 1, n, probs[j]) for j in common]))
+               if common else -math.inf)
+    if log_rem > math.log(1e-9):  # Err ≤ 1: the remainder can only be too large
+        raise ValueError(f"the commoner window strings are not covered well enough for an exact "
+                         f"value (remainder e^{log_rem:.1f}): use rao_blackwell_error")
+    base = np.zeros(window)
+    base[common] = cap
+    horizon = 200.0
+    while True:
+        lp, ys, log_dropped = _clipped_states(n, [float(probs[j]) for j in exact_set], cap,
+                                              horizon)
+
+        def counts_of(idx: np.ndarray, ys: np.ndarray = ys) -> np.ndarray:
+            counts = np.tile(base, (idx.size, 1))
+            counts[:, exact_set] = ys[idx]
+            return counts
+
+        log_sel, log_collision, left_out = _accumulate(lp, counts_of, invalid, log_coll,
+                                                       log_laws)
+        total = float(np.logaddexp(log_sel, log_collision))
+        if log_dropped <= total - 40 or horizon >= 20000:
+            break
+        # widen the horizon: at most doubled (the error found so far may be far too small
+        # when the failing states all lie beyond it)
+        horizon = min(2 * horizon, horizon + (log_dropped - total + 40) + 3 * math.log(cap + 1)
+                      + 10)
+    log_left = float(np.logaddexp(log_dropped, left_out))
+    if log_left > total - 40:
+        raise ValueError("the clipped-count enumeration could not bound the states it left "
+                         "out: use rao_blackwell_error")
+    if log_rem > total + math.log(1e-9):
+        raise ValueError(f"the commoner window strings are not covered well enough for an exact "
+                         f"value (remainder e^{log_rem:.1f} vs Err e^{total:.1f}): use "
+                         "rao_blackwell_error")
+    return _from_log(total, exact=True,
                      parts={"selection": math.exp(log_sel) if log_sel > -745 else 0.0,
-                            "log_selection": log_sel, "log_collision": log_collision})
+                            "log_selection": log_sel, "log_collision": log_collision,
+                            "log_remainder": log_rem, "log_left_out": log_left})
 
 
 def _signed_logsumexp(logs: Sequence[float], signs: Sequence[int]) -> float:

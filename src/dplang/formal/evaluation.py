@@ -50,7 +50,7 @@ from ..privacy.audit import gaussian_privacy_profile
 from ..privacy.randomness import RandomStreams
 from .collections import Collection
 from .distributions import Distribution
-from .languages import element_key
+from .languages import count_sub_among_first, element_key
 from .statistical import (
     GaussianMarginIdentifier,
     GaussianThresholdGenerator,
@@ -123,61 +123,159 @@ def wilson(successes: float, trials: int, confidence: float = 0.95) -> tuple[flo
 # =============================================================================================
 
 
-def _compositions(n: int, parts: int) -> np.ndarray:
-    """All vectors of ``parts`` non-negative integers summing to n (parts ≤ 3)."""
-    if parts == 1:
-        return np.array([[n]])
-    if parts == 2:
-        a = np.arange(n + 1)
-        return np.stack([a, n - a], axis=1)
-    raise ValueError("use the row-wise enumeration for three types")
+def log_binom_cdf(k: Any, n: Any, p: float) -> np.ndarray:
+    """log P(X ≤ k), X ~ Bin(n, p), elementwise, valid far below e^{−745} (scipy's logcdf
+    is the log of the cdf and underflows to −inf there). Where it underflows (k far below
+    the mean), the lower tail is summed in log space from k downwards: the pmf ratio
+    pmf(x−1)/pmf(x) = x(1−p)/((n−x+1)p) ≤ r < 1, so the terms left out after J of them are
+    below r^J/(1 − r) of the sum (J chosen to make that < 1e−17)."""
+    k_arr, n_arr = np.broadcast_arrays(np.asarray(k, dtype=np.int64),
+                                       np.asarray(n, dtype=np.int64))
+    shape = k_arr.shape
+    k_arr, n_arr = k_arr.ravel(), n_arr.ravel()
+    out = np.asarray(binom.logcdf(k_arr, n_arr, p), dtype=np.float64).copy()
+    todo = np.flatnonzero((out < -700) & (k_arr >= 0) & (k_arr < n_arr))
+    if todo.size:
+        kk, nn = k_arr[todo], n_arr[todo]
+        with np.errstate(divide="ignore"):
+            r = kk * (1 - p) / ((nn - kk + 1) * p)
+            need = np.where(r < 1, np.ceil(-42.0 / np.log(np.where(r < 1, r, 0.5))) + 2,
+                            np.inf)
+        terms = np.minimum(kk + 1, need).astype(np.int64)  # kk + 1 = the whole lower tail
+        for chunk in np.array_split(np.arange(todo.size), max(1, todo.size // 2048)):
+            width = int(terms[chunk].max())
+            j = np.arange(width)[None, :]
+            x = kk[chunk][:, None] - j
+            lp = binom.logpmf(np.maximum(x, 0), nn[chunk][:, None], p)
+            lp = np.where((j < terms[chunk][:, None]) & (x >= 0), lp, -np.inf)
+            out[todo[chunk]] = logsumexp(lp, axis=1)
+    return out.reshape(shape) if shape else out[0]
 
 
-def _multinomial_logpmf(comp: np.ndarray, logp: np.ndarray) -> np.ndarray:
-    n = comp.sum(axis=-1)
-    return gammaln(n + 1) - gammaln(comp + 1).sum(axis=-1) + (comp * logp).sum(axis=-1)
+def log_binom_sf(k: Any, n: Any, p: float) -> np.ndarray:
+    """log P(X > k), X ~ Bin(n, p), elementwise, valid far below e^{−745}:
+    P(X > k) = P(n − X ≤ n − k − 1) with n − X ~ Bin(n, 1 − p)."""
+    k_arr, n_arr = np.broadcast_arrays(np.asarray(k, dtype=np.int64),
+                                       np.asarray(n, dtype=np.int64))
+    shape = k_arr.shape
+    k_arr, n_arr = k_arr.ravel(), n_arr.ravel()
+    out = np.full(k_arr.shape, -np.inf)
+    out[k_arr < 0] = 0.0
+    mid = (k_arr >= 0) & (k_arr < n_arr)
+    if mid.any():
+        out[mid] = log_binom_cdf(n_arr[mid] - k_arr[mid] - 1, n_arr[mid], 1.0 - p)
+    return out.reshape(shape) if shape else out[0]
+
+
+def _binom_band(n: int, p: float, width: float) -> tuple[int, int]:
+    """[lo, hi]: the counts x whose Bin(n, p) log-pmf is within ``width`` of its maximum (the
+    log-pmf is unimodal: bisection on each side of the mode)."""
+    mode = min(n, math.floor((n + 1) * p))
+    floor = float(binom.logpmf(mode, n, p)) - width
+
+    def above(x: int) -> bool:
+        return float(binom.logpmf(x, n, p)) >= floor
+
+    lo_a, lo_b = 0, mode  # smallest x in [0, mode] above the floor
+    if above(0):
+        lo = 0
+    else:
+        while lo_b - lo_a > 1:
+            mid = (lo_a + lo_b) // 2
+            lo_a, lo_b = (lo_a, mid) if above(mid) else (mid, lo_b)
+        lo = lo_b
+    hi_a, hi_b = mode, n  # largest x in [mode, n] above the floor
+    if above(n):
+        hi = n
+    else:
+        while hi_b - hi_a > 1:
+            mid = (hi_a + hi_b) // 2
+            hi_a, hi_b = (mid, hi_b) if above(mid) else (hi_a, mid)
+        hi = hi_a
+    return lo, hi
+
+
+_MAX_ID_STATES = 40_000_000
 
 
 def exact_identification_error(alg: _Identifier, collection: Collection,
-                               distribution: Distribution, n: int) -> ErrorEstimate:
+                               distribution: Distribution, n: int,
+                               truth_horizon: int | None = None) -> ErrorEstimate:
     """Err_ID exactly, by enumerating the multinomial counts of membership types.
 
-    Needs a finite support with at most three membership types over L_1..L_K′ (the IPP pair
-    has two under D1 or D2; nested segments have three) and an algorithm whose selection law
-    has a closed form (Algorithms 4, 1, and 2 with K′ ≤ 2)."""
+    The error counts c_i = #{t : x_t ∉ L_i} depend on S only through the counts of the support
+    points' membership types over L_1..L_K′. A type inside every L_i never counts; for the
+    margin rules (``shift_invariant``: Algorithms 4, 1 and 2, whose laws depend on the counts
+    only through their differences) a type outside every L_i adds the same to every c_i and is
+    dropped as well. The remaining (at most three) types' counts are enumerated on the grid
+    where each marginal Bin(n, p_t) is within e^{−H} of its mode, with the exact multinomial law;
+    the mass outside the grid (exact binomial tails) times the largest excess must be below
+    e^{−40}·Err, else H grows — so nested segments (one relevant type) are O(band) even at
+    n = 10⁸. Needs an algorithm whose selection law has a closed form (Algorithms 4, 1, and 2
+    with K′ ≤ 2). ``truth_horizon`` measures err* over more languages than the algorithm
+    searches (the error of a horizon that is too short)."""
     big_k, kp = alg.horizon(n, collection)
-    truth = identification_truth(collection, distribution, big_k)
+    truth = identification_truth(collection, distribution, max(big_k, truth_horizon or 0))
     langs = collection.first(kp)
     types: dict[tuple[bool, ...], float] = {}
     for u, p in distribution.atoms():
-        key = tuple(lang.contains(u) for lang in langs)
+        key = tuple(not lang.contains(u) for lang in langs)  # outside which languages
         types[key] = types.get(key, 0.0) + p
-    keys = list(types)
-    if len(keys) > 3:
-        raise ValueError(f"{len(keys)} membership types: exact enumeration supports at most 3")
-    logp = np.log(np.array([types[k] for k in keys]))
-    outside = np.array([[not k[i] for i in range(kp)] for k in keys], dtype=np.int64)  # T×K′
-    excess = np.array(truth.errors) - truth.err_star
+    shift = bool(getattr(alg, "shift_invariant", False))
+    relevant = [k for k in types if any(k) and not (shift and all(k))]
+    if len(relevant) > 3:
+        raise ValueError(f"{len(relevant)} membership types that move the error counts: exact "
+                         "enumeration supports at most 3; use sampled_identification_error")
+    excess = np.array(truth.errors[:kp]) - truth.err_star
     pos = excess > 1e-15
     if not pos.any():
         return ErrorEstimate(0.0, -math.inf, True)
     log_excess = np.where(pos, np.log(np.where(pos, excess, 1.0)), -np.inf)
-    terms: list[np.ndarray] = []
-
-    def add(comp: np.ndarray) -> None:
-        counts = comp @ outside  # error counts per language
-        lp = _multinomial_logpmf(comp, logp)
-        law = alg.log_law(counts, n, big_k)
-        terms.append(logsumexp(lp[:, None] + law + log_excess[None, :], axis=1))
-
-    if len(keys) <= 2:
-        add(_compositions(n, len(keys)))
-    else:
-        for a in range(n + 1):
-            b = np.arange(n - a + 1)
-            add(np.stack([np.full_like(b, a), b, n - a - b], axis=1))
-    total = float(logsumexp(np.concatenate(terms)))
-    return _from_log(total, exact=True)
+    log_max_excess = float(np.max(log_excess))
+    if not relevant:
+        law = alg.log_law(np.zeros((1, kp), dtype=np.int64), n, big_k)
+        return _from_log(float(logsumexp(law[0] + log_excess)), exact=True)
+    outside = np.array(relevant, dtype=np.int64)  # R × K′
+    ps = np.array([types[k] for k in relevant])
+    rest = max(0.0, 1.0 - float(ps.sum()))
+    logp = np.log(ps)
+    width = 200.0
+    while True:
+        bands = [_binom_band(n, float(p), width) for p in ps]
+        size = math.prod(hi - lo + 1 for lo, hi in bands)
+        if size > _MAX_ID_STATES:
+            raise ValueError(f"{size} type-count states needed for an exact value (limit "
+                             f"{_MAX_ID_STATES}): use sampled_identification_error")
+        tails = [float(np.logaddexp(log_binom_cdf(lo - 1, n, p) if lo > 0 else -np.inf,
+                                    log_binom_sf(hi, n, p))) for (lo, hi), p in zip(bands, ps,
+                                                                                    strict=True)]
+        log_out = float(logsumexp(tails)) + log_max_excess
+        terms: list[float] = []
+        first = np.arange(bands[0][0], bands[0][1] + 1)
+        others = [np.arange(lo, hi + 1) for lo, hi in bands[1:]]
+        grid = (np.stack(np.meshgrid(*others, indexing="ij"), axis=-1).reshape(-1, len(others))
+                if others else np.zeros((1, 0), dtype=np.int64))
+        step = max(1, 2_000_000 // max(1, grid.shape[0] * kp))
+        for start in range(0, first.size, step):
+            xs = first[start:start + step]
+            comp = np.concatenate([np.repeat(xs, grid.shape[0])[:, None],
+                                   np.tile(grid, (xs.size, 1))], axis=1)
+            m_rest = n - comp.sum(axis=1)
+            ok = m_rest >= 0 if rest > 0 else m_rest == 0
+            comp, m_rest = comp[ok], m_rest[ok]
+            if comp.shape[0] == 0:
+                continue
+            lp = (gammaln(n + 1) - gammaln(comp + 1).sum(axis=1) - gammaln(m_rest + 1)
+                  + comp @ logp + xlogy(m_rest, rest))
+            law = alg.log_law(comp @ outside, n, big_k)
+            terms.append(float(logsumexp(lp[:, None] + law + log_excess[None, :])))
+        total = float(logsumexp(terms)) if terms else -math.inf
+        if log_out <= total - 40:
+            return _from_log(total, exact=True, parts={"log_left_out": log_out})
+        if total == -math.inf:
+            width *= 4
+        else:
+            width += (log_out - total + 40) + 20
 
 
 def sampled_identification_error(alg: _Identifier, collection: Collection,
@@ -209,7 +307,8 @@ def sampled_identification_error(alg: _Identifier, collection: Collection,
         for c in counts:
             noisy = c / n + rng.normal(0, sig, size=(400, kp))
             vals.append(float(np.mean(excess[alg.index_from_noisy(noisy, big_k) - 1])))
-        logs = np.log(np.maximum(vals, 1e-300))
+        with np.errstate(divide="ignore"):
+            logs = np.log(np.asarray(vals))  # −inf where no noise draw erred
     else:
         pos = excess > 1e-15
         law = alg.log_law(counts, n, big_k)
@@ -225,28 +324,49 @@ def sampled_identification_error(alg: _Identifier, collection: Collection,
 # =============================================================================================
 
 
+def _invalid_fraction(lang: Any, valid_lang: Any, beyond: int, big_r: int) -> float:
+    """The fraction of the first R members of L beyond position m that are outside supp D.
+
+    Counted by position when the R-th member can be written out; for a slender DFA language
+    (a*, (ab)*: the member has ~n·2⁶⁴ letters) by :func:`count_sub_among_first`, whose bracket
+    (at most the number of members of one length) is ≤ 2⁻⁶⁰ of R: its midpoint is used."""
+    if lang.issubset(valid_lang):
+        return 0.0
+    base = lang.count_upto(beyond)
+    lo_end, hi_end = count_sub_among_first(lang, valid_lang, base + big_r)
+    start = valid_lang.count_upto(beyond)
+    if (hi_end - lo_end) * 2**60 > big_r:
+        raise ValueError("the number of valid candidates is not determined to 2^-60 of R")
+    # (R − valid)/R with valid = (lo + hi)/2 − start, in exact integer arithmetic
+    return (2 * big_r - lo_end - hi_end + 2 * start) / (2 * big_r)
+
+
 def fail_given_selection(collection: Collection, index: int, beyond: int, big_r: int,
                          support: Any, atoms: list[tuple[Any, float]],
-                         n: int) -> tuple[float, float]:
+                         n: int, memo: dict[Any, Any] | None = None) -> tuple[float, float]:
     """(probability that the r-th member of L_index beyond ``beyond`` is outside supp D,
     log of the expected collision probability with S ~ Dⁿ) for r ~ Unif{1..R}.
 
     The invalid part is exact; the collision part is E[|first R ∩ supp ∩ S|]/R =
-    Σ_x (1 − (1 − D(x))ⁿ)/R over the atoms among the first R members (tail < 1e−18)."""
-    lang = collection[index]
-    valid_lang = lang.intersection(support)
-    end = lang.nth_index_beyond(beyond, big_r)
-    valid = valid_lang.count_upto(end) - valid_lang.count_upto(beyond)
-    invalid = (big_r - valid) / big_r
-    uni = collection.universe
-    coll = 0.0
+    Σ_x (1 − (1 − D(x))ⁿ)/R over the atoms among the first R members (tail < 1e−18).
+    ``memo`` (one dict per collection, support and atom list) keeps each language's
+    intersection with the support and its atoms' ranks across calls."""
+    memo = {} if memo is None else memo
+    if index not in memo:
+        lang = collection[index]
+        uni = collection.universe
+        ranks, masses = [], []
+        for x, p in atoms:
+            if lang.contains(x):
+                ranks.append(lang.count_upto(uni.index(x)))
+                masses.append(-math.expm1(n * math.log1p(-p)) if p < 1 else 1.0)
+        memo[index] = (lang, lang.intersection(support), np.array(ranks, dtype=object),
+                       np.array(masses))
+    lang, valid_lang, ranks, masses = memo[index]
+    invalid = _invalid_fraction(lang, valid_lang, beyond, big_r)
     base = lang.count_upto(beyond)
-    for x, p in atoms:
-        if not lang.contains(x):
-            continue
-        j = uni.index(x)
-        if j > beyond and lang.count_upto(j) - base <= big_r:
-            coll += -math.expm1(n * math.log1p(-p)) if p < 1 else 1.0
+    inside = np.array([base < r <= base + big_r for r in ranks.tolist()], dtype=bool)
+    coll = float(masses[inside].sum()) if inside.size else 0.0
     return invalid, (math.log(coll) - math.log(big_r)) if coll > 0 else -math.inf
 
 
@@ -277,12 +397,17 @@ def exact_generation_error(alg: _Generator, collection: Collection,
         raise ValueError("no positive-mass string in the window: use rao_blackwell_error")
     support = distribution.support
     atoms = distribution.atoms()
+    # sample points outside the listed atoms (a truncated support) could also collide: at most
+    # n·(1 − Σ listed)/R in expectation, which must be negligible for an exact value
+    unlisted = max(0.0, 1.0 - math.fsum(p for _, p in atoms))
+    log_unlisted = (math.log(n * unlisted) - math.log(big_r)) if unlisted > 0 else -math.inf
     # per selected unit: invalid probability and collision probability
     if isinstance(alg, JointThresholdGenerator):
         units = [(i, m) for i in range(1, kp + 1) for m in range(1, window + 1)]
     else:
         units = [(i, window) for i in range(1, kp + 1)]
-    fails = np.array([fail_given_selection(collection, i, m, big_r, support, atoms, n)
+    memo: dict[Any, Any] = {}
+    fails = np.array([fail_given_selection(collection, i, m, big_r, support, atoms, n, memo)
                       for i, m in units])
     invalid, log_coll = fails[:, 0], fails[:, 1]
 
@@ -304,8 +429,8 @@ def exact_generation_error(alg: _Generator, collection: Collection,
         return law.reshape(counts.shape[0], -1)
 
     if len(positive) > 2:
-        return _exact_generation_many(window, cap, n, probs, positive, invalid, log_coll,
-                                      log_laws)
+        return _with_unlisted(_exact_generation_many(window, cap, n, probs, positive, invalid,
+                                                     log_coll, log_laws), log_unlisted)
     # enumerate (clipped) counts of the positive-mass strings with exact probabilities:
     # blocks of (log probability, count vectors)
     blocks: list[tuple[np.ndarray, np.ndarray]] = []
@@ -314,7 +439,7 @@ def exact_generation_error(alg: _Generator, collection: Collection,
         (a,) = positive
         c = np.arange(0, cap + 1)
         lp = binom.logpmf(c, n, probs[a])
-        lp[-1] = binom.logsf(cap - 1, n, probs[a])
+        lp[-1] = log_binom_sf(cap - 1, n, probs[a])
         counts = np.zeros((c.size, window))
         counts[:, a] = c
         blocks.append((lp, counts))
@@ -334,7 +459,7 @@ def exact_generation_error(alg: _Generator, collection: Collection,
         for chunk in np.array_split(xs, max(1, xs.size // 256)):
             m = (n - chunk)[:, None]
             lpb = binom.logpmf(cb[None, :], m, cond)
-            tail = binom.logsf(cap - 1, m[:, 0], cond)
+            tail = log_binom_sf(cap - 1, m[:, 0], cond)
             lpb[:, -1] = np.where(cap <= m[:, 0], tail, lpb[:, -1])
             lpb = np.where(cb[None, :] <= m, lpb, -np.inf)
             lp = (lpa[chunk][:, None] + lpb).ravel()
@@ -353,10 +478,20 @@ def exact_generation_error(alg: _Generator, collection: Collection,
     if log_left > total - 40:
         raise ValueError("the count enumeration left out too much mass: use "
                          "rao_blackwell_error")
-    return _from_log(total, exact=True,
-                     parts={"selection": math.exp(log_sel) if log_sel > -745 else 0.0,
-                            "log_selection": log_sel, "log_collision": log_collision,
-                            "log_left_out": log_left})
+    return _with_unlisted(_from_log(total, exact=True, parts={
+        "selection": math.exp(log_sel) if log_sel > -745 else 0.0, "log_selection": log_sel,
+        "log_collision": log_collision, "log_left_out": log_left}), log_unlisted)
+
+
+def _with_unlisted(est: ErrorEstimate, log_unlisted: float) -> ErrorEstimate:
+    """Refuse an exact value whose collision part misses more than 1e−9·Err (atoms of a
+    truncated support), and report the bound."""
+    if log_unlisted > est.log_value + math.log(1e-9):
+        raise ValueError(f"the support's unlisted atoms could add up to e^{log_unlisted:.1f} of "
+                         f"collisions (Err e^{est.log_value:.1f}): use a larger R or "
+                         "rao_blackwell_error")
+    est.parts["log_unlisted_collision"] = log_unlisted
+    return est
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,13 +510,13 @@ def _log_all_below(m: int, qs: Sequence[float], cap: int) -> float:
     if cap <= 0:
         return -math.inf
     if len(qs) == 1:
-        return float(binom.logcdf(cap - 1, m, qs[0]))
+        return float(log_binom_cdf(cap - 1, m, qs[0]))
     q1 = qs[0]
     rest = [q / (1 - q1) for q in qs[1:]]
     x = np.arange(0, min(cap - 1, m) + 1)
     lp = binom.logpmf(x, m, q1)
     if len(rest) == 1:
-        inner = binom.logcdf(cap - 1, m - x, rest[0])
+        inner = log_binom_cdf(cap - 1, m - x, rest[0])
     else:
         inner = np.array([_log_all_below(m - int(v), rest, cap) for v in x])
     return float(logsumexp(lp + inner))
@@ -401,8 +536,8 @@ def _log_all_at_least(m: int, qs: Sequence[float], cap: int) -> float:
     if m < len(qs) * cap:
         return -math.inf
     if len(qs) == 1:
-        return float(binom.logsf(cap - 1, m, qs[0]))
-    lows = [float(binom.logcdf(cap - 1, m, q)) for q in qs]
+        return float(log_binom_sf(cap - 1, m, qs[0]))
+    lows = [float(log_binom_cdf(cap - 1, m, q)) for q in qs]
     if float(logsumexp(lows)) <= math.log(0.5):
         logs, signs = [], []
         for size in range(1, len(qs) + 1):
@@ -427,7 +562,7 @@ def _log_all_at_least(m: int, qs: Sequence[float], cap: int) -> float:
         idx = order[start:start + 256]
         xs = x[idx]
         if len(rest) == 1:
-            inner = binom.logsf(cap - 1, m - xs, rest[0])
+            inner = log_binom_sf(cap - 1, m - xs, rest[0])
         else:
             inner = np.array([_log_all_at_least(m - int(v), rest, cap) for v in xs])
         total = float(np.logaddexp(total, logsumexp(lp[idx] + inner)))
@@ -570,7 +705,7 @@ def _exact_generation_many(window: int, cap: int, n: int, probs: np.ndarray,
     a relative 1e−9."""
     order = sorted(positive, key=lambda j: (probs[j], j))
     exact_set, common = order[:rare], order[rare:]
-    log_rem = (float(logsumexp([binom.logcdf(cap - 1, n, probs[j]) for j in common]))
+    log_rem = (float(logsumexp([log_binom_cdf(cap - 1, n, probs[j]) for j in common]))
                if common else -math.inf)
     if log_rem > math.log(1e-9):  # Err ≤ 1: the remainder can only be too large
         raise ValueError(f"the commoner window strings are not covered well enough for an exact "
@@ -798,9 +933,7 @@ def _generation_context(alg: Any, collection: Collection, distribution: Distribu
     invalid = np.zeros((kp, window))
     for i, (lang, vl) in enumerate(zip(collection.first(kp), valid_langs, strict=True)):
         for m in range(1, window + 1):
-            end = lang.nth_index_beyond(m, big_r)
-            valid = vl.count_upto(end) - vl.count_upto(m)
-            invalid[i, m - 1] = (big_r - valid) / big_r
+            invalid[i, m - 1] = _invalid_fraction(lang, vl, m, big_r)
     ctx = _GenContext(kp, window, big_r, alg.membership(collection, n), invalid, valid_langs,
                       collection.universe)
     if len(_CONTEXTS) > 64:
@@ -838,9 +971,17 @@ def run_failed(alg: Any, collection: Collection, distribution: Distribution,
     out = sel.output
     from .statistical import Unmaterialised
 
-    if isinstance(out, Unmaterialised):
+    if isinstance(out, Unmaterialised):  # longer than every sample string: only validity
         lang = collection[out.language_index]
-        return 0.0 if lang.issubset(distribution.support) else 1.0
+        valid_lang = lang.intersection(distribution.support)
+        if lang.issubset(valid_lang):
+            return 0.0
+        t = lang.count_upto(out.beyond) + out.rank
+        lo1, hi1 = count_sub_among_first(lang, valid_lang, t)
+        lo0, hi0 = count_sub_among_first(lang, valid_lang, t - 1)
+        if lo1 != hi1 or lo0 != hi0:
+            raise ValueError("the validity of an unmaterialised output is not determined")
+        return 0.0 if lo1 > lo0 else 1.0
     return float(not (distribution.support.contains(out) and not in_sample(out, sample)))
 
 

@@ -339,12 +339,14 @@ def exp_cord9(quick: bool, seed: int, workers: int) -> ExperimentResult:
         ax = axes[0]
         marks = {"sqrt": "o", "n^2/3": "s", "n/ln^2 n": "^"}
         for rate in grids:
-            for series, eps in (("alg1", 0.5), ("alg1", 1.0), ("alg1", 2.0), ("alg2", 0.5)):
+            for series, eps in (("alg1", 0.5), ("alg1", 1.0), ("alg1", 2.0), ("alg2", 0.5),
+                                ("alg4", math.inf)):
                 pts = [(r["n"], r["neg_log_err_over_r"]) for r in rows
                        if r["series"] == series and r["rate"] == rate and r["epsilon"] == eps]
                 if pts:
                     ax.semilogx(*zip(*pts, strict=True), marker=marks[rate],
-                                label=f"{series} ε={eps:g}, r={rate}")
+                                label=f"{series}" + (f" ε={eps:g}" if math.isfinite(eps) else "")
+                                + f", r={rate}")
         for level in (0.5, 1.0):
             ax.axhline(level, color="grey", lw=0.6, ls=":")
         ax.set_xlabel("n")
@@ -571,8 +573,8 @@ def exp_thm46(quick: bool, seed: int, workers: int) -> ExperimentResult:
     tasks = [(m, eps, n, runs, seed, False) for m in mbars for n in ns_of[m]]
     n_fixed = 2000 if quick else 8000
     sweep = [3, 4, 6] if quick else list(range(3, 13))
-    tasks += [(m, eps, n_fixed, 0, seed, False) for m in sweep
-              if (m, eps, n_fixed, 0, seed, False) not in tasks]
+    tasks += [(m, eps, n_fixed, runs, seed, False) for m in sweep
+              if (m, eps, n_fixed, runs, seed, False) not in tasks]
     cor_ns = [1000, 2000]
     cor_runs = 600 if quick else 4000
     tasks += [(12, 1.0, n, cor_runs, seed + 1, True) for n in cor_ns]
@@ -583,7 +585,8 @@ def exp_thm46(quick: bool, seed: int, workers: int) -> ExperimentResult:
     r57 = _inst("remark-5.7")
     slope_rows = []
     for m in mbars:
-        pts = [(r["n"], r["log_err"]) for r in rows if r["series"] == "alg6" and r["mbar"] == m]
+        pts = [(r["n"], r["log_err"]) for r in rows if r["series"] == "alg6" and r["mbar"] == m
+               and r["n"] in ns_of[m]]
         rho = rho_n(r57.collection, r57.distributions["D1"], 1, m)
         assert rho is not None
         pred = eps * (rho / 2) * (m - 2) / (2 * m)

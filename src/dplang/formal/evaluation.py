@@ -243,7 +243,8 @@ def exact_identification_error(alg: _Identifier, collection: Collection,
     while True:
         bands = [_binom_band(n, float(p), width) for p in ps]
         size = math.prod(hi - lo + 1 for lo, hi in bands)
-        if size > _MAX_ID_STATES:
+        layer = math.prod(hi - lo + 1 for lo, hi in bands[1:])  # states per first count
+        if size > _MAX_ID_STATES or layer > _MAX_ID_STATES // 20:
             raise ValueError(f"{size} type-count states needed for an exact value (limit "
                              f"{_MAX_ID_STATES}): use sampled_identification_error")
         tails = [float(np.logaddexp(log_binom_cdf(lo - 1, n, p) if lo > 0 else -np.inf,

@@ -41,8 +41,13 @@ def worker(groups: int, tokens: int, dtype: str) -> dict[str, float]:
     import dplang
     from dplang.io import load_references
     from dplang.models import load_default_model
-    from dplang.privacy import RandomStreams, calibrate_clip, epsilon_to_rho
-    from dplang.textgen.engine import DecodingParams, GroupJob, run_invisibleink
+    from dplang.privacy import RandomStreams, epsilon_to_rho
+    from dplang.textgen.engine import DecodingParams, GroupJob
+    try:  # this checkout
+        from dplang.textgen.methods.invisibleink import calibrate_clip, run_invisibleink
+    except ImportError:  # an earlier commit (before the method registry)
+        from dplang.privacy import calibrate_clip  # type: ignore[attr-defined,no-redef]
+        from dplang.textgen.engine import run_invisibleink  # type: ignore[attr-defined,no-redef]
     from dplang.textgen.prompts import get_template
 
     start = time.perf_counter()

@@ -12,7 +12,7 @@ from scipy.stats import norm
 from dplang.evaluation.embedders import HashingEmbedder
 from dplang.models.toy import ToyModel
 from dplang.privacy.accounting import epsilon_to_rho, rho_to_epsilon
-from dplang.textgen.augpe import (
+from dplang.textgen.methods.augpe import (
     AugPEParams,
     augpe_rho,
     calibrate_sigma,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -20,8 +23,8 @@ from ..models.default import check_model_spec
 from ..privacy.accounting import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
 from ..privacy.ledger import BudgetExceeded, LedgerError
 from ..release import ReleaseError, RunLock
-from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, DEFAULT_TEMPLATE
-from ..textgen.runner import (
+from ..textgen.methods import all_methods
+from ..textgen.orchestration import (
     DEFAULT_CONCURRENT_GROUPS,
     GenerationError,
     GenerationRequest,
@@ -29,6 +32,7 @@ from ..textgen.runner import (
     execute_plan,
     plan_generation,
 )
+from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, DEFAULT_TEMPLATE
 from .console import GenerationProgress, quiet_libraries, warn
 from .errors import fail
 
@@ -41,7 +45,7 @@ def _check_model(spec: str) -> None:  # milliseconds: is --model loadable at all
     check_model_spec(spec)
 
 
-def generate(
+def _generate(
     data: Path = typer.Option(..., "--data", help="References: CSV, TSV, JSONL, Parquet or text."),
     out: Path = typer.Option(..., "--out", help="Output JSONL; a manifest is written beside it."),
     model: str = typer.Option("default", "--model", help="'default' (Gemma 3 270M) or a path."),
@@ -84,23 +88,8 @@ def generate(
     ),
     dense: bool = typer.Option(False, "--dense", help="Full LM head for private rows."),
     method: str = typer.Option(
-        "invisibleink", "--method", help="invisibleink (default), amin, adapmixed or augpe."
-    ),
-    augpe_iterations: int = typer.Option(3, "--augpe-iterations", help="Aug-PE: iterations."),
-    augpe_variations: int = typer.Option(
-        7, "--augpe-variations", help="Aug-PE: variations per selected text."
-    ),
-    amin_sigma: float = typer.Option(0.3, "--amin-sigma", help="Amin: SVT noise σ."),
-    amin_threshold: float = typer.Option(0.7, "--amin-threshold", help="Amin: SVT θ."),
-    amin_private_tokens: int = typer.Option(
-        100, "--amin-private-tokens", help="Amin: cap on private tokens (charged)."
-    ),
-    amin_public_temperature: float = typer.Option(
-        1.0, "--amin-public-temperature", help="Amin: temperature of public tokens."
-    ),
-    amin_convention: str = typer.Option(
-        "correct", "--amin-convention",
-        help="Amin sensitivity: correct (2C/B, replace-by-null) or paper (C/B).",
+        "invisibleink", "--method",
+        help="invisibleink (default), amin, adapmixed or augpe (docs/baselines.md)."
     ),
     ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger (SQLite) path."),
     dataset: str | None = typer.Option(
@@ -114,6 +103,7 @@ def generate(
         "refused."),
     quiet: bool = typer.Option(False, "--quiet", "-q",
                                help="Print only errors and warnings (no progress, no texts)."),
+    method_options: dict[str, Any] | None = None,
 ) -> None:
     """Generate private synthetic texts from references with InvisibleInk."""
     request = GenerationRequest(
@@ -123,17 +113,73 @@ def generate(
         prompt=prompt, system=system, text_column=text_column,
         group_by=tuple(c.strip() for c in group_by.split(",") if c.strip()) if group_by else (),
         model=model, max_reference_tokens=max_reference_tokens, sparse_head=not dense,
-        ledger=ledger, dataset=dataset, method=method, amin_sigma=amin_sigma,
-        amin_threshold=amin_threshold,
-        amin_private_tokens=amin_private_tokens, amin_public_temperature=amin_public_temperature,
-        amin_convention=amin_convention, augpe_iterations=augpe_iterations,
-        augpe_variations=augpe_variations, dtype=dtype, overwrite=overwrite,
+        ledger=ledger, dataset=dataset, method=method, method_options=method_options or {},
+        dtype=dtype, overwrite=overwrite,
     )
     with quiet_libraries(quiet):
-        _generate(request, quiet)
+        _checked_run(request, quiet)
 
 
-def _generate(request: GenerationRequest, quiet: bool) -> None:
+def _method_parameters() -> dict[str, tuple[str, str, inspect.Parameter]]:
+    """``{parameter: (method, option, typer parameter)}``: every registered method's options
+    as ``--<method>-<option>`` flags (default None: "not given", so that a flag of another
+    method than ``--method`` is refused instead of silently ignored)."""
+    out: dict[str, tuple[str, str, inspect.Parameter]] = {}
+    for spec in all_methods():
+        for opt in spec.options:
+            name = f"{spec.name}_{opt.name}"
+            shown = opt.default if not opt.choices else f"{opt.default}; {'|'.join(opt.choices)}"
+            out[name] = (spec.name, opt.name, inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, annotation=opt.type | None,
+                default=typer.Option(None, opt.flag(spec.name),
+                                     help=f"{spec.name}: {opt.help} [default: {shown}]",
+                                     show_default=False)))
+    return out
+
+
+def _build_command() -> Callable[..., None]:
+    """``dplang generate``: the shared flags of :func:`_generate` and each registered method's
+    own flags (the registry decides them: adding a method adds its flags here)."""
+    base = inspect.signature(_generate, eval_str=True)
+    extra = _method_parameters()
+
+    def generate(**kwargs: Any) -> None:
+        method = kwargs.get("method", "invisibleink")
+        options: dict[str, Any] = {}
+        for name, (owner, option, _param) in extra.items():
+            value = kwargs.pop(name, None)
+            if value is None:
+                continue
+            if owner != method:
+                fail(f"--{owner}-{option.replace('_', '-')} applies to --method {owner} only "
+                     f"(this run is --method {method})")
+            options[option] = value
+        _generate(**kwargs, method_options=options)
+
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+              for p in base.parameters.values() if p.name != "method_options"]
+    params += [param for _m, _o, param in extra.values()]
+    generate.__signature__ = base.replace(parameters=params)  # type: ignore[attr-defined]
+    generate.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    generate.__doc__ = _generate.__doc__
+    return generate
+
+
+_BUILT: dict[tuple[str, ...], Callable[..., None]] = {}
+
+
+def command() -> Callable[..., None]:
+    """The ``generate`` command for the methods registered now (built once per method set)."""
+    key = tuple(spec.name for spec in all_methods())
+    if key not in _BUILT:
+        _BUILT[key] = _build_command()
+    return _BUILT[key]
+
+
+generate = command()
+
+
+def _checked_run(request: GenerationRequest, quiet: bool) -> None:
     out = request.out
     console = Console(stderr=True, quiet=quiet, soft_wrap=True)
     try:  # every flag and path, in milliseconds, before the data is read or the model loads

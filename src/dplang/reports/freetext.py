@@ -7,7 +7,7 @@ asserted claims"). Implementations behind the :class:`FreeTextMechanism` interfa
 
 * :class:`InvisibleInkReport` — "free-text DP (doc)": document-level DP generation of a report
   with InvisibleInk over the corpus, through dplang's public generation engine
-  (:func:`dplang.textgen.engine.run_invisibleink`). Records (documents) are split into
+  (:func:`dplang.textgen.methods.invisibleink.run_invisibleink`). Records (documents) are split into
   consecutive batches of B by position (data-independent); each batch yields one generated
   report text from a *report prompt* (the completion form below, for base models: the model
   continues "Summary of what customers commonly say in their reviews:"). Disjoint batches compose
@@ -37,11 +37,12 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..models.base import LogitsModel
-from ..privacy.accounting import epsilon_to_rho, invisibleink_budget, rho_to_epsilon
+from ..privacy.accounting import epsilon_to_rho, rho_to_epsilon
 from ..privacy.guarantees import Guarantee
 from ..privacy.mechanisms import exponential_mechanism_probabilities
 from ..privacy.randomness import RandomStreams
-from ..textgen.engine import DecodingParams, GroupJob, run_invisibleink, run_plain
+from ..textgen.engine import DecodingParams, GroupJob, run_plain
+from ..textgen.methods.invisibleink import invisibleink_budget, run_invisibleink
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, PromptTemplate
 from .predicates import SupportPredicate, support_counts
 from .statements import Statement
@@ -161,8 +162,8 @@ class InvisibleInkReport:
 
     Records are split by position into consecutive batches of ``batch_size`` (the first
     ``generations`` batches, or all ⌊n/B⌋); batch g yields one text with the report prompt,
-    decoded by :func:`dplang.textgen.engine.run_invisibleink` with the clip norm calibrated to
-    (ε, δ) for ``max_tokens`` tokens. Rows past the last full batch are not read.
+    decoded by :func:`dplang.textgen.methods.invisibleink.run_invisibleink` with the clip
+    norm calibrated to (ε, δ) for ``max_tokens`` tokens. Rows past the last full batch are not read.
 
     Privacy contract: (ε, δ)-DP (through ρ-zCDP and the tight conversion) with respect to
     replacing one record by any other (``adjacency="replace-one"``, default: calibrated at ρ/4

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from ..models.base import LogitsModel
+from ..privacy.mechanisms import exponential_mechanism
 from ..privacy.randomness import RandomStreams
-from .invisibleink import InvisibleInkPolicy, sample_from_candidates
 
 
 @dataclass(frozen=True)
@@ -128,26 +128,6 @@ class _Live:
     rows: list[int]  # private rows in the current model batch
     public_row: int
     tokens: list[int] = field(default_factory=list)
-
-
-def run_invisibleink(
-    model: LogitsModel,
-    jobs: Iterable[GroupJob],
-    params: DecodingParams,
-    streams: RandomStreams,
-    concurrent_groups: int = 8,
-    on_result: Callable[[GroupResult], None] | None = None,
-    on_step: Callable[[int], None] | None = None,
-) -> list[GroupResult]:
-    """Run InvisibleInk for every job, ``concurrent_groups`` at a time (see :func:`run_groups`)."""
-
-    def policy(_job: GroupJob) -> StepPolicy:
-        return InvisibleInkPolicy(params.clip, params.batch_size, params.temperature,
-                                  params.top_k, model.vocab_size)
-
-    return run_groups(model, jobs, policy, params.batch_size, params.max_tokens, streams,
-                      concurrent_groups, on_result, on_step, params.sparse_head,
-                      params.stop_at_eos)
 
 
 def run_groups(
@@ -350,7 +330,7 @@ def run_plain(
         keep: list[int] = []
         for j, row in enumerate(alive):
             scores = values[j].to(torch.float64).numpy()
-            token = sample_from_candidates(scores, ids[j].numpy(), temperature, rngs[row])
+            token = int(ids[j, exponential_mechanism(scores, temperature, rngs[row])])
             tokens[j] = token
             if token in eos and stop_at_eos:
                 continue

@@ -45,9 +45,7 @@ from ..release import (
     write_json,
 )
 from ..textgen.batching import make_batches
-from ..textgen.prompts import get_template
-from ..textgen.public import generate_public_texts
-from ..textgen.runner import (
+from ..textgen.orchestration import (
     GenerationError,
     GenerationRequest,
     check_request,
@@ -55,6 +53,8 @@ from ..textgen.runner import (
     plan_generation,
     private_path_for,
 )
+from ..textgen.prompts import get_template
+from ..textgen.public import generate_public_texts
 from .config import Cell, ConfigError, ExperimentConfig, calls_per_token
 from .tables import write_plots, write_results_md
 
@@ -309,8 +309,10 @@ def _request(config: ExperimentConfig, cell: Cell, data: Path, out: Path,
         group_by=config.group_by, model=config.model, ledger=ledger, dataset=dataset,
         method=cell.method,
         adjacency="replace-by-null",  # the only dataset-level adjacency of every method
-        dtype=config.dtype, augpe_iterations=config.augpe_iterations,
-        augpe_variations=config.augpe_variations,
+        dtype=config.dtype,
+        method_options=({"iterations": config.augpe_iterations,
+                         "variations": config.augpe_variations}
+                        if cell.method == "augpe" else {}),
         max_reference_tokens=config.max_reference_tokens,
     )
 

@@ -63,19 +63,26 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from ..evaluation.embedders import Embedder, resolve_embedder
-from ..models.base import LogitsModel
-from ..privacy.accounting import epsilon_to_rho, rho_to_epsilon
-from ..privacy.guarantees import Guarantee
-from ..privacy.mechanisms import gaussian
-from ..privacy.randomness import RandomStreams
-from .engine import run_plain
+from ...evaluation.embedders import Embedder, resolve_embedder
+from ...models.base import LogitsModel
+from ...privacy.accounting import epsilon_to_rho, rho_to_epsilon
+from ...privacy.guarantees import Adjacency, Guarantee
+from ...privacy.mechanisms import gaussian
+from ...privacy.randomness import RandomStreams
+from ..engine import GroupResult, run_plain
+from .registry import (
+    MethodInputs,
+    MethodOption,
+    MethodSpec,
+    at_least,
+    register_method,
+)
 
 __all__ = [
     "ADJACENCY_SENSITIVITY",
@@ -232,6 +239,11 @@ class AugPEParams:
                              f"got {self.sensitivity_convention!r}")
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+
+    @property
+    def clip(self) -> float:
+        """Aug-PE clips no logits: 0 (what the manifest records for methods without one)."""
+        return 0.0
 
     @property
     def sensitivity(self) -> float:
@@ -567,3 +579,53 @@ def run_augpe(
         "variation_calls": stats["variation_calls"], "seed": seed,
     })
     return selected, guarantee, stats
+
+
+# --------------------------------------------------------------------------------------------
+# as a registered method
+
+
+def _calibrate(inputs: MethodInputs, options: Mapping[str, Any]) -> AugPEParams:
+    if inputs.epsilon is None:
+        raise ValueError("needs --epsilon (its accounting is calibrated from ε)")
+    return AugPEParams(
+        epsilon=inputs.epsilon, num_texts=1, delta=inputs.delta,
+        iterations=options["iterations"], variations=options["variations"],
+        max_tokens=inputs.max_tokens, temperature=inputs.temperature, top_k=inputs.top_k,
+        adjacency=str(inputs.adjacency))
+
+
+def run_population(
+    params: AugPEParams, model: LogitsModel, references: Sequence[str | None], num_texts: int,
+    public_prompt: str, system_prompt: str | None, seed: int,
+    on_step: Callable[[int], None] | None = None,
+) -> tuple[list[GroupResult], dict[str, Any]]:
+    """Aug-PE over all the references of the planned batches: ``num_texts`` texts (one per
+    batch). The references are used only through the noisy nearest-neighbour histograms
+    (:func:`run_augpe`); the guarantee does not depend on ``num_texts``."""
+
+    def progress(_stage: str, _done: int, _total: int) -> None:
+        if on_step is not None:
+            on_step(0)
+
+    texts, _guarantee, stats = run_augpe(
+        model, references, replace(params, num_texts=num_texts), seed % (2**63),
+        public_prompt=public_prompt, on_progress=progress, system_prompt=system_prompt)
+    results = [GroupResult(i, [], text, "population", {}, token_count=model.count_tokens(text))
+               for i, text in enumerate(texts)]
+    return results, stats
+
+
+SPEC = register_method(MethodSpec(
+    name="augpe",
+    summary="Aug-PE (Xie et al. 2024): private evolution with Gaussian nearest-neighbour "
+            "histograms (a population method)",
+    adjacencies=(Adjacency.REPLACE_BY_NULL,),
+    calibrate=_calibrate,
+    options=(
+        MethodOption("iterations", int, 3, "Iterations T (noisy histograms).", at_least(1)),
+        MethodOption("variations", int, 7, "Variations L per selected text.", at_least(0)),
+    ),
+    run_population=run_population,
+    calls_per_token=lambda _b, options: 1 + options["variations"] * options["iterations"],
+))

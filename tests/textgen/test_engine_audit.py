@@ -5,9 +5,9 @@ Everything between the data file and the sampler is the real code: the runner pl
 step policies), the engine decodes the groups over :class:`~dplang.models.toy.ToyModel`, and the
 real :class:`~dplang.textgen.methods.invisibleink.InvisibleInkPolicy` computes each step's
 scores. The policy's public ``observer`` hook reports the exact law each draw follows. A
-scripted wrapper steers the decoding along every prefix (the law at a prefix is what the engine computes from
-the model's rows for that prefix; the wrapper only replaces the sampled token by the script's),
-so the exact law of every output sequence is known for two neighbouring data sets: the same file
+scripted wrapper steers the decoding along every prefix (the law at a prefix is what the
+engine computes from the model's rows for that prefix; the wrapper only replaces the sampled
+token by the script's), so the exact law of every output sequence is known for two neighbouring data sets: the same file
 with one reference replaced by the empty one.
 
 The audit then checks, against the Guarantee the runner built:

@@ -7,8 +7,8 @@ real :class:`~dplang.textgen.methods.invisibleink.InvisibleInkPolicy` computes e
 scores. The policy's public ``observer`` hook reports the exact law each draw follows. A
 scripted wrapper steers the decoding along every prefix (the law at a prefix is what the
 engine computes from the model's rows for that prefix; the wrapper only replaces the sampled
-token by the script's), so the exact law of every output sequence is known for two neighbouring data sets: the same file
-with one reference replaced by the empty one.
+token by the script's), so the exact law of every output sequence is known for two
+neighbouring data sets: the same file with one reference replaced by the empty one.
 
 The audit then checks, against the Guarantee the runner built:
 

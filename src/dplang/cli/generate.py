@@ -89,7 +89,7 @@ def _generate(
     dense: bool = typer.Option(False, "--dense", help="Full LM head for private rows."),
     method: str = typer.Option(
         "invisibleink", "--method",
-        help="invisibleink (default), amin, adapmixed or augpe (docs/baselines.md)."
+        help="invisibleink (default), amin, adapmixed or augpe (docs/deviations.md)."
     ),
     ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger (SQLite) path."),
     dataset: str | None = typer.Option(

@@ -6,7 +6,7 @@ references are empty — retires a group's rows as soon as it ends (EOS or T tok
 the next group in its place, whose prompts run in the same model call as the others' next
 tokens (continuous batching at the level of groups).
 
-Privacy-relevant properties (DESIGN.md invariants 1, 2, 5):
+Privacy-relevant properties (docs/privacy.md invariants 1, 2, 5):
 
 * a private prompt identical to the public prompt (an empty reference) gets no row: its
   clipped difference is exactly zero by construction (:func:`invisibleink.aggregate`);

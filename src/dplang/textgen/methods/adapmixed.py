@@ -1,4 +1,4 @@
-"""Baseline: AdaPMixED (Flemings et al. 2024), adapted to generation (spec 002 §3.2).
+"""Baseline: AdaPMixED (Flemings et al. 2024), adapted to generation (docs/deviations.md).
 
 Per step, with the public distribution ``p_pub = softmax(φ_pub/τ)`` and one distribution per
 reference ``p_i = softmax(φ_i/τ)``:
@@ -51,7 +51,7 @@ ADJACENCIES = ("add-remove", "replace-by-null")
 
 @dataclass(frozen=True)
 class AdaPMixEDParams:
-    """Hyperparameters (defaults: the authors' code, spec 002 §3.2)."""
+    """Hyperparameters (defaults: the authors' code; docs/deviations.md)."""
 
     epsilon: float
     delta: float = 1e-6

@@ -1,4 +1,5 @@
-"""Baseline: Amin et al. 2024, private prediction for synthetic text (spec 002 §3.1).
+"""Baseline: Amin et al. 2024, private prediction for synthetic text (a baseline of the
+InvisibleInk paper; deviations in docs/deviations.md).
 
 Per step, with B references:
 

@@ -1,4 +1,4 @@
-"""Baseline: Aug-PE, Augmented Private Evolution (Xie et al. 2024, spec 002 §3.3).
+"""Baseline: Aug-PE, Augmented Private Evolution (Xie et al. 2024; docs/augpe.md).
 
 "Differentially Private Synthetic Data via Foundation Model APIs 2: Text" treats the language
 model as two black-box APIs — a *random API* (generate a text from a public prompt) and a
@@ -31,7 +31,7 @@ Gaussian noise. Candidates, prompts, selections and variations are functions of 
 (prompts, model, seed) and of earlier noisy histograms, i.e. post-processing. A reference that
 is ``None``, empty or whitespace only is the *null reference* and casts **no vote**.
 
-ℓ2 sensitivity of the histogram (spec §5 item 4, Property 10): a reference's vote is a
+ℓ2 sensitivity of the histogram (Xie et al. 2024, Property 10): a reference's vote is a
 deterministic function of its own embedding and the (public) candidates, so
 
 * add-or-remove one reference: one count changes by one, ℓ2 = 1;
@@ -39,7 +39,8 @@ deterministic function of its own embedding and the (public) candidates, so
 * replace-by-null: with dplang's null element (no vote) one count changes by one (ℓ2 = 1); if
   the null reference were instead embedded like any text and voted (how the InvisibleInk paper
   reads replace-by-null for Aug-PE), two counts could change, ℓ2 ≤ √2. dplang charges **√2**
-  under replace-by-null — valid for either reading and the value spec 002 prescribes.
+  under replace-by-null — valid for either reading and the value the InvisibleInk paper's
+  comparison uses.
 
 Each histogram is a Gaussian mechanism: ρ_iter = Δ²/(2σ²)-zCDP; the T histograms compose
 adaptively, ρ = T·Δ²/(2σ²). Given (ε, δ), σ = Δ·sqrt(T/(2ρ)) with ρ = ``epsilon_to_rho(ε, δ)``
@@ -47,12 +48,12 @@ adaptively, ρ = T·Δ²/(2σ²). Given (ε, δ), σ = Δ·sqrt(T/(2ρ)) with ρ
 
 Sensitivity conventions: ``"correct"`` (default) calibrates σ with the true Δ of the chosen
 adjacency. ``"paper"`` calibrates with Δ = 1 whatever the adjacency, as the Aug-PE code does
-(spec §3.3: a √2 advantage under replace-by-null). The returned guarantee is always the *true*
+(a √2 advantage under replace-by-null; docs/augpe.md). The returned guarantee is always the *true*
 one under the chosen adjacency — under replace-by-null with ``"paper"`` its ρ is twice the
 requested ρ and its ε exceeds the requested ε — and the authors' claimed values are recorded in
 ``details`` (``paper_claimed_rho``, ``paper_claimed_epsilon``).
 
-Determinism (DESIGN.md invariant 5): every generation and variation call, every noise draw and
+Determinism (docs/privacy.md invariant 5): every generation and variation call, every noise draw and
 every selection uses its own random stream derived from (seed, unit), so results do not depend
 on the model batch size. (Floating-point caveat: sentence embedders batch their inputs, so an
 embedding can differ in the last bits with the batch it shares; the nearest-neighbour search

@@ -20,8 +20,8 @@ Why the partition built here is data-independent:
 * Group labels (``group_by``) are treated as **PUBLIC metadata**: they decide which batch a
   reference joins and they are written into the public prompt. The guarantee covers the
   reference texts only; if a label is itself sensitive, do not group by it
-  (docs/generation.md, Data: the paper's Yelp batching by category and stars is data-independent only on this
-  reading).
+  (docs/generation.md, Data: the paper's Yelp batching by category and stars is
+  data-independent only on this reading).
 
 Rule. Without ``group_by``: consecutive, disjoint chunks of exactly ``B`` records in file
 order; there are ``⌊N/B⌋`` of them, and the remainder is not used. With ``group_by``: records

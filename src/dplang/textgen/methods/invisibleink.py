@@ -12,7 +12,8 @@ Privacy contract (InvisibleInk paper, §4 and Theorem 2; docs/privacy.md): under
 replace-by-null adjacency the aggregate has ℓ∞ sensitivity C/B, provided an empty reference
 contributes *exactly* the public logits (this module's callers never compute logits for an
 empty reference: its clipped difference is exactly 0 by construction). V_k^+ is a function of
-the public logits only. Each step is therefore ρ_tok = C²/(2B²τ²)-zCDP and a generation of at most T tokens is T·ρ_tok-zCDP (charged for T).
+the public logits only. Each step is therefore ρ_tok = C²/(2B²τ²)-zCDP and a generation of
+at most T tokens is T·ρ_tok-zCDP (charged for T).
 
 Numerics (what makes the bound hold for the floats the sampler actually receives):
 

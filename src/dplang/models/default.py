@@ -140,6 +140,7 @@ def load_default_model(
         weights_digest=_expected_sha256(),
         threads=threads,
         dtype=dtype,
+        check_invariance="cached",
     )
 
 
@@ -234,4 +235,5 @@ def resolve_model(
     check_model_spec(spec)
     if spec == "default":
         return load_default_model(threads=threads, dtype=dtype)
-    return TransformersModel(Path(spec).expanduser(), threads=threads, dtype=dtype)
+    return TransformersModel(Path(spec).expanduser(), threads=threads, dtype=dtype,
+                             check_invariance="cached")

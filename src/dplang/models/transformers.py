@@ -44,7 +44,7 @@ from dplang.models.hf_loading import (
     resolve_model_path,
     weights_digest_of,
 )
-from dplang.models.invariance import check_row_invariance
+from dplang.models.invariance import check_row_invariance, check_row_invariance_cached
 
 __all__ = ["MAX_STEP_TOKENS", "RowDecodeState", "TransformersModel"]
 
@@ -121,7 +121,9 @@ class TransformersModel:
             reproduces the model's own forward logits (guards against architectures whose
             LM-head post-processing this backend does not know).
         check_invariance: run :meth:`check_row_invariance` at load and raise
-            :class:`RowInvarianceError` if this configuration is not row-invariant here.
+            :class:`RowInvarianceError` if this configuration is not row-invariant here;
+            ``"cached"`` skips it when the same configuration already passed on this machine
+            (:func:`~dplang.models.invariance.check_row_invariance_cached`; the CLI's models).
         dtype: compute dtype of the body, ``"float32"`` (default), ``"bfloat16"`` or
             ``"auto"`` (see the module docstring); logits are float32 in every case.
         block_size: positions per block of the paged key/value cache.
@@ -138,7 +140,7 @@ class TransformersModel:
         weights_digest: str | None = None,
         threads: int | None = None,
         verify: bool = True,
-        check_invariance: bool = True,
+        check_invariance: bool | str = True,
         dtype: str | torch.dtype = "float32",
         block_size: int = _rowwise.BLOCK_SIZE,
     ) -> None:
@@ -209,7 +211,9 @@ class TransformersModel:
         self._digest = weights_digest
         if verify:
             self._verify_head()
-        if check_invariance:
+        if check_invariance == "cached":
+            check_row_invariance_cached(self)
+        elif check_invariance:
             self.check_row_invariance()
 
     # ---------------------------------------------------------------- identity

@@ -43,8 +43,6 @@ def _public(path):
     return doc
 
 
-@pytest.mark.xfail(strict=True, reason=REVIEW + "a blank reference written as an empty line "
-                   "of a one-column CSV is dropped: rows shift, num_generations changes")
 def test_generate_one_column_csv_neighbours_have_equal_manifests(tmp_path, capsys, toy):
     texts = [f"review number {i} was fine" for i in range(9)]
     manifests, groups = [], []
@@ -126,8 +124,6 @@ def test_experiment_files_about_private_rows_are_private(tmp_path, capsys, toy):
         stat.S_IMODE(metrics.stat().st_mode) == 0o600
 
 
-@pytest.mark.xfail(strict=True, reason=REVIEW + "sample refuses a JSONL file whose declared "
-                   "column occurs in no record, but runs on its neighbour where one record has it")
 def test_sample_jsonl_column_present_in_one_record_only(tmp_path, capsys):
     rows = [{"a": i % 2} for i in range(200)]
     codes = []

@@ -55,6 +55,7 @@ from .batching import Batch, make_batches
 from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy, run_groups
 from .invisibleink import InvisibleInkPolicy
 from .prompts import (
+    BUILTIN_TEMPLATES,
     DEFAULT_MAX_REFERENCE_TOKENS,
     DEFAULT_TEMPLATE,
     PromptTemplate,
@@ -498,6 +499,10 @@ def _public_parameters(req: GenerationRequest, clip: float) -> dict[str, Any]:
     """The request's public parameters as the manifest records them (no model needed)."""
     params = {k: v for k, v in asdict(req).items() if k not in _NOT_FINGERPRINTED}
     params["group_by"] = list(req.group_by)
+    if str(req.prompt).lower() not in BUILTIN_TEMPLATES:
+        # A template file by its name only: its folder is a path (private side file, like the
+        # data's); what determines the output, its texts, is in the fingerprint's "prompt".
+        params["prompt"] = Path(req.prompt).name
     params["clip"] = clip
     return params
 
@@ -701,6 +706,12 @@ def _execute_locked(
     if req.overwrite:  # the earlier run's files go only now that the new run is charged
         for old in (req.out, plan.manifest_path, plan.private_path):
             old.unlink(missing_ok=True)
+    if plan.read_stats.absent_columns and on_warning is not None:
+        # JSONL has no schema: a column in no record is not refused (its neighbour with the key
+        # in one record would not be); the data holder is told.
+        on_warning(f"column(s) {', '.join(map(repr, plan.read_stats.absent_columns))} occur in "
+                   f"no record of {req.data}: their values are missing in every row (check "
+                   "--text-column / --group-by)")
     if plan.read_stats.used == 0 and on_warning is not None:
         # Not refused (a neighbour with one usable row would not be): the data holder is told.
         on_warning(f"no row of {req.data} holds a usable reference: every generation is the "

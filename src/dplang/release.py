@@ -68,6 +68,7 @@ __all__ = [
     "RunLock",
     "RunLocked",
     "check_output_path",
+    "dataset_key",
     "dataset_name",
     "fresh_seed",
     "fsync_dir",
@@ -341,15 +342,30 @@ def fresh_seed() -> int:
     return secrets.randbits(128)
 
 
+def dataset_key(name: str) -> str:
+    """The ledger key of a dataset named by the user (``--dataset NAME``, ``dplang ledger
+    budget NAME``, ``[data].dataset``): a NAME that is an existing file means that file, keyed
+    by its resolved path (the default key of a dataset read from that file); any other NAME is
+    the key itself (surrounding spaces removed).
+
+    The one resolution rule of dplang: every command that charges or budgets a dataset goes
+    through it, so ``dplang ledger budget reviews.csv`` and ``--dataset reviews.csv`` (from the
+    same folder) key the same budget. (Privacy contract: none needed; the name is a public
+    input of the data holder, kept in the ledger and the private side file only.)"""
+    key = name.strip()
+    if not key:
+        raise ReleaseError("--dataset must not be empty")
+    path = Path(key)
+    if path.is_file():
+        return str(path.resolve())
+    return key
+
+
 def dataset_name(data: str | Path, given: str | None = None) -> str:
-    """The ledger key of a dataset: the name the user gave (``--dataset``), else the input's
-    resolved path. (Privacy contract: none needed; the name is a public input of the data
-    holder, kept in the ledger and the private side file only.)"""
+    """The ledger key of a release's dataset: :func:`dataset_key` of the name the user gave
+    (``--dataset``), else the input's resolved path."""
     if given is not None:
-        name = given.strip()
-        if not name:
-            raise ReleaseError("--dataset must not be empty")
-        return name
+        return dataset_key(given)
     return str(Path(data).resolve())
 
 
@@ -431,7 +447,8 @@ class Release:
         private to the data holder (it stores the content digest to warn when a name's content
         changes); ``on_warning`` receives those warnings, which must not go to a public file."""
         ledger = PrivacyLedger(self.ledger_path)
-        warnings = tuple(ledger.content_warnings(self.dataset, self.data_digest))
+        warnings = tuple(ledger.content_warnings(self.dataset, self.data_digest)
+                         + self._budget_elsewhere(ledger))
         for w in warnings:
             if on_warning is not None:
                 on_warning(w)
@@ -440,6 +457,21 @@ class Release:
                                  data_digest=self.data_digest)
         self._charge = Charge(self.release_id, ledger.path, recorded, warnings)
         return self._charge
+
+    def _budget_elsewhere(self, ledger: PrivacyLedger) -> list[str]:
+        """A warning when the data file itself has a budget in the ledger (keyed by its
+        resolved path) but this release is charged to another dataset name: that budget does
+        not see this charge."""
+        path_key = dataset_name(self.data)
+        if path_key == self.dataset:
+            return []
+        budget = ledger.budget(path_key)
+        if budget is None:
+            return []
+        return [f"the data file {self.data} has its own budget in the ledger (ε = "
+                f"{budget[0]:g}, δ = {budget[1]:g}), but this release is charged to dataset "
+                f"{self.dataset!r}, not to it: that budget does not see this charge (pass "
+                "--dataset with the name that holds the budget)"]
 
     def _require_charge(self) -> Charge:
         if self._charge is None:

@@ -89,3 +89,34 @@ def test_data_dependent_generation_is_shown_apart_and_refused_under_a_budget(
                          "--seed", "5")
     assert code == 3 and "data-dependent" in err
     assert not (tmp_path / "ada2.jsonl").exists()
+
+
+def test_one_resolution_rule_and_a_warning_when_the_file_budget_is_not_charged(
+        tmp_path, capsys, monkeypatch):
+    """`ledger budget FILE` and `--dataset FILE` key the same budget (the file's resolved
+    path); a charge to another name while the data file itself has a budget is warned about."""
+    monkeypatch.setattr(gen_cli, "_load_model",
+                        lambda spec, dtype="float32": ToyModel(vocab_size=30, eos_after=None))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.csv").write_text("text\n" + "".join(f"review {i}\n" for i in range(6)))
+    t = tmp_path / "t.toml"
+    t.write_text('private = "Here: {reference}\\nAnother:"\npublic = "Another:"\n')
+    assert run(capsys, "budget", "d.csv", "--epsilon", "2.5", "--delta", "1e-6")[0] == 0
+    resolved = str((tmp_path / "d.csv").resolve())
+    assert PrivacyLedger().budget(resolved) == (2.5, 1e-6)
+
+    def generate(out, *extra):
+        code = main(["generate", "--data", "d.csv", "--out", out, "--epsilon", "2",
+                     "--batch-size", "3", "--max-tokens", "3", "--prompt", str(t), "-q",
+                     *extra])
+        return code, capsys.readouterr().err
+
+    code, err = generate("a.jsonl", "--dataset", "./d.csv")  # the same file: the same key
+    assert code == 0 and "budget" not in err
+    assert PrivacyLedger().spent(resolved).releases == 1
+    code, err = generate("b.jsonl", "--dataset", "other-name")
+    assert code == 0
+    assert "has its own budget" in err and "'other-name'" in err
+    assert PrivacyLedger().spent("other-name").releases == 1
+    code, err = generate("c.jsonl", "--dataset", "d.csv")  # over the file's budget: refused
+    assert code == 3 and not (tmp_path / "c.jsonl").exists()

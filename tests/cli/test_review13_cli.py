@@ -64,8 +64,6 @@ def test_generate_one_column_csv_neighbours_have_equal_manifests(tmp_path, capsy
     assert groups[0][1] == groups[1][1] and groups[0][2] == groups[1][2]
 
 
-@pytest.mark.xfail(strict=True, reason=REVIEW + "`ledger budget FILE` keys the resolved path "
-                   "but `--dataset FILE` keys the literal string: the budget is bypassed")
 def test_dataset_given_as_the_file_name_meets_its_budget(tmp_path, capsys, toy, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "reviews.csv").write_text("text\n" + "\n".join(f"r{i}" for i in range(9)) + "\n")

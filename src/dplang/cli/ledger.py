@@ -4,7 +4,8 @@
 spent (ρ of the zCDP releases, (ε, δ) of the pure/approximate ones, and the total (ε, δ) at the
 budget's δ), the data-dependent releases apart (they are not differential privacy and are
 never summed into the DP total), and every release. ``budget NAME --epsilon E --delta D`` sets
-a dataset's total budget.
+a dataset's total budget. NAME is resolved as ``--dataset`` resolves it
+(:func:`dplang.release.dataset_key`: an existing file means its resolved path).
 
 The ledger is private to the data holder (it holds content digests, paths and release ids):
 ``show`` prints no digest, only how many distinct contents a name has been charged with.
@@ -21,7 +22,7 @@ from typing import Any
 import typer
 
 from ..privacy.ledger import BudgetExceeded, PrivacyLedger
-from ..release import dataset_name
+from ..release import ReleaseError, dataset_key
 from .errors import fail
 
 app = typer.Typer(
@@ -36,12 +37,13 @@ LEDGER_OPTION = typer.Option(None, "--ledger",
                              help="Ledger file (default: $DPLANG_LEDGER or the user data dir).")
 
 
-def _key(book: PrivacyLedger, name: str) -> str:
-    """A dataset name as the commands key it: a name already in the ledger is taken as is; an
-    existing file is named by its resolved path (the default of ``--dataset``)."""
-    if name in book.datasets() or not Path(name).is_file():
-        return name
-    return dataset_name(Path(name))
+def _key(name: str) -> str:
+    """A dataset name as the commands key it (:func:`dplang.release.dataset_key`, the rule of
+    ``--dataset``): an existing file is named by its resolved path, any other name as is."""
+    try:
+        return dataset_key(name)
+    except ReleaseError as exc:
+        fail(str(exc))
 
 
 def _fmt_time(t: float) -> str:
@@ -124,7 +126,7 @@ def show(
     if ledger is not None and not ledger.exists():
         fail(f"no ledger at {ledger}")
     book = PrivacyLedger(ledger)
-    names = book.datasets() if dataset is None else [_key(book, dataset)]
+    names = book.datasets() if dataset is None else [_key(dataset)]
     if dataset is not None and names[0] not in book.datasets():
         fail(f"dataset {names[0]!r} is not in the ledger {book.path}")
     summaries = [dataset_summary(book, n, delta) for n in names]
@@ -177,7 +179,7 @@ def budget(
     if not 0 < delta < 1:
         fail(f"--delta must be in (0, 1), got {delta}")
     book = PrivacyLedger(ledger)
-    key = _key(book, dataset)
+    key = _key(dataset)
     try:
         book.set_budget(key, epsilon, delta)
     except BudgetExceeded as exc:
@@ -187,6 +189,12 @@ def budget(
     typer.echo(f"budget of dataset {key}: ε = {epsilon:g}, δ = {delta:g}; spent so far "
                f"ε = {0.0 if spent is None else spent:.6g} over {s['dp']['releases']} DP "
                f"release(s) (ledger {book.path})")
+    literal = dataset.strip()
+    if literal != key and literal in book.datasets():
+        typer.echo(f"warning: the ledger also holds a dataset named {literal!r} as such (a "
+                   "--dataset name given where no such file existed, or by an older dplang "
+                   f"that did not resolve file names); its releases are not counted in the "
+                   f"budget of {key}", err=True)
     if s["data_dependent"]["releases"]:
         typer.echo(f"warning: {key} already has {s['data_dependent']['releases']} "
                    "data-dependent release(s), which no DP budget covers", err=True)

@@ -5,7 +5,9 @@ file's resolved path), not by the content of the file: a re-encoded, re-ordered 
 copy of the same records has other bytes, so a content key would silently give it a fresh
 budget. The SHA-256 of the content used by each release is kept in the ledger only, so that
 :meth:`PrivacyLedger.content_warnings` can tell the data holder when a name's content changed
-or when the same bytes were already charged under another name.
+or when the same bytes were already charged under another name. A copy with other bytes charged
+under another name (its own path, by default) gets a fresh budget without any warning: only
+one name per dataset protects it (names are resolved by :func:`dplang.release.dataset_key`).
 
 Each dataset may carry a total (ε, δ) budget. Every release is written to the ledger *before*
 its output is written (DESIGN.md invariant 6); a release that would take the dataset past its

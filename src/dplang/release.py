@@ -448,7 +448,9 @@ class Release:
         changes); ``on_warning`` receives those warnings, which must not go to a public file."""
         ledger = PrivacyLedger(self.ledger_path)
         warnings = tuple(ledger.content_warnings(self.dataset, self.data_digest)
-                         + self._budget_elsewhere(ledger))
+                         + self._budget_elsewhere(ledger)
+                         + ([] if ledger.has_release(self.release_id) else
+                            ledger.adjacency_warnings(self.dataset, self.guarantee)))
         for w in warnings:
             if on_warning is not None:
                 on_warning(w)

@@ -2,10 +2,12 @@
 
 ``show`` prints, per dataset name, its budget, what its differentially private releases have
 spent (ρ of the zCDP releases, (ε, δ) of the pure/approximate ones, and the total (ε, δ) at the
-budget's δ), the data-dependent releases apart (they are not differential privacy and are
-never summed into the DP total), and every release. ``budget NAME --epsilon E --delta D`` sets
-a dataset's total budget. NAME is resolved as ``--dataset`` resolves it
-(:func:`dplang.release.dataset_key`: an existing file means its resolved path).
+budget's δ, under the adjacency it holds for: the releases' common one, or replace-one when
+they mix adjacencies, each release's adjacency shown), the data-dependent releases apart
+(they are not differential privacy and are never summed into the DP total), and every release.
+``budget NAME --epsilon E --delta D`` sets a dataset's total budget. NAME is resolved as
+``--dataset`` resolves it (:func:`dplang.release.dataset_key`: an existing file means its
+resolved path).
 
 The ledger is private to the data holder (it holds content digests, paths and release ids):
 ``show`` prints no digest, only how many distinct contents a name has been charged with.
@@ -69,6 +71,11 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
         "budget": None if budget is None else {"epsilon": budget[0], "delta": budget[1]},
         "dp": {
             "releases": spent.dp_releases,
+            "adjacency": spent.adjacency,
+            "converted_by_group_privacy": spent.converted,
+            "by_adjacency": [
+                {"adjacency": a, "releases": n, "rho": r, "pure_or_approx_epsilon": e,
+                 "pure_or_approx_delta": d} for a, r, e, d, n in spent.by_adjacency],
             "rho": spent.rho,
             "pure_or_approx_epsilon": spent.approx_epsilon,
             "pure_or_approx_delta": spent.approx_delta,
@@ -84,7 +91,9 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
         "distinct_contents": len({r["data_digest"] for r in releases if r["data_digest"]}),
         "releases": [
             {"release_id": r["release_id"], "created": r["created"],
-             "mechanism": r["guarantee"].get("mechanism"), "rho": r["guarantee"].get("rho"),
+             "mechanism": r["guarantee"].get("mechanism"),
+             "unit": r["guarantee"].get("unit"), "adjacency": r["guarantee"].get("adjacency"),
+             "rho": r["guarantee"].get("rho"),
              "epsilon": r["guarantee"].get("epsilon"), "delta": r["guarantee"].get("delta"),
              "ex_ante": r["ex_ante"], "description": r["description"]}
             for r in releases
@@ -108,8 +117,16 @@ def _dp_line(s: dict[str, Any]) -> str:
                      "composition)")
     total = ("∞ (δ too small)" if dp["total_epsilon"] is None
              else f"{dp['total_epsilon']:.6g}")
-    return (f"  DP spend        {' + '.join(parts) or 'ρ = 0'} → total (ε = {total}, "
-            f"δ = {dp['total_delta']:.3g}) over {dp['releases']} release(s)")
+    line = (f"  DP spend        {' + '.join(parts) or 'ρ = 0'} → total (ε = {total}, "
+            f"δ = {dp['total_delta']:.3g}) over {dp['releases']} release(s), under "
+            f"{dp['adjacency']} adjacency")
+    if len(dp["by_adjacency"]) > 1:
+        mix = ", ".join(f"{b['releases']} {b['adjacency']}" for b in dp["by_adjacency"])
+        line += (f"\n  adjacencies     mixed ({mix}): the total is stated under replace-one (one "
+                 f"record replaced by any other); {dp['converted_by_group_privacy']} "
+                 "release(s) of another adjacency count by group privacy at distance 2 "
+                 "(4ρ, 2ε)")
+    return line
 
 
 def show(
@@ -162,8 +179,8 @@ def show(
             for r in s["releases"]:
                 kind = "DP" if r["ex_ante"] else "DATA-DEPENDENT (not DP)"
                 lines.append(f"    {_fmt_time(r['created'])}  {r['mechanism']:<20} "
-                             f"{_level(r):<34} {kind}  {r['description']}  "
-                             f"[{r['release_id'][:12]}]")
+                             f"{_level(r):<34} {r['adjacency'] or '?':<15} {kind}  "
+                             f"{r['description']}  [{r['release_id'][:12]}]")
     typer.echo("\n".join(lines))
 
 

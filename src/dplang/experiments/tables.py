@@ -120,7 +120,9 @@ def privacy_section(config: ExperimentConfig, sweep_rho: float, sweep_eps: float
         lines += ["", f"All releases of this dataset in the ledger (this sweep included): "
                   f"{dataset_total.dp_releases} DP release(s), ε = "
                   f"{dataset_total.epsilon_at(config.delta):.4g} at δ = {config.delta:g} "
-                  "(`dplang ledger show`)."]
+                  f"under {dataset_total.adjacency} adjacency"
+                  + (" (releases of other adjacencies converted by group privacy)"
+                     if dataset_total.converted else "") + " (`dplang ledger show`)."]
     if dataset_total is not None and dataset_total.data_dependent:
         lines += ["", f"{dataset_total.data_dependent} release(s) of this dataset have only a "
                   "data-dependent bound (AdaPMixED): they are not differential privacy and are "

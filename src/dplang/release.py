@@ -83,8 +83,12 @@ PRIVATE_FORMAT = "dplang.private/1"
 #: Mode of every private file (side files, copies of references), set at creation.
 PRIVATE_MODE = 0o600
 #: Public-manifest fields that hold wall-clock times (the only fields allowed to differ between
-#: runs on neighbouring datasets besides the released content).
-TIMESTAMP_FIELDS = ("created", "started", "finished")
+#: runs on neighbouring datasets besides the released content). Each is taken *before* the
+#: release's computation on the private data (when the :class:`Release` is opened, or when a
+#: generation starts), never after it: an end time or a duration would publish how long the
+#: computation on the private rows took (a timing side channel), so none is written into a
+#: public file (durations go to private files, mode 600, or to the terminal).
+TIMESTAMP_FIELDS = ("created", "started")
 PRIVATE_NOTE = ("PRIVATE: not part of the release; never publish this file. It holds the data's "
                 "digest and counts, and may hold the secret seed (knowing it voids the privacy "
                 "guarantee).")
@@ -410,6 +414,9 @@ class Release:
     seed_source: str
     ledger_path: Path | None = None
     description: str = ""
+    #: Wall-clock time when the release was opened, before its computation on the private
+    #: rows: the public manifest's ``created`` (see :data:`TIMESTAMP_FIELDS`).
+    opened: float = field(default_factory=time.time)
     _charge: Charge | None = field(default=None, repr=False)
 
     @classmethod
@@ -483,7 +490,9 @@ class Release:
 
     def public_manifest(self, **fields: Any) -> dict[str, Any]:
         """The public manifest: format, command, version, guarantee (and plain-words summary),
-        ρ/ε/δ, ``ex_ante``, the public fingerprint, a ``created`` timestamp, then ``fields``.
+        ρ/ε/δ, ``ex_ante``, the public fingerprint, a ``created`` timestamp (when the release
+        was opened: before the private computation, so it reveals no duration), then
+        ``fields`` (which must hold no end time or duration either).
 
         Privacy contract: a function of public inputs only, provided ``fields`` and the
         fingerprint are (the caller's duty; the neighbouring-dataset tests check it)."""
@@ -501,7 +510,7 @@ class Release:
             "fingerprint": self.fingerprint,
             "private_side_file": "kept beside the output with mode 600; not part of the "
                                  "release (seed, data digest, counts, paths)",
-            "created": time.time(),
+            "created": self.opened,  # before the private computation: no timing side channel
         }
         manifest.update(fields)
         return manifest

@@ -760,7 +760,9 @@ def _execute_locked(
         try:
             if req.method == "augpe":
                 if pending:  # a population method: runs whole (no per-group resume)
-                    manifest["augpe"] = _run_augpe(plan, release.seed, persist, on_step)
+                    stats = _run_augpe(plan, release.seed, persist, on_step)
+                    stats.pop("wall_clock_seconds", None)  # a duration: never public
+                    manifest["augpe"] = stats
                 status = "complete"
                 return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                                   time.time() - start, tokens)
@@ -770,7 +772,8 @@ def _execute_locked(
             status = "complete"
         finally:
             manifest["status"] = status
-            manifest["finished"] = time.time()
+            # no "finished" time: with "started" it would publish how long the generation on
+            # the private references took (a timing side channel; release.TIMESTAMP_FIELDS)
             manifest["generations_written"] = len(done) + written
             with contextlib.suppress(OSError):
                 write_json(plan.manifest_path, manifest)

@@ -27,6 +27,7 @@ def toy(monkeypatch):
     model = ToyModel(vocab_size=30, eos_after=None)
     monkeypatch.setattr(gen_cli, "_load_model", lambda spec, dtype="float32": model)
     monkeypatch.setattr(exp_cli, "_load_model", lambda spec, dtype="float32": model)
+    monkeypatch.setattr(exp_cli, "_check_model", lambda spec: None)  # "toy" is no model path
     return model
 
 
@@ -95,8 +96,6 @@ def test_ledger_does_not_silently_mix_adjacencies(tmp_path, capsys, toy):
     assert code != 0 or spent.epsilon_at(1e-6) >= rho_to_epsilon(4 * rho_gen, 1e-6) + 3.0
 
 
-@pytest.mark.xfail(strict=True, reason=REVIEW + "experiment evaluation files (statistics and "
-                   "the SHA-256 of the held-out private rows) are written world-readable")
 def test_experiment_files_about_private_rows_are_private(tmp_path, capsys, toy):
     rows = ["text"] + [f"sentence {i} about food and service" for i in range(100)]
     (tmp_path / "data.csv").write_text("\n".join(rows) + "\n")

@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -263,7 +262,7 @@ def report(
             "text_column": text_column,
             "statements": source,
             "predicate": pred.describe(),
-            "created": time.time(),
+            "created": release.opened,  # before the support counts: no duration published
         }, write=release.write_output)
 
         for c in sorted(result.certificates, key=lambda c: c.decision != "emit"):

@@ -1,5 +1,10 @@
 """Write an evaluation's files: ``metrics.json``, ``report.md``, ``lengths.png``, ``metrics.png``.
 
+Privacy contract: all four are **private** (mode 600 from creation, like ``*.private.json``):
+they describe the held-out real texts — ``metrics.json`` and ``report.md`` hold their path,
+SHA-256 and row counts, and every metric is a statistic of them, not a differentially private
+release. Publish them (``chmod``) only when the held-out texts are public.
+
 ``metrics.json`` is the dict :func:`dplang.evaluation.evaluate_files` returns (NaN and
 infinities written as ``null``). ``report.md`` is a human-readable summary: inputs, settings,
 how sizes were resolved, one results row per run (Table 2 style, values with 99% Wald
@@ -10,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -214,9 +218,11 @@ def _panels(result: dict[str, Any]) -> dict[str, list[tuple[str, float, float | 
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """Write atomically with mode 600 from creation: every evaluation file describes the
+    held-out real rows (their digest, counts and statistics), which are private by default."""
+    from dplang.release import write_atomic
+
+    write_atomic(path, text, private=True)
 
 
 def write_outputs(result: dict[str, Any], out_dir: str | Path) -> list[Path]:

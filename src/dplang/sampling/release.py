@@ -361,7 +361,8 @@ def _execute_locked(plan: ReleasePlan,
     release.write_private(plan.private_path, release.private_record(
         keep_seed=False,
         data={"rows": plan.table.n,
-              "out_of_domain_cells_mapped": dict(plan.table.mapped)},
+              "out_of_domain_cells_mapped": dict(plan.table.mapped),
+              "columns_in_no_record": list(plan.table.absent)},
         output=str(req.out),
     ))
     manifest = release.public_manifest(

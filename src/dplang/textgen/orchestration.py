@@ -53,6 +53,7 @@ from .batching import Batch, make_batches
 from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy, run_groups
 from .methods.registry import MethodInputs, MethodParams, MethodSpec, get_method
 from .prompts import (
+    BUILTIN_TEMPLATES,
     DEFAULT_MAX_REFERENCE_TOKENS,
     DEFAULT_TEMPLATE,
     PromptTemplate,
@@ -428,6 +429,10 @@ def _public_parameters(req: GenerationRequest, method: CalibratedMethod) -> dict
     params["group_by"] = list(req.group_by)
     params["adjacency"] = str(req.adjacency)
     params["method_options"] = dict(method.options)
+    if str(req.prompt).lower() not in BUILTIN_TEMPLATES:
+        # A template file by its name only: its folder is a path (private side file, like the
+        # data's); what determines the output, its texts, is in the fingerprint's "prompt".
+        params["prompt"] = Path(req.prompt).name
     params["clip"] = method.clip
     return params
 
@@ -631,6 +636,12 @@ def _execute_locked(
     if req.overwrite:  # the earlier run's files go only now that the new run is charged
         for old in (req.out, plan.manifest_path, plan.private_path):
             old.unlink(missing_ok=True)
+    if plan.read_stats.absent_columns and on_warning is not None:
+        # JSONL has no schema: a column in no record is not refused (its neighbour with the key
+        # in one record would not be); the data holder is told.
+        on_warning(f"column(s) {', '.join(map(repr, plan.read_stats.absent_columns))} occur in "
+                   f"no record of {req.data}: their values are missing in every row (check "
+                   "--text-column / --group-by)")
     if plan.read_stats.used == 0 and on_warning is not None:
         # Not refused (a neighbour with one usable row would not be): the data holder is told.
         on_warning(f"no row of {req.data} holds a usable reference: every generation is the "
@@ -688,6 +699,7 @@ def _execute_locked(
                         release.seed, on_step)
                     for res in results:
                         persist(res)
+                    stats.pop("wall_clock_seconds", None)  # a duration: never public
                     manifest[plan.method.spec.name] = stats
                 status = "complete"
                 return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
@@ -698,7 +710,8 @@ def _execute_locked(
             status = "complete"
         finally:
             manifest["status"] = status
-            manifest["finished"] = time.time()
+            # no "finished" time: with "started" it would publish how long the generation on
+            # the private references took (a timing side channel; release.TIMESTAMP_FIELDS)
             manifest["generations_written"] = len(done) + written
             with contextlib.suppress(OSError):
                 write_json(plan.manifest_path, manifest)

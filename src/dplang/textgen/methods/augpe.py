@@ -516,8 +516,10 @@ def run_augpe(
 
     Returns:
         the ``params.num_texts`` synthetic texts, the guarantee (mechanism ``"augpe"``, unit
-        ``"reference"``; ``details`` has σ, T, L, wall-clock seconds and model calls) and run
-        statistics (calls, tokens, noisy-count sums, ...).
+        ``"reference"``; ``details`` has σ, T, L and model calls: public quantities only, no
+        seed and no duration) and run statistics (calls, tokens, noisy-count sums, ...; its
+        ``wall_clock_seconds`` is a duration of the computation on the private references, a
+        timing side channel: keep it out of public files).
     """
     started = time.perf_counter()
     if concurrent < 1:
@@ -574,10 +576,13 @@ def run_augpe(
         "embedder": getattr(emb, "name", type(emb).__name__),
         "wall_clock_seconds": seconds,
     }
+    # The guarantee is public (it goes into manifests): only public quantities. Never the
+    # seed (secret: it inverts the noise) nor the wall clock (a duration of the computation on
+    # the private references: a timing side channel), which stays in ``stats`` for the caller.
     guarantee = params.guarantee({
-        "embedder": stats["embedder"], "wall_clock_seconds": seconds,
+        "embedder": stats["embedder"],
         "model_calls": counter.calls, "generation_calls": generation_calls,
-        "variation_calls": stats["variation_calls"], "seed": seed,
+        "variation_calls": stats["variation_calls"],
     })
     return selected, guarantee, stats
 

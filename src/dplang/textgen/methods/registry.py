@@ -201,10 +201,20 @@ def _load_builtins() -> None:
             importlib.import_module(module)
 
 
+def _ordered() -> list[MethodSpec]:
+    """Built-ins in :data:`BUILTIN_MODULES` order (whatever order they were imported in),
+    then the others in registration order."""
+    _load_builtins()
+    builtin = [m.rsplit(".", 1)[1] for m in BUILTIN_MODULES]
+    rank = {name: i for i, name in enumerate(builtin)}
+    order = {name: i for i, name in enumerate(_METHODS)}
+    return sorted(_METHODS.values(),
+                  key=lambda spec: (rank.get(spec.name, len(rank)), order[spec.name]))
+
+
 def method_names() -> tuple[str, ...]:
     """Registered method names, built-ins first in CLI order."""
-    _load_builtins()
-    return tuple(_METHODS)
+    return tuple(spec.name for spec in _ordered())
 
 
 def get_method(name: str) -> MethodSpec:
@@ -213,9 +223,10 @@ def get_method(name: str) -> MethodSpec:
     try:
         return _METHODS[name]
     except KeyError:
-        raise ValueError(f"--method must be one of {', '.join(_METHODS)}, got {name}") from None
+        raise ValueError(f"--method must be one of {', '.join(method_names())}, got "
+                         f"{name}") from None
 
 
 def all_methods() -> Sequence[MethodSpec]:
-    _load_builtins()
-    return tuple(_METHODS.values())
+    """Every registered spec, in :func:`method_names` order."""
+    return tuple(_ordered())

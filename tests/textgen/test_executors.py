@@ -41,18 +41,18 @@ def write_data(tmp_path, n=40):
     return data, template
 
 
-def plan_for(tmp_path, model, name, *, ledger=None, **changes):
+def plan_for(tmp_path, lm, name, *, ledger=None, **changes):
     data, template = write_data(tmp_path)
     fields = dict(
         data=data, out=tmp_path / name, batch_size=3, max_tokens=6, temperature=1.0,
         top_k=4, epsilon=10.0, seed=7, prompt=str(template), concurrent_groups=2,
         ledger=ledger if ledger is not None else tmp_path / f"{name}.ledger.sqlite")
     req = GenerationRequest(**{**fields, **changes})
-    return plan_generation(req, lambda _spec: model)
+    return plan_generation(req, lambda _spec: lm)
 
 
-def run(tmp_path, model, name, executor=None, **changes):
-    plan = plan_for(tmp_path, model, name, **changes)
+def run(tmp_path, lm, name, executor=None, **changes):
+    plan = plan_for(tmp_path, lm, name, **changes)
     summary = execute_plan(plan, executor=executor)
     return plan, summary, (tmp_path / name).read_bytes()
 
@@ -285,3 +285,16 @@ def test_local_refuses_a_worker_whose_model_differs(tmp_path, monkeypatch):
     with pytest.raises(ExecutorError,
                        match=r"worker 0 cannot start: a worker's model differs.*threads"):
         execute_plan(plan, executor=LocalExecutor(workers=1))
+
+
+def test_local_worker_reloads_a_transformers_model_and_matches_inline(tmp_path, tiny_llama_dir):
+    """A transformers model is not pickled: each worker loads it again from its spec with
+    the driver's dtype, device and thread count, checks its identity, and writes the same
+    bytes as the inline run."""
+    from dplang.models import TransformersModel
+
+    model = TransformersModel(tiny_llama_dir, threads=1)
+    _, _, inline = run(tmp_path, model, "inline.jsonl", model=str(tiny_llama_dir), num=4)
+    _, _, got = run(tmp_path, model, "local.jsonl", model=str(tiny_llama_dir), num=4,
+                       executor=LocalExecutor(workers=1))
+    assert got == inline and len(groups(got)) == 4

@@ -344,6 +344,10 @@ class LeaseTable:
     def done(self) -> bool:
         return self._commit.complete
 
+    def __len__(self) -> int:
+        """Groups this table dispatches in all."""
+        return len(self._jobs)
+
     def outstanding(self, worker: Hashable) -> int:
         """Groups leased to ``worker`` and not yet returned."""
         return sum(1 for w in self.leases.values() if w == worker)
@@ -448,9 +452,10 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def _worker_main(conn: Connection, recipe: WorkerRecipe) -> None:
+def _worker_main(conn: Connection, recipe: WorkerRecipe, number: int = 0) -> None:
     """A ``local`` worker: load the model, check its identity, then decode the chunks the
-    driver sends and send back each finished group.
+    driver sends and send back each finished group. On CUDA, worker ``number`` uses GPU
+    ``number mod count`` (one process per device; the device *type* is the run's identity).
 
     It never writes a file. It exits as soon as the driver's end of the pipe closes (the driver
     finished, stopped or was killed), so a killed driver leaves no worker decoding behind."""
@@ -474,6 +479,10 @@ def _worker_main(conn: Connection, recipe: WorkerRecipe) -> None:
 
     threading.Thread(target=read, daemon=True).start()
     try:
+        if recipe.model.device == "cuda":
+            import torch
+
+            torch.cuda.set_device(number % max(1, torch.cuda.device_count()))
         model = recipe.model.load()
         check_identity(model, recipe)
         policy = recipe.policy_factory(model.vocab_size)
@@ -564,7 +573,8 @@ class LocalExecutor:
         def start() -> None:
             nonlocal counter
             mine, theirs = ctx.Pipe(duplex=True)
-            process = ctx.Process(target=_worker_main, args=(theirs, recipe), daemon=True,
+            process = ctx.Process(target=_worker_main, args=(theirs, recipe, counter),
+                                  daemon=True,
                                   name=f"dplang-worker-{counter}")
             process.start()
             theirs.close()
@@ -620,7 +630,7 @@ class LocalExecutor:
             start()
 
         try:
-            for _ in range(min(self.workers, max(1, len(table._jobs)))):
+            for _ in range(min(self.workers, max(1, len(table)))):
                 start()
             chunk = table.chunk_size
             while not table.done:

@@ -82,8 +82,9 @@ DEFAULT_MAX_RETRIES = 2
 #: Methods the executors run (a population method such as Aug-PE runs whole, in the driver).
 PER_GROUP_METHODS = ("invisibleink", "amin", "adapmixed")
 
-#: ``events(name, fields)``: what an executor did, for logs and tests. The fields are public
-#: (worker numbers, process ids, group indices, error types), never texts or references.
+#: ``events(name, fields)``: what an executor did, for logs and tests: worker numbers, process
+#: ids, group indices, never texts or references; but a ``reason`` quotes a worker's exception
+#: message, which may mention what it was decoding: show it to the data holder only.
 EventHook = Callable[[str, dict[str, Any]], None]
 
 

@@ -20,9 +20,11 @@ from rich.progress import (
 from ..io import ReferenceDataError
 from ..models import resolve_model
 from ..models.default import check_model_spec
+from ..models.devices import DeviceError, resolve_device
 from ..privacy.accounting import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
 from ..privacy.ledger import BudgetExceeded, LedgerError
 from ..release import ReleaseError, RunLock
+from ..textgen.executors import ExecutorError, check_executor, make_executor
 from ..textgen.methods import all_methods
 from ..textgen.orchestration import (
     DEFAULT_CONCURRENT_GROUPS,
@@ -37,8 +39,9 @@ from .console import GenerationProgress, quiet_libraries, warn
 from .errors import fail
 
 
-def _load_model(spec: str, dtype: str = "float32"):  # indirection: tests substitute a toy
-    return resolve_model(spec, dtype=dtype)
+def _load_model(spec: str, dtype: str = "float32", device: str = "cpu"):
+    # indirection: tests substitute a toy (called without ``device`` on the CPU)
+    return resolve_model(spec, dtype=dtype, **({"device": device} if device != "cpu" else {}))
 
 
 def _check_model(spec: str) -> None:  # milliseconds: is --model loadable at all?
@@ -104,6 +107,17 @@ def _generate(
     quiet: bool = typer.Option(False, "--quiet", "-q",
                                help="Print only errors and warnings (no progress, no texts)."),
     method_options: dict[str, Any] | None = None,
+    executor: str = typer.Option(
+        "inline", "--executor",
+        help="Who decodes the groups: inline (this process), local (--workers spawned "
+        "processes) or ray (Ray actors). The output is the same bytes (docs/scaling.md)."),
+    workers: int = typer.Option(1, "--workers", help="Worker processes or actors (local, ray)."),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", help="Ray cluster to join (default: start a local instance)."),
+    device: str = typer.Option(
+        "cpu", "--device",
+        help="cpu (default), cuda or auto (cuda when a GPU is visible); part of the run's "
+        "identity."),
 ) -> None:
     """Generate private synthetic texts from references with InvisibleInk."""
     request = GenerationRequest(
@@ -117,7 +131,7 @@ def _generate(
         dtype=dtype, overwrite=overwrite,
     )
     with quiet_libraries(quiet):
-        _checked_run(request, quiet)
+        _checked_run(request, quiet, _Execution(executor, workers, ray_address, device))
 
 
 def _method_parameters() -> dict[str, tuple[str, str, inspect.Parameter]]:
@@ -179,10 +193,26 @@ def command() -> Callable[..., None]:
 generate = command()
 
 
-def _checked_run(request: GenerationRequest, quiet: bool) -> None:
+class _Execution:
+    """Where the run executes (not part of its identity, except the device type)."""
+
+    def __init__(self, executor: str = "inline", workers: int = 1,
+                 ray_address: str | None = None, device: str = "cpu") -> None:
+        self.executor, self.workers, self.ray_address = executor, workers, ray_address
+        self.device = device
+
+
+def _checked_run(request: GenerationRequest, quiet: bool,
+                 execution: _Execution | None = None) -> None:
     out = request.out
+    execution = execution or _Execution()
     console = Console(stderr=True, quiet=quiet, soft_wrap=True)
-    try:  # every flag and path, in milliseconds, before the data is read or the model loads
+    try:  # where it runs, then every flag and path, in milliseconds, before anything is read
+        execution.device = resolve_device(execution.device)
+        check_executor(execution.executor, execution.workers, request.method)
+    except (DeviceError, ValueError) as exc:
+        fail(str(exc))
+    try:
         check_request(request, _check_model)
     except GenerationError as exc:
         fail(str(exc))
@@ -192,17 +222,22 @@ def _checked_run(request: GenerationRequest, quiet: bool) -> None:
     except ReleaseError as exc:
         fail(str(exc))
     try:
-        _run_locked(request, quiet, console)
+        _run_locked(request, quiet, console, execution)
     finally:
         lock.release()
 
 
-def _run_locked(request: GenerationRequest, quiet: bool, console: Console) -> None:
+def _run_locked(request: GenerationRequest, quiet: bool, console: Console,
+                execution: _Execution) -> None:
     out = request.out
+    device = execution.device
     try:
         with console.status("reading the data and loading the model…"):
-            plan = plan_generation(request, lambda spec: _load_model(spec, request.dtype),
-                                   _check_model)
+            plan = plan_generation(
+                request,
+                lambda spec: _load_model(spec, request.dtype,
+                                         **({"device": device} if device != "cpu" else {})),
+                _check_model)
     except (GenerationError, ReferenceDataError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     g = plan.guarantee
@@ -248,11 +283,14 @@ def _run_locked(request: GenerationRequest, quiet: bool, console: Console) -> No
 
     try:
         with progress:
-            summary = execute_plan(plan, on_result=on_result, on_step=on_step,
-                                   on_start=on_start, on_warning=warn)
+            summary = execute_plan(
+                plan, on_result=on_result, on_step=on_step, on_start=on_start,
+                on_warning=warn,
+                executor=make_executor(execution.executor, execution.workers,
+                                       ray_address=execution.ray_address))
     except BudgetExceeded as exc:
         fail(str(exc), code=3)
-    except (GenerationError, ReleaseError, LedgerError) as exc:
+    except (GenerationError, ReleaseError, LedgerError, ExecutorError) as exc:
         fail(str(exc))
     console.print(
         f"wrote {summary.written} new generations ({summary.skipped_existing} already there) "

@@ -31,7 +31,7 @@ import torch
 
 from ..models.base import LogitsModel
 from ..privacy.mechanisms import exponential_mechanism
-from ..privacy.randomness import RandomStreams
+from ..privacy.randomness import RandomStreams, StreamSource
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def run_groups(
     make_policy: Callable[[GroupJob], StepPolicy],
     batch_size: int,
     max_tokens: int,
-    streams: RandomStreams,
+    streams: StreamSource,
     concurrent_groups: int = 8,
     on_result: Callable[[GroupResult], None] | None = None,
     on_step: Callable[[int], None] | None = None,
@@ -147,7 +147,9 @@ def run_groups(
 
     ``on_result`` is called as soon as a group ends (to persist it); ``on_step(n)`` after each
     decode step with the number of tokens produced in it (for progress). Returns all results
-    in completion order."""
+    in completion order. ``streams`` is a :class:`RandomStreams` (the driver, which holds the
+    seed) or a :class:`~dplang.privacy.randomness.StreamStates` (an executor's worker, which
+    holds only its groups' initial stream states): the draws are the same."""
     if concurrent_groups < 1:
         raise ValueError(f"concurrent groups must be >= 1, got {concurrent_groups}")
     if max_tokens < 1:
@@ -167,7 +169,7 @@ def _run_continuous(
     make_policy: Callable[[GroupJob], StepPolicy],
     batch_size: int,
     max_tokens: int,
-    streams: RandomStreams,
+    streams: StreamSource,
     concurrent_groups: int,
     on_step: Callable[[int], None] | None,
     sparse_head: bool,

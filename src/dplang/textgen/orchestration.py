@@ -22,6 +22,7 @@ mode 600 from creation), never in the manifest.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import time
@@ -40,7 +41,6 @@ from ..privacy.accounting import (
 )
 from ..privacy.guarantees import Adjacency, Guarantee
 from ..privacy.ledger import LedgerError, check_ledger_path
-from ..privacy.randomness import RandomStreams
 from ..release import (
     Release,
     ReleaseError,
@@ -50,7 +50,8 @@ from ..release import (
     write_json,
 )
 from .batching import Batch, make_batches
-from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy, run_groups
+from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy
+from .executors import Executor, dispatch_plan
 from .methods.registry import MethodInputs, MethodParams, MethodSpec, get_method
 from .prompts import (
     BUILTIN_TEMPLATES,
@@ -593,6 +594,7 @@ def execute_plan(
     on_step: Callable[[int], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
     on_warning: Callable[[str], None] | None = None,
+    executor: Executor | None = None,
 ) -> RunSummary:
     """Charge the ledger, write the private side file and the public manifest, and generate
     every group not yet in the output.
@@ -609,9 +611,12 @@ def execute_plan(
     (mode 600 from creation). Raises ``BudgetExceeded`` when over budget (nothing written).
 
     The whole of it runs under the run's lock (:class:`~dplang.release.RunLock`): a second
-    process writing the same ``--out`` is refused with :class:`~dplang.release.RunLocked`."""
+    process writing the same ``--out`` is refused with :class:`~dplang.release.RunLocked`.
+
+    ``executor`` (default inline; :mod:`dplang.textgen.executors`) decodes the groups; this
+    process stays the only writer, and the output is the same bytes whatever the executor."""
     with RunLock(plan.request.out):
-        return _execute_locked(plan, on_result, on_step, on_start, on_warning)
+        return _execute_locked(plan, on_result, on_step, on_start, on_warning, executor)
 
 
 def _execute_locked(
@@ -620,6 +625,7 @@ def _execute_locked(
     on_step: Callable[[int], None] | None,
     on_start: Callable[[int, int], None] | None,
     on_warning: Callable[[str], None] | None,
+    executor: Executor | None = None,
 ) -> RunSummary:
     req = plan.request
     fingerprint = _fingerprint(plan)
@@ -704,9 +710,8 @@ def _execute_locked(
                 status = "complete"
                 return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                                   time.time() - start, tokens)
-            run_groups(plan.model, pending, plan.make_policy, req.batch_size,
-                       req.max_tokens, RandomStreams(release.seed), req.concurrent_groups,
-                       on_result=persist, on_step=on_step, sparse_head=req.sparse_head)
+            dispatch_plan(executor, plan, pending, release.seed,
+                          functools.partial(policy_factory, req), persist, on_step)
             status = "complete"
         finally:
             manifest["status"] = status
@@ -717,6 +722,16 @@ def _execute_locked(
                 write_json(plan.manifest_path, manifest)
     return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                       time.time() - start, tokens)
+
+
+def policy_factory(req: GenerationRequest, vocab: int) -> Callable[[GroupJob], StepPolicy]:
+    """``plan.make_policy`` rebuilt from the request alone (public parameters), so that an
+    executor's workers build the same step policies as the driver."""
+    factory = _calibrate(req).policy_factory(vocab)
+    if factory is None:
+        raise GenerationError(f"--method {req.method} is a population method: it has no "
+                              "per-group step policy")
+    return factory
 
 
 def _record(res: GroupResult, batch: Batch, method: str) -> dict[str, Any]:

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from dplang.textgen.orchestration import GenerationRequest, execute_plan, plan_generation
 
 from dplang.models import ToyModel
 from dplang.privacy.ledger import PrivacyLedger
@@ -27,6 +26,7 @@ from dplang.textgen.executors import (
     OrderedCommit,
     decode_tasks,
 )
+from dplang.textgen.orchestration import GenerationRequest, execute_plan, plan_generation
 
 # ----------------------------------------------------------------------------- helpers
 

@@ -9,11 +9,11 @@ import signal
 from pathlib import Path
 
 import pytest
-from dplang.textgen.orchestration import GenerationRequest, execute_plan, plan_generation
 
 from dplang.models import ToyModel
 from dplang.privacy.ledger import PrivacyLedger
 from dplang.textgen.executors import ExecutorError
+from dplang.textgen.orchestration import GenerationRequest, execute_plan, plan_generation
 
 ray = pytest.importorskip("ray")
 from dplang.textgen.executors_ray import RayExecutor  # noqa: E402

@@ -770,7 +770,8 @@ def dispatch_groups(
 
 
 class _PlanLike(Protocol):
-    """What :func:`dispatch_plan` reads of a :class:`~dplang.textgen.orchestration.GenerationPlan`."""
+    """What :func:`dispatch_plan` reads of a
+    :class:`~dplang.textgen.orchestration.GenerationPlan`."""
 
     request: Any
     model: LogitsModel

@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from ..privacy.guarantees import Guarantee
+from ..privacy.mechanisms import laplace_noisy_sum
 from .base import ADJACENCY, UNIT, SampleResult, as_binary_matrix, as_kary, check_epsilon, check_n
 from .kary import KarySampler, _draw, project_euclidean, project_l1
 
@@ -128,8 +129,9 @@ class LearnThenSampleSampler(KarySampler):
       (2/ε)·ln k), then clip and renormalise (a learner that suppresses absent elements);
     * ``projection="l1"``: clip and renormalise — identical to A1.
 
-    Privacy contract: pure ε-DP under replace-one adjacency (Laplace mechanism on a count
-    vector of L1 sensitivity 2, then post-processing), for every projection.
+    Privacy contract: pure ε-DP under replace-one adjacency, for every projection — one call
+    of :func:`~dplang.privacy.mechanisms.laplace_noisy_sum` (b = 2/ε) on a count vector of L1
+    sensitivity 2, then post-processing.
 
     A learner that is α-accurate in TV with probability 1−α gives a 2α-accurate sampler
     (spec §1, Definition 1.2); :meth:`learn` exposes the learner itself."""
@@ -165,7 +167,7 @@ class LearnThenSampleSampler(KarySampler):
 
     def batch_law_given_counts(self, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         c = np.asarray(counts, dtype=np.float64)
-        noisy = c + rng.laplace(0.0, self.noise_scale, size=c.shape)
+        noisy = laplace_noisy_sum(c, self.noise_scale, rng)  # ℓ1 sensitivity 2, scale 2/ε
         if self.projection == "euclidean":
             n = c.sum(axis=1, keepdims=True)  # n is public
             return project_euclidean(noisy / n)

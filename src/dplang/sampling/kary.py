@@ -30,7 +30,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..privacy.guarantees import Guarantee
-from ..privacy.mechanisms import discrete_laplace
+from ..privacy.mechanisms import discrete_laplace, laplace_noisy_sum, two_sided_geometric
 from . import _histlaw
 from .base import ADJACENCY, UNIT, SampleResult, as_kary, check_epsilon, check_n
 
@@ -156,9 +156,10 @@ class LaplaceHistogramSampler(KarySampler):
     """Theorem 1.4's sampler (spec §3 A1): counts + Lap(2/ε) noise, clip-and-renormalise
     (the exact L1 projection), one draw.
 
-    Privacy contract: pure ε-DP under replace-one adjacency, for every n — the count vector has
-    L1 sensitivity 2 (one record leaves one bin and enters another), Lap(2/ε) makes it ε-DP,
-    and the rest is post-processing. The noise is numpy's floating-point Laplace (Mironov's
+    Privacy contract: pure ε-DP under replace-one adjacency, for every n — one call of
+    :func:`~dplang.privacy.mechanisms.laplace_noisy_sum` (scale b = 2/ε) on the count vector,
+    whose L1 sensitivity is 2 (one record leaves one bin and enters another), so 2/b = ε; the
+    rest is post-processing. The noise is numpy's floating-point Laplace (Mironov's
     floating-point caveat applies; :class:`DiscreteLaplaceHistogramSampler` avoids it).
 
     Accuracy: ``d_TV(Q, P) ≤ k/(εn)`` for every P on [k] (module docstring); equality of Q and
@@ -184,7 +185,13 @@ class LaplaceHistogramSampler(KarySampler):
 
     def batch_law_given_counts(self, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         c = np.asarray(counts, dtype=np.float64)
-        return project_l1(c + rng.laplace(0.0, self.noise_scale, size=c.shape))
+        return project_l1(self.noisy_counts(c, rng))
+
+    def noisy_counts(self, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Counts plus Laplace noise of scale b = 2/ε, the ε-DP part of the mechanism
+        (:func:`~dplang.privacy.mechanisms.laplace_noisy_sum`: ℓ1 sensitivity 2 ⇒ 2/b = ε);
+        the rows of a (T, k) matrix get independent noise."""
+        return laplace_noisy_sum(np.asarray(counts, dtype=np.float64), self.noise_scale, rng)
 
     def exact_law_given_counts(self, counts: np.ndarray) -> np.ndarray:
         """Exact law (noise integrated) by the one-dimensional integral of
@@ -217,7 +224,9 @@ class DiscreteLaplaceHistogramSampler(LaplaceHistogramSampler):
         return Fraction(2) / Fraction(self.epsilon)
 
     def noisy_counts(self, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Counts plus exact discrete-Laplace noise (the ε-DP part of the mechanism)."""
+        """Counts plus exact discrete-Laplace noise of scale b = 2/ε, the ε-DP part of the
+        mechanism (:func:`~dplang.privacy.mechanisms.discrete_laplace`: ℓ1 sensitivity 2 ⇒
+        2/b = ε)."""
         c = np.asarray(counts, dtype=np.int64)
         return c + np.asarray(discrete_laplace(self.exact_scale, rng, size=c.shape),
                               dtype=np.int64)
@@ -242,9 +251,7 @@ class DiscreteLaplaceHistogramSampler(LaplaceHistogramSampler):
         numpy geometric variables (same law up to floating-point rounding of e^{−ε/2}; the
         release path :meth:`sample` uses the exact sampler)."""
         c = np.asarray(counts, dtype=np.float64)
-        p = -math.expm1(-1.0 / self.noise_scale)
-        z = rng.geometric(p, size=c.shape) - rng.geometric(p, size=c.shape)
-        return project_l1(c + z)
+        return project_l1(c + two_sided_geometric(self.noise_scale, rng, size=c.shape))
 
     def tv_bound(self, n: int) -> float:
         """k/(2n·sinh(ε/2)) (≤ k/(εn)): ½·E|Z|·k/n with E|Z| = 1/sinh(ε/2)."""

@@ -36,6 +36,7 @@ from ..privacy.accounting import (
     rho_to_epsilon,
 )
 from ..privacy.guarantees import Guarantee
+from ..privacy.mechanisms import gaussian_noisy_sum, laplace_noisy_sum
 from .base import (
     ADJACENCY,
     UNIT,
@@ -253,9 +254,11 @@ class ClippedMeanSampler(_ProductSampler):
 class PerCoordinateLaplaceSampler(_ProductSampler):
     """Noisy means p̃_j = clip(p̂_j + Lap(d/(nε)), 0, 1), then y_j ~ Ber(p̃_j).
 
-    Privacy contract: pure ε-DP under replace-one adjacency (the mean vector has L1 sensitivity
-    d/n; clipping and the coins are post-processing). Accuracy: Q is the product of
-    E[clip(p̂_j + Z_j)], so d_TV ≤ Σ_j|Q_j − p_j| ≤ d·b/2 = d²/(2nε): needs n ≈ d²/(αε)."""
+    Privacy contract: pure ε-DP under replace-one adjacency — one call of
+    :func:`~dplang.privacy.mechanisms.laplace_noisy_sum` with b = d/(nε) on the mean vector,
+    whose L1 sensitivity is d/n; clipping and the coins are post-processing. Accuracy: Q is
+    the product of E[clip(p̂_j + Z_j)], so d_TV ≤ Σ_j|Q_j − p_j| ≤ d·b/2 = d²/(2nε): needs
+    n ≈ d²/(αε)."""
 
     name = "per-coordinate-laplace-sampler"
 
@@ -272,7 +275,7 @@ class PerCoordinateLaplaceSampler(_ProductSampler):
     def output_law(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         arr = as_binary_matrix(x)
         n, d = arr.shape
-        return np.clip(arr.mean(axis=0) + rng.laplace(0, self.noise_scale(n, d), size=d), 0, 1)
+        return np.clip(laplace_noisy_sum(arr.mean(axis=0), self.noise_scale(n, d), rng), 0, 1)
 
     def conditional_law(self, x: np.ndarray) -> np.ndarray:
         """Exact law given the data: the product with biases E[clip(p̂_j + Z_j, 0, 1)]."""
@@ -292,8 +295,10 @@ class GaussianMarginalSampler(_ProductSampler):
     """Noisy means p̃_j = clip(p̂_j + N(0, σ²), 0, 1) with σ = √d/(n√(2ρ)), ρ the largest zCDP
     budget that implies (ε, δ)-DP; then y_j ~ Ber(p̃_j).
 
-    Privacy contract: ρ-zCDP (hence (ε, δ)-DP) under replace-one adjacency — the mean vector
-    has L2 sensitivity √d/n. Accuracy: d_TV ≤ Σ_j|Q_j − p_j| ≤ d·σ/√(2π): n ≈ d^{1.5}/(α√ρ)."""
+    Privacy contract: ρ-zCDP (hence (ε, δ)-DP) under replace-one adjacency — one call of
+    :func:`~dplang.privacy.mechanisms.gaussian_noisy_sum` on the mean vector, whose L2
+    sensitivity is √d/n, with σ = √d/(n√(2ρ)). Accuracy: d_TV ≤ Σ_j|Q_j − p_j| ≤ d·σ/√(2π):
+    n ≈ d^{1.5}/(α√ρ)."""
 
     name = "gaussian-marginal-sampler"
 
@@ -312,7 +317,7 @@ class GaussianMarginalSampler(_ProductSampler):
     def output_law(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         arr = as_binary_matrix(x)
         n, d = arr.shape
-        return np.clip(arr.mean(axis=0) + rng.normal(0, self.sigma(n, d), size=d), 0, 1)
+        return np.clip(gaussian_noisy_sum(arr.mean(axis=0), self.sigma(n, d), rng), 0, 1)
 
     def conditional_law(self, x: np.ndarray) -> np.ndarray:
         arr = as_binary_matrix(x)
@@ -366,7 +371,9 @@ class BucketedProductSampler(_ProductSampler):
        flipped back.
 
     Privacy contract: ρ-zCDP under replace-one adjacency, with ρ the largest budget implying
-    (ε, δ)-DP (tight CKS conversion): each block is ρ-zCDP (phase 0: one Gaussian release;
+    (ε, δ)-DP (tight CKS conversion). Every NOISYSUM is one call of
+    :func:`~dplang.privacy.mechanisms.gaussian_noisy_sum` (written once, :meth:`_noisy_sum`);
+    each block is ρ-zCDP (phase 0: one Gaussian release;
     phase 1: one release per disjoint chunk — adaptive parallel composition; phase 2: B
     releases of ρ/B — sequential composition), and the blocks are disjoint and formed from
     positions alone, so the whole is ρ-zCDP. A replaced row moves each truncated column-sum
@@ -435,9 +442,12 @@ class BucketedProductSampler(_ProductSampler):
     def _noisy_sum(self, rows: _Rows, start: int, stop: int, cols: np.ndarray,
                    flips: np.ndarray, threshold: int, rho: float,
                    rng: np.random.Generator) -> np.ndarray:
-        """NOISYSUM on rows [start, stop), columns ``cols``, after flipping ``flips``."""
+        """NOISYSUM on rows [start, stop), columns ``cols``, after flipping ``flips``: the
+        truncated column sums (ℓ2 sensitivity ≤ min(√(2T), √cols) under replace-one) through
+        :func:`~dplang.privacy.mechanisms.gaussian_noisy_sum` with σ = :meth:`sigma`, i.e. a
+        ρ-zCDP release."""
         sums = rows.truncated_sums(start, stop, cols, flips, threshold)
-        return sums + rng.normal(0.0, self.sigma(threshold, cols.size, rho), size=cols.size)
+        return gaussian_noisy_sum(sums, self.sigma(threshold, cols.size, rho), rng)
 
     def plan(self, x: np.ndarray | SparseBinaryRows, rng: np.random.Generator) -> BucketPlan:
         """Phases 0 and 1 (orientation and bucketing) on blocks X_O and X_B.
@@ -493,11 +503,11 @@ class BucketedProductSampler(_ProductSampler):
         n, d = rows.shape
         plan = self.plan(x, rng)
         s0, s1 = plan.blocks[2]
+        rho_b = self.rho / len(plan.buckets)
         biases = np.empty(d)
-        for (cols, _u), (t_b, sigma) in zip(plan.buckets, self.phase2_parameters(plan, n, d),
-                                            strict=True):
-            sums = rows.truncated_sums(s0, s1, cols, plan.flips, t_b)
-            sums = sums + rng.normal(0.0, sigma, size=cols.size)
+        for cols, u in plan.buckets:
+            sums = self._noisy_sum(rows, s0, s1, cols, plan.flips,
+                                   self.threshold(u, cols.size, n, d), rho_b, rng)
             biases[cols] = np.clip(sums / (s1 - s0), 0.0, 1.0)
         return np.where(plan.flips, 1.0 - biases, biases)
 

@@ -1,7 +1,11 @@
 """Evaluation of synthetic texts: MAUVE, perplexity / ΔPPL, lengths, Top-k+ statistics,
-99% Wald confidence intervals, reports and plots (spec 002 §4.5).
+99% Wald confidence intervals, reports and plots (the InvisibleInk paper's metrics, Vinod et
+al., §4.5; ``docs/evaluation.md``).
 
-Entry point: :func:`evaluate_files` (what ``dplang evaluate`` calls). Building blocks:
+Entry point: :func:`evaluate_files` (what ``dplang evaluate`` calls). Each metric is a
+registered :class:`MetricSpec` (:mod:`~dplang.evaluation.registry`; the built-ins in
+:mod:`~dplang.evaluation.metrics`) and the harness only loops over them: a new metric is one
+:func:`register_metric` call. Building blocks:
 
 * :mod:`~dplang.evaluation.data` — reading real and synthetic inputs, held-out checks, sizes;
 * :mod:`~dplang.evaluation.embedders` — sentence embedders (offline default: all-MiniLM-L6-v2);
@@ -61,6 +65,15 @@ if TYPE_CHECKING:
         delta_ppl,
         perplexities,
     )
+    from dplang.evaluation.registry import (
+        MetricContext,
+        MetricOutput,
+        MetricSpec,
+        RunValue,
+        get_metric,
+        metric_names,
+        register_metric,
+    )
     from dplang.evaluation.report import render_markdown, write_outputs
     from dplang.evaluation.stats import Z_99, Interval, difference_interval, wald_interval
 
@@ -80,6 +93,8 @@ _LAZY: dict[str, str] = {
                     "mauve_metric"),
     **dict.fromkeys(["DeltaPPL", "PerplexityResult", "PerplexityScorer", "delta_ppl",
                      "perplexities"], "perplexity"),
+    **dict.fromkeys(["MetricContext", "MetricOutput", "MetricSpec", "RunValue", "get_metric",
+                     "metric_names", "register_metric"], "registry"),
     **dict.fromkeys(["render_markdown", "write_outputs"], "report"),
     **dict.fromkeys(["Z_99", "Interval", "difference_interval", "wald_interval"], "stats"),
 }
@@ -94,9 +109,13 @@ __all__ = [
     "HashingEmbedder",
     "Interval",
     "MauveResult",
+    "MetricContext",
+    "MetricOutput",
+    "MetricSpec",
     "PerplexityResult",
     "PerplexityScorer",
     "RealTexts",
+    "RunValue",
     "SentenceTransformerEmbedder",
     "SyntheticRun",
     "TopkStats",
@@ -107,13 +126,16 @@ __all__ = [
     "evaluate_files",
     "evaluate_runs",
     "evaluate_texts",
+    "get_metric",
     "load_real",
     "load_synthetic",
     "load_tokenizer",
     "mauve_from_features",
     "mauve_score",
+    "metric_names",
     "parse_metrics",
     "perplexities",
+    "register_metric",
     "render_markdown",
     "resolve_embedder",
     "token_lengths",

@@ -16,6 +16,11 @@ registered :class:`MetricSpec` (:mod:`~dplang.evaluation.registry`; the built-in
 * :mod:`~dplang.evaluation.report` / :mod:`~dplang.evaluation.plots` — files.
 
 ``import dplang.evaluation`` is cheap: submodules load on first attribute access.
+
+Privacy contract, for the whole package: evaluation is not a private release and states no
+guarantee. It reads held-out real texts and released synthetic texts, and its outputs
+(``metrics.json`` holds per-text values of the real texts) are as sensitive as the real file:
+the data holder's, never to be published as if private (``docs/evaluation.md``, "Caveats").
 """
 
 from __future__ import annotations

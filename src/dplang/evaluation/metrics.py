@@ -2,8 +2,6 @@
 perplexity / ΔPPL, lengths, Top-k+ statistics (the InvisibleInk paper's metrics, Vinod et al.,
 §4.5 and Table 12; ``docs/evaluation.md``). Importing this module registers them, in this
 order (the report order).
-
-Privacy contract: none — evaluation releases nothing (see :mod:`dplang.evaluation.registry`).
 """
 
 from __future__ import annotations

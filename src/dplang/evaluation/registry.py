@@ -23,9 +23,6 @@ A spec's ``compute`` receives the aligned inputs (:class:`MetricContext`) and re
 ``runs[i][name]`` from it, and ``aggregate[key]`` (a 99% Wald interval over runs) for every
 :class:`RunValue`. Metric names, aggregate keys and the layout of ``metrics.json`` are an
 interface: ``dplang evaluate``, the experiment runner and their readers depend on them.
-
-Privacy contract: none here — evaluation releases nothing; it reads held-out real texts and
-already released synthetic texts, and its files are the data holder's (``docs/evaluation.md``).
 """
 
 from __future__ import annotations

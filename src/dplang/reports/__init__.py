@@ -1,4 +1,7 @@
-"""Evidence-bearing reports under differential privacy: proposal-and-filter (spec 003).
+"""Evidence-bearing reports under differential privacy: proposal-and-filter (``docs/reports.md``).
+
+After *Evidence-bearing Insights under Differential Privacy: Beyond the Limits of Private Text
+Generation* (anonymous workshop paper; "the paper" in this package).
 
 A data-independent *proposer* drafts candidate statements; a frozen *support predicate*
 σ_s(r) ∈ {0,1} says which records support each one; an ε₀-DP *support test* adds noise to each

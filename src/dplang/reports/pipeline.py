@@ -194,7 +194,7 @@ def check_report(request: ReportRequest) -> None:
     mechanism's parameters, the seed and proposer/predicate settings, the statement source,
     the predicate kind, the output and ledger paths (an existing output needs ``overwrite``),
     the dataset name, the data file's existence and the proposer model's spec (milliseconds).
-    Raises :class:`ReportError`. (Privacy contract: none needed; reads no data.)"""
+    Raises :class:`ReportError`. Reads no data."""
     req = request
     try:
         req.config.validate()

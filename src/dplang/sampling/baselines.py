@@ -1,8 +1,9 @@
-"""Baseline samplers (spec 004 §3 "Baselines"): first record, random record, learn-then-sample.
+"""Baseline samplers: first record, random record, learn-then-sample (``docs/sampling.md``).
 
 * :class:`FirstRecordSampler` — outputs ``x[0]``: exactly distributed as P, **not private**.
 * :class:`RandomRecordSampler` — outputs a uniformly random record: exactly distributed as P and
-  (0, 1/n)-DP — the reason the paper restricts to δ < 1/n (spec §1, claim 17).
+  (0, 1/n)-DP — the reason the paper restricts to δ < 1/n (its §1; claim 17 of
+  ``docs/sampling.md``).
 * :class:`LearnThenSampleSampler` — a private *learner* (noisy histogram + a projection or a
   threshold) followed by one draw from what it learned. With the L1 projection it is exactly
   :class:`~dplang.sampling.kary.LaplaceHistogramSampler`; the Euclidean projection and the
@@ -119,7 +120,7 @@ class RandomRecordSampler:
 
 
 class LearnThenSampleSampler(KarySampler):
-    """Learn P privately, then sample from the estimate (spec §3 baselines, claim 16).
+    """Learn P privately, then sample from the estimate (claim 16 of ``docs/sampling.md``).
 
     The learner adds Lap(2/ε) to the counts and turns v = noisy counts / n into a distribution:
 
@@ -134,7 +135,7 @@ class LearnThenSampleSampler(KarySampler):
     sensitivity 2, then post-processing.
 
     A learner that is α-accurate in TV with probability 1−α gives a 2α-accurate sampler
-    (spec §1, Definition 1.2); :meth:`learn` exposes the learner itself."""
+    (the paper's Definition 1.2); :meth:`learn` exposes the learner itself."""
 
     name = "learn-then-sample"
 

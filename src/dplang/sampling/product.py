@@ -1,11 +1,12 @@
-"""Private samplers for product distributions on {0,1}^d (spec 004 §3 A2, A3, baselines).
+"""Private samplers for product distributions on {0,1}^d (Raskhodnikova et al. 2021, Theorems
+1.6 and 1.8, and baselines; ``docs/sampling.md``, "Samplers").
 
 * :class:`ClippedMeanSampler` — Theorem 1.8's sampler for biases in [1/3, 2/3]: per coordinate,
   the empirical mean clipped to [1/4, 3/4], then an independent coin. No noise is added; its
   privacy is a function of n: exactly ``ε₁(n) ≤ ln(1 + 4/n)`` per coordinate (equality when
   4 | n), composed over d coordinates by zCDP (via pure DP or bounded range), advanced
   composition, or basic composition.
-* :class:`BucketedProductSampler` — the general product sampler of spec §3 A3 (a
+* :class:`BucketedProductSampler` — the general product sampler of Theorem 1.6 (a
   reconstruction: the paper's supplement with the constants is not available): orientation,
   bucketing of the biases into geometric classes, and truncated noisy column sums with
   Gaussian noise scaled to each bucket; ρ-zCDP by parallel composition over three disjoint
@@ -66,9 +67,7 @@ def _draw_bits(biases: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def binomial_expectation(n: int, p: np.ndarray, g, width: float = 14.0) -> np.ndarray:
     """E[g(T/n)] for T ~ Bin(n, p_j), for each bias p_j (exact up to the binomial mass beyond
-    mean ± width·sd + 30, below 1e-40). ``g`` maps an array of means m ∈ [0, 1] to values.
-
-    Privacy contract: none needed — a numerical helper (releases nothing)."""
+    mean ± width·sd + 30, below 1e-40). ``g`` maps an array of means m ∈ [0, 1] to values."""
     p = np.atleast_1d(np.asarray(p, dtype=np.float64))
     out = np.empty(p.shape[0])
     cache: dict[float, float] = {}
@@ -87,9 +86,7 @@ def binomial_expectation(n: int, p: np.ndarray, g, width: float = 14.0) -> np.nd
 
 def clipped_laplace_mean(m: np.ndarray, scale: float) -> np.ndarray:
     """E[clip(m + Z, 0, 1)] for Z ~ Lap(scale) and m ∈ [0, 1]:
-    m + (b/2)(e^{−m/b} − e^{−(1−m)/b}).
-
-    Privacy contract: none needed — a numerical helper (releases nothing)."""
+    m + (b/2)(e^{−m/b} − e^{−(1−m)/b})."""
     m = np.asarray(m, dtype=np.float64)
     b = float(scale)
     return m + 0.5 * b * (np.exp(-m / b) - np.exp(-(1.0 - m) / b))
@@ -102,9 +99,7 @@ def _gauss_excess(a: np.ndarray, sigma: float) -> np.ndarray:
 
 
 def clipped_gaussian_mean(m: np.ndarray, sigma: float) -> np.ndarray:
-    """E[clip(m + σN, 0, 1)] for N ~ N(0, 1): m + E[(σN − m)⁺] − E[(σN − (1−m))⁺].
-
-    Privacy contract: none needed — a numerical helper (releases nothing)."""
+    """E[clip(m + σN, 0, 1)] for N ~ N(0, 1): m + E[(σN − m)⁺] − E[(σN − (1−m))⁺]."""
     m = np.asarray(m, dtype=np.float64)
     return m + _gauss_excess(m, sigma) - _gauss_excess(1.0 - m, sigma)
 
@@ -137,7 +132,7 @@ class _ProductSampler:
 
 
 class ClippedMeanSampler(_ProductSampler):
-    """Bounded-bias product sampler (Theorem 1.8; spec §3 A2): y_j ~ Ber(clip(p̂_j, lo, hi)).
+    """Bounded-bias product sampler (Theorem 1.8): y_j ~ Ber(clip(p̂_j, lo, hi)).
 
     Privacy contract (replace-one): each coordinate is pure ε₁(n)-DP with ε₁ exactly given by
     :meth:`epsilon_per_coordinate` (≤ ln(1 + 4/n) ≤ 4/n for the default [1/4, 3/4]). Over d
@@ -243,7 +238,7 @@ class ClippedMeanSampler(_ProductSampler):
 
     @staticmethod
     def tv_bound(n: int, d: int) -> float:
-        """Hoeffding bound (d/2)·e^{−n/72} on d_TV for biases in [1/3, 2/3] (spec §3 A2)."""
+        """Hoeffding bound (d/2)·e^{−n/72} on d_TV for biases in [1/3, 2/3] (Theorem 1.8)."""
         return 0.5 * d * math.exp(-check_n(n) / 72.0)
 
 
@@ -355,7 +350,8 @@ class BucketPlan:
 
 
 class BucketedProductSampler(_ProductSampler):
-    """General product sampler (Theorem 1.6; spec §3 A3 — concrete constants reconstructed).
+    """General product sampler (Theorem 1.6; its constants are reconstructed:
+    ``docs/sampling.md``, "Reconstructions and choices").
 
     Rows are split by position into blocks X_O, X_B, X_S (fractions ``split``). With
     η = ln(8nd/α) and NOISYSUM(Y, T, ρ') = column sums of Y after zeroing every row with more

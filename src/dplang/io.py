@@ -1,5 +1,8 @@
 """Read private references from CSV, TSV, JSONL, Parquet or plain text, streaming.
 
+(Over 500 lines on purpose: every command reads private rows through this one skip rule and
+row numbering — ``docs/privacy.md``, "Input domain" — so all formats stay together.)
+
 Formats (chosen by extension, or by an explicit ``fmt=``):
 
 =================  ============  ========================================================

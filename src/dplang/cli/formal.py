@@ -1,5 +1,8 @@
 """``dplang formal``: the formal-language lab (papers 000 and 001 of ``docs/formal.md``).
 
+(Over 500 lines on purpose: the lab's four subcommands share one parser of instances,
+algorithms and their options; the lab itself is :mod:`dplang.formal`.)
+
 ``list`` the algorithms, instances and experiments; ``run`` one algorithm on a named instance
 (simulation: errors with confidence intervals) or on ``--data`` (a real release, charged to the
 ledger first); ``reproduce`` an experiment; ``audit`` an algorithm's privacy (exact where the

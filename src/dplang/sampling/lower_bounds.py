@@ -32,13 +32,14 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
-from .evaluation import _poisson_binomial_tail, exact_tv
+from .evaluation import exact_tv
 from .product import (
     BucketedProductSampler,
     SparseBinaryRows,
     binomial_expectation,
     clipped_gaussian_mean,
 )
+from .product_tv import _poisson_binomial_tail
 
 __all__ = [
     "BiasDecomposition",

@@ -15,6 +15,9 @@
   noise calibrated to the whole mean vector (L1 sensitivity d/n, L2 sensitivity √d/n),
   clipped to [0, 1], then independent coins.
 
+The rows the bucketed sampler reads (dense or :class:`SparseBinaryRows`) are in
+:mod:`dplang.sampling._rows`, the exact marginal laws in :mod:`dplang.sampling._productlaw`.
+
 A replaced record changes every coordinate's column at once, which is why per-coordinate
 guarantees compose over d. Output laws: for the clipped-mean and marginal samplers each output
 bit depends only on its own column and its own noise, so under a product P the law Q is itself
@@ -27,8 +30,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.special import ndtr
-from scipy.stats import binom
 
 from ..privacy.accounting import (
     bounded_range_to_zcdp,
@@ -38,6 +39,8 @@ from ..privacy.accounting import (
 )
 from ..privacy.guarantees import Guarantee
 from ..privacy.mechanisms import gaussian_noisy_sum, laplace_noisy_sum
+from ._productlaw import binomial_expectation, clipped_gaussian_mean, clipped_laplace_mean
+from ._rows import SparseBinaryRows, _Rows
 from .base import (
     ADJACENCY,
     UNIT,
@@ -63,45 +66,6 @@ __all__ = [
 
 def _draw_bits(biases: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return (rng.random(biases.shape[0]) < biases).astype(np.int64)[None, :]
-
-
-def binomial_expectation(n: int, p: np.ndarray, g, width: float = 14.0) -> np.ndarray:
-    """E[g(T/n)] for T ~ Bin(n, p_j), for each bias p_j (exact up to the binomial mass beyond
-    mean ± width·sd + 30, below 1e-40). ``g`` maps an array of means m ∈ [0, 1] to values."""
-    p = np.atleast_1d(np.asarray(p, dtype=np.float64))
-    out = np.empty(p.shape[0])
-    cache: dict[float, float] = {}
-    for j, pj in enumerate(p):
-        if pj in cache:
-            out[j] = cache[pj]
-            continue
-        sd = math.sqrt(n * pj * (1 - pj))
-        lo = max(0, math.floor(n * pj - width * sd - 30))
-        hi = min(n, math.ceil(n * pj + width * sd + 30))
-        t = np.arange(lo, hi + 1)
-        w = binom.pmf(t, n, pj)
-        cache[pj] = out[j] = float(np.dot(w, g(t / n)) / w.sum())
-    return out
-
-
-def clipped_laplace_mean(m: np.ndarray, scale: float) -> np.ndarray:
-    """E[clip(m + Z, 0, 1)] for Z ~ Lap(scale) and m ∈ [0, 1]:
-    m + (b/2)(e^{−m/b} − e^{−(1−m)/b})."""
-    m = np.asarray(m, dtype=np.float64)
-    b = float(scale)
-    return m + 0.5 * b * (np.exp(-m / b) - np.exp(-(1.0 - m) / b))
-
-
-def _gauss_excess(a: np.ndarray, sigma: float) -> np.ndarray:
-    """E[(σN − a)⁺] = σφ(a/σ) − a(1 − Φ(a/σ))."""
-    z = a / sigma
-    return sigma * np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) - a * ndtr(-z)
-
-
-def clipped_gaussian_mean(m: np.ndarray, sigma: float) -> np.ndarray:
-    """E[clip(m + σN, 0, 1)] for N ~ N(0, 1): m + E[(σN − m)⁺] − E[(σN − (1−m))⁺]."""
-    m = np.asarray(m, dtype=np.float64)
-    return m + _gauss_excess(m, sigma) - _gauss_excess(1.0 - m, sigma)
 
 
 class _ProductSampler:
@@ -513,94 +477,3 @@ class BucketedProductSampler(_ProductSampler):
         rows = _Rows(x)
         biases = self.output_law(x, rng)
         return SampleResult(_draw_bits(biases, rng), self.guarantee(*rows.shape))
-
-
-@dataclass(frozen=True)
-class SparseBinaryRows:
-    """An (n, d) 0/1 matrix stored row by row as the column indices of its ones (CSR without
-    values): ``indices[indptr[i]:indptr[i+1]]`` are the ones of row i.
-
-    Lets :class:`BucketedProductSampler` run on sparse data (e.g. d in the thousands with a
-    few ones per row) with exactly the same result as on the dense matrix.
-
-    Privacy contract: a container — it holds the (private) data itself."""
-
-    indptr: np.ndarray
-    indices: np.ndarray
-    shape: tuple[int, int]
-
-    @classmethod
-    def from_dense(cls, x: np.ndarray) -> SparseBinaryRows:
-        arr = as_binary_matrix(x)
-        r, c = np.nonzero(arr)
-        indptr = np.zeros(arr.shape[0] + 1, dtype=np.int64)
-        np.cumsum(np.bincount(r, minlength=arr.shape[0]), out=indptr[1:])
-        return cls(indptr, c.astype(np.int64), (int(arr.shape[0]), int(arr.shape[1])))
-
-    @classmethod
-    def random(cls, p: np.ndarray, n: int, rng: np.random.Generator) -> SparseBinaryRows:
-        """n i.i.d. rows of the product ⊗Ber(p_j), generated column by column: column j has
-        Bin(n, p_j) ones at uniformly random distinct rows (exactly the product law)."""
-        p = np.asarray(p, dtype=np.float64)
-        rows_list, cols_list = [], []
-        counts = rng.binomial(n, p)
-        for j in np.flatnonzero(counts):
-            rows_list.append(rng.choice(n, size=int(counts[j]), replace=False))
-            cols_list.append(np.full(int(counts[j]), j, dtype=np.int64))
-        r = np.concatenate(rows_list) if rows_list else np.zeros(0, dtype=np.int64)
-        c = np.concatenate(cols_list) if cols_list else np.zeros(0, dtype=np.int64)
-        order = np.lexsort((c, r))
-        r, c = r[order], c[order]
-        indptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(r, minlength=n), out=indptr[1:])
-        return cls(indptr, c, (int(n), int(p.shape[0])))
-
-    def to_dense(self) -> np.ndarray:
-        out = np.zeros(self.shape, dtype=np.uint8)
-        rows = np.repeat(np.arange(self.shape[0]), np.diff(self.indptr))
-        out[rows, self.indices] = 1
-        return out
-
-
-class _Rows:
-    """Dense or sparse rows behind one operation: truncated column sums after flipping."""
-
-    def __init__(self, x: np.ndarray | SparseBinaryRows) -> None:
-        if isinstance(x, SparseBinaryRows):
-            self.sparse: SparseBinaryRows | None = x
-            self.dense = None
-            self.shape = x.shape
-        else:
-            self.sparse = None
-            self.dense = as_binary_matrix(x)
-            self.shape = (int(self.dense.shape[0]), int(self.dense.shape[1]))
-
-    def truncated_sums(self, start: int, stop: int, cols: np.ndarray, flips: np.ndarray,
-                       threshold: int) -> np.ndarray:
-        """Column sums over rows [start, stop) of X[:, cols] ⊕ flips[cols], after zeroing every
-        row with more than ``threshold`` ones among ``cols``."""
-        f = flips[cols]
-        if self.dense is not None:
-            y = self.dense[start:stop][:, cols] ^ f.astype(np.uint8)
-            kept = y[y.sum(axis=1) <= threshold]
-            return kept.sum(axis=0, dtype=np.float64)
-        sp = self.sparse
-        assert sp is not None
-        lo, hi = sp.indptr[start], sp.indptr[stop]
-        cols_of = sp.indices[lo:hi]
-        row_of = np.repeat(np.arange(stop - start), np.diff(sp.indptr[start:stop + 1]))
-        position = np.full(sp.shape[1], -1, dtype=np.int64)
-        position[cols] = np.arange(cols.size)
-        pos = position[cols_of]
-        inside = pos >= 0
-        pos, row_in = pos[inside], row_of[inside]
-        flipped = f[pos]
-        m = stop - start
-        # ones of row i among cols after flipping: unflipped ones + (flipped cols − their ones)
-        plain = np.bincount(row_in[~flipped], minlength=m)
-        ones_in_flipped = np.bincount(row_in[flipped], minlength=m)
-        count = plain + int(f.sum()) - ones_in_flipped
-        kept = count <= threshold
-        keep_entry = kept[row_in]
-        raw = np.bincount(pos[keep_entry], minlength=cols.size).astype(np.float64)
-        return np.where(f, float(kept.sum()) - raw, raw)

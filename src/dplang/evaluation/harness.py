@@ -263,8 +263,10 @@ def evaluate_files(
     Args:
         real: held-out real texts (CSV, TSV, JSONL, Parquet or text; column ``text_column``).
         synthetic: one or more ``dplang generate`` outputs (one per seed / run).
-        metrics: subset of ``mauve, perplexity, length, topk`` (``None``: all; Top-k+ is then
-            skipped with a warning for runs that carry no statistics).
+        metrics: registered metric names: ``mauve, perplexity, length, topk`` and any added
+            with :func:`~dplang.evaluation.registry.register_metric` (``None``: the default
+            ones, the four built-ins; Top-k+ is then skipped with a warning for runs that carry
+            no statistics).
         embedder: MAUVE embedder (``"default"``, ``"hashing"``, a folder, or an object).
         model: perplexity / tokenizer model (``"default"``, a path, or a loaded model).
         num: texts per side (default: as many as every input provides).

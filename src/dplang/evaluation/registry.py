@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dplang.evaluation.data import RealTexts, SyntheticRun
     from dplang.evaluation.embedders import Embedder
-    from dplang.evaluation.harness import EvaluationSettings, _Models
+    from dplang.evaluation.harness import EvaluationSettings
+    from dplang.evaluation.metrics import ScoringModels
 
 __all__ = [
     "MetricContext",
@@ -146,7 +147,7 @@ class MetricContext:
     runs: Sequence[SyntheticRun]
     n: int
     settings: EvaluationSettings
-    models: _Models
+    models: ScoringModels
     cache: RealSideCache
     warn: Callable[[str], None]
     say: Callable[[str], None]

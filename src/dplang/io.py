@@ -56,8 +56,8 @@ Unusable rows are counted by reason in :class:`ReadStats` and handled according 
 ``on_unusable``:
 
 * ``"null"`` (default) -- the row stays in its position as the *null reference*
-  (``Record.text is None``); prompts render it exactly as the public prompt (``docs/privacy.md``,
-  "Input domain"). This is what the paper's replace-by-null adjacency needs: replacing one
+  (``Record.text is None``); prompts render it exactly as the public prompt (``docs/privacy.md``
+  invariant 1). This is what the paper's replace-by-null adjacency needs: replacing one
   reference by the empty one must not move any other reference to another batch, so a
   content-independent partition (Corollary 11) must not drop rows because they are blank.
 * ``"skip"`` -- the row is dropped. Row indices of later records are unchanged, but

@@ -2,8 +2,8 @@
 discrete counterparts.
 
 Every sampler takes an explicit ``numpy.random.Generator`` (``rng``) and never touches global
-randomness, so that each unit can draw from its own seeded stream (``docs/privacy.md``,
-"Randomness"; :mod:`dplang.privacy.randomness`). Every noise draw of dplang's samplers and
+randomness, so that each unit can draw from its own seeded stream (``docs/privacy.md``
+invariant 5; :mod:`dplang.privacy.randomness`). Every noise draw of dplang's samplers and
 reports goes through this module, so a sampler's privacy contract is the composition of the
 calls below, each with its own contract (and its own test in ``tests/privacy``).
 
@@ -295,7 +295,7 @@ def two_sided_geometric(scale: float, rng: np.random.Generator, size: Size = Non
 # Why hand-written rather than OpenDP's exact samplers: OpenDP draws its randomness from the
 # operating system's entropy source and cannot be driven by a seeded numpy Generator, whereas
 # dplang needs every unit to draw from its own seeded stream so that runs are deterministic and
-# resumable (docs/privacy.md, "Randomness"). The algorithms are the exact ones of CKS 2020
+# resumable (docs/privacy.md invariant 5). The algorithms are the exact ones of CKS 2020
 # (Algorithms 1, 2 and 3), in :mod:`dplang.privacy._cks`: all arithmetic is on Python
 # integers/rationals, and every random decision is made from uniform 64-bit words drawn with
 # ``rng.integers``.

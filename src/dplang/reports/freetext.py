@@ -60,8 +60,8 @@ __all__ = [
 
 #: The report prompt (completion form for base models). The private form shows one document and
 #: asks for a summary of what customers *commonly* say; the public form asks the same with no
-#: document, so an empty record contributes exactly the public logits (``docs/privacy.md``,
-#: "Input domain").
+#: document, so an empty record contributes exactly the public logits (``docs/privacy.md``
+#: invariant 1).
 REPORT_PROMPT = PromptTemplate(
     name="report",
     private_text=("Customer review:\n{reference}\n\n"

@@ -18,8 +18,8 @@ Repeated sampling (:func:`sample_repeated`). ``m`` samples are drawn either from
 the remainder unused) — a partition that depends only on positions, so the guarantee is the
 *parallel* composition, i.e. the guarantee of one draw on ``⌊n/m⌋`` records — or, with
 ``split=False``, each from the whole dataset with fresh coins, composed *sequentially*.
-Draw ``i`` uses its own random stream ``RandomStreams(seed).generator(i)`` (``docs/privacy.md``,
-"Randomness").
+Draw ``i`` uses its own random stream ``RandomStreams(seed).generator(i)`` (``docs/privacy.md``
+invariant 5).
 """
 
 from __future__ import annotations

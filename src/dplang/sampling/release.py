@@ -3,9 +3,9 @@
 :func:`plan_release` reads and validates the data, builds the sampler and fixes the guarantee
 and the accuracy bound — all ex ante, from public quantities (n, the declared universe, the
 parameters) — and writes nothing. :func:`execute_release` charges the privacy ledger (dataset
-id = SHA-256 of the data file) *before* anything is written (``docs/privacy.md``, "Public and
-private files"), then samples and writes the samples (CSV or JSONL, by extension) and a
-manifest ``OUT.manifest.json``.
+id = SHA-256 of the data file) *before* anything is written (``docs/privacy.md`` invariant 6),
+then samples and writes the samples (CSV or JSONL, by extension) and a manifest
+``OUT.manifest.json``.
 
 Several samples (``num`` = m > 1) come from m disjoint blocks of consecutive rows (positions
 only, :func:`dplang.sampling.base.block_slices`): parallel composition, so the release has the

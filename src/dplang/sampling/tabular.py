@@ -14,8 +14,8 @@ possible records, and the privacy guarantee holds only if that universe is publi
 categories — or even the type of a column — were read from the data, a value held by a single
 person could change the universe (a column whose values happen to be 0/1 would be binary, its
 neighbour with one "2" would be something else) and the output could exist for one dataset and
-not for its neighbour (an unbounded privacy loss; ``docs/privacy.md``, "Input domain"). Every
-column must be declared (:func:`parse_column`, :func:`load_schema`; CLI ``--binary``, ``--domain``,
+not for its neighbour (an unbounded privacy loss; ``docs/privacy.md`` invariant 4). Every column
+must be declared (:func:`parse_column`, :func:`load_schema`; CLI ``--binary``, ``--domain``,
 ``--schema``):
 
 * ``binary``: the universe {0, 1};

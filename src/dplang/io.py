@@ -1,5 +1,8 @@
 """Read private references from CSV, TSV, JSONL, Parquet or plain text, streaming.
 
+(Over 500 lines on purpose: every command reads private rows through this one skip rule and
+row numbering — ``docs/privacy.md``, "Input domain" — so all formats stay together.)
+
 Formats (chosen by extension, or by an explicit ``fmt=``):
 
 =================  ============  ========================================================
@@ -53,7 +56,7 @@ Unusable rows are counted by reason in :class:`ReadStats` and handled according 
 ``on_unusable``:
 
 * ``"null"`` (default) -- the row stays in its position as the *null reference*
-  (``Record.text is None``); prompts render it exactly as the public prompt (DESIGN.md
+  (``Record.text is None``); prompts render it exactly as the public prompt (``docs/privacy.md``
   invariant 1). This is what the paper's replace-by-null adjacency needs: replacing one
   reference by the empty one must not move any other reference to another batch, so a
   content-independent partition (Corollary 11) must not drop rows because they are blank.

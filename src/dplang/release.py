@@ -1,7 +1,7 @@
 """The release pipeline: every command that publishes something computed from private data.
 
-One order of work for ``generate``, ``report``, ``sample`` and later commands (DESIGN.md
-invariants 6 and 8)::
+One order of work for ``generate``, ``report``, ``sample`` and later commands (``docs/privacy.md``
+invariants 6 and 8; "Public and private files (the release pipeline)")::
 
     plan        the command validates its parameters and reads the data; writes nothing
     Release     fixes the dataset name (ledger key), the content digest, the seed and the
@@ -485,7 +485,7 @@ class Release:
     def _require_charge(self) -> Charge:
         if self._charge is None:
             raise RuntimeError("charge the ledger (Release.charge) before writing any output "
-                               "(DESIGN invariant 6)")
+                               "(docs/privacy.md invariant 6)")
         return self._charge
 
     def public_manifest(self, **fields: Any) -> dict[str, Any]:

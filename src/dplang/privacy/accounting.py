@@ -14,12 +14,10 @@ for calibration and OpenDP exposes only the forward privacy profile; the tests c
 implementation against OpenDP's ``make_zCDP_to_approxDP`` and dp-accounting's RDP conversion.
 Inverses are computed by bisection and always rounded to the *safe* side (ε up, ρ down).
 
-InvisibleInk calibration
-------------------------
-For the DClip aggregate φ̄ = φ_pub + (1/B) Σ clip_C(φ_i − φ_pub) the ℓ∞ sensitivity is C/B
-under replace-by-null adjacency and 2C/B under zero-out (spec 002 §2.4, §5). Sampling
-softmax(φ̄/τ) costs ρ_tok = Δ²/(2τ²), and T tokens cost ρ_seq = T·ρ_tok, charged for T whatever
-the realised length (ex-ante accounting).
+InvisibleInk's calibration (the DClip sensitivity C/B, ρ_seq = T·Δ²/(2τ²), the clip norm for a
+budget) lives with the method, in :mod:`dplang.textgen.methods.invisibleink` (InvisibleInk
+paper, Thm 2 and App. C; ``docs/privacy.md``, "InvisibleInk accounting"); this module keeps the
+generic pieces it uses (:func:`exponential_mechanism_rho`, conversions, composition).
 """
 
 from __future__ import annotations
@@ -35,7 +33,8 @@ _BISECTION_STEPS = 200
 
 #: Defaults of InvisibleInk's hyperparameters, shared by ``dplang account``, ``dplang generate``
 #: and experiment configurations (one place, so the clip norm one command prints is the one the
-#: other uses). τ = 1.2 and B = 7 are the paper's settings for Yelp (spec 002 §4).
+#: other uses). τ = 1.2 and B = 7 are the InvisibleInk paper's settings for Yelp
+#: (its §5.1; ``docs/experiments.md``, "Setting").
 DEFAULT_TEMPERATURE = 1.2
 DEFAULT_BATCH_SIZE = 7
 DEFAULT_MAX_TOKENS = 64

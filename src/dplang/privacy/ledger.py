@@ -9,11 +9,11 @@ or when the same bytes were already charged under another name. A copy with othe
 under another name (its own path, by default) gets a fresh budget without any warning: only
 one name per dataset protects it (names are resolved by :func:`dplang.release.dataset_key`).
 
-Each dataset may carry a total (ε, δ) budget. Every release is written to the ledger *before*
-its output is written (DESIGN.md invariant 6); a release that would take the dataset past its
-budget is refused with :class:`BudgetExceeded` and nothing is recorded. Charging runs in one
-``BEGIN IMMEDIATE`` transaction (read the spend, check, insert), so two processes charging
-the same ledger at once are serialised and can never exceed a budget together.
+Each dataset may carry a total (ε, δ) budget. Every release is written to the ledger *before* its
+output is written (``docs/privacy.md`` invariant 6); a release that would take the
+dataset past its budget is refused with :class:`BudgetExceeded` and nothing is recorded. Charging
+runs in one ``BEGIN IMMEDIATE`` transaction (read the spend, check, insert), so two processes
+charging the same ledger at once are serialised and can never exceed a budget together.
 
 Composition across releases: releases that carry a zCDP parameter are summed in zCDP and
 converted at the budget's δ minus the δ spent by approximate-DP releases that carry no zCDP

@@ -5,7 +5,7 @@ statement, a simulation run. ``RandomStreams(seed).generator(i)`` is a pure func
 ``(seed, i)`` — built from ``numpy.random.SeedSequence(seed, spawn_key=(i,))``, exactly the
 child that ``SeedSequence(seed).spawn`` would give at position ``i`` — so a unit's draws do not
 depend on how many other units ran before it, on concurrency, on resume, or on the machine
-(DESIGN.md invariant 5).
+(``docs/privacy.md`` invariant 5).
 
 ``RandomStreams.from_os_entropy()`` draws a fresh 128-bit root from the operating system
 instead; such a run cannot be reproduced or resumed bit-for-bit, and the root is not recorded.

@@ -1,4 +1,4 @@
-"""Free-text DP reports: the baselines proposal-and-filter is compared with (spec 003 §2.4).
+"""Free-text DP reports: the paper's baselines for proposal-and-filter (``docs/reports.md``).
 
 A *free-text mechanism* releases natural language only — no certificate, no abstention — and
 its sentences are turned into claims by a :class:`ClaimParser`, each scored with the same
@@ -12,7 +12,7 @@ asserted claims"). Implementations behind the :class:`FreeTextMechanism` interfa
   report text from a *report prompt* (the completion form below, for base models: the model
   continues "Summary of what customers commonly say in their reviews:"). Disjoint batches compose
   in parallel, every generation is charged for its T tokens.
-* :class:`ExponentialSelectionReport` — the spec's cheap stand-in (c): the exponential
+* :class:`ExponentialSelectionReport` — a cheap stand-in for DP free text: the exponential
   mechanism picks r sentences from a public list of drafted report sentences, one after the
   other without replacement, each by its per-document vote count (support count), ε/r each;
   the chosen sentences are the report. (It reads the corpus through the same kind of predicate
@@ -60,7 +60,8 @@ __all__ = [
 
 #: The report prompt (completion form for base models). The private form shows one document and
 #: asks for a summary of what customers *commonly* say; the public form asks the same with no
-#: document, so an empty record contributes exactly the public logits (DESIGN invariant 1).
+#: document, so an empty record contributes exactly the public logits (``docs/privacy.md``
+#: invariant 1).
 REPORT_PROMPT = PromptTemplate(
     name="report",
     private_text=("Customer review:\n{reference}\n\n"
@@ -105,7 +106,8 @@ class FreeTextMechanism(Protocol):
 
 @dataclass(frozen=True)
 class ClaimParser:
-    """Sentences of a generated text as claims (the spec's [R] parser: sentence split, no LLM).
+    """Sentences of a generated text as claims (sentence split, no LLM: a reconstruction, the
+    paper does not say how it parses).
 
     The text is first cut where ``stop`` matches (a base model that starts a new prompt-like
     header, e.g. "Here is another ..." or "Customer review:"); it is then split at ., ! or ?
@@ -271,7 +273,7 @@ class PublicPromptReport:
 
 
 # --------------------------------------------------------------------------------------------
-# DP selection among drafted sentences (spec option (c))
+# DP selection among drafted sentences (the cheap stand-in for DP free text)
 
 
 @dataclass

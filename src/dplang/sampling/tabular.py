@@ -14,8 +14,8 @@ possible records, and the privacy guarantee holds only if that universe is publi
 categories — or even the type of a column — were read from the data, a value held by a single
 person could change the universe (a column whose values happen to be 0/1 would be binary, its
 neighbour with one "2" would be something else) and the output could exist for one dataset and
-not for its neighbour (an unbounded privacy loss; DESIGN invariant 4). Every column must be
-declared (:func:`parse_column`, :func:`load_schema`; CLI ``--binary``, ``--domain``,
+not for its neighbour (an unbounded privacy loss; ``docs/privacy.md`` invariant 4). Every column
+must be declared (:func:`parse_column`, :func:`load_schema`; CLI ``--binary``, ``--domain``,
 ``--schema``):
 
 * ``binary``: the universe {0, 1};
@@ -188,17 +188,13 @@ def _list_values(spec: str, items: Sequence[Any]) -> tuple[str, ...]:
 
 
 def parse_domain(spec: str) -> tuple[str, tuple[str, ...]]:
-    """``"COL=a,b,c"`` → ("COL", ("a", "b", "c")); ``"COL=1..5"`` → ("COL", ("1", …, "5")).
-
-    Privacy contract: none needed — parses a public, user-declared domain."""
+    """``"COL=a,b,c"`` → ("COL", ("a", "b", "c")); ``"COL=1..5"`` → ("COL", ("1", …, "5"))."""
     column = parse_column(spec)
     return column.name, column.values
 
 
 def parse_column(spec: str, fallback: str | None = None) -> ColumnSpec:
-    """A ``--domain`` declaration: ``COL=a,b,c`` (categorical) or ``COL=lo..hi`` (integer).
-
-    Privacy contract: none needed — parses a public, user-declared domain."""
+    """A ``--domain`` declaration: ``COL=a,b,c`` (categorical) or ``COL=lo..hi`` (integer)."""
     if "=" not in spec:
         raise SamplingDataError(f"--domain {spec!r}: expected COLUMN=v1,v2,... or COLUMN=lo..hi")
     name, _, rest = spec.partition("=")
@@ -228,7 +224,7 @@ def load_schema(path: str | Path) -> dict[str, ColumnSpec]:
         [fallback]            # optional: where out-of-domain cells go
         region = "west"
 
-    Privacy contract: none needed — the schema is public and read without the data."""
+    The schema is public: it is read without the data."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))

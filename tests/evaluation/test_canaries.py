@@ -37,10 +37,12 @@ def test_make_canaries_distinct_rows_and_texts() -> None:
         make_canaries([20, 20], 30)
 
 
-def test_insert_canaries_appends_to_chosen_rows_only() -> None:
+def test_insert_canaries_into_chosen_rows_only() -> None:
     texts = [f"review {i}." for i in range(6)]
     out = insert_canaries(texts, [Canary(CANARY, (1, 4))])
-    assert out[1] == f"review 1. {CANARY}" and out[4] == f"review 4. {CANARY}"
+    assert out[1] == f"{CANARY} review 1." and out[4] == f"{CANARY} review 4."
+    assert insert_canaries(texts, [Canary(CANARY, (2,))], position="end")[2] == (
+        f"review 2. {CANARY}")
     assert [out[i] for i in (0, 2, 3, 5)] == [texts[i] for i in (0, 2, 3, 5)]
     assert texts[1] == "review 1."  # the input is not modified
 

@@ -1,13 +1,13 @@
 """Canaries: what a private generation leaks, and what the guarantee allows (issue 18, §2).
 
 Synthetic *canary* sentences (improbable, so that a model does not produce them by itself) are
-appended to some references of a copy of the data set: each canary to ``m`` distinct references
+inserted into some references of a copy of the data set: each canary to ``m`` distinct references
 (m = 1 for "a phrase one person wrote", m = 2, 5, 20, ... for "a phrase many people wrote").
 Generating from the data with and without the canaries and counting, per canary, the generations
 that contain it verbatim or near-verbatim (word n-gram overlap) gives an empirical privacy check
 of the whole pipeline, next to the bound the guarantee implies.
 
-The bound. Appending a canary to a reference turns it into another reference: under
+The bound. Inserting a canary into a reference turns it into another reference: under
 ``replace-by-null`` (or ``zero-out``) adjacency that is two neighbouring steps (r → ∅ → r'), so a
 canary in ``m`` references changes the data set by a group of ``k = 2m`` (``k = m`` under
 ``replace-one``). ρ-zCDP gives k²ρ-zCDP for groups of size k (Bun & Steinke 2016, Prop. 1.9),
@@ -74,7 +74,7 @@ _PLACES = ["laundromat", "observatory", "greenhouse", "boathouse", "planetarium"
 
 @dataclass(frozen=True)
 class Canary:
-    """One canary: its sentence and the (0-based) rows of the data set it was appended to."""
+    """One canary: its sentence and the (0-based) rows of the data set it was inserted into."""
 
     text: str
     rows: tuple[int, ...]
@@ -113,14 +113,21 @@ def make_canaries(repeats: Sequence[int], n_rows: int, *, seed: int = 0) -> list
     return out
 
 
-def insert_canaries(texts: Sequence[str], canaries: Sequence[Canary]) -> list[str]:
-    """A copy of ``texts`` with each canary appended (after a space) to its rows."""
+def insert_canaries(texts: Sequence[str], canaries: Sequence[Canary], *,
+                    position: str = "start") -> list[str]:
+    """A copy of ``texts`` with each canary inserted into its rows, as the first sentence
+    (``position="start"``, the default: references are truncated to their first tokens before
+    they enter the prompt, which could cut a canary at the end) or the last (``"end"``)."""
+    if position not in ("start", "end"):
+        raise ValueError("position must be 'start' or 'end'")
     out = list(texts)
     for canary in canaries:
         for row in canary.rows:
             if not 0 <= row < len(out):
                 raise ValueError(f"canary row {row} outside the {len(out)} texts")
-            out[row] = f"{out[row].rstrip()} {canary.text}".strip()
+            parts = [canary.text, out[row].strip()] if position == "start" else [
+                out[row].strip(), canary.text]
+            out[row] = " ".join(p for p in parts if p)
     return out
 
 
@@ -176,7 +183,7 @@ def count_occurrences(canary: str, outputs: Sequence[str], *, n: int = DEFAULT_N
 
 
 def group_size(repeats: int, adjacency: str = "replace-by-null") -> int:
-    """Neighbouring steps between the data with and without a canary appended to ``repeats``
+    """Neighbouring steps between the data with and without a canary inserted into ``repeats``
     references: 2 per reference under replace-by-null / zero-out, 1 under replace-one."""
     if adjacency in ("replace-by-null", "zero-out"):
         return 2 * repeats

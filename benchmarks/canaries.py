@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -136,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--canary-seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    # SIGTERM as an exception, so that the temporary copies of the data are removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run(args)
     print(render(result))
     if args.out is not None:

@@ -9,7 +9,7 @@ demo:
 	@$(BIN)/python scripts/demo.py
 
 test:
-	@scripts/bootstrap.sh models,eval,test
+	@scripts/bootstrap.sh models,eval,test,distributed
 	@$(BIN)/ruff check src tests benchmarks scripts
 	@$(BIN)/python -m pytest -q
 

@@ -29,8 +29,9 @@ import torch
 
 from dplang.io import load_references
 from dplang.models import load_default_model
-from dplang.privacy import RandomStreams, calibrate_clip, epsilon_to_rho
-from dplang.textgen.engine import DecodingParams, GroupJob, run_invisibleink, run_plain
+from dplang.privacy import RandomStreams, epsilon_to_rho
+from dplang.textgen.engine import DecodingParams, GroupJob, run_plain
+from dplang.textgen.methods.invisibleink import calibrate_clip, run_invisibleink
 from dplang.textgen.prompts import get_template
 
 B, K, TAU, EPS, DELTA = 7, 50, 1.2, 10.0, 1e-6

@@ -98,8 +98,8 @@ def parse_claims(text: str) -> list[str]:
 def run_free_text(records, work: Path, args, model) -> tuple[list[str], list[str], dict]:
     """InvisibleInk texts and unfiltered (public-prompt) texts for the same groups."""
     from dplang.textgen.engine import run_plain
+    from dplang.textgen.orchestration import GenerationRequest, execute_plan, plan_generation
     from dplang.textgen.prompts import get_template
-    from dplang.textgen.runner import GenerationRequest, execute_plan, plan_generation
 
     groups: dict[tuple[str, str], list] = defaultdict(list)
     for r in records:

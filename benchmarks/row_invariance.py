@@ -1,14 +1,20 @@
-"""What row-invariant decoding costs: DP generation with this checkout's backend against the
-backend of an earlier commit (not row-invariant), side by side in one run.
+"""DP generation with this checkout's code against an earlier commit's, side by side in one run.
 
-    .venv/bin/python benchmarks/row_invariance.py [--against fcc082b] [--groups 8]
-                                                  [--tokens 64] [--rounds 3]
-                                                  [--dtype float32|bfloat16]
+    .venv/bin/python benchmarks/row_invariance.py [--against fcc082b] [--current HEAD]
+                                                  [--groups 8] [--tokens 64] [--rounds 3]
+                                                  [--dtype float32|bfloat16] [--eos]
+                                                  [--form completion|instruction]
 
-Both backends decode the same G groups of B = 7 Yelp references (k = 50, τ = 1.2, ε = 10,
-T tokens, EOS ignored so that both do the same work) with the default model. Each measurement
-runs in its own process (the earlier commit's ``src/`` is extracted with ``git archive`` into a
-temporary folder and put first on ``PYTHONPATH``); the two alternate for ``--rounds`` rounds and
+Issue 13 (what row-invariant decoding costs): ``--against fcc082b`` (the last backend that
+was not row-invariant), EOS ignored. Issue 17 (continuous batching of groups and the shared
+public prefix): ``--against 3d82b81 --eos`` (waves of G groups, every prompt prefilled whole),
+on completion prompts and on the paper's instruction prompts (``--form instruction``).
+
+Both decode the same G groups of B = 7 Yelp references (k = 50, τ = 1.2, ε = 10, T tokens;
+EOS ignored unless ``--eos``, so that both do the same work) with the default model. Each
+measurement runs in its own process (each commit's ``src/`` is extracted with ``git archive``
+into a temporary folder and put first on ``PYTHONPATH``, so edits to the working tree during a
+run change nothing); the two alternate for ``--rounds`` rounds and
 each keeps its best, so that drift of the machine hits both alike. Printed: seconds per
 generation, DP tokens/s (end to end, prompts included) and the median decode step, and the
 ratio current / earlier (the target of issue 13: at most 1.2 per DP token at G = 8).
@@ -17,6 +23,7 @@ ratio current / earlier (the target of issue 13: at most 1.2 per DP token at G =
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -34,22 +41,42 @@ DATA = ROOT.parent / "shared" / "data" / "yelp" / "dev.csv"
 B, K, TAU, EPS, DELTA = 7, 50, 1.2, 10.0, 1e-6
 
 
-def worker(groups: int, tokens: int, dtype: str) -> dict[str, float]:
+def _prefix(model, template, labels: dict, public: str) -> str:
+    """The rendered text every prompt of a group starts with (as orchestration computes it)."""
+    sentinel = "\x00dplang-reference\x00"
+    rendered = model.render_prompt(template.render(sentinel, labels), template.system)
+    head = rendered[:max(rendered.find(sentinel), 0)]
+    length = 0
+    for a, b in zip(head, public, strict=False):
+        if a != b:
+            break
+        length += 1
+    return head[:length]
+
+
+def worker(groups: int, tokens: int, dtype: str, eos: bool = False,
+           form: str = "completion") -> dict[str, float]:
     """One measurement with whatever ``dplang`` is first on the path."""
     import torch
 
     import dplang
     from dplang.io import load_references
     from dplang.models import load_default_model
-    from dplang.privacy import RandomStreams, calibrate_clip, epsilon_to_rho
-    from dplang.textgen.engine import DecodingParams, GroupJob, run_invisibleink
+    from dplang.privacy import RandomStreams, epsilon_to_rho
+    from dplang.textgen.engine import DecodingParams, GroupJob
+    try:  # this checkout
+        from dplang.textgen.methods.invisibleink import calibrate_clip, run_invisibleink
+    except ImportError:  # an earlier commit (before the method registry)
+        from dplang.privacy import calibrate_clip  # type: ignore[attr-defined,no-redef]
+        from dplang.textgen.engine import run_invisibleink  # type: ignore[attr-defined,no-redef]
     from dplang.textgen.prompts import get_template
 
     start = time.perf_counter()
     model = load_default_model(dtype=dtype)
     load_s = time.perf_counter() - start
     records, _ = load_references(DATA, "text", ("label1", "label2"), limit=groups * B)
-    template = get_template("yelp", chat=model.has_chat_template)
+    template = get_template("yelp", chat=form == "instruction")
+    takes_prefix = "prefix" in {f.name for f in dataclasses.fields(GroupJob)}
     jobs = []
     for g in range(groups):
         chunk = records[g * B:(g + 1) * B]
@@ -58,16 +85,22 @@ def worker(groups: int, tokens: int, dtype: str) -> dict[str, float]:
         private = tuple(model.render_prompt(
             template.render(model.truncate_tokens(r.text or "", 256), labels), template.system)
             for r in chunk)
-        jobs.append(GroupJob(g, public, private))
+        if takes_prefix:  # shared public prefix (since 2f50b1f)
+            jobs.append(GroupJob(g, public, private, _prefix(model, template, labels, public)))
+        else:
+            jobs.append(GroupJob(g, public, private))
     clip = calibrate_clip(epsilon_to_rho(EPS, DELTA), tokens, B, TAU)
-    params = DecodingParams(clip, B, TAU, K, tokens, sparse_head=True, stop_at_eos=False)
+    params = DecodingParams(clip, B, TAU, K, tokens, sparse_head=True, stop_at_eos=eos)
+    emitted: list[int] = []
     stamps: list[float] = []
     start = time.perf_counter()
-    run_invisibleink(model, jobs, params, RandomStreams(0), concurrent_groups=groups,
-                     on_step=lambda _n: stamps.append(time.perf_counter()))
+    results = run_invisibleink(model, jobs, params, RandomStreams(0), concurrent_groups=groups,
+                               on_step=lambda _n: stamps.append(time.perf_counter()))
     secs = time.perf_counter() - start
+    emitted = [r.num_tokens for r in results]
     steps = [b - a for a, b in itertools.pairwise(stamps)]
     return {"seconds": secs, "step_ms": 1e3 * statistics.median(steps), "load_s": load_s,
+            "tokens": float(sum(emitted)),
             "threads": torch.get_num_threads(), "source": str(Path(dplang.__file__).parent)}
 
 
@@ -86,7 +119,8 @@ def measure(src: Path | None, args: argparse.Namespace) -> dict[str, float]:
         env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
     out = subprocess.run(
         [sys.executable, __file__, "--worker", "--groups", str(args.groups), "--tokens",
-         str(args.tokens), "--dtype", args.dtype],
+         str(args.tokens), "--dtype", args.dtype, "--form", args.form,
+         *(["--eos"] if args.eos else [])],
         check=True, capture_output=True, text=True, env=env,
     ).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -99,32 +133,38 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--current", default="HEAD", help="the commit measured as 'current'")
+    ap.add_argument("--eos", action="store_true", help="honour EOS (groups end unevenly)")
+    ap.add_argument("--form", default="completion", choices=("completion", "instruction"))
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.groups, args.tokens, args.dtype)))
+        print(json.dumps(worker(args.groups, args.tokens, args.dtype, args.eos, args.form)))
         return
     best: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        earlier = extract(args.against, Path(tmp))
+        earlier = extract(args.against, Path(tmp) / "earlier")
+        current = extract(args.current, Path(tmp) / "current")
         for r in range(args.rounds):
-            for name, src in (("current", None), (args.against, earlier)):
+            for name, src in (("current", current), (args.against, earlier)):
                 result = measure(src, args)
                 print(f"round {r + 1} {name:>10}: {result['seconds']:.1f} s, decode step "
                       f"{result['step_ms']:.0f} ms", flush=True)
                 if name not in best or result["seconds"] < best[name]["seconds"]:
                     best[name] = result
-    texts, tokens = args.groups, args.groups * args.tokens
+    texts = args.groups
     print(f"\nG = {args.groups}, B = {B}, T = {args.tokens}, dtype {args.dtype}, "
+          f"{args.form} prompts, EOS {'honoured' if args.eos else 'ignored'}, "
           f"{best['current']['threads']} threads; best of {args.rounds} rounds")
-    print(f"{'backend':>12} {'s / text':>9} {'DP tok/s':>9} {'step ms':>8}")
+    print(f"{'code':>12} {'s / text':>9} {'DP tok/s':>9} {'tokens':>7} {'step ms':>8}")
     for name, res in best.items():
-        print(f"{name:>12} {res['seconds'] / texts:>9.2f} {tokens / res['seconds']:>9.2f} "
-              f"{res['step_ms']:>8.0f}")
+        emitted = res.get("tokens", args.groups * args.tokens)
+        print(f"{name:>12} {res['seconds'] / texts:>9.2f} {emitted / res['seconds']:>9.2f} "
+              f"{emitted:>7.0f} {res['step_ms']:>8.0f}")
     ratio = best["current"]["seconds"] / best[args.against]["seconds"]
     step = best["current"]["step_ms"] / best[args.against]["step_ms"]
-    print(f"current / {args.against}: {ratio:.2f}x per DP token end to end, {step:.2f}x per "
-          "decode step")
+    print(f"time current / {args.against}: {ratio:.2f}x end to end (same texts), {step:.2f}x "
+          "per decode step")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,20 @@
 import pytest
 
 
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests are skipped where PyTorch sees no CUDA GPU."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _private_ledger(tmp_path_factory, monkeypatch):
     """Never let a test touch the user's real privacy ledger."""

@@ -54,25 +54,27 @@ def test_delimited_skip_rule_and_counts(tmp_path: Path, ext: str, delim: str) ->
         delimiter=delim,
     )
     with path.open("a", encoding="utf-8") as f:
-        f.write("\n")  # an empty line is not a row
+        f.write("\n")  # an empty line is a row: every field missing (kept in place)
         f.write("only-text-no-label\n")  # short row: label missing -> ""
     stats = ReadStats()
     records = list(read_records(path, columns=("label",), stats=stats))
-    assert [r.index for r in records] == [0, 1, 2, 3, 4, 5]
+    assert [r.index for r in records] == [0, 1, 2, 3, 4, 5, 6]
     assert records[0] == Record(0, "first review", {"label": "a"})
     assert records[1].text is None and records[2].text is None  # null references kept in place
     assert records[3].text == 'line one\nline two, with "quotes"\tand tab'
     assert records[4].text == "NA"
-    assert records[5].labels == {"label": ""}
-    assert stats.rows_seen == 6 and stats.used == 4
-    assert stats.skipped_by_reason == {"blank": 2}
-    assert stats.nulls == 2 and stats.records == 6
+    assert records[5] == Record(5, None, {"label": ""})  # the empty line
+    assert records[6].labels == {"label": ""}
+    assert stats.rows_seen == 7 and stats.used == 4
+    assert stats.skipped_by_reason == {"blank": 2, "missing": 1}
+    assert stats.nulls == 3 and stats.records == 7
 
     stats = ReadStats()
     skipped = list(read_records(path, columns=("label",), on_unusable="skip", stats=stats))
-    assert [r.index for r in skipped] == [0, 3, 4, 5]
+    assert [r.index for r in skipped] == [0, 3, 4, 6]
     assert all(r.text for r in skipped)
-    assert stats.used == 4 and stats.skipped_by_reason == {"blank": 2} and stats.nulls == 0
+    assert stats.used == 4 and stats.skipped_by_reason == {"blank": 2, "missing": 1}
+    assert stats.nulls == 0
 
 
 def test_csv_short_row_text_missing(tmp_path: Path) -> None:
@@ -214,13 +216,51 @@ def test_unknown_text_column_lists_columns(tmp_path: Path) -> None:
     path = write_csv(tmp_path / "r.csv", [["review", "stars"], ["x", "5"]])
     with pytest.raises(ReferenceDataError, match=r"unknown text column 'text'.*'review', 'stars'"):
         list(read_records(path))
-    jl = write_jsonl(tmp_path / "r.jsonl", [{"body": "x"}])
-    with pytest.raises(ReferenceDataError, match=r"unknown text column 'text'.*'body'"):
-        list(read_records(jl))
     pqp = tmp_path / "r.parquet"
     pq.write_table(pa.table({"body": ["x"]}), pqp)
     with pytest.raises(ReferenceDataError, match=r"available columns: 'body'"):
         list(read_records(pqp))
+
+
+def test_jsonl_has_no_schema_keys_never_refuse(tmp_path: Path) -> None:
+    """JSONL has no schema: a text or label key that occurs in no record is not refused (its
+    neighbour with the key in one record would be read); it is reported for a warning."""
+    jl = write_jsonl(tmp_path / "r.jsonl", [{"body": "x"}, {"body": "y"}])
+    stats = ReadStats()
+    records = list(read_records(jl, columns=("stars",), stats=stats))
+    assert [r.text for r in records] == [None, None]
+    assert [r.labels for r in records] == [{"stars": ""}, {"stars": ""}]
+    assert stats.skipped_by_reason == {"missing": 2}
+    assert stats.absent_columns == ("text", "stars")
+    # the neighbour where one record has both keys: read the same way, nothing refused
+    nb = write_jsonl(tmp_path / "n.jsonl", [{"body": "x"}, {"text": "t", "stars": 5}])
+    stats = ReadStats()
+    records = list(read_records(nb, columns=("stars",), stats=stats))
+    assert [r.index for r in records] == [0, 1] and records[1].text == "t"
+    assert stats.absent_columns == ()
+
+
+@pytest.mark.parametrize("ext,delim", [(".csv", ","), (".tsv", "\t")])
+def test_every_line_after_the_header_is_a_row(tmp_path: Path, ext: str, delim: str) -> None:
+    """The final line ending is not a row; an extra empty line is one (all fields missing);
+    empty lines before the header are not rows."""
+    path = tmp_path / f"r{ext}"
+    cases = {
+        "text\na\n": ["a"],
+        "text\na": ["a"],
+        "text\na\n\n": ["a", None],
+        "text\n\na\n": [None, "a"],
+        "\n\ntext\na\n": ["a"],
+        "text\r\na\r\n\r\nb\r\n": ["a", None, "b"],
+        'text\n""\n': [None],
+        "text\n\n\n": [None, None],
+    }
+    for raw, texts in cases.items():
+        path.write_text(raw.replace("text", f"text{delim}label"), encoding="utf-8", newline="")
+        records, stats = load_references(path, columns=("label",))
+        assert [r.text for r in records] == texts, raw
+        assert [r.index for r in records] == list(range(len(texts)))
+        assert stats.rows_seen == len(texts)
 
 
 def test_unknown_group_by_column(tmp_path: Path) -> None:

@@ -113,3 +113,22 @@ def test_release_charges_before_any_output_and_splits_metadata(tmp_path):
     PrivacyLedger(ledger).set_budget(r.dataset, 1.5, 1e-6)
     with pytest.raises(BudgetExceeded):
         again.charge()
+
+
+def test_public_timestamp_is_taken_before_the_private_computation(tmp_path, monkeypatch):
+    """The manifest's ``created`` is the time the release was opened (before its computation on
+    the private rows): a slow computation does not move it, so it publishes no duration."""
+    import time as time_mod
+
+    from dplang.release import TIMESTAMP_FIELDS
+
+    data = tmp_path / "d.csv"
+    data.write_text("text\na\n")
+    release = Release.open("test", data=data, guarantee=G, fingerprint={}, seed=1,
+                           ledger=tmp_path / "l.sqlite")
+    release.charge()
+    later = time_mod.time() + 1000.0
+    monkeypatch.setattr(time_mod, "time", lambda: later)  # "the computation took 1000 s"
+    manifest = release.public_manifest()
+    assert manifest["created"] == release.opened < later
+    assert "finished" not in TIMESTAMP_FIELDS

@@ -16,8 +16,6 @@ from dplang.io import ReferenceDataError, load_references
 REVIEW = "review13: "
 
 
-@pytest.mark.xfail(strict=True, reason=REVIEW + "an empty line of a one-column CSV is dropped "
-                   "instead of being kept in place as the null reference")
 def test_one_column_csv_blank_reference_keeps_its_position(tmp_path: Path) -> None:
     """Replace-by-null: blanking reference 1 of a one-column CSV (an empty line, as many tools
     write it) must leave every other reference at its position and the row count unchanged."""
@@ -32,9 +30,6 @@ def test_one_column_csv_blank_reference_keeps_its_position(tmp_path: Path) -> No
     assert rec_blank[2].text == "r2" and rec_blank[1].text is None
 
 
-@pytest.mark.xfail(strict=True, reason=REVIEW + "JSONL columns are checked against the first "
-                   "object only: a first record without its text is refused, its neighbour "
-                   "is not")
 def test_jsonl_first_record_without_text_is_a_null_reference(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(json.dumps(o) for o in

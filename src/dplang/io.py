@@ -1,13 +1,18 @@
 """Read private references from CSV, TSV, JSONL, Parquet or plain text, streaming.
 
+(Over 500 lines on purpose: every command reads private rows through this one skip rule and
+row numbering — ``docs/privacy.md``, "Input domain" — so all formats stay together.)
+
 Formats (chosen by extension, or by an explicit ``fmt=``):
 
 =================  ============  ========================================================
 extension          ``fmt``       how rows are read
 =================  ============  ========================================================
-``.csv``           ``csv``       :mod:`csv` module, header row required, RFC 4180 quoting
+``.csv``           ``csv``       :mod:`csv` module, header row required, RFC 4180 quoting;
+                                 every line after the header is a row (see below)
 ``.tsv``           ``tsv``       as CSV with a tab delimiter (same quoting rules)
-``.jsonl``         ``jsonl``     one JSON object per line; blank lines are not rows
+``.jsonl``         ``jsonl``     one JSON object per line; blank lines are not rows; no
+                                 schema (a missing key is a missing value, see below)
 ``.ndjson``
 ``.parquet``       ``parquet``   :meth:`pyarrow.parquet.ParquetFile.iter_batches`
 ``.txt``           ``txt``       one reference per line (its only column is ``text``;
@@ -18,10 +23,30 @@ extension          ``fmt``       how rows are read
 CSV/TSV go through the :mod:`csv` module rather than pandas on purpose: pandas turns strings
 such as ``"NA"`` or ``"null"`` into missing values and would silently change references.
 
+**Rows of a CSV/TSV file** (:func:`iter_delimited_rows`, shared with ``dplang sample``). The
+header is the first line holding a non-blank field; empty lines before it are not rows. After
+the header, **every line is a row**: an empty line is a row whose fields are all missing (its
+text is the null reference), kept in its place like any other row, because many tools write a
+blank value of a one-column file as an empty line, and dropping it would move every later
+reference (and change the number of rows) between a dataset and its replace-by-null
+neighbour. The line ending that ends the file's last line is not a row: ``"text\\na\\n"``
+has one row, ``"text\\na\\n\\n"`` two (the second empty). So a blank *last* value must be
+written as an empty line that is itself ended (the file ends with two line endings) or as
+``""`` (Python's :mod:`csv` writer does this for one empty field); a file without a final line
+ending reads the same. A line is a CSV record: a quoted field may span lines.
+
+**JSONL has no schema.** Each non-blank line is one record (a blank line is not a record:
+no JSONL writer emits one for a null value). Which keys a record holds is data: a record
+without the text key is the null reference (reason ``missing``), one without a label key has
+the label ``""``, and no column is refused because of the keys records hold -- a refusal that
+depends on one record's keys would tell its neighbours apart. A column that occurs in no
+record is not refused either; it is reported in :attr:`ReadStats.absent_columns` so that the
+command can warn the data holder (stderr).
+
 **Skip rule** (the same for every format). A row's text is *unusable* when it is
 
-* ``missing`` -- the column is absent from that row (short CSV row, JSON object without the
-  key) or the value is null (JSON ``null``, Parquet null);
+* ``missing`` -- the column is absent from that row (short CSV row, empty CSV line, JSON
+  object without the key) or the value is null (JSON ``null``, Parquet null);
 * ``not_string`` -- the value is not a string (a JSON number, object, list, boolean; a
   non-string Parquet column);
 * ``blank`` -- the string is empty or only whitespace.
@@ -31,7 +56,7 @@ Unusable rows are counted by reason in :class:`ReadStats` and handled according 
 ``on_unusable``:
 
 * ``"null"`` (default) -- the row stays in its position as the *null reference*
-  (``Record.text is None``); prompts render it exactly as the public prompt (DESIGN.md
+  (``Record.text is None``); prompts render it exactly as the public prompt (``docs/privacy.md``
   invariant 1). This is what the paper's replace-by-null adjacency needs: replacing one
   reference by the empty one must not move any other reference to another batch, so a
   content-independent partition (Corollary 11) must not drop rows because they are blank.
@@ -63,6 +88,8 @@ __all__ = [
     "demo_corpus_path",
     "detect_format",
     "file_digest",
+    "iter_delimited_rows",
+    "iter_json_objects",
     "load_references",
     "read_records",
 ]
@@ -110,13 +137,17 @@ class ReadStats:
     ``rows_seen``: data rows read. ``used``: rows with a usable text.
     ``skipped_by_reason``: unusable rows by reason (``missing``, ``not_string``, ``blank``);
     with ``on_unusable="null"`` these rows were kept as null references (``nulls`` of them),
-    with ``"skip"`` they were dropped.
+    with ``"skip"`` they were dropped. ``absent_columns``: requested columns (text first) that
+    occur in no record of a JSONL file, which has no schema (set once the file is read; the
+    column is not refused, its values are missing). Every count here is a statistic of the
+    private data: for the data holder's terminal and the private side file only.
     """
 
     rows_seen: int = 0
     used: int = 0
     skipped_by_reason: dict[str, int] = field(default_factory=dict)
     on_unusable: str = "null"
+    absent_columns: tuple[str, ...] = ()
 
     @property
     def unusable(self) -> int:
@@ -297,22 +328,42 @@ def _raise_csv_field_limit() -> None:
 _EOF_MARKER = "\x00dplang-end-of-file-7c3e9a1f\x00"
 
 
-def _rows_delimited(
-    path: Path, delimiter: str, text_column: str, columns: Sequence[str]
-) -> Iterator[tuple[Any, dict[str, Any]]]:
+def iter_delimited_rows(
+    path: str | Path, delimiter: str = ",", error: type[Exception] | None = None
+) -> Iterator[list[str]]:
+    """The header row, then every data row of a CSV/TSV file, as lists of fields.
+
+    The one delimited-file reader of dplang (references and tabular samples), so that both
+    follow the same row rule (module docstring, "Rows of a CSV/TSV file"): the header is the
+    first line that holds a non-blank field (empty lines before it are not rows); after it,
+    **every line is a row** -- an empty line is the row ``[]``, whose fields are all missing --
+    except that the line ending of the file's last line does not start another row. Quoted
+    fields may span lines (RFC 4180). Bytes that are not UTF-8, a quoted field that is never
+    closed, or malformed CSV raise ``error`` (default :class:`ReferenceDataError`) with a
+    one-line message naming the file and line; a file without a header raises it too.
+
+    Privacy contract: which lines are rows depends on the file's layout only, never on a
+    field's content, so blanking one value (replace-by-null) keeps every other row in place."""
+    path = Path(path)
+    fail = error or ReferenceDataError
     _raise_csv_field_limit()
     with path.open("rb") as handle:
-        lines = _decoded_lines(path, handle)
+        lines = _decoded_lines(path, handle, fail)
         current = [0]
 
         def feed() -> Iterator[str]:
-            last = ""
-            for lineno, line in lines:
-                current[0] = lineno
-                last = line
-                yield line
-            if last and not last.endswith(("\n", "\r")):
-                yield "\n"  # so the marker cannot join the last line's last field
+            # One line behind the file, so that a last line without its line ending gets one
+            # (the marker must not join its last field, and a separate "\n" would be an
+            # empty line, i.e. a row).
+            prev: tuple[int, str] | None = None
+            for item in lines:
+                if prev is not None:
+                    current[0] = prev[0]
+                    yield prev[1]
+                prev = item
+            if prev is not None:
+                current[0] = prev[0]
+                yield prev[1] if prev[1].endswith(("\n", "\r")) else prev[1] + "\n"
             yield _EOF_MARKER + "\n"
 
         reader = csv.reader(feed(), delimiter=delimiter)
@@ -323,7 +374,7 @@ def _rows_delimited(
                 if row == [_EOF_MARKER]:
                     return
                 if any(_EOF_MARKER in cell for cell in row):
-                    raise ReferenceDataError(
+                    raise fail(
                         f"{path}: line {row_start[0]}: a quoted field opened on this line is "
                         "never closed (unbalanced \"); it would swallow the rest of the file as "
                         'one value: fix the quoting (a literal " inside a quoted field is "")')
@@ -334,20 +385,30 @@ def _rows_delimited(
             parsed = rows()
             header = next(parsed, None)
             while header is not None and not any(h.strip() for h in header):
-                header = next(parsed, None)  # leading blank lines
+                header = next(parsed, None)  # empty lines before the header are not rows
             if header is None:
-                raise ReferenceDataError(f"{path}: empty file (no header row)")
-            _check_columns(path, header, text_column, columns)
-            text_pos = header.index(text_column)
-            label_pos = {c: header.index(c) for c in columns}
-            for row in parsed:
-                if not row:
-                    continue  # a completely empty line is not a row in CSV
-                text = row[text_pos] if text_pos < len(row) else None
-                labels = {c: (row[i] if i < len(row) else None) for c, i in label_pos.items()}
-                yield text, labels
+                raise fail(f"{path}: empty file (no header row)")
+            yield header
+            # Every line after the header is a row, an empty one included ([]: all fields
+            # missing): dropping it would shift every later row (a null reference written as
+            # an empty line, as many tools write a one-column CSV, must keep its place).
+            yield from parsed
         except csv.Error as exc:
-            raise ReferenceDataError(f"{path}: line {current[0]}: malformed CSV ({exc})") from None
+            raise fail(f"{path}: line {current[0]}: malformed CSV ({exc})") from None
+
+
+def _rows_delimited(
+    path: Path, delimiter: str, text_column: str, columns: Sequence[str]
+) -> Iterator[tuple[Any, dict[str, Any]]]:
+    rows = iter_delimited_rows(path, delimiter)
+    header = next(rows)
+    _check_columns(path, header, text_column, columns)
+    text_pos = header.index(text_column)
+    label_pos = {c: header.index(c) for c in columns}
+    for row in rows:
+        text = row[text_pos] if text_pos < len(row) else None
+        labels = {c: (row[i] if i < len(row) else None) for c, i in label_pos.items()}
+        yield text, labels
 
 
 def _unicode_text(path: Path, lineno: int, value: Any) -> Any:
@@ -367,19 +428,24 @@ def _unicode_text(path: Path, lineno: int, value: Any) -> Any:
 
 
 def _rows_jsonl(
-    path: Path, text_column: str, columns: Sequence[str]
+    path: Path, text_column: str, columns: Sequence[str], stats: ReadStats
 ) -> Iterator[tuple[Any, dict[str, Any]]]:
-    first = True
+    # JSONL has no schema: which keys a record holds is data. A record without the text key is
+    # the null reference (reason ``missing``), one without a label key has the label "", and no
+    # column is ever refused because of the keys records hold (a first record without its text
+    # would otherwise be refused and its neighbour with the text not). Columns that occur in
+    # no record are reported in ``stats.absent_columns`` (for a warning to the data holder).
+    wanted = (text_column, *columns)
+    seen: set[str] = set()
+    any_object = False
     for lineno, obj in iter_json_objects(path):
-        if first:
-            # Columns are checked against the first object's keys (a later object may
-            # still lack a key; its value then counts as missing).
-            _check_columns(path, list(obj), text_column, columns)
-            first = False
+        any_object = True
+        seen.update(c for c in wanted if c in obj)
         yield (_unicode_text(path, lineno, obj.get(text_column)),
                {c: _unicode_text(path, lineno, obj.get(c)) for c in columns})
-    if first:
+    if not any_object:
         raise ReferenceDataError(f"{path}: empty file (no JSON objects)")
+    stats.absent_columns = tuple(c for c in dict.fromkeys(wanted) if c not in seen)
 
 
 def _rows_txt(path: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
@@ -496,7 +562,7 @@ def _iterate(
     elif name == "tsv":
         rows = _rows_delimited(path, "\t", text_column, columns)
     elif name == "jsonl":
-        rows = _rows_jsonl(path, text_column, columns)
+        rows = _rows_jsonl(path, text_column, columns, stats)
     elif name == "parquet":
         rows = _rows_parquet(path, text_column, columns, chunk_rows)
     else:

@@ -1,7 +1,7 @@
 """The release pipeline: every command that publishes something computed from private data.
 
-One order of work for ``generate``, ``report``, ``sample`` and later commands (DESIGN.md
-invariants 6 and 8)::
+One order of work for ``generate``, ``report``, ``sample`` and later commands (``docs/privacy.md``
+invariants 6 and 8; "Public and private files (the release pipeline)")::
 
     plan        the command validates its parameters and reads the data; writes nothing
     Release     fixes the dataset name (ledger key), the content digest, the seed and the
@@ -68,6 +68,7 @@ __all__ = [
     "RunLock",
     "RunLocked",
     "check_output_path",
+    "dataset_key",
     "dataset_name",
     "fresh_seed",
     "fsync_dir",
@@ -82,8 +83,12 @@ PRIVATE_FORMAT = "dplang.private/1"
 #: Mode of every private file (side files, copies of references), set at creation.
 PRIVATE_MODE = 0o600
 #: Public-manifest fields that hold wall-clock times (the only fields allowed to differ between
-#: runs on neighbouring datasets besides the released content).
-TIMESTAMP_FIELDS = ("created", "started", "finished")
+#: runs on neighbouring datasets besides the released content). Each is taken *before* the
+#: release's computation on the private data (when the :class:`Release` is opened, or when a
+#: generation starts), never after it: an end time or a duration would publish how long the
+#: computation on the private rows took (a timing side channel), so none is written into a
+#: public file (durations go to private files, mode 600, or to the terminal).
+TIMESTAMP_FIELDS = ("created", "started")
 PRIVATE_NOTE = ("PRIVATE: not part of the release; never publish this file. It holds the data's "
                 "digest and counts, and may hold the secret seed (knowing it voids the privacy "
                 "guarantee).")
@@ -341,15 +346,30 @@ def fresh_seed() -> int:
     return secrets.randbits(128)
 
 
+def dataset_key(name: str) -> str:
+    """The ledger key of a dataset named by the user (``--dataset NAME``, ``dplang ledger
+    budget NAME``, ``[data].dataset``): a NAME that is an existing file means that file, keyed
+    by its resolved path (the default key of a dataset read from that file); any other NAME is
+    the key itself (surrounding spaces removed).
+
+    The one resolution rule of dplang: every command that charges or budgets a dataset goes
+    through it, so ``dplang ledger budget reviews.csv`` and ``--dataset reviews.csv`` (from the
+    same folder) key the same budget. (Privacy contract: none needed; the name is a public
+    input of the data holder, kept in the ledger and the private side file only.)"""
+    key = name.strip()
+    if not key:
+        raise ReleaseError("--dataset must not be empty")
+    path = Path(key)
+    if path.is_file():
+        return str(path.resolve())
+    return key
+
+
 def dataset_name(data: str | Path, given: str | None = None) -> str:
-    """The ledger key of a dataset: the name the user gave (``--dataset``), else the input's
-    resolved path. (Privacy contract: none needed; the name is a public input of the data
-    holder, kept in the ledger and the private side file only.)"""
+    """The ledger key of a release's dataset: :func:`dataset_key` of the name the user gave
+    (``--dataset``), else the input's resolved path."""
     if given is not None:
-        name = given.strip()
-        if not name:
-            raise ReleaseError("--dataset must not be empty")
-        return name
+        return dataset_key(given)
     return str(Path(data).resolve())
 
 
@@ -394,6 +414,9 @@ class Release:
     seed_source: str
     ledger_path: Path | None = None
     description: str = ""
+    #: Wall-clock time when the release was opened, before its computation on the private
+    #: rows: the public manifest's ``created`` (see :data:`TIMESTAMP_FIELDS`).
+    opened: float = field(default_factory=time.time)
     _charge: Charge | None = field(default=None, repr=False)
 
     @classmethod
@@ -431,7 +454,10 @@ class Release:
         private to the data holder (it stores the content digest to warn when a name's content
         changes); ``on_warning`` receives those warnings, which must not go to a public file."""
         ledger = PrivacyLedger(self.ledger_path)
-        warnings = tuple(ledger.content_warnings(self.dataset, self.data_digest))
+        warnings = tuple(ledger.content_warnings(self.dataset, self.data_digest)
+                         + self._budget_elsewhere(ledger)
+                         + ([] if ledger.has_release(self.release_id) else
+                            ledger.adjacency_warnings(self.dataset, self.guarantee)))
         for w in warnings:
             if on_warning is not None:
                 on_warning(w)
@@ -441,15 +467,32 @@ class Release:
         self._charge = Charge(self.release_id, ledger.path, recorded, warnings)
         return self._charge
 
+    def _budget_elsewhere(self, ledger: PrivacyLedger) -> list[str]:
+        """A warning when the data file itself has a budget in the ledger (keyed by its
+        resolved path) but this release is charged to another dataset name: that budget does
+        not see this charge."""
+        path_key = dataset_name(self.data)
+        if path_key == self.dataset:
+            return []
+        budget = ledger.budget(path_key)
+        if budget is None:
+            return []
+        return [f"the data file {self.data} has its own budget in the ledger (ε = "
+                f"{budget[0]:g}, δ = {budget[1]:g}), but this release is charged to dataset "
+                f"{self.dataset!r}, not to it: that budget does not see this charge (pass "
+                "--dataset with the name that holds the budget)"]
+
     def _require_charge(self) -> Charge:
         if self._charge is None:
             raise RuntimeError("charge the ledger (Release.charge) before writing any output "
-                               "(DESIGN invariant 6)")
+                               "(docs/privacy.md invariant 6)")
         return self._charge
 
     def public_manifest(self, **fields: Any) -> dict[str, Any]:
         """The public manifest: format, command, version, guarantee (and plain-words summary),
-        ρ/ε/δ, ``ex_ante``, the public fingerprint, a ``created`` timestamp, then ``fields``.
+        ρ/ε/δ, ``ex_ante``, the public fingerprint, a ``created`` timestamp (when the release
+        was opened: before the private computation, so it reveals no duration), then
+        ``fields`` (which must hold no end time or duration either).
 
         Privacy contract: a function of public inputs only, provided ``fields`` and the
         fingerprint are (the caller's duty; the neighbouring-dataset tests check it)."""
@@ -467,7 +510,7 @@ class Release:
             "fingerprint": self.fingerprint,
             "private_side_file": "kept beside the output with mode 600; not part of the "
                                  "release (seed, data digest, counts, paths)",
-            "created": time.time(),
+            "created": self.opened,  # before the private computation: no timing side channel
         }
         manifest.update(fields)
         return manifest

@@ -329,7 +329,7 @@ def test_add_remove_is_refused(tmp_path, capsys, toy, method):
 
 
 def test_augpe_through_the_cli(tmp_path, capsys, toy, monkeypatch):
-    import dplang.textgen.augpe as augpe_mod
+    import dplang.textgen.methods.augpe as augpe_mod
 
     real_run = augpe_mod.run_augpe
     monkeypatch.setattr(augpe_mod, "run_augpe",

@@ -20,7 +20,7 @@ import torch
 from dplang.cli import generate as generate_cli
 from dplang.cli.app import main
 from dplang.io import demo_corpus_path, iter_json_objects
-from dplang.textgen.invisibleink import InvisibleInkPolicy
+from dplang.textgen.methods.invisibleink import InvisibleInkPolicy
 
 pytestmark = pytest.mark.model
 

@@ -25,11 +25,11 @@ def _g(rho):
 def test_budget_and_show(tmp_path, capsys):
     data = tmp_path / "d.csv"
     data.write_text("text\na\n")
-    code, out, err = run(capsys, "budget", str(data), "--epsilon", "5", "--delta", "1e-6")
+    code, out, err = run(capsys, "budget", str(data), "--epsilon", "10", "--delta", "1e-6")
     assert code == 0, err
     name = str(data.resolve())  # a data file is named as --dataset's default names it
     ledger = PrivacyLedger()
-    assert ledger.budget(name) == (5.0, 1e-6) and name in out
+    assert ledger.budget(name) == (10.0, 1e-6) and name in out
     ledger.charge(name, "gen-1", _g(0.1), "dplang generate → a.jsonl", data_digest="h1")
     ledger.charge(name, "rep-1", Guarantee("report", "record", "replace-one", None, 1.0, 0.0),
                   "dplang report → r", data_digest="h1")
@@ -39,9 +39,14 @@ def test_budget_and_show(tmp_path, capsys):
     code, out, _ = run(capsys, "show")
     assert code == 0
     assert f"dataset {name}" in out and "dataset research" in out
-    total = rho_to_epsilon(0.1, 1e-6) + 1.0
-    assert f"ε = {total:.6g}" in out and "ρ = 0.1" in out
-    assert f"remaining ε = {5 - total:.6g}" in out
+    # a replace-by-null generation and a replace-one report: the total is stated under
+    # replace-one, the generation counted at group distance 2 (4ρ)
+    total = rho_to_epsilon(0.4, 1e-6) + 1.0
+    assert f"ε = {total:.6g}" in out and "ρ = 0.4" in out
+    assert "under replace-one adjacency" in out
+    assert "mixed (1 replace-by-null, 1 replace-one)" in out
+    assert "under replace-by-null adjacency" not in out
+    assert f"remaining ε = {10 - total:.6g}" in out
     assert "dplang generate → a.jsonl" in out and "dplang report → r" in out
     assert "NOT differential privacy" in out and "DATA-DEPENDENT (not DP)" in out
     assert "h1" not in out  # no content digest is printed
@@ -53,7 +58,10 @@ def test_budget_and_show(tmp_path, capsys):
     code, out, _ = run(capsys, "show", str(data), "--json")
     doc = json.loads(out)["datasets"][0]
     assert doc["dp"]["total_epsilon"] == pytest.approx(total)
-    assert doc["remaining_epsilon"] == pytest.approx(5 - total)
+    assert doc["dp"]["adjacency"] == "replace-one"
+    assert doc["dp"]["converted_by_group_privacy"] == 1
+    assert [r["adjacency"] for r in doc["releases"]] == ["replace-by-null", "replace-one"]
+    assert doc["remaining_epsilon"] == pytest.approx(10 - total)
     # a budget below what is spent is refused; unknown datasets and bad values too
     code, _, err = run(capsys, "budget", name, "--epsilon", "1", "--delta", "1e-6")
     assert code == 2 and err.startswith("error:") and "already spent" in err
@@ -89,3 +97,34 @@ def test_data_dependent_generation_is_shown_apart_and_refused_under_a_budget(
                          "--seed", "5")
     assert code == 3 and "data-dependent" in err
     assert not (tmp_path / "ada2.jsonl").exists()
+
+
+def test_one_resolution_rule_and_a_warning_when_the_file_budget_is_not_charged(
+        tmp_path, capsys, monkeypatch):
+    """`ledger budget FILE` and `--dataset FILE` key the same budget (the file's resolved
+    path); a charge to another name while the data file itself has a budget is warned about."""
+    monkeypatch.setattr(gen_cli, "_load_model",
+                        lambda spec, dtype="float32": ToyModel(vocab_size=30, eos_after=None))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.csv").write_text("text\n" + "".join(f"review {i}\n" for i in range(6)))
+    t = tmp_path / "t.toml"
+    t.write_text('private = "Here: {reference}\\nAnother:"\npublic = "Another:"\n')
+    assert run(capsys, "budget", "d.csv", "--epsilon", "2.5", "--delta", "1e-6")[0] == 0
+    resolved = str((tmp_path / "d.csv").resolve())
+    assert PrivacyLedger().budget(resolved) == (2.5, 1e-6)
+
+    def generate(out, *extra):
+        code = main(["generate", "--data", "d.csv", "--out", out, "--epsilon", "2",
+                     "--batch-size", "3", "--max-tokens", "3", "--prompt", str(t), "-q",
+                     *extra])
+        return code, capsys.readouterr().err
+
+    code, err = generate("a.jsonl", "--dataset", "./d.csv")  # the same file: the same key
+    assert code == 0 and "budget" not in err
+    assert PrivacyLedger().spent(resolved).releases == 1
+    code, err = generate("b.jsonl", "--dataset", "other-name")
+    assert code == 0
+    assert "has its own budget" in err and "'other-name'" in err
+    assert PrivacyLedger().spent("other-name").releases == 1
+    code, err = generate("c.jsonl", "--dataset", "d.csv")  # over the file's budget: refused
+    assert code == 3 and not (tmp_path / "c.jsonl").exists()

@@ -27,6 +27,7 @@ def toy(monkeypatch):
     model = ToyModel(vocab_size=30, eos_after=None)
     monkeypatch.setattr(gen_cli, "_load_model", lambda spec, dtype="float32": model)
     monkeypatch.setattr(exp_cli, "_load_model", lambda spec, dtype="float32": model)
+    monkeypatch.setattr(exp_cli, "_check_model", lambda spec: None)  # "toy" is no model path
     return model
 
 
@@ -43,8 +44,6 @@ def _public(path):
     return doc
 
 
-@pytest.mark.xfail(strict=True, reason=REVIEW + "a blank reference written as an empty line "
-                   "of a one-column CSV is dropped: rows shift, num_generations changes")
 def test_generate_one_column_csv_neighbours_have_equal_manifests(tmp_path, capsys, toy):
     texts = [f"review number {i} was fine" for i in range(9)]
     manifests, groups = [], []
@@ -66,8 +65,6 @@ def test_generate_one_column_csv_neighbours_have_equal_manifests(tmp_path, capsy
     assert groups[0][1] == groups[1][1] and groups[0][2] == groups[1][2]
 
 
-@pytest.mark.xfail(strict=True, reason=REVIEW + "`ledger budget FILE` keys the resolved path "
-                   "but `--dataset FILE` keys the literal string: the budget is bypassed")
 def test_dataset_given_as_the_file_name_meets_its_budget(tmp_path, capsys, toy, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "reviews.csv").write_text("text\n" + "\n".join(f"r{i}" for i in range(9)) + "\n")
@@ -80,9 +77,6 @@ def test_dataset_given_as_the_file_name_meets_its_budget(tmp_path, capsys, toy, 
     assert not (tmp_path / "a.jsonl").exists()
 
 
-@pytest.mark.xfail(strict=True, reason=REVIEW + "the ledger sums releases with different "
-                   "units/adjacencies (replace-by-null references, replace-one records) into "
-                   "one total with no adjacency")
 def test_ledger_does_not_silently_mix_adjacencies(tmp_path, capsys, toy):
     data = tmp_path / "d.csv"
     data.write_text("text,smoker\n" + "\n".join(f"review {i},{i % 2}" for i in range(60)) + "\n")
@@ -102,8 +96,6 @@ def test_ledger_does_not_silently_mix_adjacencies(tmp_path, capsys, toy):
     assert code != 0 or spent.epsilon_at(1e-6) >= rho_to_epsilon(4 * rho_gen, 1e-6) + 3.0
 
 
-@pytest.mark.xfail(strict=True, reason=REVIEW + "experiment evaluation files (statistics and "
-                   "the SHA-256 of the held-out private rows) are written world-readable")
 def test_experiment_files_about_private_rows_are_private(tmp_path, capsys, toy):
     rows = ["text"] + [f"sentence {i} about food and service" for i in range(100)]
     (tmp_path / "data.csv").write_text("\n".join(rows) + "\n")
@@ -126,8 +118,6 @@ def test_experiment_files_about_private_rows_are_private(tmp_path, capsys, toy):
         stat.S_IMODE(metrics.stat().st_mode) == 0o600
 
 
-@pytest.mark.xfail(strict=True, reason=REVIEW + "sample refuses a JSONL file whose declared "
-                   "column occurs in no record, but runs on its neighbour where one record has it")
 def test_sample_jsonl_column_present_in_one_record_only(tmp_path, capsys):
     rows = [{"a": i % 2} for i in range(200)]
     codes = []

@@ -94,6 +94,17 @@ def test_sweep_runs_resumes_and_writes_tables(setup, capsys):
         assert str(seed) not in (out / "cells" / key / "gen.manifest.json").read_text()
         assert str(seed) not in (out / "results.csv").read_text() + md
     assert len(seeds) == 4 and all(s.bit_length() > 64 for s in seeds)
+    # only the releases and their public manifests are world-readable: every evaluation file
+    # (digest, counts and statistics of the held-out rows), timing and result is mode 600,
+    # and no public manifest holds an end time or a duration (timing side channel)
+    public = {p.relative_to(out).as_posix() for p in out.rglob("*")
+              if p.is_file() and p.stat().st_mode & 0o077}
+    assert public and all(p.endswith(("/gen.jsonl", "/gen.manifest.json")) for p in public)
+    for name in ("results.csv", "results.md", "utility_vs_epsilon.png"):
+        assert oct((out / name).stat().st_mode & 0o777) == "0o600"
+    for p in out.rglob("*.manifest.json"):
+        doc = json.loads(p.read_text())
+        assert not {"finished", "gen_seconds", "cpu_seconds", "wall_clock_seconds"} & set(doc)
     assert {r["seed"] for r in inv} == {"secret"}
     assert "fresh secret seed" in md and "No privacy guarantee" not in md
     # the sweep charged the user's ledger under the data's name, not a ledger of its own

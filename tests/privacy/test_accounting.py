@@ -9,16 +9,18 @@ from hypothesis import strategies as st
 from dplang.privacy import (
     Guarantee,
     bounded_range_to_zcdp,
-    calibrate_clip,
     compose_parallel,
     compose_sequential,
     epsilon_to_rho,
-    invisibleink_rho,
-    per_token_pure_epsilon,
     pure_to_zcdp,
     rho_to_delta,
     rho_to_epsilon,
     simple_rho_to_epsilon,
+)
+from dplang.textgen.methods.invisibleink import (
+    calibrate_clip,
+    invisibleink_rho,
+    per_token_pure_epsilon,
     topk_plus_margin,
 )
 

@@ -1,7 +1,9 @@
+import math
+
 import pytest
 
 from dplang.privacy import Guarantee, rho_to_epsilon
-from dplang.privacy.ledger import BudgetExceeded, PrivacyLedger
+from dplang.privacy.ledger import BudgetExceeded, PrivacyLedger, to_replace_one
 
 
 def _g(rho):
@@ -36,10 +38,58 @@ def test_no_budget_records_only(tmp_path):
 def test_mixed_pure_and_zcdp(tmp_path):
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
     ledger.set_budget("d", 3.0, 1e-6)
-    ledger.charge("d", "a", Guarantee("report", "record", "replace-one", None, 1.0, 0.0))
+    pure = Guarantee("report", "record", "replace-by-null", None, 1.0, 0.0)
+    ledger.charge("d", "a", pure)
     ledger.charge("d", "b", _g(0.05))
     spent = ledger.spent("d")
+    assert spent.adjacency == "replace-by-null" and spent.converted == 0
     assert spent.epsilon_at(1e-6) == pytest.approx(1.0 + rho_to_epsilon(0.05, 1e-6))
+
+
+def test_mixed_adjacencies_are_stated_under_replace_one_by_group_privacy(tmp_path):
+    """A replace-by-null release and a replace-one release of the same dataset are not summed
+    as they are: the total is stated under replace-one, the replace-by-null release counted at
+    group distance 2 (4ρ; a pure ε counts 2ε)."""
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    assert ledger.charge("d", "gen", _g(0.05))
+    one = Guarantee("discrete-laplace", "record", "replace-one", None, 1.0, 0.0)
+    [warning] = ledger.adjacency_warnings("d", one)
+    assert "replace-one" in warning and "4ρ" in warning
+    assert ledger.charge("d", "sample", one)
+    spent = ledger.spent("d")
+    assert spent.adjacency == "replace-one" and spent.converted == 1
+    assert spent.rho == pytest.approx(0.2) and spent.approx_epsilon == pytest.approx(1.0)
+    assert spent.epsilon_at(1e-6) == pytest.approx(rho_to_epsilon(0.2, 1e-6) + 1.0)
+    assert ledger.adjacency_warnings("d", one) == []  # already mixed: nothing new
+    # a pure replace-by-null release counts 2ε, an approximate one (2ε, δ(1 + e^ε))
+    assert ledger.charge("d", "pure", Guarantee("x", "reference", "replace-by-null", None,
+                                                0.5, 0.0))
+    assert ledger.spent("d").approx_epsilon == pytest.approx(2.0)
+    assert to_replace_one("replace-by-null", 0.1, 0.5, 1e-7) == pytest.approx(
+        (0.4, 1.0, 1e-7 * (1 + math.exp(0.5))))
+    assert to_replace_one("replace-one", 0.1, 0.5, 1e-7) == (0.1, 0.5, 1e-7)
+    assert to_replace_one("add-remove", 0.0, 800.0, 1e-7)[2] == 1.0  # capped: no guarantee
+    # the same releases under one adjacency only: summed as they are
+    same = PrivacyLedger(tmp_path / "same.sqlite")
+    same.charge("d", "a", _g(0.05))
+    same.charge("d", "b", _g(0.05))
+    assert same.spent("d").adjacency == "replace-by-null"
+    assert same.spent("d").rho == pytest.approx(0.1)
+
+
+def test_budget_is_checked_against_the_converted_total(tmp_path):
+    """The first release of another adjacency is refused when, with the earlier releases
+    converted to replace-one, the total exceeds the budget, although its own cost fits."""
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    rho = 0.1
+    budget = rho_to_epsilon(2 * rho, 1e-6) + 1.0  # room for ρ = 0.1 (as is) plus ε = 1
+    ledger.set_budget("d", budget, 1e-6)
+    assert ledger.charge("d", "gen", _g(rho))
+    one = Guarantee("discrete-laplace", "record", "replace-one", None, 1.0, 0.0)
+    with pytest.raises(BudgetExceeded, match="replace-one adjacency"):
+        ledger.charge("d", "sample", one)  # 4ρ + 1 > budget
+    assert ledger.spent("d").releases == 1
+    assert ledger.charge("d", "gen2", _g(rho))  # the same adjacency still fits: 2ρ
 
 
 def _adapmixed(eps=3.0):

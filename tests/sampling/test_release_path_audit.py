@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+import dplang.privacy.mechanisms as mechanisms_mod
 import dplang.sampling.kary as kary_mod
 import dplang.sampling.product as product_mod
 from dplang.cli.app import main
-from dplang.privacy.randomness import RandomStreams
 from dplang.sampling import DiscreteLaplaceHistogramSampler, RevealOrObscureSampler
 from dplang.sampling.bounds import bb_upper_n, clipped_mean_min_n
 from dplang.sampling.evaluation import exact_privacy_audit
@@ -106,20 +106,6 @@ def test_discrete_kary_release_path_follows_the_audited_law(tmp_path, capsys):
     assert chisquare(counts, wrong * draws).pvalue < 1e-8
 
 
-class _RecordingRNG:
-    """A numpy Generator that records the Gaussian noise scales it is asked for."""
-
-    def __init__(self, rng, events):
-        self._rng, self._events = rng, events
-
-    def normal(self, loc=0.0, scale=1.0, size=None):
-        self._events.append(("normal", float(scale), int(np.prod(size or 1))))
-        return self._rng.normal(loc, scale, size)
-
-    def __getattr__(self, name):
-        return getattr(self._rng, name)
-
-
 def test_product_sampler_release_path_zcdp_accounting(tmp_path, capsys, monkeypatch):
     """``dplang sample --method product``: every Gaussian draw on the release path is paired
     with the truncated column sums it perturbs; each costs Δ²/(2σ²) with Δ² = min(2T, cols)
@@ -135,13 +121,14 @@ def test_product_sampler_release_path_zcdp_accounting(tmp_path, capsys, monkeypa
                        int(threshold)))
         return real_sums(self, start, stop, cols, flips, threshold)
 
-    real_generator = RandomStreams.generator
+    real_gaussian = mechanisms_mod.gaussian
 
-    def generator(self, *index):
-        return _RecordingRNG(real_generator(self, *index), events)
+    def gaussian(sigma, rng, size=None):  # every Gaussian draw goes through this primitive
+        events.append(("normal", float(sigma), int(np.prod(size or 1))))
+        return real_gaussian(sigma, rng, size)
 
     monkeypatch.setattr(product_mod._Rows, "truncated_sums", sums)
-    monkeypatch.setattr(RandomStreams, "generator", generator)
+    monkeypatch.setattr(mechanisms_mod, "gaussian", gaussian)
     d, n = 8, 600
     rng = np.random.default_rng(3)
     p = np.array([0.02, 0.05, 0.1, 0.3, 0.5, 0.7, 0.9, 0.97])

@@ -1,5 +1,7 @@
 """Declared column types and the public out-of-domain rule of ``dplang.sampling.tabular``."""
 
+import json
+
 import pytest
 
 from dplang.sampling.tabular import (
@@ -65,3 +67,38 @@ def test_declarations(tmp_path):
     schema.write_text('[columns]\na = "binary"\n[fallback]\nb = "1"\n')
     with pytest.raises(SamplingDataError, match="fallback"):
         load_schema(schema)
+
+
+def test_csv_empty_line_is_a_row_whose_cells_are_missing(tmp_path):
+    """The row rule of generate: after the header every line is a row. Blanking one value of
+    a one-column CSV (an empty line, as many tools write it) keeps the row count and every
+    other row in place; the final line ending is not a row."""
+    full = tmp_path / "full.csv"
+    full.write_text("b\n1\n1\n0\n1\n")
+    blank = tmp_path / "blank.csv"
+    blank.write_text("b\n1\n\n0\n1\n")
+    tf = load_table(full, ["b"], {"b": binary_column("b")})
+    tb = load_table(blank, ["b"], {"b": binary_column("b")})
+    assert tf.n == tb.n == 4
+    assert tf.codes[:, 0].tolist() == [1, 1, 0, 1]
+    assert tb.codes[:, 0].tolist() == [1, 0, 0, 1]  # the empty line took the fallback 0
+    assert tb.mapped == {"b": 1} and tf.mapped == {"b": 0}
+    trailing = tmp_path / "t.tsv"
+    trailing.write_text("b\tc\n1\tx\n\n")
+    assert load_table(trailing, ["b"], {"b": binary_column("b")}).n == 2
+
+
+def test_jsonl_column_in_no_record_is_not_refused(tmp_path):
+    """JSONL has no schema: a declared column that occurs in no record maps every cell to its
+    fallback (reported in ``absent``), exactly as when one record has it: never a refusal."""
+    x = tmp_path / "x.jsonl"
+    x.write_text("".join(json.dumps({"a": i % 2}) + "\n" for i in range(6)))
+    y = tmp_path / "y.jsonl"
+    y.write_text("".join(json.dumps({"a": i % 2} if i != 3 else {"a": 1, "c": 1}) + "\n"
+                         for i in range(6)))
+    types = {"a": binary_column("a"), "c": binary_column("c")}
+    tx = load_table(x, ["a", "c"], types)
+    ty = load_table(y, ["a", "c"], types)
+    assert tx.n == ty.n == 6 and tx.absent == ("c",) and ty.absent == ()
+    assert tx.codes[:, 1].tolist() == [0] * 6
+    assert ty.codes[:, 1].tolist() == [0, 0, 0, 1, 0, 0]

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from dplang.privacy.audit import renyi_divergence
-from dplang.textgen import adapmixed as ada
 from dplang.textgen.distributions import softmax64
+from dplang.textgen.methods import adapmixed as ada
 
 
 def dists(seed, b=4, v=50):

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from dplang.privacy.audit import max_log_ratio
 from dplang.privacy.mechanisms import exponential_mechanism_probabilities
-from dplang.textgen import amin
 from dplang.textgen.distributions import softmax64
+from dplang.textgen.methods import amin
 
 EPS = (1, 3, 5, 10)
 

@@ -2,10 +2,11 @@ import numpy as np
 import pytest
 import torch
 
-import dplang.textgen.invisibleink as engine_mod
+import dplang.textgen.methods.invisibleink as engine_mod
 from dplang.models import ToyModel
 from dplang.privacy import RandomStreams
-from dplang.textgen.engine import DecodingParams, GroupJob, run_invisibleink, run_plain
+from dplang.textgen.engine import DecodingParams, GroupJob, run_plain
+from dplang.textgen.methods.invisibleink import run_invisibleink
 
 
 def jobs(n, b=3, nulls=0):
@@ -192,8 +193,8 @@ def test_runner_shares_the_template_up_to_the_reference(tiny_gemma_dir):
     from types import SimpleNamespace
 
     from dplang.models import TransformersModel
+    from dplang.textgen.orchestration import _shared_prefix
     from dplang.textgen.prompts import get_template
-    from dplang.textgen.runner import _shared_prefix
 
     labels = {"label1": "Business Category: Restaurants", "label2": "Review Stars: 4.0"}
     for chat in (False, True):

@@ -3,12 +3,12 @@
 Everything between the data file and the sampler is the real code: the runner plans the run
 (reads the file, forms the batches, renders the prompts, builds the Guarantee it prints and the
 step policies), the engine decodes the groups over :class:`~dplang.models.toy.ToyModel`, and the
-real :class:`~dplang.textgen.invisibleink.InvisibleInkPolicy` computes each step's scores. The
-policy's public ``observer`` hook reports the exact law each draw follows. A scripted wrapper
-steers the decoding along every prefix (the law at a prefix is what the engine computes from
-the model's rows for that prefix; the wrapper only replaces the sampled token by the script's),
-so the exact law of every output sequence is known for two neighbouring data sets: the same file
-with one reference replaced by the empty one.
+real :class:`~dplang.textgen.methods.invisibleink.InvisibleInkPolicy` computes each step's
+scores. The policy's public ``observer`` hook reports the exact law each draw follows. A
+scripted wrapper steers the decoding along every prefix (the law at a prefix is what the
+engine computes from the model's rows for that prefix; the wrapper only replaces the sampled
+token by the script's), so the exact law of every output sequence is known for two
+neighbouring data sets: the same file with one reference replaced by the empty one.
 
 The audit then checks, against the Guarantee the runner built:
 
@@ -38,8 +38,12 @@ from dplang.privacy import RandomStreams
 from dplang.privacy.audit import exact_audit, renyi_divergence
 from dplang.privacy.mechanisms import exponential_mechanism_probabilities
 from dplang.textgen.engine import GroupJob, run_groups
-from dplang.textgen.invisibleink import InvisibleInkPolicy, candidate_scores, expanded_topk_mask
-from dplang.textgen.runner import GenerationRequest, plan_generation
+from dplang.textgen.methods.invisibleink import (
+    InvisibleInkPolicy,
+    candidate_scores,
+    expanded_topk_mask,
+)
+from dplang.textgen.orchestration import GenerationRequest, plan_generation
 
 VOCAB, EOS, T, B, G = 7, 0, 3, 3, 2
 TAU = 1.0

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dplang.privacy.audit import exact_audit, max_log_ratio, renyi_divergence
-from dplang.textgen.invisibleink import (
+from dplang.textgen.methods.invisibleink import (
     aggregate,
     dclip,
     expanded_topk_mask,
@@ -107,7 +107,7 @@ def test_full_vocabulary():
 
 def test_candidate_set_reads_only_public_logits(monkeypatch):
     """Item 4: the step with different private logits but the same φ_pub has one V_k^+."""
-    import dplang.textgen.invisibleink as ii
+    import dplang.textgen.methods.invisibleink as ii
 
     seen = []
     real = ii.expanded_topk_mask

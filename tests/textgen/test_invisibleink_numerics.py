@@ -22,13 +22,14 @@ from hypothesis import strategies as st
 from dplang.models import ToyModel
 from dplang.privacy import RandomStreams
 from dplang.privacy.audit import exact_audit
-from dplang.textgen.engine import DecodingParams, GroupJob, run_invisibleink
-from dplang.textgen.invisibleink import (
+from dplang.textgen.engine import DecodingParams, GroupJob
+from dplang.textgen.methods.invisibleink import (
     InvisibleInkPolicy,
     aggregate,
     candidate_scores,
     expanded_topk_mask,
     public_support,
+    run_invisibleink,
     step_probabilities,
 )
 

@@ -14,8 +14,8 @@ from ..privacy.accounting import (
     BudgetLimitError,
     check_budget_limit,
     check_epsilon_limit,
-    invisibleink_budget,
 )
+from ..textgen.methods.invisibleink import invisibleink_budget
 from .errors import fail
 
 ADJACENCY_CHOICES = ("replace-by-null", "zero-out")

@@ -60,8 +60,17 @@ app.command("sample")(sample.sample)
 app.add_typer(formal.app, name="formal")
 
 
+def _current_generate() -> None:
+    """Give ``generate`` the flags of every method registered now (a method registered after
+    this module was imported, e.g. a plugin, gets its ``--<method>-<option>`` flags too)."""
+    for info in app.registered_commands:
+        if info.name == "generate":
+            info.callback = generate.command()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and turns usage errors into one-line messages."""
+    _current_generate()
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="dplang", standalone_mode=False)

@@ -27,7 +27,13 @@ def evaluate(
     out: Path = typer.Option(..., "--out", help="Directory for metrics.json, report.md, plots."),
     text_column: str = typer.Option("text", "--text-column", help="Text column of --real."),
     metrics: str | None = typer.Option(
-        None, "--metrics", help="Comma-separated: mauve,perplexity,length,topk (default all)."
+        None, "--metrics",
+        help="Comma-separated: mauve,perplexity,length,topk (default all), and downstream "
+             "(opt-in; needs --label-column).",
+    ),
+    label_column: str | None = typer.Option(
+        None, "--label-column",
+        help="downstream: the public label column (generation's --group-by column).",
     ),
     embedder: str = typer.Option(
         "default", "--embedder",
@@ -58,7 +64,8 @@ def evaluate(
         check_output_path(out, directory=True)
     except ReleaseError as exc:
         fail(f"{exc} (evaluate writes a folder: metrics.json, report.md and plots)")
-    existing = [out / name for name in ("metrics.json", "report.md") if (out / name).exists()]
+    existing = [out / name for name in ("metrics.json", "report.md", "downstream.json")
+                if (out / name).exists()]
     if existing and not overwrite:
         fail(f"{existing[0]} already exists; choose another --out, or --overwrite to replace "
              "the results")
@@ -68,10 +75,47 @@ def evaluate(
         except ReleaseError as exc:
             fail(str(exc))
         try:
-            _evaluate(real, synthetic, out, text_column, metrics, embedder, model, num, seed,
-                      num_buckets, exclude_references, quiet)
+            metrics = _downstream(real, synthetic, out, text_column, metrics, label_column,
+                                  embedder, num, exclude_references, quiet)
+            if metrics != "":
+                _evaluate(real, synthetic, out, text_column, metrics, embedder, model, num,
+                          seed, num_buckets, exclude_references, quiet)
         finally:
             lock.release()
+
+
+def _downstream(real: Path, synthetic: list[Path], out: Path, text_column: str,
+                metrics: str | None, label_column: str | None, embedder: str, num: int | None,
+                exclude_references: bool, quiet: bool) -> str | None:
+    """Run the opt-in ``downstream`` metric when ``--metrics`` names it (files mode 600, see
+    :mod:`dplang.evaluation.downstream`); returns the other metrics ("" when none is left)."""
+    names = [m.strip() for m in (metrics or "").split(",") if m.strip()]
+    if "downstream" not in names:
+        if label_column is not None:
+            fail("--label-column is for --metrics downstream")
+        return metrics
+    if label_column is None:
+        fail("--metrics downstream needs --label-column (the public label column)")
+    from dplang.evaluation import EvaluationError
+    from dplang.evaluation.downstream import evaluate_downstream_files, write_downstream
+    from dplang.io import ReferenceDataError
+
+    try:
+        result = evaluate_downstream_files(
+            real, synthetic, label_column=label_column, text_column=text_column, num=num,
+            embedder=embedder, exclude_references=exclude_references,
+            progress=None if quiet else (lambda m: typer.echo(m, err=True)))
+    except (EvaluationError, ReferenceDataError, FileNotFoundError, ValueError) as exc:
+        fail(_one_line(exc))
+    written = write_downstream(result, out)
+    if not quiet:
+        for row in result["rows"]:
+            a, f = row["accuracy"], row["macro_f1"]
+            typer.echo(f"{row['name']}  {row['role']}  n_train={row['n_train']}  "
+                       f"accuracy={a['mean']:.3f} [{a['low']:.3f}, {a['high']:.3f}]  "
+                       f"macro_f1={f['mean']:.3f} [{f['low']:.3f}, {f['high']:.3f}]")
+        typer.echo(f"wrote {written[0]} and {written[1]}")
+    return ",".join(n for n in names if n != "downstream")
 
 
 def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,

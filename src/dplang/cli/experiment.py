@@ -13,7 +13,7 @@ from ..models import resolve_model
 from ..models.default import check_model_spec
 from ..privacy.ledger import BudgetExceeded, LedgerError
 from ..release import ReleaseError
-from ..textgen.runner import GenerationError
+from ..textgen.orchestration import GenerationError
 from .console import quiet_libraries
 from .errors import fail
 

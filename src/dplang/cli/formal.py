@@ -1,4 +1,7 @@
-"""``dplang formal``: the formal-language lab (specs 000 and 001).
+"""``dplang formal``: the formal-language lab (papers 000 and 001 of ``docs/formal.md``).
+
+(Over 500 lines on purpose: the lab's four subcommands share one parser of instances,
+algorithms and their options; the lab itself is :mod:`dplang.formal`.)
 
 ``list`` the algorithms, instances and experiments; ``run`` one algorithm on a named instance
 (simulation: errors with confidence intervals) or on ``--data`` (a real release, charged to the
@@ -23,8 +26,8 @@ from .errors import fail
 
 app = typer.Typer(
     name="formal",
-    help="Formal-language lab: private identification and generation of languages (specs "
-    "000, 001).",
+    help="Formal-language lab: private identification and generation of languages (papers "
+    "000, 001: docs/formal.md).",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,

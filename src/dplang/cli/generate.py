@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -17,11 +20,13 @@ from rich.progress import (
 from ..io import ReferenceDataError
 from ..models import resolve_model
 from ..models.default import check_model_spec
+from ..models.devices import DeviceError, resolve_device
 from ..privacy.accounting import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
 from ..privacy.ledger import BudgetExceeded, LedgerError
 from ..release import ReleaseError, RunLock
-from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, DEFAULT_TEMPLATE
-from ..textgen.runner import (
+from ..textgen.executors import ExecutorError, check_executor, make_executor
+from ..textgen.methods import all_methods
+from ..textgen.orchestration import (
     DEFAULT_CONCURRENT_GROUPS,
     GenerationError,
     GenerationRequest,
@@ -29,19 +34,21 @@ from ..textgen.runner import (
     execute_plan,
     plan_generation,
 )
+from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, DEFAULT_TEMPLATE
 from .console import GenerationProgress, quiet_libraries, warn
 from .errors import fail
 
 
-def _load_model(spec: str, dtype: str = "float32"):  # indirection: tests substitute a toy
-    return resolve_model(spec, dtype=dtype)
+def _load_model(spec: str, dtype: str = "float32", device: str = "cpu"):
+    # indirection: tests substitute a toy (called without ``device`` on the CPU)
+    return resolve_model(spec, dtype=dtype, **({"device": device} if device != "cpu" else {}))
 
 
 def _check_model(spec: str) -> None:  # milliseconds: is --model loadable at all?
     check_model_spec(spec)
 
 
-def generate(
+def _generate(
     data: Path = typer.Option(..., "--data", help="References: CSV, TSV, JSONL, Parquet or text."),
     out: Path = typer.Option(..., "--out", help="Output JSONL; a manifest is written beside it."),
     model: str = typer.Option("default", "--model", help="'default' (Gemma 3 270M) or a path."),
@@ -84,23 +91,8 @@ def generate(
     ),
     dense: bool = typer.Option(False, "--dense", help="Full LM head for private rows."),
     method: str = typer.Option(
-        "invisibleink", "--method", help="invisibleink (default), amin, adapmixed or augpe."
-    ),
-    augpe_iterations: int = typer.Option(3, "--augpe-iterations", help="Aug-PE: iterations."),
-    augpe_variations: int = typer.Option(
-        7, "--augpe-variations", help="Aug-PE: variations per selected text."
-    ),
-    amin_sigma: float = typer.Option(0.3, "--amin-sigma", help="Amin: SVT noise σ."),
-    amin_threshold: float = typer.Option(0.7, "--amin-threshold", help="Amin: SVT θ."),
-    amin_private_tokens: int = typer.Option(
-        100, "--amin-private-tokens", help="Amin: cap on private tokens (charged)."
-    ),
-    amin_public_temperature: float = typer.Option(
-        1.0, "--amin-public-temperature", help="Amin: temperature of public tokens."
-    ),
-    amin_convention: str = typer.Option(
-        "correct", "--amin-convention",
-        help="Amin sensitivity: correct (2C/B, replace-by-null) or paper (C/B).",
+        "invisibleink", "--method",
+        help="invisibleink (default), amin, adapmixed or augpe (docs/deviations.md)."
     ),
     ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger (SQLite) path."),
     dataset: str | None = typer.Option(
@@ -114,6 +106,18 @@ def generate(
         "refused."),
     quiet: bool = typer.Option(False, "--quiet", "-q",
                                help="Print only errors and warnings (no progress, no texts)."),
+    method_options: dict[str, Any] | None = None,
+    executor: str = typer.Option(
+        "inline", "--executor",
+        help="Who decodes the groups: inline (this process), local (--workers spawned "
+        "processes) or ray (Ray actors). The output is the same bytes (docs/scaling.md)."),
+    workers: int = typer.Option(1, "--workers", help="Worker processes or actors (local, ray)."),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", help="Ray cluster to join (default: start a local instance)."),
+    device: str = typer.Option(
+        "cpu", "--device",
+        help="cpu (default), cuda or auto (cuda when a GPU is visible); part of the run's "
+        "identity."),
 ) -> None:
     """Generate private synthetic texts from references with InvisibleInk."""
     request = GenerationRequest(
@@ -123,20 +127,92 @@ def generate(
         prompt=prompt, system=system, text_column=text_column,
         group_by=tuple(c.strip() for c in group_by.split(",") if c.strip()) if group_by else (),
         model=model, max_reference_tokens=max_reference_tokens, sparse_head=not dense,
-        ledger=ledger, dataset=dataset, method=method, amin_sigma=amin_sigma,
-        amin_threshold=amin_threshold,
-        amin_private_tokens=amin_private_tokens, amin_public_temperature=amin_public_temperature,
-        amin_convention=amin_convention, augpe_iterations=augpe_iterations,
-        augpe_variations=augpe_variations, dtype=dtype, overwrite=overwrite,
+        ledger=ledger, dataset=dataset, method=method, method_options=method_options or {},
+        dtype=dtype, overwrite=overwrite,
     )
     with quiet_libraries(quiet):
-        _generate(request, quiet)
+        _checked_run(request, quiet, _Execution(executor, workers, ray_address, device))
 
 
-def _generate(request: GenerationRequest, quiet: bool) -> None:
+def _method_parameters() -> dict[str, tuple[str, str, inspect.Parameter]]:
+    """``{parameter: (method, option, typer parameter)}``: every registered method's options
+    as ``--<method>-<option>`` flags (default None: "not given", so that a flag of another
+    method than ``--method`` is refused instead of silently ignored)."""
+    out: dict[str, tuple[str, str, inspect.Parameter]] = {}
+    for spec in all_methods():
+        for opt in spec.options:
+            name = f"{spec.name}_{opt.name}"
+            shown = opt.default if not opt.choices else f"{opt.default}; {'|'.join(opt.choices)}"
+            out[name] = (spec.name, opt.name, inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, annotation=opt.type | None,
+                default=typer.Option(None, opt.flag(spec.name),
+                                     help=f"{spec.name}: {opt.help} [default: {shown}]",
+                                     show_default=False)))
+    return out
+
+
+def _build_command() -> Callable[..., None]:
+    """``dplang generate``: the shared flags of :func:`_generate` and each registered method's
+    own flags (the registry decides them: adding a method adds its flags here)."""
+    base = inspect.signature(_generate, eval_str=True)
+    extra = _method_parameters()
+
+    def generate(**kwargs: Any) -> None:
+        method = kwargs.get("method", "invisibleink")
+        options: dict[str, Any] = {}
+        for name, (owner, option, _param) in extra.items():
+            value = kwargs.pop(name, None)
+            if value is None:
+                continue
+            if owner != method:
+                fail(f"--{owner}-{option.replace('_', '-')} applies to --method {owner} only "
+                     f"(this run is --method {method})")
+            options[option] = value
+        _generate(**kwargs, method_options=options)
+
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+              for p in base.parameters.values() if p.name != "method_options"]
+    params += [param for _m, _o, param in extra.values()]
+    generate.__signature__ = base.replace(parameters=params)  # type: ignore[attr-defined]
+    generate.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    generate.__doc__ = _generate.__doc__
+    return generate
+
+
+_BUILT: dict[tuple[str, ...], Callable[..., None]] = {}
+
+
+def command() -> Callable[..., None]:
+    """The ``generate`` command for the methods registered now (built once per method set)."""
+    key = tuple(spec.name for spec in all_methods())
+    if key not in _BUILT:
+        _BUILT[key] = _build_command()
+    return _BUILT[key]
+
+
+generate = command()
+
+
+class _Execution:
+    """Where the run executes (not part of its identity, except the device type)."""
+
+    def __init__(self, executor: str = "inline", workers: int = 1,
+                 ray_address: str | None = None, device: str = "cpu") -> None:
+        self.executor, self.workers, self.ray_address = executor, workers, ray_address
+        self.device = device
+
+
+def _checked_run(request: GenerationRequest, quiet: bool,
+                 execution: _Execution | None = None) -> None:
     out = request.out
+    execution = execution or _Execution()
     console = Console(stderr=True, quiet=quiet, soft_wrap=True)
-    try:  # every flag and path, in milliseconds, before the data is read or the model loads
+    try:  # where it runs, then every flag and path, in milliseconds, before anything is read
+        execution.device = resolve_device(execution.device)
+        check_executor(execution.executor, execution.workers, request.method)
+    except (DeviceError, ValueError) as exc:
+        fail(str(exc))
+    try:
         check_request(request, _check_model)
     except GenerationError as exc:
         fail(str(exc))
@@ -146,17 +222,22 @@ def _generate(request: GenerationRequest, quiet: bool) -> None:
     except ReleaseError as exc:
         fail(str(exc))
     try:
-        _run_locked(request, quiet, console)
+        _run_locked(request, quiet, console, execution)
     finally:
         lock.release()
 
 
-def _run_locked(request: GenerationRequest, quiet: bool, console: Console) -> None:
+def _run_locked(request: GenerationRequest, quiet: bool, console: Console,
+                execution: _Execution) -> None:
     out = request.out
+    device = execution.device
     try:
         with console.status("reading the data and loading the model…"):
-            plan = plan_generation(request, lambda spec: _load_model(spec, request.dtype),
-                                   _check_model)
+            plan = plan_generation(
+                request,
+                lambda spec: _load_model(spec, request.dtype,
+                                         **({"device": device} if device != "cpu" else {})),
+                _check_model)
     except (GenerationError, ReferenceDataError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     g = plan.guarantee
@@ -202,11 +283,14 @@ def _run_locked(request: GenerationRequest, quiet: bool, console: Console) -> No
 
     try:
         with progress:
-            summary = execute_plan(plan, on_result=on_result, on_step=on_step,
-                                   on_start=on_start, on_warning=warn)
+            summary = execute_plan(
+                plan, on_result=on_result, on_step=on_step, on_start=on_start,
+                on_warning=warn,
+                executor=make_executor(execution.executor, execution.workers,
+                                       ray_address=execution.ray_address))
     except BudgetExceeded as exc:
         fail(str(exc), code=3)
-    except (GenerationError, ReleaseError, LedgerError) as exc:
+    except (GenerationError, ReleaseError, LedgerError, ExecutorError) as exc:
         fail(str(exc))
     console.print(
         f"wrote {summary.written} new generations ({summary.skipped_existing} already there) "

@@ -2,9 +2,12 @@
 
 ``show`` prints, per dataset name, its budget, what its differentially private releases have
 spent (ρ of the zCDP releases, (ε, δ) of the pure/approximate ones, and the total (ε, δ) at the
-budget's δ), the data-dependent releases apart (they are not differential privacy and are
-never summed into the DP total), and every release. ``budget NAME --epsilon E --delta D`` sets
-a dataset's total budget.
+budget's δ, under the adjacency it holds for: the releases' common one, or replace-one when
+they mix adjacencies, each release's adjacency shown), the data-dependent releases apart
+(they are not differential privacy and are never summed into the DP total), and every release.
+``budget NAME --epsilon E --delta D`` sets a dataset's total budget. NAME is resolved as
+``--dataset`` resolves it (:func:`dplang.release.dataset_key`: an existing file means its
+resolved path).
 
 The ledger is private to the data holder (it holds content digests, paths and release ids):
 ``show`` prints no digest, only how many distinct contents a name has been charged with.
@@ -21,7 +24,7 @@ from typing import Any
 import typer
 
 from ..privacy.ledger import BudgetExceeded, PrivacyLedger
-from ..release import dataset_name
+from ..release import ReleaseError, dataset_key
 from .errors import fail
 
 app = typer.Typer(
@@ -36,12 +39,13 @@ LEDGER_OPTION = typer.Option(None, "--ledger",
                              help="Ledger file (default: $DPLANG_LEDGER or the user data dir).")
 
 
-def _key(book: PrivacyLedger, name: str) -> str:
-    """A dataset name as the commands key it: a name already in the ledger is taken as is; an
-    existing file is named by its resolved path (the default of ``--dataset``)."""
-    if name in book.datasets() or not Path(name).is_file():
-        return name
-    return dataset_name(Path(name))
+def _key(name: str) -> str:
+    """A dataset name as the commands key it (:func:`dplang.release.dataset_key`, the rule of
+    ``--dataset``): an existing file is named by its resolved path, any other name as is."""
+    try:
+        return dataset_key(name)
+    except ReleaseError as exc:
+        fail(str(exc))
 
 
 def _fmt_time(t: float) -> str:
@@ -67,6 +71,11 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
         "budget": None if budget is None else {"epsilon": budget[0], "delta": budget[1]},
         "dp": {
             "releases": spent.dp_releases,
+            "adjacency": spent.adjacency,
+            "converted_by_group_privacy": spent.converted,
+            "by_adjacency": [
+                {"adjacency": a, "releases": n, "rho": r, "pure_or_approx_epsilon": e,
+                 "pure_or_approx_delta": d} for a, r, e, d, n in spent.by_adjacency],
             "rho": spent.rho,
             "pure_or_approx_epsilon": spent.approx_epsilon,
             "pure_or_approx_delta": spent.approx_delta,
@@ -82,7 +91,9 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
         "distinct_contents": len({r["data_digest"] for r in releases if r["data_digest"]}),
         "releases": [
             {"release_id": r["release_id"], "created": r["created"],
-             "mechanism": r["guarantee"].get("mechanism"), "rho": r["guarantee"].get("rho"),
+             "mechanism": r["guarantee"].get("mechanism"),
+             "unit": r["guarantee"].get("unit"), "adjacency": r["guarantee"].get("adjacency"),
+             "rho": r["guarantee"].get("rho"),
              "epsilon": r["guarantee"].get("epsilon"), "delta": r["guarantee"].get("delta"),
              "ex_ante": r["ex_ante"], "description": r["description"]}
             for r in releases
@@ -106,8 +117,16 @@ def _dp_line(s: dict[str, Any]) -> str:
                      "composition)")
     total = ("∞ (δ too small)" if dp["total_epsilon"] is None
              else f"{dp['total_epsilon']:.6g}")
-    return (f"  DP spend        {' + '.join(parts) or 'ρ = 0'} → total (ε = {total}, "
-            f"δ = {dp['total_delta']:.3g}) over {dp['releases']} release(s)")
+    line = (f"  DP spend        {' + '.join(parts) or 'ρ = 0'} → total (ε = {total}, "
+            f"δ = {dp['total_delta']:.3g}) over {dp['releases']} release(s), under "
+            f"{dp['adjacency']} adjacency")
+    if len(dp["by_adjacency"]) > 1:
+        mix = ", ".join(f"{b['releases']} {b['adjacency']}" for b in dp["by_adjacency"])
+        line += (f"\n  adjacencies     mixed ({mix}): the total is stated under replace-one (one "
+                 f"record replaced by any other); {dp['converted_by_group_privacy']} "
+                 "release(s) of another adjacency count by group privacy at distance 2 "
+                 "(4ρ, 2ε)")
+    return line
 
 
 def show(
@@ -124,7 +143,7 @@ def show(
     if ledger is not None and not ledger.exists():
         fail(f"no ledger at {ledger}")
     book = PrivacyLedger(ledger)
-    names = book.datasets() if dataset is None else [_key(book, dataset)]
+    names = book.datasets() if dataset is None else [_key(dataset)]
     if dataset is not None and names[0] not in book.datasets():
         fail(f"dataset {names[0]!r} is not in the ledger {book.path}")
     summaries = [dataset_summary(book, n, delta) for n in names]
@@ -160,8 +179,8 @@ def show(
             for r in s["releases"]:
                 kind = "DP" if r["ex_ante"] else "DATA-DEPENDENT (not DP)"
                 lines.append(f"    {_fmt_time(r['created'])}  {r['mechanism']:<20} "
-                             f"{_level(r):<34} {kind}  {r['description']}  "
-                             f"[{r['release_id'][:12]}]")
+                             f"{_level(r):<34} {r['adjacency'] or '?':<15} {kind}  "
+                             f"{r['description']}  [{r['release_id'][:12]}]")
     typer.echo("\n".join(lines))
 
 
@@ -177,7 +196,7 @@ def budget(
     if not 0 < delta < 1:
         fail(f"--delta must be in (0, 1), got {delta}")
     book = PrivacyLedger(ledger)
-    key = _key(book, dataset)
+    key = _key(dataset)
     try:
         book.set_budget(key, epsilon, delta)
     except BudgetExceeded as exc:
@@ -187,6 +206,12 @@ def budget(
     typer.echo(f"budget of dataset {key}: ε = {epsilon:g}, δ = {delta:g}; spent so far "
                f"ε = {0.0 if spent is None else spent:.6g} over {s['dp']['releases']} DP "
                f"release(s) (ledger {book.path})")
+    literal = dataset.strip()
+    if literal != key and literal in book.datasets():
+        typer.echo(f"warning: the ledger also holds a dataset named {literal!r} as such (a "
+                   "--dataset name given where no such file existed, or by an older dplang "
+                   f"that did not resolve file names); its releases are not counted in the "
+                   f"budget of {key}", err=True)
     if s["data_dependent"]["releases"]:
         typer.echo(f"warning: {key} already has {s['data_dependent']['releases']} "
                    "data-dependent release(s), which no DP budget covers", err=True)

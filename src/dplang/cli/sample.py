@@ -142,6 +142,10 @@ def _release(request: ReleaseRequest, quiet: bool) -> None:
 
     for warning in plan.warnings:
         warn(warning)
+    for name in plan.table.absent:
+        warn(f"column {name!r} occurs in no record of {request.data} (JSONL has no schema: not "
+             "refused, its neighbour with the key in one record would not be); every cell of "
+             "it took the fallback: check --columns")
     for name, count in plan.table.mapped.items():
         if count:
             warn(f"{count} cell(s) of column {name!r} were outside its declared domain (or "

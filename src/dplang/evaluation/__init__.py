@@ -1,7 +1,11 @@
 """Evaluation of synthetic texts: MAUVE, perplexity / ΔPPL, lengths, Top-k+ statistics,
-99% Wald confidence intervals, reports and plots (spec 002 §4.5).
+99% Wald confidence intervals, reports and plots (the InvisibleInk paper's metrics, Vinod et
+al., §4.5; ``docs/evaluation.md``).
 
-Entry point: :func:`evaluate_files` (what ``dplang evaluate`` calls). Building blocks:
+Entry point: :func:`evaluate_files` (what ``dplang evaluate`` calls). Each metric is a
+registered :class:`MetricSpec` (:mod:`~dplang.evaluation.registry`; the built-ins in
+:mod:`~dplang.evaluation.metrics`) and the harness only loops over them: a new metric is one
+:func:`register_metric` call. Building blocks:
 
 * :mod:`~dplang.evaluation.data` — reading real and synthetic inputs, held-out checks, sizes;
 * :mod:`~dplang.evaluation.embedders` — sentence embedders (offline default: all-MiniLM-L6-v2);
@@ -12,6 +16,11 @@ Entry point: :func:`evaluate_files` (what ``dplang evaluate`` calls). Building b
 * :mod:`~dplang.evaluation.report` / :mod:`~dplang.evaluation.plots` — files.
 
 ``import dplang.evaluation`` is cheap: submodules load on first attribute access.
+
+Privacy contract, for the whole package: evaluation is not a private release and states no
+guarantee. It reads held-out real texts and released synthetic texts, and its outputs
+(``metrics.json`` holds per-text values of the real texts) are as sensitive as the real file:
+the data holder's, never to be published as if private (``docs/evaluation.md``, "Caveats").
 """
 
 from __future__ import annotations
@@ -61,6 +70,15 @@ if TYPE_CHECKING:
         delta_ppl,
         perplexities,
     )
+    from dplang.evaluation.registry import (
+        MetricContext,
+        MetricOutput,
+        MetricSpec,
+        RunValue,
+        get_metric,
+        metric_names,
+        register_metric,
+    )
     from dplang.evaluation.report import render_markdown, write_outputs
     from dplang.evaluation.stats import Z_99, Interval, difference_interval, wald_interval
 
@@ -80,6 +98,8 @@ _LAZY: dict[str, str] = {
                     "mauve_metric"),
     **dict.fromkeys(["DeltaPPL", "PerplexityResult", "PerplexityScorer", "delta_ppl",
                      "perplexities"], "perplexity"),
+    **dict.fromkeys(["MetricContext", "MetricOutput", "MetricSpec", "RunValue", "get_metric",
+                     "metric_names", "register_metric"], "registry"),
     **dict.fromkeys(["render_markdown", "write_outputs"], "report"),
     **dict.fromkeys(["Z_99", "Interval", "difference_interval", "wald_interval"], "stats"),
 }
@@ -94,9 +114,13 @@ __all__ = [
     "HashingEmbedder",
     "Interval",
     "MauveResult",
+    "MetricContext",
+    "MetricOutput",
+    "MetricSpec",
     "PerplexityResult",
     "PerplexityScorer",
     "RealTexts",
+    "RunValue",
     "SentenceTransformerEmbedder",
     "SyntheticRun",
     "TopkStats",
@@ -107,13 +131,16 @@ __all__ = [
     "evaluate_files",
     "evaluate_runs",
     "evaluate_texts",
+    "get_metric",
     "load_real",
     "load_synthetic",
     "load_tokenizer",
     "mauve_from_features",
     "mauve_score",
+    "metric_names",
     "parse_metrics",
     "perplexities",
+    "register_metric",
     "render_markdown",
     "resolve_embedder",
     "token_lengths",

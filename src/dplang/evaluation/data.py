@@ -54,7 +54,7 @@ class EvaluationError(ValueError):
 def manifest_path_for(out: str | Path) -> Path:
     """The manifest ``dplang generate`` writes beside ``out``: ``x.jsonl`` → ``x.manifest.json``.
 
-    (The same naming rule as :func:`dplang.textgen.runner.manifest_path_for`, repeated here
+    (The same naming rule as :func:`dplang.textgen.orchestration.manifest_path_for`, repeated here
     because ``evaluation`` does not import ``textgen``.)"""
     out = Path(out)
     return out.with_name(out.name.removesuffix(".jsonl") + ".manifest.json")
@@ -62,7 +62,7 @@ def manifest_path_for(out: str | Path) -> Path:
 
 def private_path_for(out: str | Path) -> Path:
     """The private side file of a ``dplang generate`` output: ``x.jsonl`` → ``x.private.json``
-    (same rule as :func:`dplang.textgen.runner.private_path_for`)."""
+    (same rule as :func:`dplang.textgen.orchestration.private_path_for`)."""
     out = Path(out)
     return out.with_name(out.name.removesuffix(".jsonl") + ".private.json")
 

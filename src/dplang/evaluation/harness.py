@@ -6,6 +6,10 @@ every synthetic run, aggregates per-run values over runs (seeds) with 99% Wald i
 given ``out_dir``, writes ``metrics.json``, ``report.md`` and PNG plots
 (:mod:`dplang.evaluation.report`).
 
+The metrics themselves are registered specs (:mod:`dplang.evaluation.registry`; the built-ins in
+:mod:`dplang.evaluation.metrics`): :func:`evaluate_runs` only loops over them, so a new metric
+is one module calling :func:`~dplang.evaluation.registry.register_metric`.
+
 Intervals: per-text metrics (perplexity, length, Top-k+ statistics) carry an interval over the
 ``n`` texts of their run; the ``aggregate`` section carries, for every per-run value (MAUVE,
 ΔPPL, mean PPL, mean length, effective k, expansion tokens), an interval over the runs
@@ -14,14 +18,10 @@ Intervals: per-text metrics (perplexity, length, Top-k+ statistics) carry an int
 
 from __future__ import annotations
 
-import hashlib
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from dplang import __version__
 from dplang.evaluation.data import (
@@ -32,20 +32,19 @@ from dplang.evaluation.data import (
     load_real,
     load_synthetic,
 )
-from dplang.evaluation.embedders import Embedder, resolve_embedder
-from dplang.evaluation.lengths import load_tokenizer, token_lengths, topk_statistics
-from dplang.evaluation.mauve_metric import (
-    DEFAULT_MAUVE_SEED,
-    SCALING_FACTOR,
-    check_mauve_sizes,
-    default_num_buckets,
-    mauve_from_features,
-)
-from dplang.evaluation.perplexity import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_LENGTH,
-    PerplexityScorer,
-    delta_ppl,
+from dplang.evaluation.embedders import Embedder
+from dplang.evaluation.mauve_metric import DEFAULT_MAUVE_SEED, SCALING_FACTOR
+from dplang.evaluation.metrics import ScoringModels
+from dplang.evaluation.perplexity import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH
+from dplang.evaluation.registry import (
+    REAL_SIDE_CACHE,
+    MetricContext,
+    MetricSpec,
+    RealSideCache,
+    default_metrics,
+    get_metric,
+    metric_names,
+    resolve_metric_name,
 )
 from dplang.evaluation.stats import Z_99, wald_interval
 
@@ -58,9 +57,9 @@ __all__ = [
     "parse_metrics",
 ]
 
-#: Metric names, in report order.
+#: The built-in metric names, in report order (more can be registered:
+#: :func:`dplang.evaluation.registry.register_metric`).
 ALL_METRICS: tuple[str, ...] = ("mauve", "perplexity", "length", "topk")
-_ALIASES = {"ppl": "perplexity", "lengths": "length", "top-k": "topk", "topk+": "topk"}
 #: Manifest keys copied into the report for every run.
 _MANIFEST_KEYS = ("epsilon", "delta", "rho", "clip", "adjacency")
 _PARAM_KEYS = ("top_k", "batch_size", "max_tokens", "temperature", "model", "data", "prompt")
@@ -68,25 +67,25 @@ _PARAM_KEYS = ("top_k", "batch_size", "max_tokens", "temperature", "model", "dat
 
 def parse_metrics(spec: str | Sequence[str] | None) -> tuple[str, ...]:
     """Metric names from ``"mauve,perplexity,length,topk"`` (aliases: ``ppl``, ``lengths``,
-    ``top-k``); ``None`` means all. Unknown names raise :class:`EvaluationError`."""
+    ``top-k``), in registry order; ``None`` means the default metrics (the four built-ins).
+    Unknown names raise :class:`EvaluationError`."""
     if spec is None:
-        return ALL_METRICS
+        return default_metrics()
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     chosen: list[str] = []
     for item in items:
-        name = item.strip().lower()
-        if not name:
+        if not item.strip():
             continue
-        name = _ALIASES.get(name, name)
-        if name not in ALL_METRICS:
+        name = resolve_metric_name(item)
+        if name is None:
             raise EvaluationError(
-                f"unknown metric {item.strip()!r}; choose from {', '.join(ALL_METRICS)}"
+                f"unknown metric {item.strip()!r}; choose from {', '.join(metric_names())}"
             )
         if name not in chosen:
             chosen.append(name)
     if not chosen:
         raise EvaluationError("no metric given")
-    return tuple(m for m in ALL_METRICS if m in chosen)
+    return tuple(m for m in metric_names() if m in chosen)
 
 
 @dataclass
@@ -94,7 +93,7 @@ class EvaluationSettings:
     """Everything that determines an evaluation (recorded in ``metrics.json``).
 
     Attributes:
-        metrics: metric names (see :data:`ALL_METRICS`).
+        metrics: metric names (registered: :func:`dplang.evaluation.registry.metric_names`).
         embedder: ``"default"``, ``"hashing"``, a sentence-transformers folder, or an
             :class:`~dplang.evaluation.embedders.Embedder`.
         model: scoring / tokenizer model: ``"default"``, a path, or a loaded
@@ -123,84 +122,6 @@ class EvaluationSettings:
     metrics_explicit: bool = field(default=True, repr=False)
 
 
-def _model_name(model: Any) -> str:
-    return model if isinstance(model, str) else str(getattr(model, "model_id", model))
-
-
-def _same_model(run: SyntheticRun, model: Any) -> bool:
-    """Whether ``run`` was generated with ``model`` (so its ``num_tokens`` are ``model``'s)."""
-    recorded = run.parameters.get("model")
-    if recorded is None:
-        return False
-    if not isinstance(model, str):
-        fp = (run.manifest or {}).get("fingerprint") or {}
-        return fp.get("model_id") == getattr(model, "model_id", None)
-    if recorded == model:
-        return True
-    if "default" in (recorded, model):
-        return False
-    try:
-        return Path(recorded).expanduser().resolve() == Path(model).expanduser().resolve()
-    except OSError:
-        return False
-
-
-def _load_error(spec: str, exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return first if first.startswith("model not found") else f"cannot load model {spec!r}: {first}"
-
-
-class _Models:
-    """Loads the scoring model / tokenizer at most once, and only as much as needed."""
-
-    def __init__(self, spec: Any, batch_size: int, max_length: int) -> None:
-        self.spec = spec
-        self.batch_size = batch_size
-        self.max_length = max_length
-        self._scorer: PerplexityScorer | None = None
-        self._tokenizer: Any = None
-
-    def check(self) -> None:
-        """Fail early on a model path that does not exist."""
-        if isinstance(self.spec, str) and self.spec != "default":
-            path = Path(self.spec).expanduser()
-            if not path.exists():
-                raise FileNotFoundError(
-                    f"model not found: {self.spec!r} is not 'default', a model folder or a "
-                    ".gguf file"
-                )
-
-    @property
-    def scorer(self) -> PerplexityScorer:
-        if self._scorer is None:
-            model = self.spec
-            if isinstance(model, str):
-                from dplang.models import resolve_model
-
-                try:
-                    model = resolve_model(model)
-                except (OSError, ValueError) as exc:
-                    raise FileNotFoundError(_load_error(self.spec, exc)) from exc
-            self._scorer = PerplexityScorer(
-                model, batch_size=self.batch_size, max_length=self.max_length
-            )
-        return self._scorer
-
-    @property
-    def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            if self._scorer is not None:
-                self._tokenizer = self._scorer.tokenizer
-            elif not isinstance(self.spec, str):
-                self._tokenizer = self.spec.tokenizer
-            else:
-                try:
-                    self._tokenizer = load_tokenizer(self.spec)
-                except (OSError, ValueError) as exc:
-                    raise FileNotFoundError(_load_error(self.spec, exc)) from exc
-        return self._tokenizer
-
-
 def _manifest_summary(run: SyntheticRun) -> dict[str, Any] | None:
     if run.manifest is None:
         return None
@@ -210,49 +131,29 @@ def _manifest_summary(run: SyntheticRun) -> dict[str, Any] | None:
     return out
 
 
-def _floats(values: np.ndarray) -> list[float | None]:
-    return [None if math.isnan(float(v)) else float(v) for v in values]
-
-
-#: Real-side results (embeddings, perplexities) memoised within a process: a sweep evaluates
-#: every cell against the same held-out texts. Keys hold the model / embedder id and a digest
-#: of the exact texts, so a hit is the same computation.
-_REAL_MEMO: dict[tuple[Any, ...], Any] = {}
-_REAL_MEMO_SIZE = 8
-
-
-def _memo_real(key: tuple[Any, ...], texts: Sequence[str], compute: Callable[[], Any]) -> Any:
-    digest = hashlib.sha256("\x00".join(texts).encode("utf-8")).hexdigest()
-    full = (*key, len(texts), digest)
-    if full not in _REAL_MEMO:
-        if len(_REAL_MEMO) >= _REAL_MEMO_SIZE:
-            _REAL_MEMO.pop(next(iter(_REAL_MEMO)))
-        _REAL_MEMO[full] = compute()
-    return _REAL_MEMO[full]
-
-
 def evaluate_runs(
     real: RealTexts,
     runs: Sequence[SyntheticRun],
     settings: EvaluationSettings,
     *,
     progress: Callable[[str], None] | None = None,
+    cache: RealSideCache | None = None,
 ) -> dict[str, Any]:
-    """Compute the metrics of already loaded inputs; see :func:`evaluate_files`."""
+    """Compute the metrics of already loaded inputs; see :func:`evaluate_files`.
+
+    The loop: each metric's ``select`` (skip or refuse it for these runs), alignment of the
+    sizes, each metric's ``prepare`` (fail before any slow work), the inputs' description,
+    then each metric's ``compute`` and the aggregation of its per-run values over runs.
+    ``cache`` keeps real-side results (default: the process's
+    :data:`~dplang.evaluation.registry.REAL_SIDE_CACHE`)."""
     say = progress or (lambda message: None)
     warnings: list[str] = []
-    metrics = list(settings.metrics)
-
-    if "topk" in metrics:
-        missing = [r.name for r in runs if not r.has_field("topk_plus_mean")]
-        if missing and not settings.metrics_explicit:
-            metrics.remove("topk")
-            warnings.append(f"Top-k+ statistics skipped: {', '.join(missing)} carry none")
-        elif missing:
-            raise EvaluationError(
-                f"{missing[0]}: no Top-k+ statistics (not a dplang generate output?); "
-                "leave 'topk' out of --metrics"
-            )
+    specs = [get_metric(name) for name in settings.metrics]
+    for spec in list(specs):
+        skip = spec.select(runs, settings.metrics_explicit) if spec.select else None
+        if skip is not None:
+            specs.remove(spec)
+            warnings.append(skip)
 
     n_before = (len(real.texts), [len(r.texts) for r in runs])
     n, real, runs = align_sizes(real, runs, settings.num)
@@ -269,21 +170,17 @@ def evaluate_runs(
         warnings.append(
             f"the real file is the data file of {', '.join(real.is_generation_data)}; {how}"
         )
-    embedder: Embedder | None = None
-    buckets = None
-    if "mauve" in metrics:
-        embedder = resolve_embedder(settings.embedder)
-        buckets = settings.num_buckets if settings.num_buckets is not None else (
-            default_num_buckets(n))
-        check_mauve_sizes(n, n, buckets)
-    models = _Models(settings.model, settings.batch_size, settings.max_length)
-    if "perplexity" in metrics or "length" in metrics:
-        models.check()
+    ctx = MetricContext(real, runs, n, settings,
+                        ScoringModels(settings.model, settings.batch_size, settings.max_length),
+                        cache if cache is not None else REAL_SIDE_CACHE, warnings.append, say)
+    for spec in specs:
+        if spec.prepare is not None:
+            spec.prepare(ctx)
 
     result: dict[str, Any] = {
         "dplang_version": __version__,
         "settings": {
-            "metrics": metrics,
+            "metrics": [spec.name for spec in specs],
             "n": n,
             "confidence": 0.99,
             "z": Z_99,
@@ -319,121 +216,30 @@ def evaluate_runs(
             "manifest": _manifest_summary(run),
         })
 
-    # ------------------------------------------------------------------ MAUVE
-    if "mauve" in metrics:
-        assert embedder is not None
-        say(f"MAUVE: embedding {n} real texts with {embedder.name}")
-        real_features = _memo_real(("embed", embedder.name, embedder.max_tokens), real.texts,
-                                   lambda: embedder.embed(real.texts))
-        result["settings"]["mauve"] = {
-            "embedder": embedder.name,
-            "max_tokens": embedder.max_tokens,
-            "num_buckets": buckets,
-            "scaling_factor": settings.scaling_factor,
-            "seed": settings.seed,
-            "p": "real (held-out)",
-            "q": "synthetic",
-        }
-        for entry, run in zip(result["runs"], runs, strict=True):
-            say(f"MAUVE: {run.name}")
-            res = mauve_from_features(
-                real_features, embedder.embed(run.texts), num_buckets=buckets,
-                scaling_factor=settings.scaling_factor, seed=settings.seed,
-            )
-            entry["mauve"] = res.to_dict()
+    for spec in specs:
+        output = spec.compute(ctx)
+        if len(output.runs) != len(runs):
+            raise RuntimeError(f"metric {spec.name!r} returned {len(output.runs)} run entries "
+                               f"for {len(runs)} runs")
+        if output.settings is not None:
+            result["settings"][spec.name] = output.settings
+        if output.real is not None:
+            result["real"][spec.name] = output.real
+        for entry, value in zip(result["runs"], output.runs, strict=True):
+            entry[spec.name] = value
 
-    # ------------------------------------------------------------------ perplexity
-    if "perplexity" in metrics:
-        scorer = models.scorer
-        say(f"perplexity: scoring {n} real texts with {scorer.model_id}")
-        # keyed on the model object itself (alive while memoised), not on its name: two
-        # loads of one model in different dtypes score differently
-        real_ppl = _memo_real(("ppl", scorer.model, settings.max_length),
-                              real.texts, lambda: scorer.score(real.texts))
-        if real_ppl.scored.size == 0:
-            raise EvaluationError("perplexity: no real text has a token")
-        result["settings"]["perplexity"] = {
-            "model": scorer.model_id,
-            "max_length": settings.max_length,
-            "batch_size": settings.batch_size,
-            "bos_prepended": True,
-        }
-        result["real"]["perplexity"] = {
-            "mean": real_ppl.interval().to_dict(),
-            "empty": real_ppl.empty,
-            "truncated": real_ppl.truncated,
-            "per_text": _floats(real_ppl.values),
-        }
-        for entry, run in zip(result["runs"], runs, strict=True):
-            say(f"perplexity: {run.name}")
-            syn = scorer.score(run.texts)
-            if syn.scored.size == 0:
-                raise EvaluationError(f"{run.name}: perplexity: no synthetic text has a token")
-            d = delta_ppl(syn, real_ppl)
-            entry["perplexity"] = {
-                "mean": syn.interval().to_dict(),
-                "empty": syn.empty,
-                "truncated": syn.truncated,
-                "per_text": _floats(syn.values),
-                **d.to_dict(),
-            }
-            if syn.empty:
-                warnings.append(f"{run.name}: {syn.empty} texts without tokens left out of the "
-                                "perplexity")
-
-    # ------------------------------------------------------------------ lengths
-    if "length" in metrics:
-        tokenizer = models.tokenizer
-        say("lengths: counting tokens")
-        real_len = token_lengths(real.texts, tokenizer)
-        result["settings"]["length"] = {"tokenizer": _model_name(settings.model)}
-        result["real"]["length"] = {
-            "tokens": wald_interval(real_len).to_dict(),
-            "per_text": [int(x) for x in real_len],
-        }
-        for entry, run in zip(result["runs"], runs, strict=True):
-            if run.has_field("num_tokens") and _same_model(run, settings.model):
-                lengths = np.array([int(r["num_tokens"]) for r in run.records], dtype=np.int64)
-                source = "num_tokens (generation output)"
-            else:
-                lengths = token_lengths(run.texts, tokenizer)
-                source = f"tokenizer of {_model_name(settings.model)}"
-                if run.has_field("num_tokens"):
-                    warnings.append(
-                        f"{run.name}: generated with model {run.parameters.get('model')!r}, not "
-                        f"{_model_name(settings.model)!r}; its lengths were re-counted with the "
-                        "latter's tokenizer so that they compare with the real lengths"
-                    )
-            entry["length"] = {
-                "tokens": wald_interval(lengths).to_dict(),
-                "source": source,
-                "per_text": [int(x) for x in lengths],
-            }
-
-    # ------------------------------------------------------------------ Top-k+
-    if "topk" in metrics:
-        for entry, run in zip(result["runs"], runs, strict=True):
-            entry["topk"] = topk_statistics(run).to_dict()
-
-    result["aggregate"] = _aggregate(result["runs"])
+    result["aggregate"] = _aggregate(result["runs"], specs)
     return result
 
 
-def _aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Interval over runs (seeds) of every per-run value."""
-    getters: dict[str, Callable[[dict[str, Any]], Any]] = {
-        "mauve": lambda r: r.get("mauve", {}).get("mauve"),
-        "delta_ppl": lambda r: r.get("perplexity", {}).get("delta_ppl"),
-        "ppl_synthetic": lambda r: r.get("perplexity", {}).get("mean", {}).get("mean"),
-        "length_synthetic": lambda r: r.get("length", {}).get("tokens", {}).get("mean"),
-        "effective_k": lambda r: r.get("topk", {}).get("effective_k", {}).get("mean"),
-        "expansion_tokens": lambda r: r.get("topk", {}).get("expansion_tokens", {}).get("mean"),
-    }
+def _aggregate(runs: list[dict[str, Any]], specs: Sequence[MetricSpec]) -> dict[str, Any]:
+    """Interval over runs (seeds) of every per-run value of every metric."""
     out: dict[str, Any] = {}
-    for name, get in getters.items():
-        values = [get(r) for r in runs]
-        if values and all(v is not None for v in values):
-            out[name] = wald_interval(values).to_dict()
+    for spec in specs:
+        for value in spec.aggregate:
+            values = [value.value(r.get(spec.name)) for r in runs]
+            if values and all(v is not None for v in values):
+                out[value.key] = wald_interval(values).to_dict()
     return out
 
 
@@ -457,8 +263,10 @@ def evaluate_files(
     Args:
         real: held-out real texts (CSV, TSV, JSONL, Parquet or text; column ``text_column``).
         synthetic: one or more ``dplang generate`` outputs (one per seed / run).
-        metrics: subset of ``mauve, perplexity, length, topk`` (``None``: all; Top-k+ is then
-            skipped with a warning for runs that carry no statistics).
+        metrics: registered metric names: ``mauve, perplexity, length, topk`` and any added
+            with :func:`~dplang.evaluation.registry.register_metric` (``None``: the default
+            ones, the four built-ins; Top-k+ is then skipped with a warning for runs that carry
+            no statistics).
         embedder: MAUVE embedder (``"default"``, ``"hashing"``, a folder, or an object).
         model: perplexity / tokenizer model (``"default"``, a path, or a loaded model).
         num: texts per side (default: as many as every input provides).
@@ -492,10 +300,10 @@ def evaluate_files(
     if num is not None and num < 1:
         raise EvaluationError(f"--num must be at least 1, got {num}")
     # Fail fast on paths before any slow work.
-    if "mauve" in chosen:
-        resolve_embedder(embedder)
-    if "perplexity" in chosen or "length" in chosen:
-        _Models(model, DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH).check()
+    for name in chosen:
+        spec = get_metric(name)
+        if spec.preflight is not None:
+            spec.preflight(settings)
     runs = [load_synthetic(p) for p in paths]
     if len({r.path.name for r in runs}) != len(runs):  # e.g. seed1/gen.jsonl, seed2/gen.jsonl
         for r in runs:

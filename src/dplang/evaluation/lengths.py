@@ -6,7 +6,7 @@ of ``--model`` and synthetic texts use the ``num_tokens`` that ``dplang generate
 (tokens of the generating model, EOS excluded) when that model is the same, or are re-counted
 with ``--model``'s tokenizer otherwise.
 
-Top-k+ statistics (spec §4.5, Table 12), from the generation output:
+Top-k+ statistics (InvisibleInk paper, Appendix D and Table 12), from the generation output:
 
 * **effective k** — mean over generations of ``topk_plus_mean`` (each generation's average
   ``|V_k^+|`` over its decoding steps);

@@ -1,6 +1,6 @@
 """MAUVE between held-out real texts (p) and synthetic texts (q), with the paper's settings.
 
-Settings (spec §4.5; the paper's code calls
+Settings (InvisibleInk paper, §5.1 and Appendix D; the paper's code calls
 ``mauve.compute_mauve(p_features=real, q_features=fake, num_buckets=num // 20,
 mauve_scaling_factor=0.9)``):
 

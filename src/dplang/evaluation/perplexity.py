@@ -1,9 +1,9 @@
 """Perplexity of texts under a causal language model, and ΔPPL.
 
-``PPL(x) = exp(−(1/|x|) Σ_t log P(x_t | BOS, x_<t))`` (spec §4.5), computed as the paper's code
-does: BOS prepended, at most ``max_length = 512`` tokens per text including BOS (so 511 text
-tokens; longer texts are truncated and counted), texts batched (8 per batch) with right padding
-and an attention mask so that padding never enters a prediction or the average.
+``PPL(x) = exp(−(1/|x|) Σ_t log P(x_t | BOS, x_<t))`` (InvisibleInk paper, §5.1), computed as its
+code does: BOS prepended, at most ``max_length = 512`` tokens per text including BOS (so 511 text
+tokens; longer texts are truncated and counted), texts batched (8 per batch) with right padding and
+an attention mask so that padding never enters a prediction or the average.
 
 ``ΔPPL = |mean PPL(synthetic) − mean PPL(real)|``. The paper scores with GPT-2 small; dplang's
 default is its own default model (Gemma 3 270M), and any local causal LM can be given by path.

@@ -3,6 +3,9 @@
 * :func:`plot_lengths` — histograms of real vs synthetic lengths in tokens;
 * :func:`plot_metrics` — one panel per metric: real (where it has a value) and every run as
   bars with 99% Wald error bars, plus the mean over runs when there are several.
+
+Privacy contract: both plots show statistics of the held-out real texts (private by default),
+so every PNG is written with mode 600 from creation (:func:`save_private_figure`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,20 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["plot_lengths", "plot_metrics"]
+__all__ = ["plot_lengths", "plot_metrics", "save_private_figure"]
+
+
+def save_private_figure(fig: Any, path: str | Path, dpi: int = 100) -> Path:
+    """Render ``fig`` as PNG and write it atomically with mode 600 from creation (a plot of
+    statistics of private rows is as private as they are; ``chmod`` it to publish)."""
+    import io
+
+    from dplang.release import write_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    write_atomic(path, buf.getvalue(), private=True)
+    return Path(path)
 
 
 def _pyplot() -> Any:
@@ -46,7 +62,7 @@ def plot_lengths(
         ax.set_title("Lengths: real vs synthetic")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        save_private_figure(fig, path, dpi=100)
     finally:
         plt.close(fig)
     return path
@@ -80,7 +96,7 @@ def plot_metrics(panels: Mapping[str, Sequence[tuple[str, float, float | None]]]
             ax.axis("off")
         fig.suptitle("Metrics (bars: mean; error bars: 99% Wald CI)", fontsize=9)
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        save_private_figure(fig, path, dpi=100)
     finally:
         plt.close(fig)
     return path

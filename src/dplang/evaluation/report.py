@@ -1,5 +1,10 @@
 """Write an evaluation's files: ``metrics.json``, ``report.md``, ``lengths.png``, ``metrics.png``.
 
+Privacy contract: all four are **private** (mode 600 from creation, like ``*.private.json``):
+they describe the held-out real texts — ``metrics.json`` and ``report.md`` hold their path,
+SHA-256 and row counts, and every metric is a statistic of them, not a differentially private
+release. Publish them (``chmod``) only when the held-out texts are public.
+
 ``metrics.json`` is the dict :func:`dplang.evaluation.evaluate_files` returns (NaN and
 infinities written as ``null``). ``report.md`` is a human-readable summary: inputs, settings,
 how sizes were resolved, one results row per run (Table 2 style, values with 99% Wald
@@ -10,11 +15,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
-from dplang.evaluation.plots import plot_lengths, plot_metrics
+from dplang.evaluation.plots import plot_metrics
+from dplang.evaluation.registry import RunValue, get_metric
 
 __all__ = ["render_markdown", "write_outputs"]
 
@@ -81,73 +86,32 @@ def render_markdown(result: dict[str, Any]) -> str:
     lines += ["", "## Sizes", "",
               f"Every comparison uses n = {s['n']} real and n synthetic texts: {s['selection']}. "
               "n is the smallest number of texts any input provides (or `--num`).", ""]
+    specs = [get_metric(name) for name in metrics]
     lines += ["## Settings", ""]
-    if "mauve" in s:
-        ms = s["mauve"]
-        lines.append(f"- MAUVE: p = real, q = synthetic; embedder {ms['embedder']} (inputs "
-                     f"truncated to {ms['max_tokens'] or 'no'} tokens); {ms['num_buckets']} "
-                     f"k-means buckets; scaling factor {ms['scaling_factor']}; seed {ms['seed']}")
-    if "perplexity" in s:
-        ps = s["perplexity"]
-        lines.append(f"- perplexity: model {ps['model']}; BOS prepended; at most "
-                     f"{ps['max_length']} tokens per text incl. BOS; ΔPPL = "
-                     "|mean PPL(synthetic) − mean PPL(real)|")
-    if "length" in s:
-        lines.append(f"- lengths: tokens of {s['length']['tokenizer']} (no special tokens)")
-    if "topk" in metrics:
-        lines.append("- Top-k+: effective k = mean of `topk_plus_mean`; expansion tokens = "
-                     "mean of `expansion_tokens` (tokens sampled from V_k^+ \\ V_k)")
+    for spec in specs:
+        if spec.describe is not None:
+            lines.append(spec.describe(s.get(spec.name)))
     lines.append("")
 
+    columns = [(spec, value) for spec in specs for value in spec.ordered_values()]
     lines += ["## Results", ""]
-    header = ["", "ε", "k"]
-    if "mauve" in metrics:
-        header.append("MAUVE (%)")
-    if "perplexity" in metrics:
-        header += ["PPL", "ΔPPL"]
-    if "length" in metrics:
-        header.append("length (tokens)")
-    if "topk" in metrics:
-        header += ["effective k", "expansion tokens"]
+    header = ["", "ε", "k"] + [value.header for _, value in columns]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" * len(header))
     row = ["real (held-out)", "", ""]
-    if "mauve" in metrics:
-        row.append("")
-    if "perplexity" in metrics:
-        row += [_ci(_get(real, "perplexity", "mean")), ""]
-    if "length" in metrics:
-        row.append(_ci(_get(real, "length", "tokens"), 1))
-    if "topk" in metrics:
-        row += ["", ""]
+    for spec, value in columns:
+        interval = _get(real, spec.name, *value.real) if value.real is not None else None
+        row.append(_ci(interval, value.digits, value.scale) if value.real is not None else "")
     lines.append("| " + " | ".join(row) + " |")
     for run in runs:
         m = run.get("manifest") or {}
         row = [run["name"], _fmt(m.get("epsilon")), _fmt(m.get("top_k"))]
-        if "mauve" in metrics:
-            row.append(f"{100 * run['mauve']['mauve']:.2f}")
-        if "perplexity" in metrics:
-            p = run["perplexity"]
-            hw = _get(p, "signed_difference", "half_width")
-            row += [_ci(p["mean"]),
-                    f"{p['delta_ppl']:.2f}" + (f" (± {hw:.2f})" if hw is not None else "")]
-        if "length" in metrics:
-            row.append(_ci(_get(run, "length", "tokens"), 1))
-        if "topk" in metrics:
-            row += [_ci(_get(run, "topk", "effective_k")),
-                    _ci(_get(run, "topk", "expansion_tokens"))]
+        row += [_cell(value, run.get(spec.name)) for spec, value in columns]
         lines.append("| " + " | ".join(row) + " |")
     agg = result.get("aggregate") or {}
     if len(runs) > 1:
         row = [f"mean over {len(runs)} runs", "", ""]
-        if "mauve" in metrics:
-            row.append(_ci(agg.get("mauve"), 2, 100.0))
-        if "perplexity" in metrics:
-            row += [_ci(agg.get("ppl_synthetic")), _ci(agg.get("delta_ppl"))]
-        if "length" in metrics:
-            row.append(_ci(agg.get("length_synthetic"), 1))
-        if "topk" in metrics:
-            row += [_ci(agg.get("effective_k")), _ci(agg.get("expansion_tokens"))]
+        row += [_ci(agg.get(value.key), value.digits, value.scale) for _, value in columns]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Per-run intervals are over the n texts (ΔPPL: interval of the signed "
               "difference of means); the mean-over-runs row has intervals over runs (seeds)."
@@ -165,58 +129,56 @@ def render_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _cell(value: RunValue, entry: dict[str, Any] | None) -> str:
+    """One run's table cell: ``v ± h`` (or ``v (± h)`` for a difference), scaled."""
+    v, hw = value.interval(entry)
+    if v is None:
+        return "–"
+    text = f"{v * value.scale:.{value.digits}f}"
+    if hw is None:
+        return text
+    hw_text = f"{hw * value.scale:.{value.digits}f}"
+    return f"{text} (± {hw_text})" if value.paren_half_width else f"{text} ± {hw_text}"
+
+
 def _panels(result: dict[str, Any]) -> dict[str, list[tuple[str, float, float | None]]]:
+    """One bar panel per per-run value of every metric: real (if scored), each run, and the
+    mean over runs when there are several."""
     runs = result["runs"]
     real = result["real"]
-    metrics = result["settings"]["metrics"]
     agg = result.get("aggregate") or {}
     several = len(runs) > 1
     panels: dict[str, list[tuple[str, float, float | None]]] = {}
 
-    def bars(get: Any, real_interval: dict[str, Any] | None = None,
-             agg_key: str | None = None, scale: float = 1.0) -> list[Any]:
-        out: list[tuple[str, float, float | None]] = []
-        if real_interval and real_interval.get("mean") is not None:
-            hw = real_interval.get("half_width")
-            out.append(("real", real_interval["mean"] * scale,
-                        None if hw is None else hw * scale))
-        for run in runs:
-            value, hw = get(run)
-            if value is not None:
-                out.append((run["name"], value * scale, None if hw is None else hw * scale))
-        if several and agg_key and agg.get(agg_key):
-            a = agg[agg_key]
-            hw = a.get("half_width")
-            out.append(("mean of runs", a["mean"] * scale, None if hw is None else hw * scale))
-        return out
+    def scaled(label: str, mean: float, hw: float | None, scale: float) -> tuple[
+            str, float, float | None]:
+        return label, mean * scale, None if hw is None else hw * scale
 
-    def ci(d: dict[str, Any] | None) -> tuple[Any, Any]:
-        return (None, None) if not d else (d.get("mean"), d.get("half_width"))
-
-    if "mauve" in metrics:
-        panels["MAUVE (%)"] = bars(lambda r: (r["mauve"]["mauve"], None), None, "mauve", 100.0)
-    if "perplexity" in metrics:
-        panels["perplexity"] = bars(lambda r: ci(r["perplexity"]["mean"]),
-                                    _get(real, "perplexity", "mean"), "ppl_synthetic")
-        panels["ΔPPL"] = bars(
-            lambda r: (r["perplexity"]["delta_ppl"],
-                       _get(r, "perplexity", "signed_difference", "half_width")),
-            None, "delta_ppl")
-    if "length" in metrics:
-        panels["length (tokens)"] = bars(lambda r: ci(r["length"]["tokens"]),
-                                         _get(real, "length", "tokens"), "length_synthetic")
-    if "topk" in metrics:
-        panels["effective k"] = bars(lambda r: ci(r["topk"]["effective_k"]), None,
-                                     "effective_k")
-        panels["expansion tokens"] = bars(lambda r: ci(r["topk"]["expansion_tokens"]), None,
-                                          "expansion_tokens")
+    for name in result["settings"]["metrics"]:
+        spec = get_metric(name)
+        for value in spec.ordered_values():
+            bars: list[tuple[str, float, float | None]] = []
+            interval = _get(real, name, *value.real) if value.real is not None else None
+            if interval and interval.get("mean") is not None:
+                bars.append(scaled("real", interval["mean"], interval.get("half_width"),
+                                   value.scale))
+            for run in runs:
+                v, hw = value.interval(run.get(name))
+                if v is not None:
+                    bars.append(scaled(run["name"], v, hw, value.scale))
+            if several and agg.get(value.key):
+                a = agg[value.key]
+                bars.append(scaled("mean of runs", a["mean"], a.get("half_width"), value.scale))
+            panels[value.panel or value.header] = bars
     return panels
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """Write atomically with mode 600 from creation: every evaluation file describes the
+    held-out real rows (their digest, counts and statistics), which are private by default."""
+    from dplang.release import write_atomic
+
+    write_atomic(path, text, private=True)
 
 
 def write_outputs(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
@@ -225,13 +187,10 @@ def write_outputs(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    metrics = result["settings"]["metrics"]
-    if "length" in metrics:
-        written.append(plot_lengths(
-            result["real"]["length"]["per_text"],
-            {run["name"]: run["length"]["per_text"] for run in result["runs"]},
-            out / "lengths.png",
-        ))
+    for name in result["settings"]["metrics"]:
+        spec = get_metric(name)
+        if spec.plots is not None:
+            written += spec.plots(result, out)
     panels = _panels(result)
     if panels:
         written.append(plot_metrics(panels, out / "metrics.png"))

@@ -1,4 +1,5 @@
-"""99% Wald confidence intervals, the paper's way of reporting every metric (spec §4.5).
+"""99% Wald confidence intervals, the InvisibleInk paper's way of reporting every
+metric (its §5.1 and Appendix D).
 
 ``x̄ ± z·s/√m`` with ``z = 2.576`` (two-sided 99%), ``s`` the sample standard deviation
 (``ddof = 1``) and ``m`` the number of values: texts for per-text metrics, runs (seeds) for

@@ -71,7 +71,15 @@ from ..privacy.accounting import (
 )
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, DEFAULT_TEMPLATE
 
-METHODS = ("invisibleink", "amin", "adapmixed", "augpe", "public")
+#: Besides the registered generation methods (dplang.textgen.methods): public-only generation.
+PUBLIC = "public"
+
+
+def known_methods() -> tuple[str, ...]:
+    """The methods a sweep may name: every registered one, and ``public``."""
+    from ..textgen.methods import method_names
+
+    return (*method_names(), PUBLIC)
 
 
 class ConfigError(ValueError):
@@ -282,8 +290,8 @@ def load_config(path: str | Path, data: str | Path | None = None) -> ExperimentC
         raise ConfigError("[data].group_by must be a list of column names")
     methods = _list(sweep, "methods", str, ["invisibleink"])
     for m in methods:
-        if m not in METHODS:
-            raise ConfigError(f"unknown method {m!r}; known: {', '.join(METHODS)}")
+        if m not in known_methods():
+            raise ConfigError(f"unknown method {m!r}; known: {', '.join(known_methods())}")
     eps = _list(sweep, "epsilon", float)
     raw_bs = sweep.get("batch_size")
     if isinstance(raw_bs, dict):  # per-method batch sizes (e.g. the compute comparison)

@@ -1,10 +1,18 @@
-"""Markdown tables in the paper's layouts and the sweep's plots."""
+"""Markdown tables in the paper's layouts and the sweep's plots.
+
+Privacy contract: ``results.md`` and the plots are written with mode 600 from creation: they
+hold utility statistics of the held-out real rows (private by default, not differentially
+private) and generation timings (a side channel: how long a cell ran depends on the data).
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ..evaluation.plots import save_private_figure
+from ..release import write_atomic
 
 if TYPE_CHECKING:
     from ..privacy.ledger import Spend
@@ -114,13 +122,16 @@ def privacy_section(config: ExperimentConfig, sweep_rho: float, sweep_eps: float
         f"sequential composition of its cells: the ledger holds {releases} release(s) of this "
         f"sweep, ρ = {sweep_rho:.4g} (ε = {sweep_eps:.4g} at δ = {config.delta:g}), charged to "
         "the dataset's budget in the user's ledger. Choosing the best cell after looking at "
-        "utility on private data is covered by this total, not by one cell's guarantee.",
+        "these results is covered by this total for the reference rows, not by one cell's "
+        "guarantee; the choice also depends on the held-out rows, which no guarantee covers.",
     ]
     if dataset_total is not None and dataset_total.dp_releases > releases:
         lines += ["", f"All releases of this dataset in the ledger (this sweep included): "
                   f"{dataset_total.dp_releases} DP release(s), ε = "
                   f"{dataset_total.epsilon_at(config.delta):.4g} at δ = {config.delta:g} "
-                  "(`dplang ledger show`)."]
+                  f"under {dataset_total.adjacency} adjacency"
+                  + (" (releases of other adjacencies converted by group privacy)"
+                     if dataset_total.converted else "") + " (`dplang ledger show`)."]
     if dataset_total is not None and dataset_total.data_dependent:
         lines += ["", f"{dataset_total.data_dependent} release(s) of this dataset have only a "
                   "data-dependent bound (AdaPMixED): they are not differential privacy and are "
@@ -167,7 +178,7 @@ def write_results_md(rows: list[dict[str, Any]], path: Path, config: ExperimentC
         "",
         "Plots: `utility_vs_epsilon.png`, `utility_vs_compute.png`, `effective_k_vs_epsilon.png`.",
     ]
-    path.write_text("\n".join(parts) + "\n", encoding="utf-8")
+    write_atomic(path, "\n".join(parts) + "\n", private=True)
 
 
 def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> None:
@@ -185,7 +196,7 @@ def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> None:
 
     def save(fig: Any, name: str) -> None:
         fig.tight_layout()
-        fig.savefig(out_dir / name, dpi=120)
+        save_private_figure(fig, out_dir / name, dpi=120)  # MAUVE on private rows, timings
         plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))

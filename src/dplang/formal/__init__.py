@@ -1,4 +1,4 @@
-"""dplang.formal: the formal-language lab (specs 000 and 001; docs/formal.md).
+"""dplang.formal: the formal-language lab (papers 000 and 001; docs/formal.md).
 
 Differentially private identification and generation of languages, statistically (000, "On
 the Price of Privacy for Language Identification and Generation") and in the limit (001,
@@ -21,5 +21,8 @@ Modules, laid out like :mod:`dplang.sampling`:
 * :mod:`~dplang.formal.release` — ``--data`` runs as releases through :mod:`dplang.release`.
 
 Privacy contract: the algorithms state theirs (a :class:`~dplang.privacy.guarantees.Guarantee`
-per run); simulations on the public models are not releases and are not charged.
+per run); simulations on the public models are not releases and are not charged. Everything
+else — universes, languages, collections, distributions and streams, ground truth, bounds,
+exact evaluation and audits — releases nothing: it computes from public synthetic models and
+known laws (the "Privacy contract: none" lines in those modules say this once more each).
 """

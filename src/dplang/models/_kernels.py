@@ -49,8 +49,8 @@ def packing_available(dtype: torch.dtype) -> bool:
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """``weight`` (``[out, in]``) pre-packed in oneDNN's blocked layout for
     :func:`linear_product`, or ``None`` where packing is unavailable for its dtype."""
-    if weight.ndim != 2 or not packing_available(weight.dtype):
-        return None
+    if weight.ndim != 2 or weight.device.type != "cpu" or not packing_available(weight.dtype):
+        return None  # oneDNN packing is a CPU layout
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), _PACK_HINT_ROWS)
 
 

@@ -97,6 +97,7 @@ class PagedKVCache:
         index = torch.tensor(list(blocks), dtype=torch.int64)
         for pool in (*self.keys, *self.values):
             if pool is not None:
+                index = index.to(pool.device)
                 inside = index[index < pool.shape[0]]
                 pool.index_fill_(0, inside, value)
 
@@ -204,6 +205,10 @@ class StepLayout:
         plan = self.plans.get(window)
         if plan is None:
             plan = _pair_plan(self.single_rows, window, self.cache.block_size)
+            device = self.slots.device
+            if device.type != "cpu":  # built on the CPU from the rows' lengths, used there
+                plan = PairPlan(*(t.to(device) for t in (plan.pair_row, plan.pair_block,
+                                                         plan.visible, plan.merge)))
             self.plans[window] = plan
         return plan
 
@@ -291,7 +296,7 @@ def rowwise_attention(
     pool_k, pool_v = layout.cache.write(
         module.layer_idx, layout.slots, key[0].transpose(0, 1), value[0].transpose(0, 1)
     )
-    out = torch.empty((tokens, heads, dim), dtype=torch.float32)
+    out = torch.empty((tokens, heads, dim), dtype=torch.float32, device=query.device)
     q_all = query[0].transpose(0, 1)  # [T, heads, d]
     if layout.single_tokens.numel():
         rows_q = q_all.index_select(0, layout.single_tokens).float()
@@ -387,8 +392,8 @@ def _prompt_attention(
     keys = pool_k.view(flat).index_select(0, seg.slots).float().transpose(0, 1)  # [kvh, L, d]
     values = pool_v.view(flat).index_select(0, seg.slots).float().transpose(0, 1)
     length = keys.shape[1]
-    query_pos = torch.arange(seg.start, seg.start + count).unsqueeze(1)
-    key_pos = torch.arange(length).unsqueeze(0)
+    query_pos = torch.arange(seg.start, seg.start + count, device=q.device).unsqueeze(1)
+    key_pos = torch.arange(length, device=q.device).unsqueeze(0)
     visible = key_pos <= query_pos
     if window is not None:
         visible &= key_pos > query_pos - window

@@ -13,9 +13,9 @@ candidate set from them, and then ask for the private rows' logits only on those
    ``candidates`` is ``None`` (``[rows, V]``), or only the token ids in ``candidates``
    (``[rows, K]`` of int64, one candidate list per row) returning ``[rows, K]``.
 
-``next_logits`` is the convenience composition of the two (DESIGN.md's signature).
+``next_logits`` is the convenience composition of the two (the protocol's signature).
 
-Privacy contract (DESIGN.md invariant 7, *row invariance*): each row's hidden state and logits
+Privacy contract (docs/privacy.md invariant 7, *row invariance*): each row's hidden state and logits
 are a deterministic function of that row's own prompt and tokens (and, for candidate logits, its
 own candidate ids), bit for bit, whatever other rows share the batch, how many there are and how
 long they are, through row dropping. Parallel composition across generation groups and a Top-k+

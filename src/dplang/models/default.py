@@ -129,10 +129,10 @@ def ensure_default_model() -> Path:
 
 
 def load_default_model(
-    *, threads: int | None = None, dtype: str = "float32"
+    *, threads: int | None = None, dtype: str = "float32", device: str = "cpu"
 ) -> TransformersModel:
     """Gemma 3 270M (base) from the embedded PyPI package, via the float32 cache; the body
-    runs in ``dtype`` (see :class:`TransformersModel`)."""
+    runs in ``dtype`` on ``device`` (see :class:`TransformersModel`)."""
     folder = ensure_default_model()
     return TransformersModel(
         folder,
@@ -140,6 +140,8 @@ def load_default_model(
         weights_digest=_expected_sha256(),
         threads=threads,
         dtype=dtype,
+        check_invariance="cached",
+        device=device,
     )
 
 
@@ -226,12 +228,14 @@ def _has_weights(folder: Path) -> bool:
 
 
 def resolve_model(
-    spec: str, *, threads: int | None = None, dtype: str = "float32"
+    spec: str, *, threads: int | None = None, dtype: str = "float32", device: str = "cpu"
 ) -> LogitsModel:
     """The model named by a ``--model`` value: ``"default"``, a model folder or a ``.gguf``
-    file, with its body in ``dtype``. A spec that :func:`check_model_spec` refuses raises
-    :class:`ModelSpecError` before anything is loaded."""
+    file, with its body in ``dtype`` on ``device`` (``"cpu"`` or ``"cuda"``). A spec that
+    :func:`check_model_spec` refuses raises :class:`ModelSpecError` before anything is
+    loaded."""
     check_model_spec(spec)
     if spec == "default":
-        return load_default_model(threads=threads, dtype=dtype)
-    return TransformersModel(Path(spec).expanduser(), threads=threads, dtype=dtype)
+        return load_default_model(threads=threads, dtype=dtype, device=device)
+    return TransformersModel(Path(spec).expanduser(), threads=threads, dtype=dtype,
+                             device=device, check_invariance="cached")

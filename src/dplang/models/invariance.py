@@ -8,6 +8,12 @@ configuration where it fails.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -15,7 +21,17 @@ import torch
 if TYPE_CHECKING:
     from dplang.models.transformers import TransformersModel
 
-__all__ = ["RowInvarianceError", "bitwise_equal", "check_row_invariance"]
+__all__ = [
+    "RowInvarianceError",
+    "bitwise_equal",
+    "check_row_invariance",
+    "check_row_invariance_cached",
+]
+
+#: Set to 1 to run the check at every load even when an earlier pass is on record.
+RECHECK_ENV = "DPLANG_RECHECK_INVARIANCE"
+#: The modules whose code decides the bits (their source is part of the record's key).
+_BACKEND_MODULES = ("invariance.py", "_rowwise.py", "_kernels.py", "transformers.py")
 
 
 class RowInvarianceError(RuntimeError):
@@ -130,3 +146,71 @@ def _state(prompts: list[list[int]]) -> Any:
     from dplang.models.transformers import RowDecodeState
 
     return RowDecodeState(prompts=prompts)
+
+
+# --------------------------------------------------------------------------------------------
+# a pass on record
+
+
+def check_row_invariance_cached(model: TransformersModel) -> bool:
+    """:func:`check_row_invariance`, skipped when the same check already passed for the same
+    configuration on this machine; returns whether it was skipped.
+
+    The record (a small file in dplang's cache folder, ``invariance/<key>.json``) is keyed by
+    everything that decides the bits: the weights digest and model configuration, the
+    backend's numerics (library versions, CPU capability, threads, dtype, block size and
+    whatever else :attr:`TransformersModel.numerics` lists), the CPU model and flags, the
+    Python and dplang versions, and the source of the backend's modules. Any change runs the
+    check again; a failure is never recorded (it raises). ``DPLANG_RECHECK_INVARIANCE=1``
+    runs it whatever is on record. The check is deterministic for a fixed key, so a recorded
+    pass is the same decision taken again, at a fraction of the start-up time."""
+    folder = _record_folder()
+    record = folder / f"{_record_key(model)}.json"
+    if record.is_file() and os.environ.get(RECHECK_ENV, "") in ("", "0"):
+        return True
+    check_row_invariance(model)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as fh:
+            json.dump({"model_id": model.model_id, "numerics": model.numerics}, fh)
+        os.replace(fh.name, record)
+    except OSError:  # a read-only cache: the check simply runs again next time
+        pass
+    return False
+
+
+def _record_folder() -> Path:
+    from dplang.models.default import cache_dir
+
+    return cache_dir() / "invariance"
+
+
+def _cpu_identity() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [line for line in text.splitlines()
+            if line.startswith(("model name", "flags", "vendor_id", "cpu family", "model\t"))]
+    return "\n".join(sorted(set(keep)))
+
+
+def _record_key(model: TransformersModel) -> str:
+    import dplang
+
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in _BACKEND_MODULES:
+        digest.update(name.encode() + b"\0" + (here / name).read_bytes())
+    config = getattr(model.config, "to_json_string", None)
+    identity = {
+        "weights": model.weights_digest(),
+        "config": config(use_diff=False) if callable(config) else repr(model.config),
+        "numerics": model.numerics,
+        "cpu": _cpu_identity(),
+        "python": platform.python_version(),
+        "dplang": dplang.__version__,
+        "backend_source": digest.hexdigest(),
+    }
+    blob = json.dumps(identity, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]

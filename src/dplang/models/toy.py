@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import math
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,8 @@ class ToyModel:
             (10 above the largest other logit) from then on.
         prompt_weight: how strongly the logits depend on the prompt (0: not at all).
         scale: standard deviation of the logits.
+        step_delay: seconds each :meth:`next_hidden` call sleeps (tests of executors that kill
+            a worker mid-run); not part of the model's identity: it changes no logit.
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class ToyModel:
         eos_after: int | None = None,
         prompt_weight: float = 1.0,
         scale: float = 3.0,
+        step_delay: float = 0.0,
     ) -> None:
         if vocab_size < 2:
             raise ValueError("vocab_size must be >= 2")
@@ -88,6 +92,7 @@ class ToyModel:
         self.eos_after = eos_after
         self.prompt_weight = float(prompt_weight)
         self.scale = float(scale)
+        self.step_delay = float(step_delay)
         self.hidden_size = vocab_size
         self.model_id = (
             f"toy(vocab_size={vocab_size}, eos={eos_token_id}, seed={seed}, "
@@ -189,6 +194,8 @@ class ToyModel:
                 state.prefixes[row].append(int(token))
         state.started = [True] * state.rows
         state.steps += 1
+        if self.step_delay > 0:
+            time.sleep(self.step_delay)
         if state.rows == 0:
             return torch.zeros((0, self.vocab_size), dtype=torch.float32)
         rows = [self.logits_for(p, s) for p, s in zip(state.prompts, state.prefixes, strict=True)]

@@ -13,6 +13,14 @@ per-row attention over a paged key/value cache (:mod:`dplang.models._rowwise`,
 :mod:`dplang.models._kernels`). :meth:`TransformersModel.check_row_invariance` verifies it at load
 and the model refuses to run a configuration (model, dtype, thread count) where it fails.
 
+**Device.** ``device="cpu"`` (default) or ``"cuda"``: the weights, the key/value cache and
+every per-step tensor of the body live on that device; hidden states stay there and
+:meth:`TransformersModel.logits_from_hidden` returns its logits on the CPU (where the sampling
+policies run). On CUDA the linear layers use plain ``F.linear`` (oneDNN packing is a CPU
+layout), so whether a CUDA configuration is row-invariant is decided by the same load-time
+check, which refuses it if not. The device type is part of :attr:`numerics` (a run's
+identity). The CUDA path has not been run on a GPU by this project yet (``pytest -m gpu``).
+
 **Compute dtype.** ``dtype="bfloat16"`` runs the transformer body (weights, activations, KV
 cache) in bfloat16; the LM head always stays float32 on the float32 final hidden state, so logits
 are float32 either way. ``dtype="auto"`` picks bfloat16 only where :func:`native_bfloat16` says
@@ -44,7 +52,7 @@ from dplang.models.hf_loading import (
     resolve_model_path,
     weights_digest_of,
 )
-from dplang.models.invariance import check_row_invariance
+from dplang.models.invariance import check_row_invariance, check_row_invariance_cached
 
 __all__ = ["MAX_STEP_TOKENS", "RowDecodeState", "TransformersModel"]
 
@@ -121,9 +129,13 @@ class TransformersModel:
             reproduces the model's own forward logits (guards against architectures whose
             LM-head post-processing this backend does not know).
         check_invariance: run :meth:`check_row_invariance` at load and raise
-            :class:`RowInvarianceError` if this configuration is not row-invariant here.
+            :class:`RowInvarianceError` if this configuration is not row-invariant here;
+            ``"cached"`` skips it when the same configuration already passed on this machine
+            (:func:`~dplang.models.invariance.check_row_invariance_cached`; the CLI's models).
         dtype: compute dtype of the body, ``"float32"`` (default), ``"bfloat16"`` or
-            ``"auto"`` (see the module docstring); logits are float32 in every case.
+            ``"auto"`` (see the module docstring; on CUDA ``auto`` is bfloat16); logits are
+            float32 in every case.
+        device: ``"cpu"`` (default) or ``"cuda"`` (see the module docstring).
         block_size: positions per block of the paged key/value cache.
     """
 
@@ -138,10 +150,20 @@ class TransformersModel:
         weights_digest: str | None = None,
         threads: int | None = None,
         verify: bool = True,
-        check_invariance: bool = True,
+        check_invariance: bool | str = True,
         dtype: str | torch.dtype = "float32",
         block_size: int = _rowwise.BLOCK_SIZE,
+        device: str | torch.device = "cpu",
     ) -> None:
+        self.device = torch.device(device)
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device}")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device cuda: no CUDA GPU is available here")
+        #: ``"cpu"`` or ``"cuda"``: part of :attr:`numerics`, hence of a run's identity.
+        self.device_type: str = self.device.type
+        if self.device_type == "cuda" and dtype == "auto":
+            dtype = "bfloat16"
         self.dtype = resolve_dtype(dtype)
         self.threads = threads if threads is not None else available_cores()
         if self.threads < 1:
@@ -162,7 +184,7 @@ class TransformersModel:
                 raise ValueError("TransformersModel(model=...) also needs tokenizer=...")
             if path is not None:
                 self._path = Path(path)
-        self.model = model.to(torch.float32).eval()
+        self.model = model.to(torch.float32).to(self.device).eval()
         for param in self.model.parameters():
             param.requires_grad_(False)
         self.tokenizer = tokenizer
@@ -209,7 +231,9 @@ class TransformersModel:
         self._digest = weights_digest
         if verify:
             self._verify_head()
-        if check_invariance:
+        if check_invariance == "cached":
+            check_row_invariance_cached(self)
+        elif check_invariance:
             self.check_row_invariance()
 
     # ---------------------------------------------------------------- identity
@@ -228,6 +252,7 @@ class TransformersModel:
             "threads": self.threads,
             "dtype": str(self.dtype).replace("torch.", ""),
             "block_size": self.block_size,
+            "device": self.device_type,
         }
 
 
@@ -381,7 +406,8 @@ class TransformersModel:
             if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
                 raise ValueError("token id out of range")
             segments = [(r, [t]) for r, t in zip(started, tokens.tolist(), strict=True)]
-        hidden = torch.empty((state.rows, self.hidden_size), dtype=torch.float32)
+        hidden = torch.empty((state.rows, self.hidden_size), dtype=torch.float32,
+                             device=self.device)
         if state.cache is None:
             state.cache = PagedKVCache(self._num_layers, self.block_size)
         self._run_prefixes(state, pending)
@@ -487,17 +513,19 @@ class TransformersModel:
             else:
                 prompts.append(PromptSegment(
                     first, count, start,
-                    torch.tensor(rc.slots(0, start + count, block), dtype=torch.int64)))
+                    torch.tensor(rc.slots(0, start + count, block), dtype=torch.int64,
+                                 device=self.device)))
             last.append(first + count - 1)
         layout = StepLayout(
             cache=cache,
-            slots=torch.tensor(slots, dtype=torch.int64),
+            slots=torch.tensor(slots, dtype=torch.int64, device=self.device),
             prompts=prompts,
-            single_tokens=torch.tensor(single_index, dtype=torch.int64),
+            single_tokens=torch.tensor(single_index, dtype=torch.int64, device=self.device),
             single_rows=single_rows,
         )
-        hidden = self._forward(torch.tensor(ids, dtype=torch.int64),
-                               torch.tensor(positions, dtype=torch.int64), layout)
+        hidden = self._forward(torch.tensor(ids, dtype=torch.int64, device=self.device),
+                               torch.tensor(positions, dtype=torch.int64, device=self.device),
+                               layout)
         if all_positions:
             return hidden
         return hidden[last]
@@ -530,7 +558,7 @@ class TransformersModel:
             hidden = self._run_segments(state.cache, pairs, all_positions=True)  # type: ignore[arg-type]
             offset = 0
             for row, seq in chunk:
-                results.append(hidden[offset:offset + len(seq)])
+                results.append(hidden[offset:offset + len(seq)].cpu())
                 offset += len(seq)
                 done = state.caches[row]
                 assert done is not None
@@ -557,8 +585,9 @@ class TransformersModel:
         (only those rows of the head weight are touched).
 
         Privacy contract: each row's logits depend only on that row's hidden state (and its own
-        candidate ids), bit for bit, whatever the other rows or the width ``K``."""
-        hidden = hidden.to(torch.float32)
+        candidate ids), bit for bit, whatever the other rows or the width ``K``. The logits
+        are on the CPU whatever the model's device."""
+        hidden = hidden.to(device=self.device, dtype=torch.float32)
         if hidden.ndim != 2 or hidden.shape[1] != self.hidden_size:
             raise ValueError(
                 f"hidden must be [rows, {self.hidden_size}], got {tuple(hidden.shape)}"
@@ -566,7 +595,7 @@ class TransformersModel:
         if candidates is None:
             logits = linear_product(hidden, self._head_weight, self._head_bias, self._packed_head)
         else:
-            candidates = torch.as_tensor(candidates)
+            candidates = torch.as_tensor(candidates).to(self.device)
             if candidates.dtype != torch.int64:
                 raise TypeError(f"candidates must be int64, got {candidates.dtype}")
             if candidates.ndim != 2 or candidates.shape[0] != hidden.shape[0]:
@@ -588,7 +617,7 @@ class TransformersModel:
             logits = logits * self._logit_multiplier
         if self._softcap is not None:
             logits = torch.tanh(logits / self._softcap) * self._softcap
-        return logits.float()
+        return logits.float().cpu()
 
     def next_logits(
         self,
@@ -626,9 +655,9 @@ class TransformersModel:
         ids = self._prompt_ids("Hello world. This is a test")
         state = RowDecodeState(prompts=[ids])
         ours = self.logits_from_hidden(self.next_hidden(state, None))
-        input_ids = torch.tensor([ids], dtype=torch.int64)
+        input_ids = torch.tensor([ids], dtype=torch.int64, device=self.device)
         out = self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
-        theirs = out.logits[:, -1].float()
+        theirs = out.logits[:, -1].float().cpu()
         rtol = atol = 1e-3
         if self.dtype != torch.float32:
             # The model's own head runs in bfloat16 (8-bit mantissa) while ours is float32; a

@@ -5,39 +5,30 @@ This package imports nothing else from dplang.
 
 from .accounting import (
     bounded_range_to_zcdp,
-    calibrate_clip,
     compose_parallel,
     compose_sequential,
-    dclip_sensitivity,
     epsilon_to_rho,
     exponential_mechanism_rho,
-    invisibleink_rho,
-    per_token_pure_epsilon,
     pure_to_zcdp,
     rho_to_delta,
     rho_to_epsilon,
     simple_rho_to_epsilon,
-    topk_plus_margin,
 )
-from .guarantees import ADJACENCIES, Guarantee
+from .guarantees import ADJACENCIES, Adjacency, Guarantee
 from .randomness import RandomStreams
 
 __all__ = [
     "ADJACENCIES",
+    "Adjacency",
     "Guarantee",
     "RandomStreams",
     "bounded_range_to_zcdp",
-    "calibrate_clip",
     "compose_parallel",
     "compose_sequential",
-    "dclip_sensitivity",
     "epsilon_to_rho",
     "exponential_mechanism_rho",
-    "invisibleink_rho",
-    "per_token_pure_epsilon",
     "pure_to_zcdp",
     "rho_to_delta",
     "rho_to_epsilon",
     "simple_rho_to_epsilon",
-    "topk_plus_margin",
 ]

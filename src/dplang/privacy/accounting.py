@@ -14,12 +14,10 @@ for calibration and OpenDP exposes only the forward privacy profile; the tests c
 implementation against OpenDP's ``make_zCDP_to_approxDP`` and dp-accounting's RDP conversion.
 Inverses are computed by bisection and always rounded to the *safe* side (ε up, ρ down).
 
-InvisibleInk calibration
-------------------------
-For the DClip aggregate φ̄ = φ_pub + (1/B) Σ clip_C(φ_i − φ_pub) the ℓ∞ sensitivity is C/B
-under replace-by-null adjacency and 2C/B under zero-out (spec 002 §2.4, §5). Sampling
-softmax(φ̄/τ) costs ρ_tok = Δ²/(2τ²), and T tokens cost ρ_seq = T·ρ_tok, charged for T whatever
-the realised length (ex-ante accounting).
+InvisibleInk's calibration (the DClip sensitivity C/B, ρ_seq = T·Δ²/(2τ²), the clip norm for a
+budget) lives with the method, in :mod:`dplang.textgen.methods.invisibleink` (InvisibleInk
+paper, Thm 2 and App. C; ``docs/privacy.md``, "InvisibleInk accounting"); this module keeps the
+generic pieces it uses (:func:`exponential_mechanism_rho`, conversions, composition).
 """
 
 from __future__ import annotations
@@ -35,7 +33,8 @@ _BISECTION_STEPS = 200
 
 #: Defaults of InvisibleInk's hyperparameters, shared by ``dplang account``, ``dplang generate``
 #: and experiment configurations (one place, so the clip norm one command prints is the one the
-#: other uses). τ = 1.2 and B = 7 are the paper's settings for Yelp (spec 002 §4).
+#: other uses). τ = 1.2 and B = 7 are the InvisibleInk paper's settings for Yelp
+#: (its §5.1; ``docs/experiments.md``, "Setting").
 DEFAULT_TEMPERATURE = 1.2
 DEFAULT_BATCH_SIZE = 7
 DEFAULT_MAX_TOKENS = 64
@@ -278,98 +277,3 @@ def compose_parallel(
     return Guarantee(
         name, unit, adjacency, rho, eps, dlt, all(g.ex_ante for g in guarantees), details
     )
-
-
-# --------------------------------------------------------------------------------------------
-# InvisibleInk calibration helpers (spec 002 §2.4–§2.5)
-
-#: Adjacencies for which the DClip aggregate has a known sensitivity, with its factor on C/B.
-DCLIP_SENSITIVITY_FACTOR = {"replace-by-null": 1.0, "zero-out": 2.0}
-
-
-def dclip_sensitivity(clip: float, batch_size: int, adjacency: str = "replace-by-null") -> float:
-    """ℓ∞ sensitivity of (1/B) Σ DClip_C(φ_i, φ_pub): C/B (replace-by-null), 2C/B (zero-out)."""
-    if adjacency not in DCLIP_SENSITIVITY_FACTOR:
-        raise ValueError(
-            f"adjacency must be one of {sorted(DCLIP_SENSITIVITY_FACTOR)}, got {adjacency!r}"
-        )
-    if not clip >= 0 or batch_size < 1:
-        raise ValueError("clip must be >= 0 and batch_size >= 1")
-    return DCLIP_SENSITIVITY_FACTOR[adjacency] * clip / batch_size
-
-
-def invisibleink_rho(
-    tokens: int,
-    clip: float,
-    batch_size: int,
-    temperature: float,
-    adjacency: str = "replace-by-null",
-) -> float:
-    """ρ_seq = T·Δ²/(2τ²) with Δ the DClip sensitivity; = T·C²/(2B²τ²) under replace-by-null."""
-    if tokens < 1:
-        raise ValueError(f"tokens must be >= 1, got {tokens}")
-    sens = dclip_sensitivity(clip, batch_size, adjacency)
-    return tokens * exponential_mechanism_rho(sens, temperature)
-
-
-def calibrate_clip(
-    rho: float,
-    tokens: int,
-    batch_size: int,
-    temperature: float,
-    adjacency: str = "replace-by-null",
-) -> float:
-    """The clip norm C that spends exactly ρ over T tokens: C = Bτ·sqrt(2ρ/T) / factor.
-
-    (The InvisibleInk paper's §5.4 prints C = Bτ/sqrt(2ρ/T), a typo; §4 and Thm 2 give this.)
-    """
-    _check_rho(rho)
-    if tokens < 1 or batch_size < 1 or not temperature > 0:
-        raise ValueError("tokens >= 1, batch_size >= 1 and temperature > 0 are required")
-    # Δ = factor·C/B and ρ = T·Δ²/(2τ²)  ⇒  C = Bτ·sqrt(2ρ/T) / factor
-    unit_sensitivity = dclip_sensitivity(1.0, 1, adjacency)
-    return batch_size * temperature * math.sqrt(2.0 * rho / tokens) / unit_sensitivity
-
-
-def topk_plus_margin(clip: float, batch_size: int) -> float:
-    """The Top-k+ expansion margin 2C/B (a property of the public logits; any adjacency)."""
-    return 2.0 * clip / batch_size
-
-
-def per_token_pure_epsilon(
-    clip: float, batch_size: int, temperature: float, adjacency: str = "replace-by-null"
-) -> float:
-    """Per-token pure-DP bound of the exponential mechanism: 2Δ/τ (= 2C/(Bτ) by default)."""
-    return 2.0 * dclip_sensitivity(clip, batch_size, adjacency) / temperature
-
-
-def invisibleink_budget(
-    *, epsilon: float | None, rho: float | None, clip: float | None, delta: float,
-    tokens: int, batch_size: int, temperature: float, adjacency: str,
-) -> dict[str, float | int | str]:
-    """The whole InvisibleInk calculation from exactly one of ε (at δ), ρ or a clip norm C.
-
-    Returns ``rho``, ``epsilon``, ``delta``, ``clip``, ``margin`` (2C/B), ``per_token_epsilon``
-    (2Δ/τ) and the inputs. The guarantee is ρ-zCDP, charged for T tokens."""
-    if sum(v is not None for v in (epsilon, rho, clip)) != 1:
-        raise ValueError("give exactly one of epsilon, rho or clip")
-    if clip is None:
-        rho_value = rho if rho is not None else epsilon_to_rho(epsilon, delta)
-        clip_value = calibrate_clip(rho_value, tokens, batch_size, temperature, adjacency)
-    else:
-        clip_value = clip
-        rho_value = invisibleink_rho(tokens, clip, batch_size, temperature, adjacency)
-    eps_value = epsilon if epsilon is not None else rho_to_epsilon(rho_value, delta)
-    return {
-        "rho": rho_value,
-        "epsilon": eps_value,
-        "delta": delta,
-        "clip": clip_value,
-        "margin": topk_plus_margin(clip_value, batch_size),
-        "per_token_epsilon": per_token_pure_epsilon(clip_value, batch_size, temperature,
-                                                    adjacency),
-        "tokens": tokens,
-        "batch_size": batch_size,
-        "temperature": temperature,
-        "adjacency": adjacency,
-    }

@@ -5,9 +5,41 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
-ADJACENCIES = ("replace-by-null", "replace-one", "add-remove", "zero-out")
+
+class Adjacency(StrEnum):
+    """Which data sets are neighbours: the relation a guarantee is stated for (after
+    dp_accounting's ``NeighboringRelation``). A :class:`StrEnum`: each member equals, prints and
+    serialises as its name in the CLI (``"replace-by-null"``...), so JSON files and flags keep
+    their strings while code compares members.
+
+    * ``REPLACE_BY_NULL``: one unit is replaced by the empty unit, kept in place (the default
+      for references: the number and positions of units are public);
+    * ``REPLACE_ONE``: one unit is replaced by any other;
+    * ``ADD_REMOVE``: one unit is added or removed;
+    * ``ZERO_OUT``: one unit is replaced by the zero-logit null element (InvisibleInk, Amin et
+      al.: twice the replace-by-null sensitivity).
+    """
+
+    REPLACE_BY_NULL = "replace-by-null"
+    REPLACE_ONE = "replace-one"
+    ADD_REMOVE = "add-remove"
+    ZERO_OUT = "zero-out"
+
+    @classmethod
+    def parse(cls, value: str | Adjacency) -> Adjacency:
+        """The member named ``value``; a one-line ``ValueError`` listing the names otherwise."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"unknown adjacency {value!r}; expected one of "
+                             f"{', '.join(a.value for a in cls)}") from None
+
+
+#: The names of every :class:`Adjacency`, in declaration order.
+ADJACENCIES = tuple(a.value for a in Adjacency)
 
 _ADJACENCY_WORDS = {
     "replace-by-null": "replacing one {unit} by the empty {unit}",
@@ -30,7 +62,7 @@ class Guarantee:
 
     mechanism: str
     unit: str
-    adjacency: str
+    adjacency: Adjacency
     rho: float | None
     epsilon: float
     delta: float
@@ -38,8 +70,7 @@ class Guarantee:
     details: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        if self.adjacency not in ADJACENCIES:
-            raise ValueError(f"unknown adjacency {self.adjacency!r}; expected one of {ADJACENCIES}")
+        object.__setattr__(self, "adjacency", Adjacency.parse(self.adjacency))
         if self.rho is not None and not (self.rho >= 0 and math.isfinite(self.rho)):
             raise ValueError(f"rho must be finite and >= 0, got {self.rho}")
         if not self.epsilon >= 0:
@@ -89,7 +120,9 @@ class Guarantee:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (inverse: :meth:`from_dict`)."""
-        return asdict(self)
+        out = asdict(self)
+        out["adjacency"] = self.adjacency.value
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

@@ -5,17 +5,35 @@ file's resolved path), not by the content of the file: a re-encoded, re-ordered 
 copy of the same records has other bytes, so a content key would silently give it a fresh
 budget. The SHA-256 of the content used by each release is kept in the ledger only, so that
 :meth:`PrivacyLedger.content_warnings` can tell the data holder when a name's content changed
-or when the same bytes were already charged under another name.
+or when the same bytes were already charged under another name. A copy with other bytes charged
+under another name (its own path, by default) gets a fresh budget without any warning: only
+one name per dataset protects it (names are resolved by :func:`dplang.release.dataset_key`).
 
-Each dataset may carry a total (ε, δ) budget. Every release is written to the ledger *before*
-its output is written (DESIGN.md invariant 6); a release that would take the dataset past its
-budget is refused with :class:`BudgetExceeded` and nothing is recorded. Charging runs in one
-``BEGIN IMMEDIATE`` transaction (read the spend, check, insert), so two processes charging
-the same ledger at once are serialised and can never exceed a budget together.
+Each dataset may carry a total (ε, δ) budget. Every release is written to the ledger *before* its
+output is written (``docs/privacy.md`` invariant 6); a release that would take the
+dataset past its budget is refused with :class:`BudgetExceeded` and nothing is recorded. Charging
+runs in one ``BEGIN IMMEDIATE`` transaction (read the spend, check, insert), so two processes
+charging the same ledger at once are serialised and can never exceed a budget together.
 
 Composition across releases: releases that carry a zCDP parameter are summed in zCDP and
 converted at the budget's δ minus the δ spent by approximate-DP releases that carry no zCDP
 parameter; those add their ε by basic composition.
+
+Adjacency: every release's guarantee holds for one notion of neighbouring datasets
+(``Guarantee.adjacency``), and costs under different notions do not add up. When all DP
+releases of a dataset share one adjacency, the total is stated under it. When they differ, the
+total is stated under **replace-one** (one record of the dataset replaced by any other; group
+labels that a generation treats as public stay public), the notion every other one converts
+into soundly: one replace-one change is two steps of replace-by-null (x → null → y), of
+zero-out (x → 0 → y) or of add-remove (remove x, add y), so by group privacy at distance k = 2
+a ρ-zCDP release costs k²ρ = 4ρ, a pure ε-DP one kε = 2ε, and approximate (ε, δ)-DP ones (their
+basic composition) (kε, δ·Σ_{i<k} e^{iε}) = (2ε, δ(1 + e^ε)) (:data:`REPLACE_ONE_DISTANCE`,
+:func:`to_replace_one`). A release under replace-one also holds, unchanged, under
+replace-by-null (a null record is one of the "any other" records), which is why the total of a
+dataset whose releases are all replace-by-null or replace-one could be stated more cheaply under
+replace-by-null; the ledger states the stronger, replace-one total. Budgets are checked against
+the total so stated, so the first release whose adjacency differs from the others' can be
+refused although its own cost fits: it makes the earlier ones count 4ρ.
 
 Data-dependent releases (``Guarantee.ex_ante`` False, e.g. the AdaPMixED baseline) have no
 differential-privacy guarantee: they are recorded and shown separately, never summed into the
@@ -33,6 +51,7 @@ with mode 600 and never written into any public output.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import time
@@ -108,15 +127,59 @@ def _tables(path: Path) -> set[str]:
         db.close()
 
 
+#: How many steps of each adjacency one replace-one change of a record is (group privacy).
+REPLACE_ONE_DISTANCE: dict[str, int] = {
+    "replace-one": 1,
+    "replace-by-null": 2,  # x → null → y
+    "zero-out": 2,  # x → 0 → y
+    "add-remove": 2,  # remove x, add y
+}
+
+
+def to_replace_one(adjacency: str, rho: float, epsilon: float, delta: float
+                   ) -> tuple[float, float, float]:
+    """(ρ, ε, δ) of releases composed under ``adjacency`` — ρ the Σρ of its zCDP releases,
+    (ε, δ) the basic composition of the others — restated under replace-one adjacency by group
+    privacy at distance k = :data:`REPLACE_ONE_DISTANCE` [adjacency]: (k²ρ, kε,
+    δ·Σ_{i<k} e^{iε}), δ capped at 1 (no guarantee).
+
+    Privacy contract: sound for any mechanism that satisfies the stated guarantee under
+    ``adjacency``, because a replace-one neighbour is reached in k steps of that adjacency."""
+    if adjacency not in REPLACE_ONE_DISTANCE:
+        raise ValueError(f"unknown adjacency {adjacency!r}")
+    k = REPLACE_ONE_DISTANCE[adjacency]
+    if k == 1:
+        return rho, epsilon, delta
+    if delta == 0:
+        new_delta = 0.0
+    else:
+        growth = sum(math.exp(min(i * epsilon, 700.0)) for i in range(k))
+        new_delta = min(1.0, delta * growth)
+    return k * k * rho, k * epsilon, new_delta
+
+
+def _add(acc: tuple[float, float, float, int] | None, rho: float | None, epsilon: float,
+         delta: float) -> tuple[float, float, float, int]:
+    """(Σρ, Σε, Σδ, count) with one more release: its ρ when it has one, else its (ε, δ)."""
+    r, e, d, n = acc if acc is not None else (0.0, 0.0, 0.0, 0)
+    if rho is not None:
+        return r + rho, e, d, n + 1
+    return r, e + epsilon, d + delta, n + 1
+
+
 @dataclass(frozen=True)
 class Spend:
     """What a dataset has spent.
 
     ``rho``: Σρ of the zCDP releases; ``approx_epsilon``/``approx_delta``: basic composition
-    of the DP releases without a zCDP parameter; ``releases``: all releases, data-dependent
-    ones included; ``data_dependent``: releases with no ex-ante DP guarantee, with their
-    nominal (target) ε and δ summed in ``data_dependent_epsilon``/``_delta`` — these are NOT
-    part of any DP total."""
+    of the DP releases without a zCDP parameter — both stated under ``adjacency``: the one
+    adjacency all DP releases share, or ``"replace-one"`` when they differ (the others then
+    converted by group privacy, :func:`to_replace_one`; ``converted`` of them), or None when
+    there is no DP release. ``by_adjacency`` holds the unconverted sums per adjacency
+    (adjacency, Σρ, Σε, Σδ, releases). ``releases``: all releases, data-dependent ones
+    included; ``data_dependent``: releases with no ex-ante DP guarantee, with their nominal
+    (target) ε and δ summed in ``data_dependent_epsilon``/``_delta`` — these are NOT part of
+    any DP total."""
 
     rho: float
     approx_epsilon: float
@@ -125,6 +188,48 @@ class Spend:
     data_dependent: int = 0
     data_dependent_epsilon: float = 0.0
     data_dependent_delta: float = 0.0
+    adjacency: str | None = None
+    converted: int = 0
+    by_adjacency: tuple[tuple[str, float, float, float, int], ...] = ()
+
+    @classmethod
+    def compose(cls, dp: list[tuple[str, float | None, float, float]],
+                data_dependent: list[tuple[float, float]] | None = None) -> Spend:
+        """The spend of DP releases given as (adjacency, ρ or None, ε, δ) and data-dependent
+        ones as (nominal ε, nominal δ): sums per adjacency, then one total (see the class)."""
+        sums: dict[str, tuple[float, float, float, int]] = {}
+        for adjacency, rho, eps, dlt in dp:
+            sums[adjacency] = _add(sums.get(adjacency), rho, eps, dlt)
+        dd = data_dependent or []
+        return cls._from_sums(sums, len(dd), sum(e for e, _ in dd), sum(d for _, d in dd))
+
+    @classmethod
+    def _from_sums(cls, sums: dict[str, tuple[float, float, float, int]], dd: int,
+                   dd_eps: float, dd_delta: float) -> Spend:
+        parts = tuple((a, *sums[a]) for a in sorted(sums))
+        converted = 0
+        if len(parts) == 1:
+            adjacency: str | None = parts[0][0]
+            rho, eps, dlt = parts[0][1], parts[0][2], parts[0][3]
+        else:
+            adjacency = "replace-one" if parts else None
+            rho = eps = dlt = 0.0
+            for a, r, e, d, count in parts:
+                r2, e2, d2 = to_replace_one(a, r, e, d)
+                rho, eps, dlt = rho + r2, eps + e2, dlt + d2
+                if REPLACE_ONE_DISTANCE[a] > 1:
+                    converted += count
+        releases = sum(p[4] for p in parts) + dd
+        return cls(rho, eps, min(dlt, 1.0), releases, dd, dd_eps, dd_delta, adjacency,
+                   converted, parts)
+
+    def plus(self, guarantee: Guarantee) -> Spend:
+        """This spend with one more DP release (``guarantee.ex_ante`` must be True)."""
+        sums = {a: (r, e, d, n) for a, r, e, d, n in self.by_adjacency}
+        sums[guarantee.adjacency] = _add(sums.get(guarantee.adjacency), guarantee.rho,
+                                         guarantee.epsilon, guarantee.delta)
+        return Spend._from_sums(sums, self.data_dependent, self.data_dependent_epsilon,
+                                self.data_dependent_delta)
 
     @property
     def dp_releases(self) -> int:
@@ -132,14 +237,19 @@ class Spend:
         return self.releases - self.data_dependent
 
     def epsilon_at(self, delta: float) -> float:
-        """Total ε of the DP releases at total δ = ``delta`` (inf when ``delta`` ≤ the
-        approximate releases' δ). Data-dependent releases are not included."""
+        """Total ε of the DP releases at total δ = ``delta``, under :attr:`adjacency` (inf when
+        ``delta`` ≤ the approximate releases' δ). Data-dependent releases are not included."""
         remaining = delta - self.approx_delta
         if self.rho == 0:
             return self.approx_epsilon if remaining >= 0 else float("inf")
         if remaining <= 0:
             return float("inf")
         return rho_to_epsilon(self.rho, remaining) + self.approx_epsilon
+
+
+def _adjacency(guarantee_json: str) -> str:
+    """The adjacency recorded in a release's guarantee (every Guarantee has one)."""
+    return str(json.loads(guarantee_json)["adjacency"])
 
 
 def default_ledger_path() -> Path:
@@ -272,15 +382,12 @@ class PrivacyLedger:
     @staticmethod
     def _spent(db: sqlite3.Connection, dataset: str) -> Spend:
         rows = db.execute(
-            "SELECT rho, epsilon, delta, ex_ante FROM releases WHERE dataset = ?", (dataset,)
+            "SELECT rho, epsilon, delta, ex_ante, guarantee FROM releases WHERE dataset = ?",
+            (dataset,)
         ).fetchall()
-        dp = [r for r in rows if r[3]]
-        dd = [r for r in rows if not r[3]]
-        rho = sum(r[0] for r in dp if r[0] is not None)
-        eps = sum(r[1] for r in dp if r[0] is None)
-        dlt = sum(r[2] for r in dp if r[0] is None)
-        return Spend(rho, eps, dlt, len(rows), len(dd), sum(r[1] for r in dd),
-                     sum(r[2] for r in dd))
+        dp = [(_adjacency(r[4]), r[0], r[1], r[2]) for r in rows if r[3]]
+        dd = [(r[1], r[2]) for r in rows if not r[3]]
+        return Spend.compose(dp, dd)
 
     def has_release(self, release_id: str) -> bool:
         with self._connect() as db:
@@ -317,6 +424,22 @@ class PrivacyLedger:
                             "share one)")
         return warnings
 
+    def adjacency_warnings(self, dataset: str, guarantee: Guarantee) -> list[str]:
+        """A warning when charging ``guarantee`` makes the dataset's DP releases mix
+        adjacencies: from then on its total is stated under replace-one, the other releases
+        counted by group privacy (module docstring). For the data holder's terminal."""
+        if not guarantee.ex_ante:
+            return []
+        before = self.spent(dataset)
+        after = before.plus(guarantee)
+        if before.adjacency is None or after.adjacency == before.adjacency:
+            return []
+        return [f"dataset {dataset!r} had only {before.adjacency} releases; this "
+                f"{guarantee.adjacency} release ({guarantee.mechanism}) mixes adjacencies, so "
+                "its total is now stated under replace-one (one record replaced by any other): "
+                "each release under another adjacency counts by group privacy at distance 2 "
+                "(4ρ, 2ε); `dplang ledger show` shows the converted total"]
+
     def charge(
         self, dataset: str, release_id: str, guarantee: Guarantee, description: str = "",
         data_digest: str | None = None,
@@ -349,17 +472,15 @@ class PrivacyLedger:
                     )
                 if budget is not None:
                     before = self._spent(db, dataset)
-                    if guarantee.rho is not None:
-                        after = Spend(before.rho + guarantee.rho, before.approx_epsilon,
-                                      before.approx_delta, before.releases + 1)
-                    else:
-                        after = Spend(before.rho, before.approx_epsilon + guarantee.epsilon,
-                                      before.approx_delta + guarantee.delta, before.releases + 1)
+                    after = before.plus(guarantee)
                     total = after.epsilon_at(budget[1])
                     if total > budget[0] * (1 + 1e-12):
+                        mixed = ("" if len(after.by_adjacency) < 2 else
+                                 f" under {after.adjacency} adjacency (its releases mix "
+                                 "adjacencies: the others count by group privacy)")
                         raise BudgetExceeded(
                             f"release refused: dataset {dataset} would spend ε={total:.4g} at "
-                            f"δ={budget[1]:g}, over its budget ε={budget[0]:g}"
+                            f"δ={budget[1]:g}{mixed}, over its budget ε={budget[0]:g}"
                         )
                 db.execute(
                     "INSERT INTO releases (release_id, dataset, created, mechanism, rho, "

@@ -2,18 +2,21 @@
 discrete counterparts.
 
 Every sampler takes an explicit ``numpy.random.Generator`` (``rng``) and never touches global
-randomness, so that each unit can draw from its own seeded stream (DESIGN.md invariant 5; see
-:mod:`dplang.privacy.randomness`).
+randomness, so that each unit can draw from its own seeded stream (``docs/privacy.md``
+invariant 5; :mod:`dplang.privacy.randomness`). Every noise draw of dplang's samplers and
+reports goes through this module, so a sampler's privacy contract is the composition of the
+calls below, each with its own contract (and its own test in ``tests/privacy``).
 
 Privacy contracts (Δ is the sensitivity of the query under the caller's adjacency)
 ---------------------------------------------------------------------------------
 * Exponential mechanism, P(y) ∝ exp(u(y)/τ) (``exponential_mechanism``, ``gumbel_max``): if the
   score vector u has ℓ∞ sensitivity Δ, one draw is (2Δ/τ)-DP and (2Δ/τ)-bounded-range, hence
   ρ = (2Δ/τ)²/8 = Δ²/(2τ²)-zCDP (Cesar & Rogers 2021).
-* Laplace noise of scale b (``laplace``, ``laplace_mechanism``): a real query with ℓ1
-  sensitivity Δ is (Δ/b)-DP; ``laplace_mechanism`` uses b = Δ/ε.
-* Gaussian noise of standard deviation σ (``gaussian``, ``gaussian_mechanism``): a real query
-  with ℓ2 sensitivity Δ is Δ²/(2σ²)-zCDP; ``gaussian_mechanism`` uses σ = Δ/√(2ρ).
+* Laplace noise of scale b (``laplace``, ``laplace_noisy_sum``, ``laplace_mechanism``): a real
+  (vector) query with ℓ1 sensitivity Δ is (Δ/b)-DP; ``laplace_mechanism`` uses b = Δ/ε.
+* Gaussian noise of standard deviation σ (``gaussian``, ``gaussian_noisy_sum``,
+  ``gaussian_mechanism``): a real (vector) query with ℓ2 sensitivity Δ is Δ²/(2σ²)-zCDP;
+  ``gaussian_mechanism`` uses σ = Δ/√(2ρ).
 * Discrete Laplace of scale b, P(z) ∝ exp(−|z|/b) on ℤ (``discrete_laplace``,
   ``discrete_laplace_mechanism``): an integer query with ℓ1 sensitivity Δ is (Δ/b)-DP.
 * Discrete Gaussian, P(z) ∝ exp(−z²/(2σ²)) on ℤ (``discrete_gaussian``,
@@ -35,6 +38,8 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from ._cks import _Bits
+
 __all__ = [
     "discrete_gaussian",
     "discrete_gaussian_logpmf",
@@ -48,9 +53,12 @@ __all__ = [
     "exponential_mechanism_probabilities",
     "gaussian",
     "gaussian_mechanism",
+    "gaussian_noisy_sum",
     "gumbel_max",
     "laplace",
     "laplace_mechanism",
+    "laplace_noisy_sum",
+    "two_sided_geometric",
 ]
 
 Size = int | tuple[int, ...] | None
@@ -235,123 +243,63 @@ def gaussian(sigma: float, rng: np.random.Generator, size: Size = None) -> float
     return float(out) if size is None else np.asarray(out, dtype=np.float64)
 
 
+def laplace_noisy_sum(value: np.ndarray, scale: float, rng: np.random.Generator) -> np.ndarray:
+    """Release a real vector query (counts, column sums, means) plus i.i.d. Laplace noise of
+    scale b = ``scale`` on every coordinate: the noisy-sum step of every Laplace sampler.
+
+    ``value`` must be finite; the noise is one call ``laplace(b, rng, size=value.shape)`` (the
+    same draws, in the same order). Returns a float64 array of ``value``'s shape.
+
+    Privacy contract: if ``value`` has ℓ1 sensitivity Δ under the caller's adjacency, the
+    release is (Δ/b)-DP (pure)."""
+    _check_rng(rng)
+    arr = _check_values_finite(value)
+    return arr + np.asarray(laplace(scale, rng, size=arr.shape))
+
+
+def gaussian_noisy_sum(value: np.ndarray, sigma: float, rng: np.random.Generator) -> np.ndarray:
+    """Release a real vector query plus i.i.d. N(0, σ²) noise on every coordinate: the
+    noisy-sum step of every Gaussian sampler.
+
+    ``value`` must be finite; the noise is one call ``gaussian(σ, rng, size=value.shape)``.
+    Returns a float64 array of ``value``'s shape.
+
+    Privacy contract: if ``value`` has ℓ2 sensitivity Δ under the caller's adjacency, the
+    release is Δ²/(2σ²)-zCDP."""
+    _check_rng(rng)
+    arr = _check_values_finite(value)
+    return arr + np.asarray(gaussian(sigma, rng, size=arr.shape))
+
+
+def two_sided_geometric(scale: float, rng: np.random.Generator, size: Size = None
+                        ) -> int | np.ndarray:
+    """Discrete Laplace noise of scale b drawn fast, as the difference of two numpy geometric
+    variables with success probability p = 1 − e^{−1/b} computed in floating point.
+
+    For simulations and evaluation only (vectorised; millions of draws): its law is the
+    discrete Laplace's up to the rounding of p, so it is not exact. Releases use
+    :func:`discrete_laplace`.
+
+    Privacy contract: none claimed — never on a release path (an integer query with ℓ1
+    sensitivity Δ plus this noise is (Δ/b)-DP only up to the rounding of p)."""
+    _check_rng(rng)
+    _check_positive_finite("scale", scale)
+    p = -math.expm1(-1.0 / float(scale))
+    out = rng.geometric(p, size=size) - rng.geometric(p, size=size)
+    return int(out) if size is None else np.asarray(out, dtype=np.int64)
+
+
 # ---------------------------------------------------------------------------------------------
 # Exact discrete samplers (Canonne, Kamath & Steinke 2020)
 #
 # Why hand-written rather than OpenDP's exact samplers: OpenDP draws its randomness from the
 # operating system's entropy source and cannot be driven by a seeded numpy Generator, whereas
 # dplang needs every unit to draw from its own seeded stream so that runs are deterministic and
-# resumable (DESIGN.md invariant 5). The algorithms below are the exact ones of CKS 2020
-# (Algorithms 1, 2 and 3): all arithmetic is on Python integers/rationals, and every random
-# decision is made from uniform 64-bit words drawn with ``rng.integers``.
+# resumable (docs/privacy.md invariant 5). The algorithms are the exact ones of CKS 2020
+# (Algorithms 1, 2 and 3), in :mod:`dplang.privacy._cks`: all arithmetic is on Python
+# integers/rationals, and every random decision is made from uniform 64-bit words drawn with
+# ``rng.integers``.
 # ---------------------------------------------------------------------------------------------
-
-_TWO64 = 1 << 64
-
-
-class _Bits:
-    """Exact random primitives over uniform 64-bit words drawn from ``rng.integers``.
-
-    Words are fetched in chunks for speed; the sequence of words (and therefore every output)
-    is a deterministic function of the generator's state.
-    """
-
-    __slots__ = ("_buf", "_chunk", "_pos", "_rng")
-
-    def __init__(self, rng: np.random.Generator, expected_words: int = 64) -> None:
-        self._rng = rng
-        self._chunk = int(min(8192, max(16, expected_words)))
-        self._buf: list[int] = []
-        self._pos = 0
-
-    def word(self) -> int:
-        """A uniform integer in [0, 2⁶⁴)."""
-        if self._pos >= len(self._buf):
-            self._buf = self._rng.integers(
-                0, _TWO64, size=self._chunk, dtype=np.uint64, endpoint=False
-            ).tolist()
-            self._pos = 0
-        w = self._buf[self._pos]
-        self._pos += 1
-        return w
-
-    def below(self, n: int) -> int:
-        """A uniform integer in [0, n) (n ≥ 1), by exact rejection sampling."""
-        if n <= 1:
-            return 0
-        k = (n - 1).bit_length()
-        words = (k + 63) // 64
-        shift = 64 * words - k
-        while True:
-            r = 0
-            for _ in range(words):
-                r = (r << 64) | self.word()
-            r >>= shift
-            if r < n:
-                return r
-
-    def bernoulli(self, num: int, den: int) -> bool:
-        """Exact Bernoulli(num/den) for integers 0 ≤ num, 0 < den.
-
-        Compares a uniform U ∈ [0, 1), revealed 64 bits at a time, with num/den; the expected
-        number of words is 1 + 2⁻⁶⁴ + … whatever the size of den.
-        """
-        if num <= 0:
-            return False
-        if num >= den:
-            return True
-        rem = num
-        while True:
-            q, rem = divmod(rem << 64, den)
-            w = self.word()
-            if w != q:
-                return w < q
-            if rem == 0:
-                # U ≥ num/den with U's remaining bits uniform: P(U < num/den) = 0 here.
-                return False
-
-    def bernoulli_exp_le1(self, num: int, den: int) -> bool:
-        """Exact Bernoulli(exp(−γ)) for γ = num/den ∈ [0, 1] (CKS 2020, Algorithm 1)."""
-        k = 1
-        while self.bernoulli(num, den * k):
-            k += 1
-        return k % 2 == 1
-
-    def bernoulli_exp(self, num: int, den: int) -> bool:
-        """Exact Bernoulli(exp(−γ)) for any γ = num/den ≥ 0 (CKS 2020, Algorithm 1)."""
-        whole, frac = divmod(num, den)
-        for _ in range(whole):
-            if not self.bernoulli_exp_le1(1, 1):
-                return False
-        return self.bernoulli_exp_le1(frac, den)
-
-    def discrete_laplace(self, t: int, s: int) -> int:
-        """Exact discrete Laplace with scale t/s, P(z) ∝ exp(−|z|·s/t) (CKS 2020, Alg. 2)."""
-        while True:
-            u = self.below(t)
-            if not self.bernoulli_exp_le1(u, t):
-                continue
-            v = 0
-            while self.bernoulli_exp_le1(1, 1):
-                v += 1
-            y = (u + t * v) // s
-            negative = bool(self.word() & 1)
-            if negative and y == 0:
-                continue
-            return -y if negative else y
-
-    def discrete_gaussian(self, n: int, d: int) -> int:
-        """Exact discrete Gaussian with σ² = n/d, P(z) ∝ exp(−z²/(2σ²)) (CKS 2020, Alg. 3)."""
-        t = math.isqrt(n // d) + 1  # floor(σ) + 1, exactly
-        # γ = (|y| − σ²/t)² / (2σ²) = (|y|·d·t − n)² / (2·n·d·t²), all integers.
-        den = 2 * n * d * t * t
-        dt = d * t
-        while True:
-            y = self.discrete_laplace(t, 1)
-            a = abs(y) * dt - n
-            if self.bernoulli_exp(a * a, den):
-                return y
-
 
 def _discrete_output(values: list[int], size: Size) -> int | np.ndarray:
     if size is None:
@@ -446,7 +394,7 @@ def laplace_mechanism(
     scale = float(sensitivity) / float(epsilon)
     if arr.ndim == 0:
         return float(arr) + float(laplace(scale, rng))
-    return arr + np.asarray(laplace(scale, rng, size=arr.shape))
+    return laplace_noisy_sum(arr, scale, rng)
 
 
 def gaussian_mechanism(
@@ -466,7 +414,7 @@ def gaussian_mechanism(
     sigma = float(sensitivity) / math.sqrt(2.0 * float(rho))
     if arr.ndim == 0:
         return float(arr) + float(gaussian(sigma, rng))
-    return arr + np.asarray(gaussian(sigma, rng, size=arr.shape))
+    return gaussian_noisy_sum(arr, sigma, rng)
 
 
 def discrete_laplace_mechanism(

@@ -1,4 +1,7 @@
-"""Evidence-bearing reports under differential privacy: proposal-and-filter (spec 003).
+"""Evidence-bearing reports under differential privacy: proposal-and-filter (``docs/reports.md``).
+
+After *Evidence-bearing Insights under Differential Privacy: Beyond the Limits of Private Text
+Generation* (anonymous workshop paper; "the paper" in this package).
 
 A data-independent *proposer* drafts candidate statements; a frozen *support predicate*
 σ_s(r) ∈ {0,1} says which records support each one; an ε₀-DP *support test* adds noise to each
@@ -10,8 +13,10 @@ is emitted with probability at most β.
 Modules (one job each): :mod:`.statements` (candidates, dedup, file format), :mod:`.proposers`
 (list, tag-template schema, language model), :mod:`.chunking`, :mod:`.predicates` (keyword,
 embedding, entailment), :mod:`.noise` (calibration, margins, exact emission law),
-:mod:`.mechanism` (the filter, certificates, guarantee), :mod:`.evaluation` (metrics and
-Theorem 5.2 checks on evaluation data), :mod:`.render` (JSON and Markdown).
+:mod:`.mechanism` (the filter, certificates, guarantee), :mod:`.pipeline` (a whole
+``dplang report`` run: checks, plan, ledger charge, files — :func:`run_report`),
+:mod:`.evaluation` (metrics and Theorem 5.2 checks on evaluation data), :mod:`.render` (JSON and
+Markdown).
 """
 
 from .chunking import chunk_text
@@ -37,6 +42,16 @@ from .mechanism import (
     proposal_and_filter,
 )
 from .noise import NOISE_FAMILIES, SupportTest
+from .pipeline import (
+    ReportError,
+    ReportPlan,
+    ReportRequest,
+    ReportResult,
+    check_report,
+    execute_report,
+    plan_report,
+    run_report,
+)
 from .predicates import (
     CallablePredicate,
     EmbeddingPredicate,
@@ -64,6 +79,10 @@ __all__ = [
     "PredicateError",
     "Report",
     "ReportConfigError",
+    "ReportError",
+    "ReportPlan",
+    "ReportRequest",
+    "ReportResult",
     "Statement",
     "StatementError",
     "SupportPredicate",
@@ -71,19 +90,23 @@ __all__ = [
     "TemplateProposer",
     "calibrate",
     "certify_counts",
+    "check_report",
     "chunk_text",
     "coverage",
     "deduplicate",
     "emit_rate",
     "evaluate_report",
     "exact_expected_emit_rate",
+    "execute_report",
     "false_emission",
     "load_schema",
     "mean_support",
+    "plan_report",
     "proposal_and_filter",
     "read_statements_file",
     "report_to_dict",
     "report_to_markdown",
+    "run_report",
     "support_counts",
     "theorem_5_2_interval",
     "true_supports",

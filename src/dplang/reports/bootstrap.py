@@ -1,5 +1,5 @@
-"""Bootstrap confidence intervals for the report metrics (spec 003 §2.5: "report pooled and
-per-run-averaged variants; bootstrap CIs over runs").
+"""Bootstrap confidence intervals for the report metrics: pooled and per-run-averaged variants,
+bootstrap intervals over runs (``docs/reports.md``, "Metric identity (E3), bootstrap intervals").
 
 A *run* is one report (proposal-and-filter: one noise draw over the m candidates) or one
 free-text generation (its parsed claims play the emitted statements). Every metric of

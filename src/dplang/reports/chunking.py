@@ -13,7 +13,8 @@ Why the sensitivity is unchanged: a chunked predicate is σ_s(r) = max over chun
 statistic of the corpus), and the maximum of {0,1} values is again in {0,1}. So σ_s is still a
 fixed per-record {0,1} predicate, replacing one record changes the support count
 Σ_r σ_s(r) by at most 1, and the replace-one sensitivity of f_s = count/n stays 1/n
-(spec 003 §1.3). Taking a *sum* or *count* over chunks instead would break this.
+(``docs/reports.md``, "Support predicates"). Taking a *sum* or *count* over chunks instead
+would break this.
 """
 
 from __future__ import annotations

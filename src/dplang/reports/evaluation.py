@@ -4,11 +4,12 @@
 private: these functions are for synthetic data, public benchmarks and audits, and their outputs
 are not differentially private. Never publish them for a private corpus.
 
-Definitions (spec 003 §2.5; arrays may be one run ``[m]`` or many runs ``[runs, m]``, pooled):
+Definitions (``docs/reports.md``, "Paper errors and gaps"; arrays may be one run ``[m]`` or many
+runs ``[runs, m]``, pooled):
 
 * EmitRate = |O| / m (mean over runs) — the quantity of Theorem 5.2;
 * UnsupportedEmit = |O ∩ U| / |U| with U = {f < θ} — the per-candidate failure rate that
-  Theorem 5.1 bounds by β (the paper's normalisation, as reconstructed in the spec: *not*
+  Theorem 5.1 bounds by β (the normalisation the paper's numbers are consistent with: *not*
   |O ∩ U| / m, which is also available as :func:`unsupported_emit_per_candidate`);
 * FalseEmission = |O ∩ U| / |O| — not theorem-backed (it depends on the proposer's mix);
 * MeanSupport = mean of f over the emitted statements (or over parsed free-text claims);

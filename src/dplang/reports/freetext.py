@@ -1,4 +1,4 @@
-"""Free-text DP reports: the baselines proposal-and-filter is compared with (spec 003 §2.4).
+"""Free-text DP reports: the paper's baselines for proposal-and-filter (``docs/reports.md``).
 
 A *free-text mechanism* releases natural language only — no certificate, no abstention — and
 its sentences are turned into claims by a :class:`ClaimParser`, each scored with the same
@@ -7,12 +7,12 @@ asserted claims"). Implementations behind the :class:`FreeTextMechanism` interfa
 
 * :class:`InvisibleInkReport` — "free-text DP (doc)": document-level DP generation of a report
   with InvisibleInk over the corpus, through dplang's public generation engine
-  (:func:`dplang.textgen.engine.run_invisibleink`). Records (documents) are split into
+  (:func:`dplang.textgen.methods.invisibleink.run_invisibleink`). Records (documents) are split into
   consecutive batches of B by position (data-independent); each batch yields one generated
   report text from a *report prompt* (the completion form below, for base models: the model
   continues "Summary of what customers commonly say in their reviews:"). Disjoint batches compose
   in parallel, every generation is charged for its T tokens.
-* :class:`ExponentialSelectionReport` — the spec's cheap stand-in (c): the exponential
+* :class:`ExponentialSelectionReport` — a cheap stand-in for DP free text: the exponential
   mechanism picks r sentences from a public list of drafted report sentences, one after the
   other without replacement, each by its per-document vote count (support count), ε/r each;
   the chosen sentences are the report. (It reads the corpus through the same kind of predicate
@@ -37,11 +37,12 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..models.base import LogitsModel
-from ..privacy.accounting import epsilon_to_rho, invisibleink_budget, rho_to_epsilon
+from ..privacy.accounting import epsilon_to_rho, rho_to_epsilon
 from ..privacy.guarantees import Guarantee
 from ..privacy.mechanisms import exponential_mechanism_probabilities
 from ..privacy.randomness import RandomStreams
-from ..textgen.engine import DecodingParams, GroupJob, run_invisibleink, run_plain
+from ..textgen.engine import DecodingParams, GroupJob, run_plain
+from ..textgen.methods.invisibleink import invisibleink_budget, run_invisibleink
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, PromptTemplate
 from .predicates import SupportPredicate, support_counts
 from .statements import Statement
@@ -59,7 +60,8 @@ __all__ = [
 
 #: The report prompt (completion form for base models). The private form shows one document and
 #: asks for a summary of what customers *commonly* say; the public form asks the same with no
-#: document, so an empty record contributes exactly the public logits (DESIGN invariant 1).
+#: document, so an empty record contributes exactly the public logits (``docs/privacy.md``
+#: invariant 1).
 REPORT_PROMPT = PromptTemplate(
     name="report",
     private_text=("Customer review:\n{reference}\n\n"
@@ -104,7 +106,8 @@ class FreeTextMechanism(Protocol):
 
 @dataclass(frozen=True)
 class ClaimParser:
-    """Sentences of a generated text as claims (the spec's [R] parser: sentence split, no LLM).
+    """Sentences of a generated text as claims (sentence split, no LLM: a reconstruction, the
+    paper does not say how it parses).
 
     The text is first cut where ``stop`` matches (a base model that starts a new prompt-like
     header, e.g. "Here is another ..." or "Customer review:"); it is then split at ., ! or ?
@@ -161,8 +164,8 @@ class InvisibleInkReport:
 
     Records are split by position into consecutive batches of ``batch_size`` (the first
     ``generations`` batches, or all ⌊n/B⌋); batch g yields one text with the report prompt,
-    decoded by :func:`dplang.textgen.engine.run_invisibleink` with the clip norm calibrated to
-    (ε, δ) for ``max_tokens`` tokens. Rows past the last full batch are not read.
+    decoded by :func:`dplang.textgen.methods.invisibleink.run_invisibleink` with the clip
+    norm calibrated to (ε, δ) for ``max_tokens`` tokens. Rows past the last full batch are not read.
 
     Privacy contract: (ε, δ)-DP (through ρ-zCDP and the tight conversion) with respect to
     replacing one record by any other (``adjacency="replace-one"``, default: calibrated at ρ/4
@@ -270,7 +273,7 @@ class PublicPromptReport:
 
 
 # --------------------------------------------------------------------------------------------
-# DP selection among drafted sentences (spec option (c))
+# DP selection among drafted sentences (the cheap stand-in for DP free text)
 
 
 @dataclass

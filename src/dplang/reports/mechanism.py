@@ -9,7 +9,7 @@ For candidates s_1..s_m fixed before the data is read, a corpus of n records and
    C_j = Σ_r σ_{s_j}(r), Z_j ~ noise, L_j = (C_j + Z_j − τ_c)/n;
    **emit** (s_j, certificate with L_j) iff L_j ≥ θ, else **abstain** (explicitly).
 
-Guarantees (spec 003 §2.1, Thms 5.1–5.2):
+Guarantees (the paper's Theorems 5.1–5.2; ``docs/reports.md``, "The support test"):
 
 * privacy: each test is ε₀-DP ((ε₀, δ₀)-DP or ρ₀-zCDP for the Gaussian) with respect to
   replacing one record, so the report is ε-DP by sequential composition (ρ-zCDP ⇒ (ε, δ) for the

@@ -5,8 +5,9 @@ C_s = Σ_r σ_s(r) is an integer with replace-one sensitivity 1 (one record flip
 and the support is f_s = C_s / n. Under replace-one adjacency n is the same for every
 neighbouring corpus, so n is **public** and dividing by it is post-processing: adding noise Z to
 the count and reporting f̂ = (C + Z)/n is the same mechanism as adding Z/n to f (the paper's
-f̂ = f + Z with Δ_f = 1/n, spec 003 §1.3, §2.2). A record is a *row* of the data file, blank
-rows included (σ = 0 on them): counting only non-blank rows would make n data-dependent.
+f̂ = f + Z with Δ_f = 1/n; ``docs/reports.md``, "The support test"). A record is a *row* of the
+data file, blank rows included (σ = 0 on them): counting only non-blank rows would make n
+data-dependent.
 
 For a margin τ_c (counts; τ = τ_c/n in support units) and threshold θ the test emits iff
 
@@ -17,7 +18,7 @@ and L is the certificate: Pr[f_s ≥ L] = Pr[Z ≤ τ_c] ≥ 1 − β. Families 
 * ``discrete-laplace`` (default): P(Z = z) ∝ e^{−ε₀|z|} on ℤ (scale b = 1/ε₀), drawn with the
   exact sampler of :mod:`dplang.privacy.mechanisms`; ε₀-DP. Tail: P(Z ≥ k) = e^{−ε₀k}/(1+e^{−ε₀})
   for integers k ≥ 1. τ_c is the *smallest integer* with P(Z ≥ τ_c) ≤ β, i.e.
-  τ_c = ⌈ln(1/(β(1+e^{−ε₀})))/ε₀⌉ (spec §2.2). Because Z is integer the attained level
+  τ_c = ⌈ln(1/(β(1+e^{−ε₀})))/ε₀⌉. Because Z is integer the attained level
   β* = P(Z ≥ τ_c) is in general slightly *below* β (it is the largest attainable level ≤ β);
   the comparison L ≥ θ is done in exact rational arithmetic, reading θ as the decimal it prints
   as (``Fraction(repr(θ))``, so θ = 0.05 means exactly 1/20).
@@ -289,8 +290,8 @@ class SupportTest:
         return (count + noise - self.tau_count) / self.n
 
     def emit_probability(self, count: float, theta: float) -> float:
-        """Exact Pr[emit] for a candidate with support count ``count`` (g(f) of spec §2.3 with
-        f = count/n): P(Z ≥ θn + τ_c − C)."""
+        """Exact Pr[emit] for a candidate with support count ``count`` (the emission curve g(f) of
+        ``docs/reports.md``, f = count/n): P(Z ≥ θn + τ_c − C)."""
         if self.is_discrete:
             t = exact_decimal(theta) * self.n + int(self.tau_count) - Fraction(count)
             return _dlap_upper_tail(math.ceil(t), self.epsilon)

@@ -3,8 +3,8 @@
 Every predicate here is **fixed before the data is read**: its behaviour depends only on its
 constructor arguments (rules, thresholds, a frozen public model), never on the corpus. Then the
 support count C_s(R) = Σ_r σ_s(r) has replace-one sensitivity 1 and f_s = C_s/n has sensitivity
-1/n (spec 003 §1.3). A predicate that were fitted or tuned on the private corpus would need its
-own privacy accounting (the paper says so too); none of these is.
+1/n (``docs/reports.md``, "Support predicates"). A predicate that were fitted or tuned on the
+private corpus would need its own privacy accounting (the paper says so too); none of these is.
 
 * :class:`KeywordPredicate` — each statement carries a regular expression (or several that must
   all match, for schema statements); σ = 1 iff it is found (case-insensitive ``re.search``) in

@@ -2,16 +2,16 @@
 
 * :class:`ListProposer` — a user's list (a ``.txt`` file, one statement per line, optionally
   ``statement<TAB>regex``; see :func:`~dplang.reports.statements.read_statements_file`).
-* :class:`TemplateProposer` — a public *tag-template* schema (spec 003 §1.6): the product of the
-  values of each slot (e.g. topic × aspect × sentiment) rendered into fixed sentences, read from a
-  TOML file (format below).
+* :class:`TemplateProposer` — a public *tag-template* schema (``docs/reports.md``, "File formats"):
+  the product of the values of each slot (e.g. topic × aspect × sentiment) rendered into fixed
+  sentences, read from a TOML file (format below).
 * :class:`LanguageModelProposer` — statements drafted by a language model from the public task
   description only, by plain (non-private) sampling.
 
 Privacy contract: no proposer receives, reads or can be given the private records — the
 constructors and :meth:`propose` take only public inputs (a file, a schema, a task text, a
 public model and a seed). Hence the candidate list is a constant with respect to the data: it
-costs no privacy and does not affect per-candidate honesty (spec §1.6). ``propose`` returns the
+costs no privacy and does not affect per-candidate honesty. ``propose`` returns the
 statements *deduplicated* (first occurrence kept), which is free because it happens before the
 data is touched.
 

@@ -7,7 +7,7 @@ by :class:`~dplang.reports.predicates.KeywordPredicate`). Statements come from a
 Privacy contract: everything in this module is a function of public inputs only (the user's
 statement file, a schema, a language model's public drafts). :func:`deduplicate` must run
 *before* the data is read: removing a duplicate is then free, whereas a duplicate tested twice
-would cost its per-candidate budget twice (spec 003 §2.2, "Composition").
+would cost its per-candidate budget twice (``docs/reports.md``, "The support test").
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Why free text cannot be evidence: Theorems 4.1 and 4.2 of paper 003, evaluated exactly (E5).
+"""Why free text cannot be evidence: Theorems 4.1 and 4.2 of the evidence-
+insights paper (:mod:`dplang.reports`), evaluated exactly (E5 in ``docs/reports.md``).
 
 Theorem 4.1: for any ε-DP mechanism A and corpora R₀, R₁ at (replacement) distance ≤ k,
 d_TV(A(R₀), A(R₁)) ≤ (e^{kε} − 1)/(e^{kε} + 1) = tanh(kε/2), and every test φ of
@@ -78,17 +79,13 @@ def _check(k: int, epsilon: float) -> None:
 
 
 def tv_upper_bound(k: int, epsilon: float) -> float:
-    """Theorem 4.1: (e^{kε} − 1)/(e^{kε} + 1) = tanh(kε/2).
-
-    Privacy contract: none — a formula."""
+    """Theorem 4.1: (e^{kε} − 1)/(e^{kε} + 1) = tanh(kε/2)."""
     _check(k, epsilon)
     return math.tanh(k * epsilon / 2.0)
 
 
 def testing_error_lower_bound(k: int, epsilon: float) -> float:
-    """Theorem 4.1: every test's type-I + type-II error is ≥ 2/(e^{kε} + 1) = 1 − tanh(kε/2).
-
-    Privacy contract: none — a formula."""
+    """Theorem 4.1: every test's type-I + type-II error is ≥ 2/(e^{kε} + 1) = 1 − tanh(kε/2)."""
     _check(k, epsilon)
     x = k * epsilon
     return 2.0 / (math.exp(x) + 1.0) if x < 700 else 0.0
@@ -97,9 +94,7 @@ def testing_error_lower_bound(k: int, epsilon: float) -> float:
 def estimation_lower_bound(gap: float, k: int, epsilon: float, tv: float | None = None
                            ) -> float:
     """Theorem 4.2: (Δ/4)(1 − d_TV), with d_TV = ``tv`` when given, else its upper bound
-    tanh(kε/2), which gives Δ/(2(e^{kε} + 1)).
-
-    Privacy contract: none — a formula."""
+    tanh(kε/2), which gives Δ/(2(e^{kε} + 1))."""
     _check(k, epsilon)
     d = tv_upper_bound(k, epsilon) if tv is None else float(tv)
     return abs(gap) / 4.0 * (1.0 - d)
@@ -114,9 +109,7 @@ def group_tv_bound(k: int, epsilon: float) -> float:
     by p ↦ min(e^ε p, 1 − e^{−ε}(1 − p)) per step (both the event and its complement obey
     ε-DP); this map is increasing, so the best chain applies it k times, and the best start is
     the one that makes the chain symmetric about 1/2. The tests compare the formula with a
-    brute-force maximisation over chains.
-
-    Privacy contract: none — a formula."""
+    brute-force maximisation over chains."""
     _check(k, epsilon)
     if k == 0:
         return 0.0
@@ -263,17 +256,13 @@ class StaircaseCount:
 
 
 def total_variation(p0: np.ndarray, p1: np.ndarray) -> float:
-    """½ Σ |p0 − p1| (exact for finite laws).
-
-    Privacy contract: none — evaluates known laws."""
+    """½ Σ |p0 − p1| (exact for finite laws)."""
     return 0.5 * float(np.abs(np.asarray(p0, float) - np.asarray(p1, float)).sum())
 
 
 def best_test_error(p0: np.ndarray, p1: np.ndarray) -> float:
     """The smallest type-I + type-II error of any (randomised) test between two laws:
-    Σ_y min(p0(y), p1(y)) = 1 − d_TV (the likelihood-ratio test attains it).
-
-    Privacy contract: none — evaluates known laws."""
+    Σ_y min(p0(y), p1(y)) = 1 − d_TV (the likelihood-ratio test attains it)."""
     return float(np.minimum(np.asarray(p0, float), np.asarray(p1, float)).sum())
 
 
@@ -285,9 +274,7 @@ def minimax_estimation_risk(p0: np.ndarray, p1: np.ndarray, a0: float, a1: float
     whichever of a0, a1 has the larger posterior weight, with risk
     Δ Σ_y min(λ p0(y), (1 − λ) p1(y)), a concave function of λ maximised numerically.
     At λ = ½ it is (Δ/2)(1 − d_TV), so the result is ≥ (Δ/2)(1 − d_TV) — twice Theorem 4.2's
-    (Δ/4)(1 − d_TV).
-
-    Privacy contract: none — evaluates known laws."""
+    (Δ/4)(1 − d_TV)."""
     p0 = np.asarray(p0, dtype=np.float64)
     p1 = np.asarray(p1, dtype=np.float64)
     gap = abs(a1 - a0)
@@ -304,9 +291,7 @@ def pure_dp_loss(mechanism: ExactMechanism, counts: Sequence[Sequence[int]],
                  neighbours: Sequence[Sequence[int]]) -> float:
     """The exact pure-DP privacy loss max_y |ln P(y | c) − ln P(y | c′)| over the given pairs
     of neighbouring count vectors (``counts[i]`` ~ ``neighbours[i]``); ∞ if a law has a zero
-    where its neighbour has not.
-
-    Privacy contract: none — evaluates known laws."""
+    where its neighbour has not."""
     worst = 0.0
     for c, c2 in zip(counts, neighbours, strict=True):
         a, b = mechanism.law(c), mechanism.law(c2)
@@ -353,9 +338,7 @@ def check_pair(mechanism: ExactMechanism, counts0: Sequence[int], counts1: Seque
     """Evaluate ``mechanism`` exactly on two corpora at distance ``k`` (given by their support
     counts) against the bounds for the ε it *claims* (``epsilon``, default its own): d_TV,
     the best test's error, and with ``supports = (a0, a1)`` the minimax estimation risk.
-    ``flagged`` is True when the pair proves the claim false.
-
-    Privacy contract: none — evaluates known laws."""
+    ``flagged`` is True when the pair proves the claim false."""
     eps = mechanism.epsilon if epsilon is None else epsilon
     p0, p1 = mechanism.law(counts0), mechanism.law(counts1)
     tv = total_variation(p0, p1)
@@ -405,9 +388,7 @@ def paper_identity_check(false_emission: float, emit_rate: float, p_theta: float
     exact: it is back-solved, not reported).
 
     For pooled metrics on a fixed candidate list the identity is exact algebra:
-    |O∩U|/|U| = (|O∩U|/|O|)·(|O|/(mR))/(|U|/(mR)).
-
-    Privacy contract: none — arithmetic on published numbers."""
+    |O∩U|/|U| = (|O∩U|/|O|)·(|O|/(mR))/(|U|/(mR))."""
     fe = _rounding(false_emission, decimals)
     er = _rounding(emit_rate, decimals)
     scale = 1.0 / (1.0 - p_theta) if conditional else 1.0

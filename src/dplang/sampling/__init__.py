@@ -1,9 +1,9 @@
 """dplang.sampling: differentially private sampling from distributions.
 
 Implements Raskhodnikova, Sivakumar, Smith & Swanberg, "Differentially Private Sampling from
-Distributions" (NeurIPS 2021; spec 004): given n i.i.d. records from an unknown P, release ONE
-record whose law Q (over data and coins) is close to P in total variation, under
-differential privacy with respect to replacing one record. Every sampler returns its samples
+Distributions" (NeurIPS 2021; arXiv:2211.08193; ``docs/sampling.md``): given n i.i.d. records from
+an unknown P, release ONE record whose law Q (over data and coins) is close to P in total variation,
+under differential privacy with respect to replacing one record. Every sampler returns its samples
 together with a :class:`~dplang.privacy.guarantees.Guarantee` fixed before the data is read.
 
 k-ary distributions on {0, …, k−1}
@@ -22,6 +22,15 @@ Several samples
 Evaluation
     :mod:`dplang.sampling.evaluation` (exact laws, TV, Monte Carlo, exact privacy audits),
     :mod:`dplang.sampling.bounds`, :mod:`dplang.sampling.distributions`.
+
+Privacy contracts, stated once for the package: each sampler states its own in its class
+docstring — the composition of the audited noise calls of :mod:`dplang.privacy.mechanisms` it
+makes, then post-processing — and :mod:`dplang.sampling.release` states what ``dplang sample``
+writes. Everything else here releases nothing and states no contract: the test distributions,
+the bounds, the exact and Monte Carlo evaluation and audits (:mod:`.evaluation`,
+:mod:`.lower_bounds`, :mod:`._histlaw`), the numerical helpers, and the parsing of public,
+user-declared column types (:mod:`.tabular`). They compute from public quantities (a known P,
+public parameters, a declared schema) or return values that are not releases.
 """
 
 from .base import RepeatedSample, Sampler, SampleResult, block_slices, sample_repeated

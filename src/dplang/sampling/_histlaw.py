@@ -1,8 +1,8 @@
 """Exact output law of the noisy-histogram sampler (clip-and-renormalise), by one integral.
 
-The Laplace-histogram sampler (spec 004 §3 A1) adds independent noise Z_j to each count c_j,
-clips at zero, w_j = max(c_j + Z_j, 0), and outputs z with probability w_z / s, s = Σ_j w_j
-(uniform when s = 0). Its law given the counts is
+The Laplace-histogram sampler (Theorem 1.4 of Raskhodnikova et al. 2021) adds independent noise
+Z_j to each count c_j, clips at zero, w_j = max(c_j + Z_j, 0), and outputs z with probability
+w_z / s, s = Σ_j w_j (uniform when s = 0). Its law given the counts is
 
     Pr[z | c] = E[w_z / s ; s > 0] + Pr[s = 0] / k .
 

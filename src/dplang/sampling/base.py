@@ -1,8 +1,8 @@
 """Shared pieces of the private samplers: results, input checks, repeated sampling.
 
-Setting (spec 004 §1). A *sampler* reads a dataset ``x`` of ``n`` records drawn i.i.d. from an
-unknown distribution P and outputs **one** record whose law Q (over the data *and* the
-sampler's coins) should be close to P in total variation. Records are
+Setting (Raskhodnikova et al. 2021, §1). A *sampler* reads a dataset ``x`` of ``n`` records drawn
+i.i.d. from an unknown distribution P and outputs **one** record whose law Q (over the data *and*
+the sampler's coins) should be close to P in total variation. Records are
 
 * *k-ary*: integers in ``{0, …, k−1}`` (the paper's ``[k]``, shifted to 0-based labels), a
   dataset is a 1-D integer array of length n;
@@ -18,7 +18,8 @@ Repeated sampling (:func:`sample_repeated`). ``m`` samples are drawn either from
 the remainder unused) — a partition that depends only on positions, so the guarantee is the
 *parallel* composition, i.e. the guarantee of one draw on ``⌊n/m⌋`` records — or, with
 ``split=False``, each from the whole dataset with fresh coins, composed *sequentially*.
-Draw ``i`` uses its own random stream ``RandomStreams(seed).generator(i)`` (DESIGN invariant 5).
+Draw ``i`` uses its own random stream ``RandomStreams(seed).generator(i)`` (``docs/privacy.md``
+invariant 5).
 """
 
 from __future__ import annotations

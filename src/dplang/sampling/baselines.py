@@ -1,8 +1,9 @@
-"""Baseline samplers (spec 004 §3 "Baselines"): first record, random record, learn-then-sample.
+"""Baseline samplers: first record, random record, learn-then-sample (``docs/sampling.md``).
 
 * :class:`FirstRecordSampler` — outputs ``x[0]``: exactly distributed as P, **not private**.
 * :class:`RandomRecordSampler` — outputs a uniformly random record: exactly distributed as P and
-  (0, 1/n)-DP — the reason the paper restricts to δ < 1/n (spec §1, claim 17).
+  (0, 1/n)-DP — the reason the paper restricts to δ < 1/n (its §1; claim 17 of
+  ``docs/sampling.md``).
 * :class:`LearnThenSampleSampler` — a private *learner* (noisy histogram + a projection or a
   threshold) followed by one draw from what it learned. With the L1 projection it is exactly
   :class:`~dplang.sampling.kary.LaplaceHistogramSampler`; the Euclidean projection and the
@@ -19,6 +20,7 @@ import math
 import numpy as np
 
 from ..privacy.guarantees import Guarantee
+from ..privacy.mechanisms import laplace_noisy_sum
 from .base import ADJACENCY, UNIT, SampleResult, as_binary_matrix, as_kary, check_epsilon, check_n
 from .kary import KarySampler, _draw, project_euclidean, project_l1
 
@@ -118,7 +120,7 @@ class RandomRecordSampler:
 
 
 class LearnThenSampleSampler(KarySampler):
-    """Learn P privately, then sample from the estimate (spec §3 baselines, claim 16).
+    """Learn P privately, then sample from the estimate (claim 16 of ``docs/sampling.md``).
 
     The learner adds Lap(2/ε) to the counts and turns v = noisy counts / n into a distribution:
 
@@ -128,11 +130,12 @@ class LearnThenSampleSampler(KarySampler):
       (2/ε)·ln k), then clip and renormalise (a learner that suppresses absent elements);
     * ``projection="l1"``: clip and renormalise — identical to A1.
 
-    Privacy contract: pure ε-DP under replace-one adjacency (Laplace mechanism on a count
-    vector of L1 sensitivity 2, then post-processing), for every projection.
+    Privacy contract: pure ε-DP under replace-one adjacency, for every projection — one call
+    of :func:`~dplang.privacy.mechanisms.laplace_noisy_sum` (b = 2/ε) on a count vector of L1
+    sensitivity 2, then post-processing.
 
     A learner that is α-accurate in TV with probability 1−α gives a 2α-accurate sampler
-    (spec §1, Definition 1.2); :meth:`learn` exposes the learner itself."""
+    (the paper's Definition 1.2); :meth:`learn` exposes the learner itself."""
 
     name = "learn-then-sample"
 
@@ -165,7 +168,7 @@ class LearnThenSampleSampler(KarySampler):
 
     def batch_law_given_counts(self, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         c = np.asarray(counts, dtype=np.float64)
-        noisy = c + rng.laplace(0.0, self.noise_scale, size=c.shape)
+        noisy = laplace_noisy_sum(c, self.noise_scale, rng)  # ℓ1 sensitivity 2, scale 2/ε
         if self.projection == "euclidean":
             n = c.sum(axis=1, keepdims=True)  # n is public
             return project_euclidean(noisy / n)

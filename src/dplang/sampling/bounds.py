@@ -1,7 +1,8 @@
-"""Sample-complexity bounds of Table 1 with explicit constants (spec 004 §2–§4).
+"""Sample-complexity bounds of Table 1 of Raskhodnikova et al. 2021, with explicit constants.
 
-Upper bounds are the constants derived for dplang's samplers (spec §3, [D]); lower bounds are
-the paper's (Lemma 2.1, with its validity range enforced) or reconstructed ([R], Bernoulli case).
+Upper bounds are the constants derived for dplang's samplers; lower bounds are the paper's
+(Lemma 2.1, with its validity range enforced) or reconstructed (the Bernoulli case); see
+``docs/sampling.md``, "Results: Table 1's rates" and "Reconstructions and choices".
 Learning bounds are Θ-statements in the paper: they are exposed as functions of a user constant.
 """
 
@@ -32,16 +33,12 @@ def _check_alpha(alpha: float) -> float:
 
 
 def kary_tv_bound(k: int, n: int, epsilon: float) -> float:
-    """k/(εn): the Laplace-histogram sampler's TV bound for every P on [k] (Theorem 1.4).
-
-    Privacy contract: none needed — a function of public parameters only."""
+    """k/(εn): the Laplace-histogram sampler's TV bound for every P on [k] (Theorem 1.4)."""
     return k / (check_epsilon(epsilon) * check_n(n))
 
 
 def kary_upper_n(k: int, alpha: float, epsilon: float) -> int:
-    """⌈k/(αε)⌉ records suffice for α-accuracy on every P on [k] (pure ε-DP, Theorem 1.4).
-
-    Privacy contract: none needed — a function of public parameters only."""
+    """⌈k/(αε)⌉ records suffice for α-accuracy on every P on [k] (pure ε-DP, Theorem 1.4)."""
     return math.ceil(k / (_check_alpha(alpha) * check_epsilon(epsilon)))
 
 
@@ -51,9 +48,7 @@ def kary_lower_n(k: int, alpha: float, epsilon: float, delta: float = 0.0) -> fl
 
     Valid only for α ≤ 1/60 (the paper says α ≤ 0.02, but its instance has mass 60α on [2k]
     and is a distribution only when 60α ≤ 1), ε ≤ 1/ln(1/α) and δ ≤ 0.1αε/k; outside that
-    range ValueError is raised.
-
-    Privacy contract: none needed — a function of public parameters only."""
+    range ValueError is raised."""
     _check_alpha(alpha)
     check_epsilon(epsilon)
     if alpha > 1 / 60:
@@ -68,21 +63,17 @@ def kary_lower_n(k: int, alpha: float, epsilon: float, delta: float = 0.0) -> fl
 
 
 def bernoulli_lower_n(alpha: float, epsilon: float, pure: bool = False) -> float:
-    """k = 2 lower bound on P = Ber(10α) ([R] constants, spec §4): n ≥ ln(4.5)/(10α(e^ε−1))
-    from the paper's 2αe^{εt} bound, or n ≥ ln 9/(10α(e^ε−1)) for pure DP (bound αe^{εt}).
-
-    Privacy contract: none needed — a function of public parameters only."""
+    """k = 2 lower bound on P = Ber(10α) (reconstructed constants): n ≥ ln(4.5)/(10α(e^ε−1))
+    from the paper's 2αe^{εt} bound, or n ≥ ln 9/(10α(e^ε−1)) for pure DP (bound αe^{εt})."""
     _check_alpha(alpha)
     c = math.log(9.0) if pure else math.log(4.5)
     return c / (10.0 * alpha * math.expm1(check_epsilon(epsilon)))
 
 
 def bb_upper_n(d: int, alpha: float, epsilon: float, delta: float | None = None) -> int:
-    """Sufficient n for the clipped-mean sampler (spec §3 A2, claim 12):
+    """Sufficient n for the clipped-mean sampler (Theorem 1.8; claim 12 of ``docs/sampling.md``):
     max(⌈8√(2d ln(1/δ))/ε⌉, ⌈72 ln(d/(2α))⌉); for d = 1 (pure DP, no δ)
-    max(⌈4/ε⌉, ⌈72 ln(1/(2α))⌉). Requires ε ≤ 1 for the privacy part.
-
-    Privacy contract: none needed — a function of public parameters only."""
+    max(⌈4/ε⌉, ⌈72 ln(1/(2α))⌉). Requires ε ≤ 1 for the privacy part."""
     _check_alpha(alpha)
     check_epsilon(epsilon)
     if d == 1:
@@ -95,17 +86,13 @@ def bb_upper_n(d: int, alpha: float, epsilon: float, delta: float | None = None)
 
 def kary_learning_n(k: int, alpha: float, epsilon: float, constant: float = 1.0) -> float:
     """Θ(k/α² + k/(αε)) for private learning of k-ary distributions (Table 1), times
-    ``constant``.
-
-    Privacy contract: none needed — a function of public parameters only."""
+    ``constant``."""
     _check_alpha(alpha)
     return constant * (k / alpha**2 + k / (alpha * check_epsilon(epsilon)))
 
 
 def product_learning_n(d: int, alpha: float, epsilon: float, constant: float = 1.0) -> float:
-    """Θ̃(d/α² + d/(αε)) for private learning of products (Table 1), times ``constant``.
-
-    Privacy contract: none needed — a function of public parameters only."""
+    """Θ̃(d/α² + d/(αε)) for private learning of products (Table 1), times ``constant``."""
     _check_alpha(alpha)
     return constant * (d / alpha**2 + d / (alpha * check_epsilon(epsilon)))
 
@@ -113,9 +100,7 @@ def product_learning_n(d: int, alpha: float, epsilon: float, constant: float = 1
 def min_n(ok: Callable[[int], bool], lo: int = 1, hi: int | None = None,
           limit: int = 10**9) -> int:
     """Smallest integer n ≥ lo with ok(n) True, for a predicate monotone in n (exponential
-    search then bisection). Raises ValueError when none is found below ``limit``.
-
-    Privacy contract: none needed — a function of public parameters only."""
+    search then bisection). Raises ValueError when none is found below ``limit``."""
     lo = max(1, int(lo))
     if ok(lo):
         return lo
@@ -140,9 +125,7 @@ def clipped_mean_min_n(d: int, epsilon: float, delta: float | None = None,
     (ε, δ)-DP for *every* n' ≥ n (exact per-coordinate ε₁, composed by ``accountant``).
 
     ε₁(n) is not monotone (it is ln(1+4/n) at multiples of 4 and smaller in between), so the
-    search runs over the envelope: the multiples of 4, then steps down while still fine.
-
-    Privacy contract: none needed — a function of public parameters only."""
+    search runs over the envelope: the multiples of 4, then steps down while still fine."""
     from .product import ClippedMeanSampler
 
     check_epsilon(epsilon)

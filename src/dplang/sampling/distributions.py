@@ -1,4 +1,5 @@
-"""Test distributions used by the evaluation and the experiments (spec 004 §6.2).
+"""Test distributions used by the evaluation and the experiments (``docs/sampling.md``,
+"Results: Table 1's rates").
 
 k-ary distributions are probability vectors over {0, …, k−1}; product distributions are bias
 vectors in [0, 1]^d. None of these reads private data.
@@ -29,18 +30,14 @@ def _check_k(k: int) -> int:
 
 
 def uniform(k: int) -> np.ndarray:
-    """The uniform distribution on [k].
-
-    Privacy contract: none needed — builds a public test distribution."""
+    """The uniform distribution on [k]."""
     k = _check_k(k)
     return np.full(k, 1.0 / k)
 
 
 def point_mass(k: int, at: int = 0) -> np.ndarray:
     """All mass on one element: nearly the worst case of the Laplace-histogram sampler (every
-    other element is absent from the data), whose TV is then ≈ (k−1)/(εn).
-
-    Privacy contract: none needed — builds a public test distribution."""
+    other element is absent from the data), whose TV is then ≈ (k−1)/(εn)."""
     k = _check_k(k)
     p = np.zeros(k)
     p[at] = 1.0
@@ -48,9 +45,7 @@ def point_mass(k: int, at: int = 0) -> np.ndarray:
 
 
 def half_support(k: int) -> np.ndarray:
-    """Uniform on the first ⌈k/2⌉ elements.
-
-    Privacy contract: none needed — builds a public test distribution."""
+    """Uniform on the first ⌈k/2⌉ elements."""
     k = _check_k(k)
     m = (k + 1) // 2
     p = np.zeros(k)
@@ -59,9 +54,8 @@ def half_support(k: int) -> np.ndarray:
 
 
 def spiky(k: int) -> np.ndarray:
-    """0.9 on element 0 and 0.1 spread evenly over elements 1..⌊k/2⌋ (spec §6.3 F1).
-
-    Privacy contract: none needed — builds a public test distribution."""
+    """0.9 on element 0 and 0.1 spread evenly over elements 1..⌊k/2⌋ (the k-ary experiments of
+    ``docs/sampling.md``)."""
     k = _check_k(k)
     if k < 2:
         raise ValueError("spiky needs k >= 2")
@@ -77,9 +71,8 @@ def lemma21_instance(k: int, alpha: float) -> np.ndarray:
 
     Mass α*/k on each of the k elements of S* = {0, …, k−1}, none on {k, …, 2k−1}, and
     1 − α* on the special element 2k, with α* = 60α. Requires α ≤ 1/60 (else P is not a
-    distribution) — the paper's lemma states α ≤ 0.02, an inconsistency (spec §4).
-
-    Privacy contract: none needed — builds a public test distribution."""
+    distribution) — the paper's lemma states α ≤ 0.02, an inconsistency (``docs/sampling.md``,
+    "Errors in the paper")."""
     k = _check_k(k)
     if not 0 < alpha <= 1 / 60:
         raise ValueError(
@@ -94,9 +87,7 @@ def lemma21_instance(k: int, alpha: float) -> np.ndarray:
 
 
 def bernoulli_hard(alpha: float) -> np.ndarray:
-    """Ber(10α) as a distribution on {0, 1}: the k = 2 lower-bound instance (spec §4).
-
-    Privacy contract: none needed — builds a public test distribution."""
+    """Ber(10α) as a distribution on {0, 1}: the k = 2 lower-bound instance (Theorem 1.7)."""
     if not 0 < alpha <= 0.1:
         raise ValueError(f"bernoulli_hard needs 0 < alpha <= 0.1, got {alpha}")
     return np.array([1.0 - 10.0 * alpha, 10.0 * alpha])
@@ -104,17 +95,13 @@ def bernoulli_hard(alpha: float) -> np.ndarray:
 
 def random_distribution(k: int, rng: np.random.Generator, concentration: float = 1.0
                         ) -> np.ndarray:
-    """A Dirichlet(concentration·1) random distribution on [k].
-
-    Privacy contract: none needed — builds a public test distribution."""
+    """A Dirichlet(concentration·1) random distribution on [k]."""
     return rng.dirichlet(np.full(_check_k(k), float(concentration)))
 
 
 def subset_product(k: int) -> np.ndarray:
     """Theorem 1.7's instance in dimension d = 2k: bias 1/k on the first k coordinates, 0 on
-    the other k.
-
-    Privacy contract: none needed — builds a public test distribution."""
+    the other k."""
     k = _check_k(k)
     p = np.zeros(2 * k)
     p[:k] = 1.0 / k
@@ -122,14 +109,10 @@ def subset_product(k: int) -> np.ndarray:
 
 
 def random_bounded_biases(d: int, rng: np.random.Generator) -> np.ndarray:
-    """Biases drawn uniformly from [1/3, 2/3] (the bounded-bias class).
-
-    Privacy contract: none needed — builds a public test distribution."""
+    """Biases drawn uniformly from [1/3, 2/3] (the bounded-bias class)."""
     return rng.uniform(1 / 3, 2 / 3, size=_check_k(d))
 
 
 def random_biases(d: int, rng: np.random.Generator) -> np.ndarray:
-    """Biases drawn uniformly from [0, 1].
-
-    Privacy contract: none needed — builds a public test distribution."""
+    """Biases drawn uniformly from [0, 1]."""
     return rng.uniform(0.0, 1.0, size=_check_k(d))

@@ -1,4 +1,5 @@
-"""Private samplers for distributions on ``[k] = {0, …, k−1}`` (spec 004 §3 A1, A1').
+"""Private samplers for distributions on ``[k] = {0, …, k−1}`` (Raskhodnikova et al. 2021,
+Theorem 1.4, and a mixture baseline; ``docs/sampling.md``, "Samplers").
 
 * :class:`LaplaceHistogramSampler` — Theorem 1.4's sampler: Laplace noise on the counts,
   exact L1 projection onto the simplex (clip at 0 and renormalise; uniform if everything is
@@ -10,11 +11,12 @@
   ``q = k/(k + n(e^ε − 1))`` a uniform element, otherwise a uniformly random record. Pure ε-DP
   (tight), and its law is exactly ``(1−q)P + qU``, so ``d_TV = q·d_TV(U, P)``.
 
-Why clip-and-renormalise is an exact L1 projection (spec §3 A1, [D]): for any p in the simplex,
-``‖p − v‖₁ ≥ Σ_j v_j⁻ + |1 − Σ_j v_j⁺|`` (split v into its positive and negative parts and use
-the triangle inequality), and ``w/s`` (w = v⁺, s = Σw; uniform if s = 0) attains it. The
-accuracy proof needs only this optimality: ``d_TV(Q, P) = ½Σ_z|E[P̃_z − v_z]| ≤ ½E‖P̃ − v‖₁ ≤
-½E‖P̂ − v‖₁ = ½E‖Z‖₁/n`` because the empirical distribution P̂ is itself in the simplex.
+Why clip-and-renormalise is an exact L1 projection (what Theorem 1.4's accuracy needs): for any
+p in the simplex, ``‖p − v‖₁ ≥ Σ_j v_j⁻ + |1 − Σ_j v_j⁺|`` (split v into its positive and
+negative parts and use the triangle inequality), and ``w/s`` (w = v⁺, s = Σw; uniform if s = 0)
+attains it. The accuracy proof needs only this optimality:
+``d_TV(Q, P) = ½Σ_z|E[P̃_z − v_z]| ≤ ½E‖P̃ − v‖₁ ≤ ½E‖P̂ − v‖₁ = ½E‖Z‖₁/n`` because the
+empirical distribution P̂ is itself in the simplex.
 
 The exact law of the two histogram samplers given the counts (over the noise) is computed by a
 single numerical integral (see :mod:`dplang.sampling._histlaw`); this is what the exact
@@ -30,7 +32,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..privacy.guarantees import Guarantee
-from ..privacy.mechanisms import discrete_laplace
+from ..privacy.mechanisms import discrete_laplace, laplace_noisy_sum, two_sided_geometric
 from . import _histlaw
 from .base import ADJACENCY, UNIT, SampleResult, as_kary, check_epsilon, check_n
 
@@ -89,7 +91,7 @@ def _draw(law: np.ndarray, rng: np.random.Generator) -> int:
 class KarySampler:
     """Base class of samplers on [k] whose output depends on the data only through the counts
     (``symmetric = True``: frequency-count-based and permutation-invariant in the sense of
-    spec §1). Subclasses implement :meth:`law_given_counts` and usually
+    the paper's Section 2). Subclasses implement :meth:`law_given_counts` and usually
     :meth:`exact_law_given_counts` and :meth:`guarantee`.
 
     Privacy contract: :meth:`sample` releases one element under :meth:`guarantee` (defined by
@@ -153,12 +155,13 @@ class KarySampler:
 
 
 class LaplaceHistogramSampler(KarySampler):
-    """Theorem 1.4's sampler (spec §3 A1): counts + Lap(2/ε) noise, clip-and-renormalise
+    """Theorem 1.4's sampler: counts + Lap(2/ε) noise, clip-and-renormalise
     (the exact L1 projection), one draw.
 
-    Privacy contract: pure ε-DP under replace-one adjacency, for every n — the count vector has
-    L1 sensitivity 2 (one record leaves one bin and enters another), Lap(2/ε) makes it ε-DP,
-    and the rest is post-processing. The noise is numpy's floating-point Laplace (Mironov's
+    Privacy contract: pure ε-DP under replace-one adjacency, for every n — one call of
+    :func:`~dplang.privacy.mechanisms.laplace_noisy_sum` (scale b = 2/ε) on the count vector,
+    whose L1 sensitivity is 2 (one record leaves one bin and enters another), so 2/b = ε; the
+    rest is post-processing. The noise is numpy's floating-point Laplace (Mironov's
     floating-point caveat applies; :class:`DiscreteLaplaceHistogramSampler` avoids it).
 
     Accuracy: ``d_TV(Q, P) ≤ k/(εn)`` for every P on [k] (module docstring); equality of Q and
@@ -184,7 +187,13 @@ class LaplaceHistogramSampler(KarySampler):
 
     def batch_law_given_counts(self, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         c = np.asarray(counts, dtype=np.float64)
-        return project_l1(c + rng.laplace(0.0, self.noise_scale, size=c.shape))
+        return project_l1(self.noisy_counts(c, rng))
+
+    def noisy_counts(self, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Counts plus Laplace noise of scale b = 2/ε, the ε-DP part of the mechanism
+        (:func:`~dplang.privacy.mechanisms.laplace_noisy_sum`: ℓ1 sensitivity 2 ⇒ 2/b = ε);
+        the rows of a (T, k) matrix get independent noise."""
+        return laplace_noisy_sum(np.asarray(counts, dtype=np.float64), self.noise_scale, rng)
 
     def exact_law_given_counts(self, counts: np.ndarray) -> np.ndarray:
         """Exact law (noise integrated) by the one-dimensional integral of
@@ -193,7 +202,7 @@ class LaplaceHistogramSampler(KarySampler):
         return _histlaw.histogram_sampler_law(groups, inverse, self.noise_scale, self.noise)
 
     def tv_bound(self, n: int) -> float:
-        """k/(εn) = ½·E‖Z‖₁/n (spec §3 A1)."""
+        """k/(εn) = ½·E‖Z‖₁/n (module docstring)."""
         return self.k / (self.epsilon * check_n(n))
 
 
@@ -217,7 +226,9 @@ class DiscreteLaplaceHistogramSampler(LaplaceHistogramSampler):
         return Fraction(2) / Fraction(self.epsilon)
 
     def noisy_counts(self, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Counts plus exact discrete-Laplace noise (the ε-DP part of the mechanism)."""
+        """Counts plus exact discrete-Laplace noise of scale b = 2/ε, the ε-DP part of the
+        mechanism (:func:`~dplang.privacy.mechanisms.discrete_laplace`: ℓ1 sensitivity 2 ⇒
+        2/b = ε)."""
         c = np.asarray(counts, dtype=np.int64)
         return c + np.asarray(discrete_laplace(self.exact_scale, rng, size=c.shape),
                               dtype=np.int64)
@@ -242,9 +253,7 @@ class DiscreteLaplaceHistogramSampler(LaplaceHistogramSampler):
         numpy geometric variables (same law up to floating-point rounding of e^{−ε/2}; the
         release path :meth:`sample` uses the exact sampler)."""
         c = np.asarray(counts, dtype=np.float64)
-        p = -math.expm1(-1.0 / self.noise_scale)
-        z = rng.geometric(p, size=c.shape) - rng.geometric(p, size=c.shape)
-        return project_l1(c + z)
+        return project_l1(c + two_sided_geometric(self.noise_scale, rng, size=c.shape))
 
     def tv_bound(self, n: int) -> float:
         """k/(2n·sinh(ε/2)) (≤ k/(εn)): ½·E|Z|·k/n with E|Z| = 1/sinh(ε/2)."""
@@ -279,9 +288,9 @@ def mixing_probability(k: int, n: int, epsilon: float) -> float:
 
 
 class RevealOrObscureSampler(KarySampler):
-    """Reveal-or-obscure (mixture) baseline (spec §3 A1'): with probability
-    ``q = k/(k + n(e^ε − 1))`` output a uniform element of [k], otherwise a uniformly random
-    record.
+    """Reveal-or-obscure (mixture) baseline (not in the paper; ``docs/sampling.md``): with
+    probability ``q = k/(k + n(e^ε − 1))`` output a uniform element of [k], otherwise a uniformly
+    random record.
 
     Privacy contract: pure ε-DP under replace-one adjacency, tight: Pr[z | x] =
     (1−q)c_z/n + q/k, whose largest ratio between neighbours is 1 + (1−q)k/(qn) = e^ε.

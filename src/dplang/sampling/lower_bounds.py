@@ -1,4 +1,5 @@
-"""Measuring paper 004's lower bounds and structural claims with dplang's samplers.
+"""Measuring the lower bounds and structural claims of Raskhodnikova et al. 2021 with dplang's
+samplers.
 
 * **Theorem 1.7 / claim 18** (general products need Ω(d) samples): on ``subset_product(k)``
   (bias 1/k on k of d = 2k coordinates, 0 elsewhere) an accurate sampler must tell bias-0
@@ -31,13 +32,14 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
-from .evaluation import _poisson_binomial_tail, exact_tv
+from .evaluation import exact_tv
 from .product import (
     BucketedProductSampler,
     SparseBinaryRows,
     binomial_expectation,
     clipped_gaussian_mean,
 )
+from .product_tv import _poisson_binomial_tail
 
 __all__ = [
     "BiasDecomposition",
@@ -61,9 +63,7 @@ __all__ = [
 
 def support_miss_product(q: np.ndarray, p: np.ndarray) -> float:
     """Pr_{y∼⊗Ber(q)}[y_j = 1 for some j with p_j = 0]: the mass a product law puts outside the
-    support of the product P (P gives it 0), hence a lower bound on d_TV(⊗Ber(q), P).
-
-    Privacy contract: none — evaluates known laws."""
+    support of the product P (P gives it 0), hence a lower bound on d_TV(⊗Ber(q), P)."""
     q = np.asarray(q, dtype=np.float64)
     zero = np.asarray(p, dtype=np.float64) == 0
     return float(-np.expm1(np.sum(np.log1p(-np.clip(q[zero], 0.0, 1.0)))))
@@ -87,9 +87,7 @@ def bucketed_marginals(sampler: BucketedProductSampler, p: np.ndarray, n: int, r
     compute, given each plan, the sampling phase's exact marginals (binomial sums of the
     clipped Gaussian mean) and truncation probability (Poisson-binomial row sums) — the same
     computation as :func:`dplang.sampling.evaluation.bucketed_product_tv`, keeping the
-    marginals.
-
-    Privacy contract: none — evaluates a known (public) P."""
+    marginals."""
     p = np.asarray(p, dtype=np.float64)
     d = p.shape[0]
     (_o0, _o1), (_b0, b1), (s0, s1) = sampler.blocks(n)
@@ -124,9 +122,7 @@ def bucketed_marginals(sampler: BucketedProductSampler, p: np.ndarray, n: int, r
 
 def mixture_support_miss(marginals: PlanMarginals, p: np.ndarray) -> float:
     """Lower bound on d_TV(Q, P) for A3: the mass the mixture of the plans' untruncated product
-    laws puts outside P's support, minus the mean truncation probability (clipped at 0).
-
-    Privacy contract: none — evaluates known laws."""
+    laws puts outside P's support, minus the mean truncation probability (clipped at 0)."""
     miss = np.mean([support_miss_product(q, p) for q in marginals.q])
     return max(0.0, float(miss - marginals.truncation.mean()))
 
@@ -147,9 +143,7 @@ def mixture_tv_monte_carlo(qs: np.ndarray, p: np.ndarray, samples: int,
     """d_TV(Q̄, P) = E_{y∼P}[(1 − Q̄(y)/P(y))₊] for the mixture Q̄ = mean_r ⊗Ber(q_r) and the
     product P = ⊗Ber(p), estimated from ``samples`` draws y ∼ P (the integrand is in [0, 1]:
     an unbiased estimate with a normal confidence interval). Mass Q̄ puts where P is zero is
-    counted through the identity TV = Σ_y (P(y) − Q̄(y))₊.
-
-    Privacy contract: none — evaluates known laws."""
+    counted through the identity TV = Σ_y (P(y) − Q̄(y))₊."""
     qs = np.atleast_2d(np.clip(np.asarray(qs, dtype=np.float64), 0.0, 1.0))
     p = np.asarray(p, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -186,9 +180,7 @@ def mixture_tv_monte_carlo(qs: np.ndarray, p: np.ndarray, samples: int,
 
 def learner_alpha(errors: np.ndarray) -> float:
     """The smallest α with Pr[d_TV(P̃, P) > α] ≤ α for the empirical law of ``errors``: the
-    learner is then α-accurate in the sense of Definition 1.2.
-
-    Privacy contract: none — arithmetic on evaluation errors."""
+    learner is then α-accurate in the sense of Definition 1.2."""
     e = np.sort(np.asarray(errors, dtype=np.float64))
     m = e.size
     # g(α) = #{e_i > α}/m is a non-increasing step function; the smallest α with g(α) ≤ α is
@@ -221,9 +213,7 @@ def claim16_check(sampler: Any, p: np.ndarray, n: float, reps: int,
                   rng: np.random.Generator) -> Claim16:
     """Run the k-ary ``sampler`` as a learner (its law P̃ given Poisson(nP_j) counts and one
     noise draw) ``reps`` times, and compare its α and mean error with the exact TV of the
-    sampler's output law (Poisson sizes).
-
-    Privacy contract: none — evaluates a known (public) P."""
+    sampler's output law (Poisson sizes)."""
     p = np.asarray(p, dtype=np.float64)
     counts = rng.poisson(n * p, size=(reps, p.size))
     laws = sampler.batch_law_given_counts(counts, rng)
@@ -241,9 +231,7 @@ def claim22_ratio(law: np.ndarray, counts: np.ndarray, epsilon: float) -> float:
     """max over elements z seen j ≥ 1 times of Pr[z] / (e^{εj}·Pr[unseen element]) for the law
     of a frequency-count-based sampler given ``counts`` (Claim 2.2 with δ = 0 says ≤ 1). The
     unseen probability is the largest over unseen elements (they are equal for a
-    frequency-count-based sampler); NaN when every element is seen.
-
-    Privacy contract: none — evaluates a known law."""
+    frequency-count-based sampler); NaN when every element is seen."""
     law = np.asarray(law, dtype=np.float64)
     counts = np.asarray(counts)
     unseen = counts == 0
@@ -270,9 +258,7 @@ class BiasDecomposition:
 
 
 def bias_decomposition(q: np.ndarray, p: np.ndarray, n: float) -> BiasDecomposition:
-    """Split ½Σ|Q − P| into the absent (P_z = 0) and present parts.
-
-    Privacy contract: none — evaluates known laws."""
+    """Split ½Σ|Q − P| into the absent (P_z = 0) and present parts."""
     q = np.asarray(q, dtype=np.float64)
     p = np.asarray(p, dtype=np.float64)
     out = p == 0

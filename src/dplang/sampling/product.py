@@ -1,11 +1,12 @@
-"""Private samplers for product distributions on {0,1}^d (spec 004 §3 A2, A3, baselines).
+"""Private samplers for product distributions on {0,1}^d (Raskhodnikova et al. 2021, Theorems
+1.6 and 1.8, and baselines; ``docs/sampling.md``, "Samplers").
 
 * :class:`ClippedMeanSampler` — Theorem 1.8's sampler for biases in [1/3, 2/3]: per coordinate,
   the empirical mean clipped to [1/4, 3/4], then an independent coin. No noise is added; its
   privacy is a function of n: exactly ``ε₁(n) ≤ ln(1 + 4/n)`` per coordinate (equality when
   4 | n), composed over d coordinates by zCDP (via pure DP or bounded range), advanced
   composition, or basic composition.
-* :class:`BucketedProductSampler` — the general product sampler of spec §3 A3 (a
+* :class:`BucketedProductSampler` — the general product sampler of Theorem 1.6 (a
   reconstruction: the paper's supplement with the constants is not available): orientation,
   bucketing of the biases into geometric classes, and truncated noisy column sums with
   Gaussian noise scaled to each bucket; ρ-zCDP by parallel composition over three disjoint
@@ -13,6 +14,9 @@
 * :class:`PerCoordinateLaplaceSampler`, :class:`GaussianMarginalSampler` — noisy means with
   noise calibrated to the whole mean vector (L1 sensitivity d/n, L2 sensitivity √d/n),
   clipped to [0, 1], then independent coins.
+
+The rows the bucketed sampler reads (dense or :class:`SparseBinaryRows`) are in
+:mod:`dplang.sampling._rows`, the exact marginal laws in :mod:`dplang.sampling._productlaw`.
 
 A replaced record changes every coordinate's column at once, which is why per-coordinate
 guarantees compose over d. Output laws: for the clipped-mean and marginal samplers each output
@@ -26,8 +30,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.special import ndtr
-from scipy.stats import binom
 
 from ..privacy.accounting import (
     bounded_range_to_zcdp,
@@ -36,6 +38,9 @@ from ..privacy.accounting import (
     rho_to_epsilon,
 )
 from ..privacy.guarantees import Guarantee
+from ..privacy.mechanisms import gaussian_noisy_sum, laplace_noisy_sum
+from ._productlaw import binomial_expectation, clipped_gaussian_mean, clipped_laplace_mean
+from ._rows import SparseBinaryRows, _Rows
 from .base import (
     ADJACENCY,
     UNIT,
@@ -61,51 +66,6 @@ __all__ = [
 
 def _draw_bits(biases: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return (rng.random(biases.shape[0]) < biases).astype(np.int64)[None, :]
-
-
-def binomial_expectation(n: int, p: np.ndarray, g, width: float = 14.0) -> np.ndarray:
-    """E[g(T/n)] for T ~ Bin(n, p_j), for each bias p_j (exact up to the binomial mass beyond
-    mean ± width·sd + 30, below 1e-40). ``g`` maps an array of means m ∈ [0, 1] to values.
-
-    Privacy contract: none needed — a numerical helper (releases nothing)."""
-    p = np.atleast_1d(np.asarray(p, dtype=np.float64))
-    out = np.empty(p.shape[0])
-    cache: dict[float, float] = {}
-    for j, pj in enumerate(p):
-        if pj in cache:
-            out[j] = cache[pj]
-            continue
-        sd = math.sqrt(n * pj * (1 - pj))
-        lo = max(0, math.floor(n * pj - width * sd - 30))
-        hi = min(n, math.ceil(n * pj + width * sd + 30))
-        t = np.arange(lo, hi + 1)
-        w = binom.pmf(t, n, pj)
-        cache[pj] = out[j] = float(np.dot(w, g(t / n)) / w.sum())
-    return out
-
-
-def clipped_laplace_mean(m: np.ndarray, scale: float) -> np.ndarray:
-    """E[clip(m + Z, 0, 1)] for Z ~ Lap(scale) and m ∈ [0, 1]:
-    m + (b/2)(e^{−m/b} − e^{−(1−m)/b}).
-
-    Privacy contract: none needed — a numerical helper (releases nothing)."""
-    m = np.asarray(m, dtype=np.float64)
-    b = float(scale)
-    return m + 0.5 * b * (np.exp(-m / b) - np.exp(-(1.0 - m) / b))
-
-
-def _gauss_excess(a: np.ndarray, sigma: float) -> np.ndarray:
-    """E[(σN − a)⁺] = σφ(a/σ) − a(1 − Φ(a/σ))."""
-    z = a / sigma
-    return sigma * np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) - a * ndtr(-z)
-
-
-def clipped_gaussian_mean(m: np.ndarray, sigma: float) -> np.ndarray:
-    """E[clip(m + σN, 0, 1)] for N ~ N(0, 1): m + E[(σN − m)⁺] − E[(σN − (1−m))⁺].
-
-    Privacy contract: none needed — a numerical helper (releases nothing)."""
-    m = np.asarray(m, dtype=np.float64)
-    return m + _gauss_excess(m, sigma) - _gauss_excess(1.0 - m, sigma)
 
 
 class _ProductSampler:
@@ -136,7 +96,7 @@ class _ProductSampler:
 
 
 class ClippedMeanSampler(_ProductSampler):
-    """Bounded-bias product sampler (Theorem 1.8; spec §3 A2): y_j ~ Ber(clip(p̂_j, lo, hi)).
+    """Bounded-bias product sampler (Theorem 1.8): y_j ~ Ber(clip(p̂_j, lo, hi)).
 
     Privacy contract (replace-one): each coordinate is pure ε₁(n)-DP with ε₁ exactly given by
     :meth:`epsilon_per_coordinate` (≤ ln(1 + 4/n) ≤ 4/n for the default [1/4, 3/4]). Over d
@@ -242,7 +202,7 @@ class ClippedMeanSampler(_ProductSampler):
 
     @staticmethod
     def tv_bound(n: int, d: int) -> float:
-        """Hoeffding bound (d/2)·e^{−n/72} on d_TV for biases in [1/3, 2/3] (spec §3 A2)."""
+        """Hoeffding bound (d/2)·e^{−n/72} on d_TV for biases in [1/3, 2/3] (Theorem 1.8)."""
         return 0.5 * d * math.exp(-check_n(n) / 72.0)
 
 
@@ -253,9 +213,11 @@ class ClippedMeanSampler(_ProductSampler):
 class PerCoordinateLaplaceSampler(_ProductSampler):
     """Noisy means p̃_j = clip(p̂_j + Lap(d/(nε)), 0, 1), then y_j ~ Ber(p̃_j).
 
-    Privacy contract: pure ε-DP under replace-one adjacency (the mean vector has L1 sensitivity
-    d/n; clipping and the coins are post-processing). Accuracy: Q is the product of
-    E[clip(p̂_j + Z_j)], so d_TV ≤ Σ_j|Q_j − p_j| ≤ d·b/2 = d²/(2nε): needs n ≈ d²/(αε)."""
+    Privacy contract: pure ε-DP under replace-one adjacency — one call of
+    :func:`~dplang.privacy.mechanisms.laplace_noisy_sum` with b = d/(nε) on the mean vector,
+    whose L1 sensitivity is d/n; clipping and the coins are post-processing. Accuracy: Q is
+    the product of E[clip(p̂_j + Z_j)], so d_TV ≤ Σ_j|Q_j − p_j| ≤ d·b/2 = d²/(2nε): needs
+    n ≈ d²/(αε)."""
 
     name = "per-coordinate-laplace-sampler"
 
@@ -272,7 +234,7 @@ class PerCoordinateLaplaceSampler(_ProductSampler):
     def output_law(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         arr = as_binary_matrix(x)
         n, d = arr.shape
-        return np.clip(arr.mean(axis=0) + rng.laplace(0, self.noise_scale(n, d), size=d), 0, 1)
+        return np.clip(laplace_noisy_sum(arr.mean(axis=0), self.noise_scale(n, d), rng), 0, 1)
 
     def conditional_law(self, x: np.ndarray) -> np.ndarray:
         """Exact law given the data: the product with biases E[clip(p̂_j + Z_j, 0, 1)]."""
@@ -292,8 +254,10 @@ class GaussianMarginalSampler(_ProductSampler):
     """Noisy means p̃_j = clip(p̂_j + N(0, σ²), 0, 1) with σ = √d/(n√(2ρ)), ρ the largest zCDP
     budget that implies (ε, δ)-DP; then y_j ~ Ber(p̃_j).
 
-    Privacy contract: ρ-zCDP (hence (ε, δ)-DP) under replace-one adjacency — the mean vector
-    has L2 sensitivity √d/n. Accuracy: d_TV ≤ Σ_j|Q_j − p_j| ≤ d·σ/√(2π): n ≈ d^{1.5}/(α√ρ)."""
+    Privacy contract: ρ-zCDP (hence (ε, δ)-DP) under replace-one adjacency — one call of
+    :func:`~dplang.privacy.mechanisms.gaussian_noisy_sum` on the mean vector, whose L2
+    sensitivity is √d/n, with σ = √d/(n√(2ρ)). Accuracy: d_TV ≤ Σ_j|Q_j − p_j| ≤ d·σ/√(2π):
+    n ≈ d^{1.5}/(α√ρ)."""
 
     name = "gaussian-marginal-sampler"
 
@@ -312,7 +276,7 @@ class GaussianMarginalSampler(_ProductSampler):
     def output_law(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         arr = as_binary_matrix(x)
         n, d = arr.shape
-        return np.clip(arr.mean(axis=0) + rng.normal(0, self.sigma(n, d), size=d), 0, 1)
+        return np.clip(gaussian_noisy_sum(arr.mean(axis=0), self.sigma(n, d), rng), 0, 1)
 
     def conditional_law(self, x: np.ndarray) -> np.ndarray:
         arr = as_binary_matrix(x)
@@ -350,7 +314,8 @@ class BucketPlan:
 
 
 class BucketedProductSampler(_ProductSampler):
-    """General product sampler (Theorem 1.6; spec §3 A3 — concrete constants reconstructed).
+    """General product sampler (Theorem 1.6; its constants are reconstructed:
+    ``docs/sampling.md``, "Reconstructions and choices").
 
     Rows are split by position into blocks X_O, X_B, X_S (fractions ``split``). With
     η = ln(8nd/α) and NOISYSUM(Y, T, ρ') = column sums of Y after zeroing every row with more
@@ -366,7 +331,9 @@ class BucketedProductSampler(_ProductSampler):
        flipped back.
 
     Privacy contract: ρ-zCDP under replace-one adjacency, with ρ the largest budget implying
-    (ε, δ)-DP (tight CKS conversion): each block is ρ-zCDP (phase 0: one Gaussian release;
+    (ε, δ)-DP (tight CKS conversion). Every NOISYSUM is one call of
+    :func:`~dplang.privacy.mechanisms.gaussian_noisy_sum` (written once, :meth:`_noisy_sum`);
+    each block is ρ-zCDP (phase 0: one Gaussian release;
     phase 1: one release per disjoint chunk — adaptive parallel composition; phase 2: B
     releases of ρ/B — sequential composition), and the blocks are disjoint and formed from
     positions alone, so the whole is ρ-zCDP. A replaced row moves each truncated column-sum
@@ -435,9 +402,12 @@ class BucketedProductSampler(_ProductSampler):
     def _noisy_sum(self, rows: _Rows, start: int, stop: int, cols: np.ndarray,
                    flips: np.ndarray, threshold: int, rho: float,
                    rng: np.random.Generator) -> np.ndarray:
-        """NOISYSUM on rows [start, stop), columns ``cols``, after flipping ``flips``."""
+        """NOISYSUM on rows [start, stop), columns ``cols``, after flipping ``flips``: the
+        truncated column sums (ℓ2 sensitivity ≤ min(√(2T), √cols) under replace-one) through
+        :func:`~dplang.privacy.mechanisms.gaussian_noisy_sum` with σ = :meth:`sigma`, i.e. a
+        ρ-zCDP release."""
         sums = rows.truncated_sums(start, stop, cols, flips, threshold)
-        return sums + rng.normal(0.0, self.sigma(threshold, cols.size, rho), size=cols.size)
+        return gaussian_noisy_sum(sums, self.sigma(threshold, cols.size, rho), rng)
 
     def plan(self, x: np.ndarray | SparseBinaryRows, rng: np.random.Generator) -> BucketPlan:
         """Phases 0 and 1 (orientation and bucketing) on blocks X_O and X_B.
@@ -493,11 +463,11 @@ class BucketedProductSampler(_ProductSampler):
         n, d = rows.shape
         plan = self.plan(x, rng)
         s0, s1 = plan.blocks[2]
+        rho_b = self.rho / len(plan.buckets)
         biases = np.empty(d)
-        for (cols, _u), (t_b, sigma) in zip(plan.buckets, self.phase2_parameters(plan, n, d),
-                                            strict=True):
-            sums = rows.truncated_sums(s0, s1, cols, plan.flips, t_b)
-            sums = sums + rng.normal(0.0, sigma, size=cols.size)
+        for cols, u in plan.buckets:
+            sums = self._noisy_sum(rows, s0, s1, cols, plan.flips,
+                                   self.threshold(u, cols.size, n, d), rho_b, rng)
             biases[cols] = np.clip(sums / (s1 - s0), 0.0, 1.0)
         return np.where(plan.flips, 1.0 - biases, biases)
 
@@ -507,94 +477,3 @@ class BucketedProductSampler(_ProductSampler):
         rows = _Rows(x)
         biases = self.output_law(x, rng)
         return SampleResult(_draw_bits(biases, rng), self.guarantee(*rows.shape))
-
-
-@dataclass(frozen=True)
-class SparseBinaryRows:
-    """An (n, d) 0/1 matrix stored row by row as the column indices of its ones (CSR without
-    values): ``indices[indptr[i]:indptr[i+1]]`` are the ones of row i.
-
-    Lets :class:`BucketedProductSampler` run on sparse data (e.g. d in the thousands with a
-    few ones per row) with exactly the same result as on the dense matrix.
-
-    Privacy contract: a container — it holds the (private) data itself."""
-
-    indptr: np.ndarray
-    indices: np.ndarray
-    shape: tuple[int, int]
-
-    @classmethod
-    def from_dense(cls, x: np.ndarray) -> SparseBinaryRows:
-        arr = as_binary_matrix(x)
-        r, c = np.nonzero(arr)
-        indptr = np.zeros(arr.shape[0] + 1, dtype=np.int64)
-        np.cumsum(np.bincount(r, minlength=arr.shape[0]), out=indptr[1:])
-        return cls(indptr, c.astype(np.int64), (int(arr.shape[0]), int(arr.shape[1])))
-
-    @classmethod
-    def random(cls, p: np.ndarray, n: int, rng: np.random.Generator) -> SparseBinaryRows:
-        """n i.i.d. rows of the product ⊗Ber(p_j), generated column by column: column j has
-        Bin(n, p_j) ones at uniformly random distinct rows (exactly the product law)."""
-        p = np.asarray(p, dtype=np.float64)
-        rows_list, cols_list = [], []
-        counts = rng.binomial(n, p)
-        for j in np.flatnonzero(counts):
-            rows_list.append(rng.choice(n, size=int(counts[j]), replace=False))
-            cols_list.append(np.full(int(counts[j]), j, dtype=np.int64))
-        r = np.concatenate(rows_list) if rows_list else np.zeros(0, dtype=np.int64)
-        c = np.concatenate(cols_list) if cols_list else np.zeros(0, dtype=np.int64)
-        order = np.lexsort((c, r))
-        r, c = r[order], c[order]
-        indptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(r, minlength=n), out=indptr[1:])
-        return cls(indptr, c, (int(n), int(p.shape[0])))
-
-    def to_dense(self) -> np.ndarray:
-        out = np.zeros(self.shape, dtype=np.uint8)
-        rows = np.repeat(np.arange(self.shape[0]), np.diff(self.indptr))
-        out[rows, self.indices] = 1
-        return out
-
-
-class _Rows:
-    """Dense or sparse rows behind one operation: truncated column sums after flipping."""
-
-    def __init__(self, x: np.ndarray | SparseBinaryRows) -> None:
-        if isinstance(x, SparseBinaryRows):
-            self.sparse: SparseBinaryRows | None = x
-            self.dense = None
-            self.shape = x.shape
-        else:
-            self.sparse = None
-            self.dense = as_binary_matrix(x)
-            self.shape = (int(self.dense.shape[0]), int(self.dense.shape[1]))
-
-    def truncated_sums(self, start: int, stop: int, cols: np.ndarray, flips: np.ndarray,
-                       threshold: int) -> np.ndarray:
-        """Column sums over rows [start, stop) of X[:, cols] ⊕ flips[cols], after zeroing every
-        row with more than ``threshold`` ones among ``cols``."""
-        f = flips[cols]
-        if self.dense is not None:
-            y = self.dense[start:stop][:, cols] ^ f.astype(np.uint8)
-            kept = y[y.sum(axis=1) <= threshold]
-            return kept.sum(axis=0, dtype=np.float64)
-        sp = self.sparse
-        assert sp is not None
-        lo, hi = sp.indptr[start], sp.indptr[stop]
-        cols_of = sp.indices[lo:hi]
-        row_of = np.repeat(np.arange(stop - start), np.diff(sp.indptr[start:stop + 1]))
-        position = np.full(sp.shape[1], -1, dtype=np.int64)
-        position[cols] = np.arange(cols.size)
-        pos = position[cols_of]
-        inside = pos >= 0
-        pos, row_in = pos[inside], row_of[inside]
-        flipped = f[pos]
-        m = stop - start
-        # ones of row i among cols after flipping: unflipped ones + (flipped cols − their ones)
-        plain = np.bincount(row_in[~flipped], minlength=m)
-        ones_in_flipped = np.bincount(row_in[flipped], minlength=m)
-        count = plain + int(f.sum()) - ones_in_flipped
-        kept = count <= threshold
-        keep_entry = kept[row_in]
-        raw = np.bincount(pos[keep_entry], minlength=cols.size).astype(np.float64)
-        return np.where(f, float(kept.sum()) - raw, raw)

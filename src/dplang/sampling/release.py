@@ -3,8 +3,9 @@
 :func:`plan_release` reads and validates the data, builds the sampler and fixes the guarantee
 and the accuracy bound — all ex ante, from public quantities (n, the declared universe, the
 parameters) — and writes nothing. :func:`execute_release` charges the privacy ledger (dataset
-id = SHA-256 of the data file) *before* anything is written (DESIGN invariant 6), then samples
-and writes the samples (CSV or JSONL, by extension) and a manifest ``OUT.manifest.json``.
+id = SHA-256 of the data file) *before* anything is written (``docs/privacy.md`` invariant 6),
+then samples and writes the samples (CSV or JSONL, by extension) and a manifest
+``OUT.manifest.json``.
 
 Several samples (``num`` = m > 1) come from m disjoint blocks of consecutive rows (positions
 only, :func:`dplang.sampling.base.block_slices`): parallel composition, so the release has the
@@ -123,7 +124,7 @@ class ReleasePlan:
 
 
 def manifest_path_for(out: Path) -> Path:
-    """``samples.csv`` → ``samples.csv.manifest.json`` (public). (Privacy contract: none.)"""
+    """``samples.csv`` → ``samples.csv.manifest.json`` (public)."""
     return out.with_name(out.name + ".manifest.json")
 
 
@@ -321,7 +322,7 @@ def execute_release(plan: ReleasePlan,
 
     Privacy contract: the samples written satisfy ``plan.guarantee``; the release (public
     fingerprint, dataset name, data digest, seed) is recorded in the ledger before anything is
-    written (DESIGN invariant 6). The manifest holds public inputs only (parameters, declared
+    written. The manifest holds public inputs only (parameters, declared
     columns, n, blocks, the ex-ante accuracy bound): no seed, no data digest or path, no count
     of mapped cells; those go to ``OUT.private.json`` (mode 600), the seed nowhere.
 
@@ -361,7 +362,8 @@ def _execute_locked(plan: ReleasePlan,
     release.write_private(plan.private_path, release.private_record(
         keep_seed=False,
         data={"rows": plan.table.n,
-              "out_of_domain_cells_mapped": dict(plan.table.mapped)},
+              "out_of_domain_cells_mapped": dict(plan.table.mapped),
+              "columns_in_no_record": list(plan.table.absent)},
         output=str(req.out),
     ))
     manifest = release.public_manifest(

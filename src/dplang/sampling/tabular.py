@@ -1,16 +1,21 @@
 """Declared binary, categorical and integer columns of a table, as records for the samplers.
 
-Reading: CSV and TSV through pandas with every cell kept as a string (``keep_default_na=False``:
-"NA" or "null" stay strings), JSONL line by line with :mod:`json` (values keep their JSON
-types), Parquet through pyarrow. A record is the tuple of the selected columns of one row.
+Reading: CSV and TSV through :func:`dplang.io.iter_delimited_rows`, the reader ``generate``
+uses, with every cell kept as a string ("NA" or "null" stay strings) and the same row rule:
+after the header **every line is a row**, an empty line being a row whose cells are all missing
+(they take the fallback below), so blanking a row never removes it; JSONL line by line with
+:mod:`json` (values keep their JSON types; JSONL has no schema: a missing key is a missing cell,
+and a column is never refused because of which keys records hold, even one that occurs in no
+record — the command warns the data holder instead); Parquet through pyarrow (its schema is
+public). A record is the tuple of the selected columns of one row.
 
 Column types are declared, never inferred. A sampler over records needs the *universe* of
 possible records, and the privacy guarantee holds only if that universe is public: if the
 categories — or even the type of a column — were read from the data, a value held by a single
 person could change the universe (a column whose values happen to be 0/1 would be binary, its
 neighbour with one "2" would be something else) and the output could exist for one dataset and
-not for its neighbour (an unbounded privacy loss; DESIGN invariant 4). Every column must be
-declared (:func:`parse_column`, :func:`load_schema`; CLI ``--binary``, ``--domain``,
+not for its neighbour (an unbounded privacy loss; ``docs/privacy.md`` invariant 4). Every column
+must be declared (:func:`parse_column`, :func:`load_schema`; CLI ``--binary``, ``--domain``,
 ``--schema``):
 
 * ``binary``: the universe {0, 1};
@@ -44,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from ..io import iter_json_objects
+from ..io import iter_delimited_rows, iter_json_objects
 
 __all__ = [
     "BINARY_FALSE",
@@ -111,11 +116,14 @@ class CategoricalTable:
     """Encoded records: ``codes[i, c]`` is the index of row i's value in column c's values.
 
     ``mapped`` counts, per column, the cells that were out of the declared domain and were
-    mapped by the public rule: a statistic of the private data (private side file only)."""
+    mapped by the public rule: a statistic of the private data (private side file only).
+    ``absent`` names the columns that occur in no record of a JSONL file (every cell took the
+    fallback); also a statistic of the data, for the data holder's terminal only."""
 
     columns: tuple[ColumnSpec, ...]
     codes: np.ndarray
     mapped: Mapping[str, int] = field(default_factory=dict)
+    absent: tuple[str, ...] = ()
 
     @property
     def n(self) -> int:
@@ -180,17 +188,13 @@ def _list_values(spec: str, items: Sequence[Any]) -> tuple[str, ...]:
 
 
 def parse_domain(spec: str) -> tuple[str, tuple[str, ...]]:
-    """``"COL=a,b,c"`` → ("COL", ("a", "b", "c")); ``"COL=1..5"`` → ("COL", ("1", …, "5")).
-
-    Privacy contract: none needed — parses a public, user-declared domain."""
+    """``"COL=a,b,c"`` → ("COL", ("a", "b", "c")); ``"COL=1..5"`` → ("COL", ("1", …, "5"))."""
     column = parse_column(spec)
     return column.name, column.values
 
 
 def parse_column(spec: str, fallback: str | None = None) -> ColumnSpec:
-    """A ``--domain`` declaration: ``COL=a,b,c`` (categorical) or ``COL=lo..hi`` (integer).
-
-    Privacy contract: none needed — parses a public, user-declared domain."""
+    """A ``--domain`` declaration: ``COL=a,b,c`` (categorical) or ``COL=lo..hi`` (integer)."""
     if "=" not in spec:
         raise SamplingDataError(f"--domain {spec!r}: expected COLUMN=v1,v2,... or COLUMN=lo..hi")
     name, _, rest = spec.partition("=")
@@ -220,7 +224,7 @@ def load_schema(path: str | Path) -> dict[str, ColumnSpec]:
         [fallback]            # optional: where out-of-domain cells go
         region = "west"
 
-    Privacy contract: none needed — the schema is public and read without the data."""
+    The schema is public: it is read without the data."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -268,7 +272,15 @@ def _cell_string(value: Any) -> str | None:
     return json.dumps(value, sort_keys=True)
 
 
-def _read_columns(path: Path, columns: Sequence[str]) -> tuple[dict[str, list[Any]], int]:
+def _read_columns(path: Path, columns: Sequence[str]
+                  ) -> tuple[dict[str, list[Any]], int, tuple[str, ...]]:
+    """(values per column, number of rows, columns that occur in no JSONL record).
+
+    CSV/TSV: every line after the header is a row (:func:`dplang.io.iter_delimited_rows`, the
+    rule ``generate`` follows), an empty line being a row whose cells are all missing; every
+    cell is a string ("NA" stays "NA"). JSONL has no schema: a missing key is a missing cell,
+    and the presence of a key in the data never decides a refusal. Parquet: the schema's
+    columns (public)."""
     fmt = _FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise SamplingDataError(f"{path}: unsupported extension {path.suffix or '(none)'!r}; "
@@ -278,31 +290,27 @@ def _read_columns(path: Path, columns: Sequence[str]) -> tuple[dict[str, list[An
     if path.stat().st_size == 0:
         raise SamplingDataError(f"{path}: empty file")
     if fmt in ("csv", "tsv"):
-        import pandas as pd
-
-        try:
-            frame = pd.read_csv(path, sep="," if fmt == "csv" else "\t", dtype=str,
-                                keep_default_na=False, na_filter=False, encoding="utf-8")
-        except pd.errors.EmptyDataError:
-            raise SamplingDataError(f"{path}: empty file (no header row)") from None
-        except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise SamplingDataError(f"{path}: cannot read ({first})") from None
-        available = [str(c) for c in frame.columns]
-        _check_known(path, available, columns)
-        return {c: frame[c].tolist() for c in columns}, len(frame)
-    if fmt == "jsonl":
+        rows_iter = iter_delimited_rows(path, "," if fmt == "csv" else "\t", SamplingDataError)
+        header = next(rows_iter)
+        _check_known(path, header, columns)
+        positions = {c: header.index(c) for c in columns}
         data: dict[str, list[Any]] = {c: [] for c in columns}
         rows = 0
-        available: set[str] = set()
+        for row in rows_iter:
+            for c, i in positions.items():
+                data[c].append(row[i] if i < len(row) else None)
+            rows += 1
+        return data, rows, ()
+    if fmt == "jsonl":
+        data = {c: [] for c in columns}
+        rows = 0
+        seen: set[str] = set()
         for _lineno, obj in iter_json_objects(path, SamplingDataError):
-            available.update(obj)
+            seen.update(c for c in columns if c in obj)
             for c in columns:
                 data[c].append(obj.get(c))
             rows += 1
-        if rows:
-            _check_known(path, sorted(available), columns)
-        return data, rows
+        return data, rows, tuple(c for c in columns if c not in seen) if rows else ()
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -313,7 +321,7 @@ def _read_columns(path: Path, columns: Sequence[str]) -> tuple[dict[str, list[An
         raise SamplingDataError(f"{path}: not a readable Parquet file ({first})") from None
     _check_known(path, list(pfile.schema_arrow.names), columns)
     table = pfile.read(columns=list(columns))
-    return {c: table.column(c).to_pylist() for c in columns}, table.num_rows
+    return {c: table.column(c).to_pylist() for c in columns}, table.num_rows, ()
 
 
 def _check_known(path: Path, available: Sequence[str], columns: Sequence[str]) -> None:
@@ -414,7 +422,7 @@ def load_table(path: str | Path, columns: Sequence[str],
             f"column {c!r} has no declared type: declare it with --binary {c}, --domain "
             f"{c}=v1,v2,... or --domain {c}=lo..hi, or in a --schema file (types are public: "
             "reading them from the values would leak which values occur)")
-    raw, rows = _read_columns(path, cols)
+    raw, rows, absent = _read_columns(path, cols)
     if rows == 0:
         raise SamplingDataError(f"{path}: no data rows")
     specs = tuple(types[c] if types[c].name == c else
@@ -437,4 +445,4 @@ def load_table(path: str | Path, columns: Sequence[str],
                 f"domain or missing (first at data row {first + 1}); fix the data, or use "
                 "--out-of-domain map to map them by the public rule")
         mapped[c] = count
-    return CategoricalTable(specs, codes, mapped)
+    return CategoricalTable(specs, codes, mapped, absent)

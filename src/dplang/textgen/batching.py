@@ -2,7 +2,7 @@
 
 InvisibleInk produces one synthetic text per batch of ``B`` references, and each batch is
 used by exactly one generation. The privacy of the whole release rests on *parallel
-composition* (Corollary 11 of the paper, spec §2.3): if the references are split into
+composition* (InvisibleInk paper, Corollary 11): if the references are split into
 **disjoint** batches by a rule that is **agnostic to their content**, and each generation is
 ρ-zCDP with respect to its own batch, then the tuple of all generations is ρ-zCDP with respect
 to the data set -- the cost does not grow with the number of generations.
@@ -19,9 +19,9 @@ Why the partition built here is data-independent:
   "This precludes partitioning based on clustering").
 * Group labels (``group_by``) are treated as **PUBLIC metadata**: they decide which batch a
   reference joins and they are written into the public prompt. The guarantee covers the
-  reference texts only; if a label is itself sensitive, do not group by it (spec §7 item 13:
-  the paper's Yelp batching by category and stars is data-independent only on this
-  reading).
+  reference texts only; if a label is itself sensitive, do not group by it
+  (docs/generation.md, Data: the paper's Yelp batching by category and stars is
+  data-independent only on this reading).
 
 Rule. Without ``group_by``: consecutive, disjoint chunks of exactly ``B`` records in file
 order; there are ``⌊N/B⌋`` of them, and the remainder is not used. With ``group_by``: records

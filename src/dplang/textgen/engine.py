@@ -6,7 +6,7 @@ references are empty — retires a group's rows as soon as it ends (EOS or T tok
 the next group in its place, whose prompts run in the same model call as the others' next
 tokens (continuous batching at the level of groups).
 
-Privacy-relevant properties (DESIGN.md invariants 1, 2, 5):
+Privacy-relevant properties (docs/privacy.md invariants 1, 2, 5):
 
 * a private prompt identical to the public prompt (an empty reference) gets no row: its
   clipped difference is exactly zero by construction (:func:`invisibleink.aggregate`);
@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from ..models.base import LogitsModel
-from ..privacy.randomness import RandomStreams
-from .invisibleink import InvisibleInkPolicy, sample_from_candidates
+from ..privacy.mechanisms import exponential_mechanism
+from ..privacy.randomness import RandomStreams, StreamSource
 
 
 @dataclass(frozen=True)
@@ -130,33 +130,13 @@ class _Live:
     tokens: list[int] = field(default_factory=list)
 
 
-def run_invisibleink(
-    model: LogitsModel,
-    jobs: Iterable[GroupJob],
-    params: DecodingParams,
-    streams: RandomStreams,
-    concurrent_groups: int = 8,
-    on_result: Callable[[GroupResult], None] | None = None,
-    on_step: Callable[[int], None] | None = None,
-) -> list[GroupResult]:
-    """Run InvisibleInk for every job, ``concurrent_groups`` at a time (see :func:`run_groups`)."""
-
-    def policy(_job: GroupJob) -> StepPolicy:
-        return InvisibleInkPolicy(params.clip, params.batch_size, params.temperature,
-                                  params.top_k, model.vocab_size)
-
-    return run_groups(model, jobs, policy, params.batch_size, params.max_tokens, streams,
-                      concurrent_groups, on_result, on_step, params.sparse_head,
-                      params.stop_at_eos)
-
-
 def run_groups(
     model: LogitsModel,
     jobs: Iterable[GroupJob],
     make_policy: Callable[[GroupJob], StepPolicy],
     batch_size: int,
     max_tokens: int,
-    streams: RandomStreams,
+    streams: StreamSource,
     concurrent_groups: int = 8,
     on_result: Callable[[GroupResult], None] | None = None,
     on_step: Callable[[int], None] | None = None,
@@ -167,7 +147,9 @@ def run_groups(
 
     ``on_result`` is called as soon as a group ends (to persist it); ``on_step(n)`` after each
     decode step with the number of tokens produced in it (for progress). Returns all results
-    in completion order."""
+    in completion order. ``streams`` is a :class:`RandomStreams` (the driver, which holds the
+    seed) or a :class:`~dplang.privacy.randomness.StreamStates` (an executor's worker, which
+    holds only its groups' initial stream states): the draws are the same."""
     if concurrent_groups < 1:
         raise ValueError(f"concurrent groups must be >= 1, got {concurrent_groups}")
     if max_tokens < 1:
@@ -187,7 +169,7 @@ def _run_continuous(
     make_policy: Callable[[GroupJob], StepPolicy],
     batch_size: int,
     max_tokens: int,
-    streams: RandomStreams,
+    streams: StreamSource,
     concurrent_groups: int,
     on_step: Callable[[int], None] | None,
     sparse_head: bool,
@@ -350,7 +332,7 @@ def run_plain(
         keep: list[int] = []
         for j, row in enumerate(alive):
             scores = values[j].to(torch.float64).numpy()
-            token = sample_from_candidates(scores, ids[j].numpy(), temperature, rngs[row])
+            token = int(ids[j, exponential_mechanism(scores, temperature, rngs[row])])
             tokens[j] = token
             if token in eos and stop_at_eos:
                 continue

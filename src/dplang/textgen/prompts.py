@@ -7,7 +7,7 @@ filled from the batch's labels, which are public metadata (see
 :mod:`dplang.textgen.batching`). Only plain names are allowed as slots (no ``{0}``, ``{a.b}``,
 ``{a[0]}``, conversions or format specs); write literal braces as ``{{`` and ``}}``.
 
-**Privacy invariant** (DESIGN.md invariant 1, spec §5 item 1). InvisibleInk's sensitivity
+**Privacy invariant** (docs/privacy.md invariant 1). InvisibleInk's sensitivity
 bound C/B (replace-by-null adjacency) assumes that the logits given the empty reference are
 *exactly* the public logits. :meth:`PromptTemplate.render` therefore returns the public form
 whenever the reference is ``None``, ``""`` or whitespace only -- by construction, not by
@@ -19,7 +19,7 @@ Each built-in template comes in two forms. ``generic`` (the default) needs no la
 any text column; ``yelp``, ``tab`` and ``mimic`` are the paper's data sets (``yelp`` needs the
 labels ``category`` and ``stars``, from ``--group-by``) and are opt-in.
 
-* ``instruction`` -- the paper's Table 5 prompts (spec §4.4) verbatim, with the system prompt
+* ``instruction`` -- the InvisibleInk paper's Table 5 prompts verbatim, with the system prompt
   "You are a chatbot"; for instruction-tuned models that have a chat template (``generic``:
   the same shape without a domain);
 * ``completion`` -- for base models without a chat template (such as the default Gemma 3
@@ -71,7 +71,7 @@ DEFAULT_MAX_REFERENCE_TOKENS = 256
 """References are truncated to their first 256 model tokens before they enter the prompt.
 
 The rule depends only on the public tokenizer and this constant, never on the data set
-(e.g. not on an average or maximum length), so it adds no data-dependent choice (DESIGN.md
+(e.g. not on an average or maximum length), so it adds no data-dependent choice (docs/privacy.md
 invariant 4). The model backend applies it.
 """
 
@@ -80,7 +80,8 @@ DEFAULT_TEMPLATE = "generic"
 label slot, so it works on any file with a text column."""
 
 SYSTEM_PROMPT = "You are a chatbot"
-"""System prompt of the paper's experiments (spec §4.4), used with the instruction forms."""
+"""System prompt of the InvisibleInk paper's experiments (Table 5), used with the instruction
+forms."""
 
 REFERENCE_SLOT = "reference"
 

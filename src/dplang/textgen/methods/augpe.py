@@ -1,4 +1,4 @@
-"""Baseline: Aug-PE, Augmented Private Evolution (Xie et al. 2024, spec 002 §3.3).
+"""Baseline: Aug-PE, Augmented Private Evolution (Xie et al. 2024; docs/augpe.md).
 
 "Differentially Private Synthetic Data via Foundation Model APIs 2: Text" treats the language
 model as two black-box APIs — a *random API* (generate a text from a public prompt) and a
@@ -31,7 +31,7 @@ Gaussian noise. Candidates, prompts, selections and variations are functions of 
 (prompts, model, seed) and of earlier noisy histograms, i.e. post-processing. A reference that
 is ``None``, empty or whitespace only is the *null reference* and casts **no vote**.
 
-ℓ2 sensitivity of the histogram (spec §5 item 4, Property 10): a reference's vote is a
+ℓ2 sensitivity of the histogram (Xie et al. 2024, Property 10): a reference's vote is a
 deterministic function of its own embedding and the (public) candidates, so
 
 * add-or-remove one reference: one count changes by one, ℓ2 = 1;
@@ -39,7 +39,8 @@ deterministic function of its own embedding and the (public) candidates, so
 * replace-by-null: with dplang's null element (no vote) one count changes by one (ℓ2 = 1); if
   the null reference were instead embedded like any text and voted (how the InvisibleInk paper
   reads replace-by-null for Aug-PE), two counts could change, ℓ2 ≤ √2. dplang charges **√2**
-  under replace-by-null — valid for either reading and the value spec 002 prescribes.
+  under replace-by-null — valid for either reading and the value the InvisibleInk paper's
+  comparison uses.
 
 Each histogram is a Gaussian mechanism: ρ_iter = Δ²/(2σ²)-zCDP; the T histograms compose
 adaptively, ρ = T·Δ²/(2σ²). Given (ε, δ), σ = Δ·sqrt(T/(2ρ)) with ρ = ``epsilon_to_rho(ε, δ)``
@@ -47,12 +48,12 @@ adaptively, ρ = T·Δ²/(2σ²). Given (ε, δ), σ = Δ·sqrt(T/(2ρ)) with ρ
 
 Sensitivity conventions: ``"correct"`` (default) calibrates σ with the true Δ of the chosen
 adjacency. ``"paper"`` calibrates with Δ = 1 whatever the adjacency, as the Aug-PE code does
-(spec §3.3: a √2 advantage under replace-by-null). The returned guarantee is always the *true*
+(a √2 advantage under replace-by-null; docs/augpe.md). The returned guarantee is always the *true*
 one under the chosen adjacency — under replace-by-null with ``"paper"`` its ρ is twice the
 requested ρ and its ε exceeds the requested ε — and the authors' claimed values are recorded in
 ``details`` (``paper_claimed_rho``, ``paper_claimed_epsilon``).
 
-Determinism (DESIGN.md invariant 5): every generation and variation call, every noise draw and
+Determinism (docs/privacy.md invariant 5): every generation and variation call, every noise draw and
 every selection uses its own random stream derived from (seed, unit), so results do not depend
 on the model batch size. (Floating-point caveat: sentence embedders batch their inputs, so an
 embedding can differ in the last bits with the batch it shares; the nearest-neighbour search
@@ -63,19 +64,26 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from ..evaluation.embedders import Embedder, resolve_embedder
-from ..models.base import LogitsModel
-from ..privacy.accounting import epsilon_to_rho, rho_to_epsilon
-from ..privacy.guarantees import Guarantee
-from ..privacy.mechanisms import gaussian
-from ..privacy.randomness import RandomStreams
-from .engine import run_plain
+from ...evaluation.embedders import Embedder, resolve_embedder
+from ...models.base import LogitsModel
+from ...privacy.accounting import epsilon_to_rho, rho_to_epsilon
+from ...privacy.guarantees import Adjacency, Guarantee
+from ...privacy.mechanisms import gaussian
+from ...privacy.randomness import RandomStreams
+from ..engine import GroupResult, run_plain
+from .registry import (
+    MethodInputs,
+    MethodOption,
+    MethodSpec,
+    at_least,
+    register_method,
+)
 
 __all__ = [
     "ADJACENCY_SENSITIVITY",
@@ -232,6 +240,11 @@ class AugPEParams:
                              f"got {self.sensitivity_convention!r}")
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+
+    @property
+    def clip(self) -> float:
+        """Aug-PE clips no logits: 0 (what the manifest records for methods without one)."""
+        return 0.0
 
     @property
     def sensitivity(self) -> float:
@@ -503,8 +516,10 @@ def run_augpe(
 
     Returns:
         the ``params.num_texts`` synthetic texts, the guarantee (mechanism ``"augpe"``, unit
-        ``"reference"``; ``details`` has σ, T, L, wall-clock seconds and model calls) and run
-        statistics (calls, tokens, noisy-count sums, ...).
+        ``"reference"``; ``details`` has σ, T, L and model calls: public quantities only, no
+        seed and no duration) and run statistics (calls, tokens, noisy-count sums, ...; its
+        ``wall_clock_seconds`` is a duration of the computation on the private references, a
+        timing side channel: keep it out of public files).
     """
     started = time.perf_counter()
     if concurrent < 1:
@@ -561,9 +576,62 @@ def run_augpe(
         "embedder": getattr(emb, "name", type(emb).__name__),
         "wall_clock_seconds": seconds,
     }
+    # The guarantee is public (it goes into manifests): only public quantities. Never the
+    # seed (secret: it inverts the noise) nor the wall clock (a duration of the computation on
+    # the private references: a timing side channel), which stays in ``stats`` for the caller.
     guarantee = params.guarantee({
-        "embedder": stats["embedder"], "wall_clock_seconds": seconds,
+        "embedder": stats["embedder"],
         "model_calls": counter.calls, "generation_calls": generation_calls,
-        "variation_calls": stats["variation_calls"], "seed": seed,
+        "variation_calls": stats["variation_calls"],
     })
     return selected, guarantee, stats
+
+
+# --------------------------------------------------------------------------------------------
+# as a registered method
+
+
+def _calibrate(inputs: MethodInputs, options: Mapping[str, Any]) -> AugPEParams:
+    if inputs.epsilon is None:
+        raise ValueError("needs --epsilon (its accounting is calibrated from ε)")
+    return AugPEParams(
+        epsilon=inputs.epsilon, num_texts=1, delta=inputs.delta,
+        iterations=options["iterations"], variations=options["variations"],
+        max_tokens=inputs.max_tokens, temperature=inputs.temperature, top_k=inputs.top_k,
+        adjacency=str(inputs.adjacency))
+
+
+def run_population(
+    params: AugPEParams, model: LogitsModel, references: Sequence[str | None], num_texts: int,
+    public_prompt: str, system_prompt: str | None, seed: int,
+    on_step: Callable[[int], None] | None = None,
+) -> tuple[list[GroupResult], dict[str, Any]]:
+    """Aug-PE over all the references of the planned batches: ``num_texts`` texts (one per
+    batch). The references are used only through the noisy nearest-neighbour histograms
+    (:func:`run_augpe`); the guarantee does not depend on ``num_texts``."""
+
+    def progress(_stage: str, _done: int, _total: int) -> None:
+        if on_step is not None:
+            on_step(0)
+
+    texts, _guarantee, stats = run_augpe(
+        model, references, replace(params, num_texts=num_texts), seed % (2**63),
+        public_prompt=public_prompt, on_progress=progress, system_prompt=system_prompt)
+    results = [GroupResult(i, [], text, "population", {}, token_count=model.count_tokens(text))
+               for i, text in enumerate(texts)]
+    return results, stats
+
+
+SPEC = register_method(MethodSpec(
+    name="augpe",
+    summary="Aug-PE (Xie et al. 2024): private evolution with Gaussian nearest-neighbour "
+            "histograms (a population method)",
+    adjacencies=(Adjacency.REPLACE_BY_NULL,),
+    calibrate=_calibrate,
+    options=(
+        MethodOption("iterations", int, 3, "Iterations T (noisy histograms).", at_least(1)),
+        MethodOption("variations", int, 7, "Variations L per selected text.", at_least(0)),
+    ),
+    run_population=run_population,
+    calls_per_token=lambda _b, options: 1 + options["variations"] * options["iterations"],
+))

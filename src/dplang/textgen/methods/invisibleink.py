@@ -8,11 +8,12 @@ For a generation with B private references R = (r_1..r_B), public prompt q and p
                 k ≥ |V| means the whole vocabulary)
 * sample:       x_t ~ softmax(φ̄[V_k^+] / τ)   (exponential mechanism over V_k^+)
 
-Privacy contract (spec 002 §2.4, §5): under replace-by-null adjacency the aggregate has ℓ∞
-sensitivity C/B, provided an empty reference contributes *exactly* the public logits (this
-module's callers never compute logits for an empty reference: its clipped difference is
-exactly 0 by construction). V_k^+ is a function of the public logits only. Each step is therefore
-ρ_tok = C²/(2B²τ²)-zCDP and a generation of at most T tokens is T·ρ_tok-zCDP (charged for T).
+Privacy contract (InvisibleInk paper, §4 and Theorem 2; docs/privacy.md): under
+replace-by-null adjacency the aggregate has ℓ∞ sensitivity C/B, provided an empty reference
+contributes *exactly* the public logits (this module's callers never compute logits for an
+empty reference: its clipped difference is exactly 0 by construction). V_k^+ is a function of
+the public logits only. Each step is therefore ρ_tok = C²/(2B²τ²)-zCDP and a generation of
+at most T tokens is T·ρ_tok-zCDP (charged for T).
 
 Numerics (what makes the bound hold for the floats the sampler actually receives):
 
@@ -43,13 +44,20 @@ compact candidate scores and the same sampler, so they have the same sampling di
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from ..privacy.mechanisms import exponential_mechanism
+from ...models.base import LogitsModel
+from ...privacy.accounting import epsilon_to_rho, exponential_mechanism_rho, rho_to_epsilon
+from ...privacy.guarantees import Adjacency, Guarantee
+from ...privacy.mechanisms import exponential_mechanism
+from ...privacy.randomness import RandomStreams
+from ..engine import DecodingParams, GroupJob, GroupResult, StepPolicy, run_groups
+from .registry import MethodInputs, MethodSpec, register_method
 
 #: Called by :meth:`InvisibleInkPolicy.choose` just before sampling, with the candidate token
 #: ids, their float64 scores and the temperature: the exact next-token law is
@@ -210,7 +218,7 @@ def step_probabilities(
 
     Computed from the very scores :class:`InvisibleInkPolicy` samples from (dense private
     logits ``[m, V]``; zeros outside V_k^+). Reference implementation for tests and audits."""
-    from ..privacy.mechanisms import exponential_mechanism_probabilities
+    from ...privacy.mechanisms import exponential_mechanism_probabilities
 
     policy = InvisibleInkPolicy(clip_norm, batch_size, temperature, k, public.shape[-1])
     ids = policy.candidates(public)
@@ -264,7 +272,6 @@ class InvisibleInkPolicy:
         self.observer = observer
         self.sizes: list[int] = []
         self.expansion = 0
-        self._ell = float("-inf")
 
     @property
     def full_vocabulary(self) -> bool:
@@ -279,7 +286,6 @@ class InvisibleInkPolicy:
                 return None
             return self._nonempty(torch.nonzero(support).squeeze(-1))
         ell = topk_threshold(public, self.top_k)
-        self._ell = float(ell.squeeze())
         mask = expanded_topk_mask(public, self.top_k, self.clip_norm, self.batch_size, ell)
         return self._nonempty(torch.nonzero(mask).squeeze(-1))
 
@@ -307,9 +313,18 @@ class InvisibleInkPolicy:
             self.observer(ids_np, scores, self.temperature)
         token = sample_from_candidates(scores, ids_np, self.temperature, rng)
         self.sizes.append(int(ids_np.size))
-        if float(public[token]) < self._ell:
+        if self._below_topk(public, ids_np, token):
             self.expansion += 1
         return token
+
+    def _below_topk(self, public: torch.Tensor, ids: np.ndarray, token: int) -> bool:
+        """Whether ``token`` is in V_k^+ \\ V_k: its public logit is below ℓ, the k-th largest,
+        i.e. at least k public logits exceed it. All of those are ≥ ℓ, so they are among the
+        candidates ``ids``: counting there is exact (a statistic of public logits only)."""
+        if self.full_vocabulary:
+            return False
+        above = public[torch.from_numpy(ids)] > public[token]
+        return int(above.sum()) >= self.top_k
 
     def stats(self) -> dict[str, float | int]:
         sizes = np.asarray(self.sizes, dtype=np.float64)
@@ -319,3 +334,177 @@ class InvisibleInkPolicy:
             "topk_plus_min": int(sizes.min()) if sizes.size else 0,
             "expansion_tokens": self.expansion,
         }
+
+
+def run_invisibleink(
+    model: LogitsModel,
+    jobs: Iterable[GroupJob],
+    params: DecodingParams,
+    streams: RandomStreams,
+    concurrent_groups: int = 8,
+    on_result: Callable[[GroupResult], None] | None = None,
+    on_step: Callable[[int], None] | None = None,
+) -> list[GroupResult]:
+    """Run InvisibleInk for every job, ``concurrent_groups`` at a time (see :func:`run_groups`)."""
+
+    def policy(_job: GroupJob) -> StepPolicy:
+        return InvisibleInkPolicy(params.clip, params.batch_size, params.temperature,
+                                  params.top_k, model.vocab_size)
+
+    return run_groups(model, jobs, policy, params.batch_size, params.max_tokens, streams,
+                      concurrent_groups, on_result, on_step, params.sparse_head,
+                      params.stop_at_eos)
+
+
+# --------------------------------------------------------------------------------------------
+# Calibration (InvisibleInk paper, §4 and Theorem 2): the guarantee is built here, beside the
+# mechanism that earns it
+
+#: Adjacencies for which the DClip aggregate has a known sensitivity, with its factor on C/B.
+DCLIP_SENSITIVITY_FACTOR = {"replace-by-null": 1.0, "zero-out": 2.0}
+
+
+def dclip_sensitivity(clip: float, batch_size: int, adjacency: str = "replace-by-null") -> float:
+    """ℓ∞ sensitivity of (1/B) Σ DClip_C(φ_i, φ_pub): C/B (replace-by-null), 2C/B (zero-out)."""
+    if adjacency not in DCLIP_SENSITIVITY_FACTOR:
+        raise ValueError(
+            f"adjacency must be one of {sorted(DCLIP_SENSITIVITY_FACTOR)}, got {adjacency!r}"
+        )
+    if not clip >= 0 or batch_size < 1:
+        raise ValueError("clip must be >= 0 and batch_size >= 1")
+    return DCLIP_SENSITIVITY_FACTOR[adjacency] * clip / batch_size
+
+
+def invisibleink_rho(
+    tokens: int,
+    clip: float,
+    batch_size: int,
+    temperature: float,
+    adjacency: str = "replace-by-null",
+) -> float:
+    """ρ_seq = T·Δ²/(2τ²) with Δ the DClip sensitivity; = T·C²/(2B²τ²) under replace-by-null."""
+    if tokens < 1:
+        raise ValueError(f"tokens must be >= 1, got {tokens}")
+    sens = dclip_sensitivity(clip, batch_size, adjacency)
+    return tokens * exponential_mechanism_rho(sens, temperature)
+
+
+def calibrate_clip(
+    rho: float,
+    tokens: int,
+    batch_size: int,
+    temperature: float,
+    adjacency: str = "replace-by-null",
+) -> float:
+    """The clip norm C that spends exactly ρ over T tokens: C = Bτ·sqrt(2ρ/T) / factor.
+
+    (The InvisibleInk paper's §5.4 prints C = Bτ/sqrt(2ρ/T), a typo; §4 and Thm 2 give this.)
+    """
+    if not (rho >= 0 and math.isfinite(rho)):
+        raise ValueError(f"rho must be finite and >= 0, got {rho}")
+    if tokens < 1 or batch_size < 1 or not temperature > 0:
+        raise ValueError("tokens >= 1, batch_size >= 1 and temperature > 0 are required")
+    # Δ = factor·C/B and ρ = T·Δ²/(2τ²)  ⇒  C = Bτ·sqrt(2ρ/T) / factor
+    unit_sensitivity = dclip_sensitivity(1.0, 1, adjacency)
+    return batch_size * temperature * math.sqrt(2.0 * rho / tokens) / unit_sensitivity
+
+
+def topk_plus_margin(clip: float, batch_size: int) -> float:
+    """The Top-k+ expansion margin 2C/B (a property of the public logits; any adjacency)."""
+    return 2.0 * clip / batch_size
+
+
+def per_token_pure_epsilon(
+    clip: float, batch_size: int, temperature: float, adjacency: str = "replace-by-null"
+) -> float:
+    """Per-token pure-DP bound of the exponential mechanism: 2Δ/τ (= 2C/(Bτ) by default)."""
+    return 2.0 * dclip_sensitivity(clip, batch_size, adjacency) / temperature
+
+
+def invisibleink_budget(
+    *, epsilon: float | None, rho: float | None, clip: float | None, delta: float,
+    tokens: int, batch_size: int, temperature: float, adjacency: str,
+) -> dict[str, float | int | str]:
+    """The whole InvisibleInk calculation from exactly one of ε (at δ), ρ or a clip norm C.
+
+    Returns ``rho``, ``epsilon``, ``delta``, ``clip``, ``margin`` (2C/B), ``per_token_epsilon``
+    (2Δ/τ) and the inputs. The guarantee is ρ-zCDP, charged for T tokens."""
+    if sum(v is not None for v in (epsilon, rho, clip)) != 1:
+        raise ValueError("give exactly one of epsilon, rho or clip")
+    if clip is None:
+        rho_value = rho if rho is not None else epsilon_to_rho(epsilon, delta)
+        clip_value = calibrate_clip(rho_value, tokens, batch_size, temperature, adjacency)
+    else:
+        clip_value = clip
+        rho_value = invisibleink_rho(tokens, clip, batch_size, temperature, adjacency)
+    eps_value = epsilon if epsilon is not None else rho_to_epsilon(rho_value, delta)
+    return {
+        "rho": rho_value,
+        "epsilon": eps_value,
+        "delta": delta,
+        "clip": clip_value,
+        "margin": topk_plus_margin(clip_value, batch_size),
+        "per_token_epsilon": per_token_pure_epsilon(clip_value, batch_size, temperature,
+                                                    adjacency),
+        "tokens": tokens,
+        "batch_size": batch_size,
+        "temperature": temperature,
+        "adjacency": adjacency,
+    }
+
+
+@dataclass(frozen=True)
+class InvisibleInkParams:
+    """A calibrated InvisibleInk run: clip norm C, batch size B, temperature τ, Top-k+ k, T
+    tokens, adjacency; :meth:`guarantee` is what every release with them satisfies.
+
+    Privacy contract: each generation reads one batch of B references and is charged
+    ρ = T·Δ²/(2τ²) with Δ = C/B (replace-by-null) or 2C/B (zero-out) whatever it emits;
+    generations over disjoint, data-independently formed batches compose in parallel, so the
+    whole release is ρ-zCDP, reported with its tight (ε, δ) conversion."""
+
+    clip: float
+    batch_size: int
+    temperature: float
+    top_k: int
+    max_tokens: int
+    rho: float
+    epsilon: float
+    delta: float
+    adjacency: Adjacency = Adjacency.REPLACE_BY_NULL
+
+    @classmethod
+    def calibrate(cls, inputs: MethodInputs, options: Mapping[str, Any] | None = None
+                  ) -> InvisibleInkParams:
+        """From exactly one of ε (at δ), ρ or a clip norm C (``inputs``); ε is the one asked
+        for, else the tight conversion of ρ at δ."""
+        budget = invisibleink_budget(
+            epsilon=inputs.epsilon, rho=inputs.rho, clip=inputs.clip, delta=inputs.delta,
+            tokens=inputs.max_tokens, batch_size=inputs.batch_size,
+            temperature=inputs.temperature, adjacency=inputs.adjacency)
+        return cls(float(budget["clip"]), inputs.batch_size, inputs.temperature, inputs.top_k,
+                   inputs.max_tokens, float(budget["rho"]), float(budget["epsilon"]),
+                   inputs.delta, Adjacency(inputs.adjacency))
+
+    def guarantee(self) -> Guarantee:
+        return Guarantee(
+            mechanism="invisibleink", unit="reference", adjacency=self.adjacency, rho=self.rho,
+            epsilon=self.epsilon, delta=self.delta,
+            details={"clip": self.clip, "batch_size": self.batch_size,
+                     "max_tokens": self.max_tokens, "temperature": self.temperature,
+                     "top_k": self.top_k,
+                     "composition": "parallel over disjoint batches formed in file order"})
+
+    def policy_factory(self, vocab_size: int) -> Callable[[GroupJob], StepPolicy]:
+        return lambda _job: InvisibleInkPolicy(self.clip, self.batch_size, self.temperature,
+                                               self.top_k, vocab_size)
+
+
+SPEC = register_method(MethodSpec(
+    name="invisibleink",
+    summary="InvisibleInk (Vinod, Pillutla, Thakurta 2025): DClip + Top-k+ exponential "
+            "mechanism, ρ-zCDP per batch",
+    adjacencies=(Adjacency.REPLACE_BY_NULL, Adjacency.ZERO_OUT),
+    calibrate=InvisibleInkParams.calibrate,
+    budget_forms=("epsilon", "rho", "clip"),
+))

@@ -8,13 +8,18 @@ Layout of the output directory::
                                                      their public manifest
     DIR/cells/<key>/gen.private.json                 PRIVATE: the cell's secret seed, data
                                                      digest, counts (mode 600)
-    DIR/cells/<key>/eval/metrics.json                its evaluation (the cell's "done" marker)
-    DIR/results.csv, DIR/results.md, DIR/*.png       the sweep's results
+    DIR/cells/<key>/eval/metrics.json                PRIVATE: its evaluation (the cell's "done"
+                                                     marker), report.md and plots (mode 600)
+    DIR/cells/<key>/timing.json                      PRIVATE: its generation time (mode 600)
+    DIR/results.csv, DIR/results.md, DIR/*.png       PRIVATE: the sweep's results (mode 600)
 
 Every private cell is a release charged to the user's ledger under the dataset's name (not a
 ledger of the experiment's own). The evaluation compares the generations with held-out real
 rows of the same data: MAUVE, perplexity and the other results are statistics of those private
-rows, not differentially private releases — publish them only when the held-out data is public.
+rows, not differentially private releases, and the timings are durations of computations on
+private data (a side channel). Every such file is therefore written with mode 600 from
+creation; publish them (``chmod``) only when the held-out data is public and the timings may be
+known. The only world-readable files are the releases and their public manifests.
 
 A finished cell (its ``eval/metrics.json`` exists) is skipped on rerun; an interrupted cell
 resumes its generation where it stopped (with the seed kept in its private side file).
@@ -23,6 +28,7 @@ resumes its generation where it stopped (with the seed kept in its private side 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import time
@@ -42,12 +48,11 @@ from ..release import (
     check_output_path,
     dataset_name,
     fsync_dir,
+    write_atomic,
     write_json,
 )
 from ..textgen.batching import make_batches
-from ..textgen.prompts import get_template
-from ..textgen.public import generate_public_texts
-from ..textgen.runner import (
+from ..textgen.orchestration import (
     GenerationError,
     GenerationRequest,
     check_request,
@@ -55,6 +60,8 @@ from ..textgen.runner import (
     plan_generation,
     private_path_for,
 )
+from ..textgen.prompts import get_template
+from ..textgen.public import generate_public_texts
 from .config import Cell, ConfigError, ExperimentConfig, calls_per_token
 from .tables import write_plots, write_results_md
 
@@ -309,8 +316,10 @@ def _request(config: ExperimentConfig, cell: Cell, data: Path, out: Path,
         group_by=config.group_by, model=config.model, ledger=ledger, dataset=dataset,
         method=cell.method,
         adjacency="replace-by-null",  # the only dataset-level adjacency of every method
-        dtype=config.dtype, augpe_iterations=config.augpe_iterations,
-        augpe_variations=config.augpe_variations,
+        dtype=config.dtype,
+        method_options=({"iterations": config.augpe_iterations,
+                         "variations": config.augpe_variations}
+                        if cell.method == "augpe" else {}),
         max_reference_tokens=config.max_reference_tokens,
     )
 
@@ -448,8 +457,8 @@ def run_experiment(
                     if new and not (cell_dir / "gen.jsonl").exists():
                         _remove_empty_cell(cell_dir)  # a cell that never started leaves nothing
                     raise
-                if not timing_path.exists():
-                    timing_path.write_text(json.dumps(timing))
+                if not timing_path.exists():  # a duration: a side channel, so private
+                    write_json(timing_path, timing, private=True)
                 say(f"{tag}: evaluating")
                 model_for_eval = (cached(config.model, "float32")
                                   if "perplexity" in config.metrics else config.model)
@@ -507,11 +516,15 @@ def _cell_release_ids(out_dir: Path, config: ExperimentConfig) -> list[str]:
 
 def write_results(rows: list[dict[str, Any]], out_dir: Path, config: ExperimentConfig,
                   ledger: Path | None = None, dataset: str | None = None) -> None:
-    with open(out_dir / "results.csv", "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=RESULT_COLUMNS)
-        writer.writeheader()
-        for r in rows:
-            writer.writerow(r)
+    """``results.csv``, ``results.md`` and the plots, all mode 600 from creation: MAUVE and the
+    other utility figures are statistics of the held-out private rows, and ``gen_seconds`` /
+    ``cpu_seconds`` are durations of computations on private data (a timing side channel)."""
+    buf = io.StringIO(newline="")
+    writer = csv.DictWriter(buf, fieldnames=RESULT_COLUMNS)
+    writer.writeheader()
+    for r in rows:
+        writer.writerow(r)
+    write_atomic(out_dir / "results.csv", buf.getvalue(), private=True)
     name = dataset or dataset_name(config.data_path, config.dataset)
     rho, eps, releases = sweep_spend(ledger, _cell_release_ids(out_dir, config), config.delta)
     total = PrivacyLedger(ledger).spent(name)

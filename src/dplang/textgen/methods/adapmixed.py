@@ -1,4 +1,4 @@
-"""Baseline: AdaPMixED (Flemings et al. 2024), adapted to generation (spec 002 §3.2).
+"""Baseline: AdaPMixED (Flemings et al. 2024), adapted to generation (docs/deviations.md).
 
 Per step, with the public distribution ``p_pub = softmax(φ_pub/τ)`` and one distribution per
 reference ``p_i = softmax(φ_i/τ)``:
@@ -32,22 +32,26 @@ data file would shift every later reference into another batch (docs/deviations.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from scipy.optimize import brentq
 
-from ..privacy.guarantees import Guarantee
-from ..privacy.mechanisms import gaussian
-from .distributions import softmax64
+from ...privacy.guarantees import Adjacency, Guarantee
+from ...privacy.mechanisms import gaussian
+from ..distributions import softmax64
+from ..engine import GroupJob, StepPolicy
+from .registry import MethodInputs, MethodSpec, register_method
 
 ADJACENCIES = ("add-remove", "replace-by-null")
 
 
 @dataclass(frozen=True)
 class AdaPMixEDParams:
-    """Hyperparameters (defaults: the authors' code, spec 002 §3.2)."""
+    """Hyperparameters (defaults: the authors' code; docs/deviations.md)."""
 
     epsilon: float
     delta: float = 1e-6
@@ -168,3 +172,36 @@ class AdaPMixEDPolicy:
         """Per-generation statistics written to the output. The running privacy cost is
         deliberately absent: it is an exact function of the private references."""
         return {"private_steps": self.private_steps, "public_steps": self.public_steps}
+
+
+@dataclass(frozen=True)
+class AdaPMixEDRun:
+    """AdaPMixED's params as a registered method: :class:`AdaPMixEDParams` and B.
+
+    Privacy contract: the guarantee is data-dependent (``ex_ante=False``), and says so."""
+
+    params: AdaPMixEDParams
+    batch_size: int
+    clip: float = 0.0
+
+    @classmethod
+    def calibrate(cls, inputs: MethodInputs, options: Mapping[str, Any]) -> AdaPMixEDRun:
+        if inputs.epsilon is None:
+            raise ValueError("needs --epsilon (its accounting is calibrated from ε)")
+        return cls(AdaPMixEDParams(epsilon=inputs.epsilon, delta=inputs.delta,
+                                   temperature=inputs.temperature,
+                                   adjacency=str(inputs.adjacency)), inputs.batch_size)
+
+    def guarantee(self) -> Guarantee:
+        return self.params.guarantee()
+
+    def policy_factory(self, vocab_size: int) -> Callable[[GroupJob], StepPolicy]:
+        return lambda _job: AdaPMixEDPolicy(self.params, self.batch_size)
+
+
+SPEC = register_method(MethodSpec(
+    name="adapmixed",
+    summary="AdaPMixED (Flemings et al. 2024): data-dependent mixing, NOT ex-ante DP",
+    adjacencies=(Adjacency.REPLACE_BY_NULL,),
+    calibrate=AdaPMixEDRun.calibrate,
+))

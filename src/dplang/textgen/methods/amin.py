@@ -1,4 +1,5 @@
-"""Baseline: Amin et al. 2024, private prediction for synthetic text (spec 002 §3.1).
+"""Baseline: Amin et al. 2024, private prediction for synthetic text (a baseline of the
+InvisibleInk paper; deviations in docs/deviations.md).
 
 Per step, with B references:
 
@@ -28,15 +29,27 @@ Accounting (charged for the cap ``T_prv``): per private token, the exponential m
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from ..privacy.accounting import epsilon_to_rho, rho_to_epsilon
-from ..privacy.guarantees import Guarantee
-from ..privacy.mechanisms import exponential_mechanism, laplace
-from .distributions import softmax64
+from ...privacy.accounting import epsilon_to_rho, rho_to_epsilon
+from ...privacy.guarantees import Adjacency, Guarantee
+from ...privacy.mechanisms import exponential_mechanism, laplace
+from ..distributions import softmax64
+from ..engine import GroupJob, StepPolicy
+from .registry import (
+    MethodInputs,
+    MethodOption,
+    MethodSpec,
+    at_least,
+    finite,
+    positive,
+    register_method,
+)
 
 CONVENTIONS = ("correct", "paper")
 
@@ -183,3 +196,60 @@ class AminPolicy:
 
     def stats(self) -> dict[str, int]:
         return {"private_tokens": self.private_tokens}
+
+
+@dataclass(frozen=True)
+class AminParams:
+    """A calibrated Amin et al. run: its :class:`AminBudget` and the public decoding options.
+
+    Privacy contract: each generation is charged ``budget.rho`` (the cap on private tokens,
+    whatever is emitted); generations over disjoint batches compose in parallel."""
+
+    budget: AminBudget
+    epsilon: float
+    delta: float
+    batch_size: int
+    temperature: float
+    public_temperature: float
+    threshold: float
+    sigma: float
+
+    @classmethod
+    def calibrate(cls, inputs: MethodInputs, options: Mapping[str, Any]) -> AminParams:
+        if inputs.epsilon is None:
+            raise ValueError("needs --epsilon (its accounting is calibrated from ε)")
+        budget = calibrate(inputs.epsilon, inputs.delta, inputs.batch_size, inputs.temperature,
+                           options["sigma"], options["private_tokens"], options["convention"])
+        return cls(budget, inputs.epsilon, inputs.delta, inputs.batch_size, inputs.temperature,
+                   options["public_temperature"], options["threshold"], options["sigma"])
+
+    @property
+    def clip(self) -> float:
+        return self.budget.clip
+
+    def guarantee(self) -> Guarantee:
+        return self.budget.guarantee(self.delta, self.epsilon)
+
+    def policy_factory(self, vocab_size: int) -> Callable[[GroupJob], StepPolicy]:
+        return lambda _job: AminPolicy(self.budget, self.batch_size, self.temperature,
+                                       self.public_temperature, self.threshold, self.sigma)
+
+
+SPEC = register_method(MethodSpec(
+    name="amin",
+    summary="Amin et al. 2024: sparse vector test between public and private tokens, "
+            "re-centred clipping",
+    adjacencies=(Adjacency.REPLACE_BY_NULL, Adjacency.ZERO_OUT),
+    calibrate=AminParams.calibrate,
+    options=(
+        MethodOption("sigma", float, 0.3, "SVT noise σ.", positive),
+        MethodOption("threshold", float, 0.7, "SVT threshold θ.", finite),
+        MethodOption("private_tokens", int, 100, "Cap on private tokens (charged).",
+                     at_least(1)),
+        MethodOption("public_temperature", float, 1.0, "Temperature of public tokens.",
+                     positive),
+        MethodOption("convention", str, "correct",
+                     "Sensitivity: correct (2C/B, replace-by-null) or paper (C/B).",
+                     choices=CONVENTIONS),
+    ),
+))

@@ -22,10 +22,11 @@ mode 600 from creation), never in the manifest.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,9 @@ from ..privacy.accounting import (
     BudgetLimitError,
     check_budget_limit,
     check_epsilon_limit,
-    invisibleink_budget,
 )
-from ..privacy.guarantees import Guarantee
+from ..privacy.guarantees import Adjacency, Guarantee
 from ..privacy.ledger import LedgerError, check_ledger_path
-from ..privacy.randomness import RandomStreams
 from ..release import (
     Release,
     ReleaseError,
@@ -50,11 +49,12 @@ from ..release import (
     dataset_name,
     write_json,
 )
-from . import adapmixed, amin, augpe
 from .batching import Batch, make_batches
-from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy, run_groups
-from .invisibleink import InvisibleInkPolicy
+from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy
+from .executors import Executor, dispatch_plan
+from .methods.registry import MethodInputs, MethodParams, MethodSpec, get_method
 from .prompts import (
+    BUILTIN_TEMPLATES,
     DEFAULT_MAX_REFERENCE_TOKENS,
     DEFAULT_TEMPLATE,
     PromptTemplate,
@@ -62,17 +62,11 @@ from .prompts import (
 )
 
 DEFAULT_CONCURRENT_GROUPS = 8
-#: Per-token methods that run on the engine (Aug-PE is a population method: see augpe.py).
-METHODS = ("invisibleink", "amin", "adapmixed", "augpe")
-#: Adjacencies each method's *dataset-level* guarantee holds for. No method offers add-remove:
-#: removing a row shifts every later reference into another batch (and changes ⌊N/B⌋), so a
-#: per-batch add-remove bound says nothing about the data set (docs/deviations.md).
-_ADJACENCY = {
-    "augpe": ("replace-by-null",),
-    "invisibleink": ("replace-by-null", "zero-out"),
-    "amin": ("replace-by-null", "zero-out"),
-    "adapmixed": ("replace-by-null",),
-}
+
+# Which methods exist, their adjacencies, budget forms and options: the method registry
+# (dplang.textgen.methods). No method offers add-remove at the data-set level: removing a row
+# shifts every later reference into another batch (and changes ⌊N/B⌋), so a per-batch
+# add-remove bound says nothing about the data set (docs/deviations.md).
 
 
 class GenerationError(ValueError):
@@ -110,16 +104,9 @@ class GenerationRequest:
     #: Ledger name of the dataset (default: the data file's resolved path).
     dataset: str | None = None
     method: str = "invisibleink"
-    #: Amin et al. baseline (spec 002 §3.1): SVT noise σ and threshold θ, cap on private
-    #: tokens, public temperature, sensitivity convention ("correct" or "paper").
-    amin_sigma: float = 0.3
-    amin_threshold: float = 0.7
-    amin_private_tokens: int = 100
-    amin_public_temperature: float = 1.0
-    amin_convention: str = "correct"
-    #: Aug-PE baseline (spec 002 §3.3): iterations T_PE and variations L per selected text.
-    augpe_iterations: int = 3
-    augpe_variations: int = 7
+    #: The method's own options by name (``{"sigma": 0.3}`` for ``--amin-sigma 0.3``); those
+    #: not given take the defaults of the method's :class:`~dplang.textgen.methods.MethodSpec`.
+    method_options: Mapping[str, Any] = field(default_factory=dict)
     #: Replace what ``out`` holds (another run, or a stale private side file) with a new run.
     #: The old files are removed only once the new release has been charged.
     overwrite: bool = False
@@ -137,7 +124,9 @@ class GenerationPlan:
     data_digest: str
     guarantee: Guarantee
     params: DecodingParams
-    make_policy: Callable[[GroupJob], StepPolicy]
+    #: One step policy per group (token methods); None for a population method.
+    make_policy: Callable[[GroupJob], StepPolicy] | None
+    method: CalibratedMethod
     dataset: str = ""
     truncated_references: int = 0
     jobs: list[GroupJob] = field(default_factory=list)
@@ -225,50 +214,81 @@ def _validate(req: GenerationRequest) -> None:
          f"--concurrent-groups must be >= 1, got {req.concurrent_groups}"),
         (req.max_reference_tokens >= 1,
          f"--max-reference-tokens must be >= 1, got {req.max_reference_tokens}"),
-        (req.method in METHODS,
-         f"--method must be one of {', '.join(METHODS)}, got {req.method}"),
         (req.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}; got {req.dtype!r}"),
-        (req.method not in _ADJACENCY or req.adjacency in _ADJACENCY[req.method],
-         f"--adjacency for {req.method} must be one of "
-         f"{', '.join(_ADJACENCY.get(req.method, ()))}, got {req.adjacency}"),
-        (req.method == "invisibleink" or req.epsilon is not None,
-         f"--method {req.method} needs --epsilon (its accounting is calibrated from ε)"),
         (req.out.suffix == ".jsonl", f"--out must end in .jsonl, got {req.out}"),
-        (_finite_positive(req.amin_sigma), f"--amin-sigma must be finite and > 0, got "
-                                            f"{req.amin_sigma}"),
-        (math.isfinite(req.amin_threshold),
-         f"--amin-threshold must be finite, got {req.amin_threshold}"),
-        (_finite_positive(req.amin_public_temperature),
-         f"--amin-public-temperature must be finite and > 0, got "
-         f"{req.amin_public_temperature}"),
-        (req.amin_private_tokens >= 1,
-         f"--amin-private-tokens must be >= 1, got {req.amin_private_tokens}"),
-        (req.augpe_iterations >= 1,
-         f"--augpe-iterations must be >= 1, got {req.augpe_iterations}"),
-        (req.augpe_variations >= 0,
-         f"--augpe-variations must be >= 0, got {req.augpe_variations}"),
     ]
     for ok, message in checks:
         if not ok:
             raise GenerationError(message)
+    spec = _method(req)
+    if req.adjacency not in spec.adjacencies:
+        raise GenerationError(f"--adjacency for {spec.name} must be one of "
+                              f"{', '.join(spec.adjacencies)}, got {req.adjacency}")
+    form = given[0].removeprefix("--")
+    if form not in spec.budget_forms:
+        raise GenerationError(
+            f"--method {spec.name} needs --epsilon (its accounting is calibrated from ε)"
+            if spec.budget_forms == ("epsilon",) else
+            f"--method {spec.name} takes {' or '.join('--' + f for f in spec.budget_forms)}")
+    _options(req, spec)
 
 
-def _make_guarantee(
-    req: GenerationRequest,
-) -> tuple[Guarantee, float, Callable[[int], Callable[[GroupJob], StepPolicy]]]:
-    """The run's guarantee, its clip norm (0 when the method has none) and a factory that,
-    given the model's vocabulary size, makes one step policy per generation.
+def _method(req: GenerationRequest) -> MethodSpec:
+    try:
+        return get_method(req.method)
+    except ValueError as exc:
+        raise GenerationError(str(exc)) from None
+
+
+def _options(req: GenerationRequest, spec: MethodSpec) -> dict[str, Any]:
+    """The method's options, given ones checked and the rest defaulted."""
+    try:
+        return spec.resolve_options(req.method_options)
+    except ValueError as exc:
+        raise GenerationError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class CalibratedMethod:
+    """A request's method, calibrated: its spec, options and params (guarantee and clip)."""
+
+    spec: MethodSpec
+    options: dict[str, Any]
+    params: MethodParams
+
+    @property
+    def guarantee(self) -> Guarantee:
+        return self.params.guarantee()
+
+    @property
+    def clip(self) -> float:
+        return float(self.params.clip)
+
+    def policy_factory(self, vocab_size: int) -> Callable[[GroupJob], StepPolicy] | None:
+        if self.spec.run_population is not None:
+            return None
+        return self.params.policy_factory(vocab_size)  # type: ignore[attr-defined]
+
+
+def _calibrate(req: GenerationRequest) -> CalibratedMethod:
+    """The request's method calibrated to its budget (nothing read, nothing loaded).
 
     A guarantee whose ε is above :data:`~dplang.privacy.accounting.MAX_EPSILON` (a huge
     ``--clip``) is refused like a huge ``--epsilon``."""
+    spec = _method(req)
+    options = _options(req, spec)
+    inputs = MethodInputs(req.epsilon, req.delta, req.rho, req.clip, req.batch_size,
+                          req.max_tokens, req.temperature, req.top_k, Adjacency(req.adjacency))
     try:
-        made = _make_guarantee_unchecked(req)
-        epsilon = made[0].epsilon
+        made = CalibratedMethod(spec, options, spec.calibrate(inputs, options))
+        epsilon = made.guarantee.epsilon
     except (OverflowError, ZeroDivisionError, ValueError) as exc:
         if isinstance(exc, GenerationError):
             raise
         if req.clip is None:
-            raise GenerationError(str(exc).splitlines()[0]) from None
+            message = str(exc).splitlines()[0]
+            raise GenerationError(message if req.method == "invisibleink"
+                                  else f"{req.method}: {message}") from None
         epsilon = math.inf  # a clip norm so large that its ρ overflows
     if req.clip is not None:
         try:
@@ -278,99 +298,6 @@ def _make_guarantee(
     return made
 
 
-def _make_guarantee_unchecked(
-    req: GenerationRequest,
-) -> tuple[Guarantee, float, Callable[[int], Callable[[GroupJob], StepPolicy]]]:
-    if req.method == "amin":
-        try:
-            budget = amin.calibrate(req.epsilon, req.delta, req.batch_size,  # type: ignore[arg-type]
-                                    req.temperature, req.amin_sigma, req.amin_private_tokens,
-                                    req.amin_convention)
-        except amin.InfeasibleBudget as exc:
-            raise GenerationError(str(exc)) from exc
-        except ValueError as exc:
-            raise GenerationError(f"amin: {exc}") from exc
-        guarantee = budget.guarantee(req.delta, req.epsilon)
-
-        def amin_factory(_vocab: int) -> Callable[[GroupJob], StepPolicy]:
-            return lambda _job: amin.AminPolicy(
-                budget, req.batch_size, req.temperature, req.amin_public_temperature,
-                req.amin_threshold, req.amin_sigma)
-
-        return guarantee, budget.clip, amin_factory
-    if req.method == "augpe":
-        try:
-            prm0 = _augpe_params(req, num_texts=1)
-        except ValueError as exc:
-            raise GenerationError(f"augpe: {exc}") from exc
-        return prm0.guarantee(), 0.0, lambda _vocab: (lambda _job: None)  # type: ignore[return-value]
-    if req.method == "adapmixed":
-        prm = adapmixed.AdaPMixEDParams(epsilon=req.epsilon,  # type: ignore[arg-type]
-                                        delta=req.delta, temperature=req.temperature,
-                                        adjacency=req.adjacency)
-
-        def ada_factory(_vocab: int) -> Callable[[GroupJob], StepPolicy]:
-            return lambda _job: adapmixed.AdaPMixEDPolicy(prm, req.batch_size)
-
-        return prm.guarantee(), 0.0, ada_factory
-    budget = invisibleink_budget(
-        epsilon=req.epsilon, rho=req.rho, clip=req.clip, delta=req.delta,
-        tokens=req.max_tokens, batch_size=req.batch_size, temperature=req.temperature,
-        adjacency=req.adjacency,
-    )
-    clip = float(budget["clip"])
-    guarantee = Guarantee(
-        mechanism="invisibleink",
-        unit="reference",
-        adjacency=req.adjacency,
-        rho=float(budget["rho"]),
-        epsilon=float(budget["epsilon"]),
-        delta=req.delta,
-        details={"clip": clip, "batch_size": req.batch_size, "max_tokens": req.max_tokens,
-                 "temperature": req.temperature, "top_k": req.top_k,
-                 "composition": "parallel over disjoint batches formed in file order"},
-    )
-
-    def ink_factory(vocab: int) -> Callable[[GroupJob], StepPolicy]:
-        return lambda _job: InvisibleInkPolicy(clip, req.batch_size, req.temperature,
-                                               req.top_k, vocab)
-
-    return guarantee, clip, ink_factory
-
-
-def _augpe_params(req: GenerationRequest, num_texts: int) -> augpe.AugPEParams:
-    return augpe.AugPEParams(
-        epsilon=req.epsilon, num_texts=num_texts, delta=req.delta,  # type: ignore[arg-type]
-        iterations=req.augpe_iterations, variations=req.augpe_variations,
-        max_tokens=req.max_tokens, temperature=req.temperature, top_k=req.top_k,
-        adjacency=req.adjacency,
-    )
-
-
-def _run_augpe(plan: GenerationPlan, seed: int, persist: Callable[[GroupResult], None],
-               on_step: Callable[[int], None] | None) -> dict[str, Any]:
-    """Aug-PE over all the references of the planned batches: one text per batch. The
-    references are used only through the noisy nearest-neighbour histograms."""
-    req = plan.request
-    references = [ref for b in plan.batches for ref in b.references]
-    params = _augpe_params(req, num_texts=len(plan.batches))
-    labels = plan.batches[0].labels if plan.batches else {}
-
-    def progress(_stage: str, done: int, _total: int) -> None:
-        if on_step is not None:
-            on_step(0)
-
-    texts, _guarantee, stats = augpe.run_augpe(
-        plan.model, references, params, seed % (2**63),
-        public_prompt=plan.template.render(None, labels), on_progress=progress,
-        system_prompt=plan.template.system,
-    )
-    for i, text in enumerate(texts):
-        persist(GroupResult(i, [], text, "population", {},
-                            token_count=plan.model.count_tokens(text)))
-    return stats
-
-
 def check_request(
     req: GenerationRequest, check_model: Callable[[str], None] | None = None
 ) -> tuple[Guarantee, float, Callable[[int], Callable[[GroupJob], StepPolicy]]]:
@@ -378,9 +305,9 @@ def check_request(
     model: the parameters, the budget (and its limit), the prompt template and its labels,
     the data path, the output path (its folder can be created), the ledger (an SQLite dplang
     ledger, or creatable) and, with ``check_model``, the model spec. Milliseconds; creates
-    nothing. Returns what :func:`_make_guarantee` returns; raises :class:`GenerationError`."""
+    nothing. Returns the calibrated method; raises :class:`GenerationError`."""
     _validate(req)
-    made = _make_guarantee(req)
+    made = _calibrate(req)
     if not req.data.exists():
         raise GenerationError(f"data file not found: {req.data}")
     if not req.data.is_file():
@@ -413,7 +340,7 @@ def plan_generation(
 
     Writes nothing. Raises :class:`GenerationError` (or ``ReferenceDataError``) with a
     one-line message on bad input, a model that fails to load included."""
-    guarantee, clip, factory = check_request(req, check_model)
+    method = check_request(req, check_model)
     dataset = dataset_name(req.data, req.dataset)
     limit = None if req.num is None or req.group_by else req.num * req.batch_size
     records, stats = load_references(req.data, req.text_column, req.group_by, limit=limit)
@@ -424,16 +351,18 @@ def plan_generation(
     digest = file_digest(req.data)
     # a different run in --out is refused before the (slow) model load; the model's own
     # identity (weights digest, prompt form) is compared again once it is loaded
-    _check_existing(req, _public_parameters(req, clip), _private_identity(req, digest, dataset))
+    _check_existing(req, _public_parameters(req, method),
+                    _private_identity(req, digest, dataset))
     model = _load(load_model, req.model)
     template = get_template(req.prompt, chat=model.has_chat_template)
     if req.system is not None:
         template = PromptTemplate(template.name, template.private_text, template.public_text,
                                   req.system, template.form, template.label_normaliser)
-    params = DecodingParams(clip, req.batch_size, req.temperature, req.top_k, req.max_tokens,
-                            req.sparse_head)
-    plan = GenerationPlan(req, model, template, batches, stats, digest,
-                          guarantee, params, factory(model.vocab_size), dataset=dataset)
+    params = DecodingParams(method.clip, req.batch_size, req.temperature, req.top_k,
+                            req.max_tokens, req.sparse_head)
+    plan = GenerationPlan(req, model, template, batches, stats, digest, method.guarantee,
+                          params, method.policy_factory(model.vocab_size), method,
+                          dataset=dataset)
     plan.jobs = [_job(plan, b) for b in batches]
     return plan
 
@@ -494,11 +423,18 @@ _NOT_FINGERPRINTED = ("seed", "ledger", "out", "concurrent_groups", "data", "dat
                       "overwrite")
 
 
-def _public_parameters(req: GenerationRequest, clip: float) -> dict[str, Any]:
-    """The request's public parameters as the manifest records them (no model needed)."""
+def _public_parameters(req: GenerationRequest, method: CalibratedMethod) -> dict[str, Any]:
+    """The request's public parameters as the manifest records them (no model needed): the
+    method's options with their defaults filled in."""
     params = {k: v for k, v in asdict(req).items() if k not in _NOT_FINGERPRINTED}
     params["group_by"] = list(req.group_by)
-    params["clip"] = clip
+    params["adjacency"] = str(req.adjacency)
+    params["method_options"] = dict(method.options)
+    if str(req.prompt).lower() not in BUILTIN_TEMPLATES:
+        # A template file by its name only: its folder is a path (private side file, like the
+        # data's); what determines the output, its texts, is in the fingerprint's "prompt".
+        params["prompt"] = Path(req.prompt).name
+    params["clip"] = method.clip
     return params
 
 
@@ -508,7 +444,7 @@ def _fingerprint(plan: GenerationPlan) -> dict[str, Any]:
     Privacy contract: a function of the request's public parameters, the model and the prompt
     only: no data path, no digest, no count of the private rows."""
     return {
-        "parameters": _public_parameters(plan.request, plan.params.clip),
+        "parameters": _public_parameters(plan.request, plan.method),
         "model_id": plan.model.model_id,
         "model_sha256": plan.model.weights_digest(),
         "model_dtype": str(getattr(plan.model, "dtype", "float32")).replace("torch.", ""),
@@ -658,6 +594,7 @@ def execute_plan(
     on_step: Callable[[int], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
     on_warning: Callable[[str], None] | None = None,
+    executor: Executor | None = None,
 ) -> RunSummary:
     """Charge the ledger, write the private side file and the public manifest, and generate
     every group not yet in the output.
@@ -674,9 +611,12 @@ def execute_plan(
     (mode 600 from creation). Raises ``BudgetExceeded`` when over budget (nothing written).
 
     The whole of it runs under the run's lock (:class:`~dplang.release.RunLock`): a second
-    process writing the same ``--out`` is refused with :class:`~dplang.release.RunLocked`."""
+    process writing the same ``--out`` is refused with :class:`~dplang.release.RunLocked`.
+
+    ``executor`` (default inline; :mod:`dplang.textgen.executors`) decodes the groups; this
+    process stays the only writer, and the output is the same bytes whatever the executor."""
     with RunLock(plan.request.out):
-        return _execute_locked(plan, on_result, on_step, on_start, on_warning)
+        return _execute_locked(plan, on_result, on_step, on_start, on_warning, executor)
 
 
 def _execute_locked(
@@ -685,6 +625,7 @@ def _execute_locked(
     on_step: Callable[[int], None] | None,
     on_start: Callable[[int, int], None] | None,
     on_warning: Callable[[str], None] | None,
+    executor: Executor | None = None,
 ) -> RunSummary:
     req = plan.request
     fingerprint = _fingerprint(plan)
@@ -701,6 +642,12 @@ def _execute_locked(
     if req.overwrite:  # the earlier run's files go only now that the new run is charged
         for old in (req.out, plan.manifest_path, plan.private_path):
             old.unlink(missing_ok=True)
+    if plan.read_stats.absent_columns and on_warning is not None:
+        # JSONL has no schema: a column in no record is not refused (its neighbour with the key
+        # in one record would not be); the data holder is told.
+        on_warning(f"column(s) {', '.join(map(repr, plan.read_stats.absent_columns))} occur in "
+                   f"no record of {req.data}: their values are missing in every row (check "
+                   "--text-column / --group-by)")
     if plan.read_stats.used == 0 and on_warning is not None:
         # Not refused (a neighbour with one usable row would not be): the data holder is told.
         on_warning(f"no row of {req.data} holds a usable reference: every generation is the "
@@ -747,24 +694,44 @@ def _execute_locked(
 
         status = "interrupted"
         try:
-            if req.method == "augpe":
+            population = plan.method.spec.run_population
+            if population is not None:
                 if pending:  # a population method: runs whole (no per-group resume)
-                    manifest["augpe"] = _run_augpe(plan, release.seed, persist, on_step)
+                    labels = plan.batches[0].labels if plan.batches else {}
+                    results, stats = population(
+                        plan.method.params, plan.model,
+                        [ref for b in plan.batches for ref in b.references], len(plan.batches),
+                        plan.template.render(None, labels), plan.template.system,
+                        release.seed, on_step)
+                    for res in results:
+                        persist(res)
+                    stats.pop("wall_clock_seconds", None)  # a duration: never public
+                    manifest[plan.method.spec.name] = stats
                 status = "complete"
                 return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                                   time.time() - start, tokens)
-            run_groups(plan.model, pending, plan.make_policy, req.batch_size,
-                       req.max_tokens, RandomStreams(release.seed), req.concurrent_groups,
-                       on_result=persist, on_step=on_step, sparse_head=req.sparse_head)
+            dispatch_plan(executor, plan, pending, release.seed,
+                          functools.partial(policy_factory, req), persist, on_step)
             status = "complete"
         finally:
             manifest["status"] = status
-            manifest["finished"] = time.time()
+            # no "finished" time: with "started" it would publish how long the generation on
+            # the private references took (a timing side channel; release.TIMESTAMP_FIELDS)
             manifest["generations_written"] = len(done) + written
             with contextlib.suppress(OSError):
                 write_json(plan.manifest_path, manifest)
     return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                       time.time() - start, tokens)
+
+
+def policy_factory(req: GenerationRequest, vocab: int) -> Callable[[GroupJob], StepPolicy]:
+    """``plan.make_policy`` rebuilt from the request alone (public parameters), so that an
+    executor's workers build the same step policies as the driver."""
+    factory = _calibrate(req).policy_factory(vocab)
+    if factory is None:
+        raise GenerationError(f"--method {req.method} is a population method: it has no "
+                              "per-group step policy")
+    return factory
 
 
 def _record(res: GroupResult, batch: Batch, method: str) -> dict[str, Any]:

@@ -1,0 +1,401 @@
+"""Downstream utility: train on synthetic texts, test on held-out real texts (issue 18, §1).
+
+A logistic-regression classifier is fitted on sentence embeddings of labelled texts and scored
+(accuracy, macro-F1, each with a percentile-bootstrap 95% interval over the test texts) on
+held-out real texts. The layout follows Aug-PE's Yelp table:
+
+* one row per **synthetic** run (conditional generation with ``--group-by LABEL``: every text
+  carries the label its group was generated for, ``record["labels"][LABEL]``);
+* the **floor**: the same classifier trained on public-only generations (no private data);
+* the **ceiling**: the same classifier trained on as many *real* texts (held-out rows, disjoint
+  from the test rows).
+
+Pure building blocks (:func:`fit_and_score`, :func:`bootstrap_interval`,
+:func:`downstream_table`) take texts and labels in memory, so a registered metric can call them;
+:func:`evaluate_downstream_files` reads the ``dplang evaluate`` inputs and
+:func:`write_downstream` writes ``downstream.json`` / ``downstream.md``.
+
+Privacy contract:
+
+* **Labels are public by declaration** (like ``--group-by`` columns in generation): they are
+  read from the synthetic records and the real file and appear in the outputs.
+* **Held-out real rows are private.** Every output of this module describes them (their
+  accuracy, class counts, path, digest), so :func:`write_downstream` writes its files with mode
+  600 from creation (:func:`dplang.release.write_atomic` with ``private=True``), like every
+  other evaluation file (:mod:`dplang.evaluation.report`). None of it is a DP release.
+* **Held-out means disjoint from the references.** Real rows that were references of a
+  synthetic run (the run's ``reference_ids`` when the real file is its data file) are refused
+  (or skipped with ``exclude_references``), through :func:`dplang.evaluation.data.load_real`;
+  in memory, :func:`check_disjoint` refuses test texts that occur among the training texts or
+  the given references.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dplang.evaluation.data import EvaluationError, SyntheticRun, load_real, load_synthetic
+from dplang.evaluation.embedders import Embedder, resolve_embedder
+
+__all__ = [
+    "DEFAULT_BOOTSTRAP",
+    "DownstreamScore",
+    "LabelledTexts",
+    "bootstrap_interval",
+    "check_disjoint",
+    "downstream_table",
+    "evaluate_downstream_files",
+    "fit_and_score",
+    "labelled_run",
+    "render_downstream",
+    "write_downstream",
+]
+
+#: Bootstrap resamples of the test set.
+DEFAULT_BOOTSTRAP = 1000
+#: Confidence of the bootstrap intervals.
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class LabelledTexts:
+    """Texts with one (public) label each; ``name`` identifies the set in reports."""
+
+    name: str
+    texts: tuple[str, ...]
+    labels: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.texts) != len(self.labels):
+            raise EvaluationError(f"{self.name}: {len(self.texts)} texts but "
+                                  f"{len(self.labels)} labels")
+
+    @classmethod
+    def of(cls, name: str, texts: Sequence[str], labels: Sequence[Any]) -> LabelledTexts:
+        """Build from any sequences (labels turned into strings)."""
+        return cls(name, tuple(texts), tuple(str(x) for x in labels))
+
+    def head(self, n: int) -> LabelledTexts:
+        """The first ``n`` texts."""
+        return LabelledTexts(self.name, self.texts[:n], self.labels[:n])
+
+
+@dataclass(frozen=True)
+class DownstreamScore:
+    """Test scores of one classifier (intervals: percentile bootstrap over test texts)."""
+
+    name: str
+    role: str  # "synthetic", "floor" or "ceiling"
+    n_train: int
+    train_classes: dict[str, int]
+    accuracy: float
+    accuracy_ci: tuple[float, float]
+    macro_f1: float
+    macro_f1_ci: tuple[float, float]
+    trivial: str | None = None  # why no classifier was fitted (one class only)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "name": self.name, "role": self.role, "n_train": self.n_train,
+            "train_classes": dict(self.train_classes),
+            "accuracy": {"mean": self.accuracy, "low": self.accuracy_ci[0],
+                         "high": self.accuracy_ci[1]},
+            "macro_f1": {"mean": self.macro_f1, "low": self.macro_f1_ci[0],
+                         "high": self.macro_f1_ci[1]},
+            "trivial": self.trivial,
+        }
+
+
+def check_disjoint(test: Sequence[str], *others: Sequence[str], what: str = "training") -> None:
+    """Refuse test texts that also occur (exactly, after stripping) in ``others``.
+
+    A classifier scored on texts it was trained on, or on references of the generation it is
+    evaluating, measures memorisation, not utility."""
+    seen = {t.strip() for other in others for t in other}
+    clash = [t for t in test if t.strip() in seen]
+    if clash:
+        raise EvaluationError(
+            f"{len(clash)} held-out test texts also occur among the {what} texts (first: "
+            f"{clash[0][:60]!r}); the test set must be disjoint from them"
+        )
+
+
+def _macro_f1(y_true: np.ndarray, y_pred: np.ndarray, classes: np.ndarray) -> float:
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(y_true, y_pred, labels=classes, average="macro", zero_division=0))
+
+
+def bootstrap_interval(
+    y_true: Sequence[Any], y_pred: Sequence[Any], metric: Callable[[np.ndarray, np.ndarray], float],
+    *, resamples: int = DEFAULT_BOOTSTRAP, seed: int = 0, confidence: float = CONFIDENCE,
+) -> tuple[float, float]:
+    """Percentile-bootstrap interval of ``metric(y_true, y_pred)`` over the test examples.
+
+    The resampling is of test texts only (the classifier is fixed): the interval reflects the
+    finite test set, not the randomness of the training set or of the generation."""
+    t = np.asarray(y_true)
+    p = np.asarray(y_pred)
+    if t.size == 0:
+        raise EvaluationError("no test texts")
+    rng = np.random.default_rng(seed)
+    values = np.empty(resamples)
+    for i in range(resamples):
+        idx = rng.integers(0, t.size, t.size)
+        values[i] = metric(t[idx], p[idx])
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(values, [alpha, 1.0 - alpha])
+    return float(low), float(high)
+
+
+def fit_and_score(
+    train_features: np.ndarray, train_labels: Sequence[str],
+    test_features: np.ndarray, test_labels: Sequence[str],
+    *, name: str = "run", role: str = "synthetic", resamples: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0, max_iter: int = 2000,
+) -> DownstreamScore:
+    """Fit logistic regression on ``train_features`` and score it on the test set.
+
+    Features are standardised (fitted on the training set only). A training set with a single
+    class gets the constant classifier predicting it (recorded in ``trivial``). Macro-F1 is
+    averaged over the union of training and test classes (a test class never predicted
+    scores 0)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    y_train = np.asarray([str(x) for x in train_labels])
+    y_test = np.asarray([str(x) for x in test_labels])
+    if len(y_train) != len(train_features) or len(y_test) != len(test_features):
+        raise EvaluationError("features and labels differ in length")
+    if y_train.size == 0:
+        raise EvaluationError(f"{name}: no training texts")
+    classes_train, counts = np.unique(y_train, return_counts=True)
+    classes = np.unique(np.concatenate([y_train, y_test]))
+    trivial = None
+    if classes_train.size == 1:
+        trivial = f"one training class ({classes_train[0]!r}): constant prediction"
+        y_pred = np.full(y_test.shape, classes_train[0])
+    else:
+        clf = make_pipeline(StandardScaler(),
+                            LogisticRegression(max_iter=max_iter, random_state=seed))
+        clf.fit(np.asarray(train_features), y_train)
+        y_pred = np.asarray(clf.predict(np.asarray(test_features)))
+
+    def acc(t: np.ndarray, p: np.ndarray) -> float:
+        return float(np.mean(t == p))
+
+    def f1(t: np.ndarray, p: np.ndarray) -> float:
+        return _macro_f1(t, p, classes)
+
+    return DownstreamScore(
+        name=name, role=role, n_train=int(y_train.size),
+        train_classes={str(c): int(k) for c, k in zip(classes_train, counts, strict=True)},
+        accuracy=acc(y_test, y_pred),
+        accuracy_ci=bootstrap_interval(y_test, y_pred, acc, resamples=resamples, seed=seed),
+        macro_f1=f1(y_test, y_pred),
+        macro_f1_ci=bootstrap_interval(y_test, y_pred, f1, resamples=resamples, seed=seed),
+        trivial=trivial,
+    )
+
+
+def downstream_table(
+    test: LabelledTexts,
+    synthetic: Sequence[LabelledTexts],
+    *,
+    embedder: str | Embedder = "default",
+    ceiling: LabelledTexts | None = None,
+    floor: Sequence[LabelledTexts] = (),
+    references: Sequence[str] = (),
+    resamples: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Scores of classifiers trained on each synthetic set, the floor(s) and the ceiling,
+    all tested on ``test`` (held-out real texts).
+
+    The ceiling is cut to the size of the largest synthetic set ("as many real texts"). Refuses
+    (:class:`EvaluationError`) test texts that occur among the ceiling's training texts or among
+    ``references`` (the generation's references, when the caller knows them). Returns a dict
+    with ``settings``, ``test`` (size, class counts) and ``rows`` (one per classifier)."""
+    if not test.texts:
+        raise EvaluationError("no held-out test texts")
+    if not synthetic and not floor and ceiling is None:
+        raise EvaluationError("nothing to train on")
+    if references:
+        check_disjoint(test.texts, references, what="reference")
+    n_syn = max((len(s.texts) for s in synthetic), default=None)
+    if ceiling is not None:
+        if n_syn is not None:
+            if len(ceiling.texts) < n_syn:
+                raise EvaluationError(f"ceiling: {len(ceiling.texts)} real training texts, fewer "
+                                      f"than the {n_syn} synthetic ones")
+            ceiling = ceiling.head(n_syn)
+        check_disjoint(test.texts, ceiling.texts, what="ceiling's real training")
+    emb = resolve_embedder(embedder)
+    test_x = emb.embed(list(test.texts))
+    rows: list[dict[str, Any]] = []
+    for role, sets in (("synthetic", list(synthetic)), ("floor", list(floor)),
+                       ("ceiling", [ceiling] if ceiling is not None else [])):
+        for s in sets:
+            score = fit_and_score(emb.embed(list(s.texts)), s.labels, test_x, test.labels,
+                                  name=s.name, role=role, resamples=resamples, seed=seed)
+            rows.append(score.to_dict())
+    classes, counts = np.unique(np.asarray(test.labels), return_counts=True)
+    majority = float(counts.max() / counts.sum())
+    return {
+        "settings": {"classifier": "standardised features → logistic regression (sklearn)",
+                     "embedder": emb.name, "max_tokens": emb.max_tokens,
+                     "bootstrap_resamples": resamples, "confidence": CONFIDENCE, "seed": seed},
+        "test": {"name": test.name, "n": len(test.texts),
+                 "classes": {str(c): int(k) for c, k in zip(classes, counts, strict=True)},
+                 "majority_accuracy": majority, "chance_macro_f1_uniform": 1.0 / classes.size},
+        "rows": rows,
+    }
+
+
+def labelled_run(run: SyntheticRun, label_column: str) -> LabelledTexts:
+    """A ``dplang generate`` (or public-only) output as labelled texts: each generation's label
+    is the value of ``label_column`` its group was generated for (``record["labels"]``).
+    Refuses runs generated without ``--group-by label_column``."""
+    labels = []
+    for i, record in enumerate(run.records):
+        value = (record.get("labels") or {}).get(label_column)
+        if value is None:
+            raise EvaluationError(
+                f"{run.name}: generation {i} carries no label {label_column!r}; generate with "
+                f"--group-by {label_column} for the downstream metric"
+            )
+        labels.append(str(value))
+    return LabelledTexts.of(run.name, run.texts, labels)
+
+
+def _is_floor(run: SyntheticRun) -> bool:
+    return run.parameters.get("method") == "public"
+
+
+def evaluate_downstream_files(
+    real: str | Path,
+    synthetic: str | Path | Sequence[str | Path],
+    *,
+    label_column: str,
+    text_column: str = "text",
+    num: int | None = None,
+    embedder: str | Embedder = "default",
+    exclude_references: bool = False,
+    resamples: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The downstream table for ``dplang evaluate`` inputs.
+
+    Runs generated by public-only generation (manifest ``method = public``) are the floor; the
+    others are synthetic rows. From the held-out real file, the first ``n_train`` usable rows
+    (``n_train`` = the largest run's size) train the ceiling and the next ``num`` rows (default:
+    all the rest) are the test set; rows that were references of a run are refused or, with
+    ``exclude_references``, skipped (:func:`dplang.evaluation.data.load_real`). Real rows with
+    an empty label are refused.
+
+    Privacy contract: the result describes private held-out rows (write it with
+    :func:`write_downstream`, mode 600); the labels are public by declaration."""
+    from dplang.io import read_records
+
+    say = progress or (lambda message: None)
+    paths = [synthetic] if isinstance(synthetic, (str, Path)) else list(synthetic)
+    if not paths:
+        raise EvaluationError("no synthetic file given")
+    runs = [load_synthetic(p) for p in paths]
+    labelled = [(labelled_run(r, label_column), _is_floor(r)) for r in runs]
+    n_train = max(len(s.texts) for s, _ in labelled)
+    limit = None if num is None else n_train + num
+    held = load_real(real, runs, text_column=text_column, limit=limit,
+                     exclude_references=exclude_references)
+    if len(held.texts) <= n_train:
+        raise EvaluationError(f"{real}: {len(held.texts)} held-out real texts; the downstream "
+                              f"metric needs more than {n_train} (the ceiling's training set) "
+                              "plus a test set")
+    wanted = set(held.indices)
+    by_index: dict[int, str] = {}
+    for record in read_records(Path(real), text_column, [label_column], on_unusable="skip"):
+        if record.index in wanted:
+            by_index[record.index] = record.labels.get(label_column, "")
+    labels = [by_index.get(i, "") for i in held.indices]
+    if any(not lab for lab in labels):
+        bad = held.indices[[not lab for lab in labels].index(True)]
+        raise EvaluationError(f"{real}: row {bad} has no label in column {label_column!r}")
+    ceiling = LabelledTexts.of("real (ceiling)", held.texts[:n_train], labels[:n_train])
+    test_texts = held.texts[n_train:]
+    test_labels = labels[n_train:]
+    if num is not None and len(test_texts) < num:
+        raise EvaluationError(f"--num {num}: only {len(test_texts)} held-out test texts after "
+                              f"the ceiling's {n_train}")
+    test = LabelledTexts.of("real (held-out test)", test_texts, test_labels)
+    say(f"downstream: {len(test.texts)} test texts, {n_train} training texts per classifier")
+    result = downstream_table(
+        test, [s for s, f in labelled if not f], embedder=embedder, ceiling=ceiling,
+        floor=[s for s, f in labelled if f], resamples=resamples, seed=seed,
+    )
+    result["settings"].update({"label_column": label_column, "text_column": text_column})
+    result["real"] = {"path": str(held.path), "sha256": held.sha256,
+                      "excluded_references": held.excluded_references,
+                      "ceiling_rows": "first n_train held-out rows",
+                      "test_rows": "the held-out rows after them"}
+    result["runs"] = [{"name": r.name, "path": str(r.path), "sha256": r.sha256,
+                       "role": "floor" if f else "synthetic"}
+                      for r, (_, f) in zip(runs, labelled, strict=True)]
+    return result
+
+
+def render_downstream(result: dict[str, Any]) -> str:
+    """Markdown table of a downstream result (Aug-PE's layout)."""
+    s = result["settings"]
+    t = result["test"]
+    lines = ["# Downstream utility (train on synthetic, test on real)", "",
+             f"Classifier: {s['classifier']} on {s['embedder']} embeddings; label column "
+             f"`{s.get('label_column', '?')}`; {t['n']} held-out real test texts "
+             f"(majority-class accuracy {t['majority_accuracy']:.3f}); intervals are "
+             f"{100 * s['confidence']:.0f}% percentile bootstrap over test texts "
+             f"({s['bootstrap_resamples']} resamples).", "",
+             "| trained on | role | n train | accuracy | 95% CI | macro-F1 | 95% CI |",
+             "|---|---|---:|---:|---|---:|---|"]
+    for r in result["rows"]:
+        a, f = r["accuracy"], r["macro_f1"]
+        lines.append(f"| {r['name']} | {r['role']} | {r['n_train']} | {a['mean']:.3f} | "
+                     f"[{a['low']:.3f}, {a['high']:.3f}] | {f['mean']:.3f} | "
+                     f"[{f['low']:.3f}, {f['high']:.3f}] |")
+    lines += ["", "Private: this file describes held-out real texts (mode 600). Labels are "
+              "public by declaration.", ""]
+    return "\n".join(lines)
+
+
+def write_downstream(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
+    """Write ``downstream.json`` and ``downstream.md`` into ``out_dir``, **mode 600 from
+    creation** (they describe the private held-out rows)."""
+    import json
+
+    from dplang.release import write_atomic
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md, js = out / "downstream.md", out / "downstream.json"
+    write_atomic(md, render_downstream(result), private=True)
+    write_atomic(js, json.dumps(_clean(result), indent=2, ensure_ascii=False) + "\n",
+                 private=True)
+    return [md, js]
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+

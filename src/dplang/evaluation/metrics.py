@@ -1,0 +1,330 @@
+"""The built-in metrics, one :class:`~dplang.evaluation.registry.MetricSpec` each: MAUVE,
+perplexity / ΔPPL, lengths, Top-k+ statistics (the InvisibleInk paper's metrics, Vinod et al.,
+§4.5 and Table 12; ``docs/evaluation.md``). Importing this module registers them, in this
+order (the report order).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dplang.evaluation.data import EvaluationError, SyntheticRun
+from dplang.evaluation.lengths import load_tokenizer, token_lengths, topk_statistics
+from dplang.evaluation.mauve_metric import (
+    check_mauve_sizes,
+    default_num_buckets,
+    mauve_from_features,
+)
+from dplang.evaluation.perplexity import PerplexityScorer, delta_ppl
+from dplang.evaluation.registry import (
+    MetricContext,
+    MetricOutput,
+    MetricSpec,
+    RunValue,
+    register_metric,
+)
+from dplang.evaluation.stats import wald_interval
+
+__all__ = ["LENGTH", "MAUVE", "PERPLEXITY", "TOPK", "ScoringModels"]
+
+
+# ------------------------------------------------------------------------ shared resources
+
+
+def _model_name(model: Any) -> str:
+    return model if isinstance(model, str) else str(getattr(model, "model_id", model))
+
+
+def _load_error(spec: str, exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return first if first.startswith("model not found") else f"cannot load model {spec!r}: {first}"
+
+
+class ScoringModels:
+    """The scoring model and its tokenizer, loaded at most once and only as far as needed
+    (perplexity needs the model, lengths only the tokenizer)."""
+
+    def __init__(self, spec: Any, batch_size: int, max_length: int) -> None:
+        self.spec = spec
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self._scorer: PerplexityScorer | None = None
+        self._tokenizer: Any = None
+
+    def check(self) -> None:
+        """Fail early on a model path that does not exist."""
+        if isinstance(self.spec, str) and self.spec != "default":
+            path = Path(self.spec).expanduser()
+            if not path.exists():
+                raise FileNotFoundError(
+                    f"model not found: {self.spec!r} is not 'default', a model folder or a "
+                    ".gguf file"
+                )
+
+    @property
+    def scorer(self) -> PerplexityScorer:
+        if self._scorer is None:
+            model = self.spec
+            if isinstance(model, str):
+                from dplang.models import resolve_model
+
+                try:
+                    model = resolve_model(model)
+                except (OSError, ValueError) as exc:
+                    raise FileNotFoundError(_load_error(self.spec, exc)) from exc
+            self._scorer = PerplexityScorer(
+                model, batch_size=self.batch_size, max_length=self.max_length
+            )
+        return self._scorer
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            if self._scorer is not None:
+                self._tokenizer = self._scorer.tokenizer
+            elif not isinstance(self.spec, str):
+                self._tokenizer = self.spec.tokenizer
+            else:
+                try:
+                    self._tokenizer = load_tokenizer(self.spec)
+                except (OSError, ValueError) as exc:
+                    raise FileNotFoundError(_load_error(self.spec, exc)) from exc
+        return self._tokenizer
+
+
+def _check_model(settings: Any) -> None:
+    from dplang.evaluation.perplexity import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH
+
+    ScoringModels(settings.model, DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH).check()
+
+
+def _floats(values: np.ndarray) -> list[float | None]:
+    return [None if math.isnan(float(v)) else float(v) for v in values]
+
+
+# ------------------------------------------------------------------------ MAUVE
+
+
+def _mauve_buckets(ctx: MetricContext) -> int:
+    given = ctx.settings.num_buckets
+    return given if given is not None else default_num_buckets(ctx.n)
+
+
+def _mauve_preflight(settings: Any) -> None:
+    from dplang.evaluation.embedders import resolve_embedder
+
+    resolve_embedder(settings.embedder)
+
+
+def _mauve_prepare(ctx: MetricContext) -> None:
+    ctx.embedder  # noqa: B018  (resolve it now: a bad embedder fails before any work)
+    check_mauve_sizes(ctx.n, ctx.n, _mauve_buckets(ctx))
+
+
+def _mauve(ctx: MetricContext) -> MetricOutput:
+    embedder, settings = ctx.embedder, ctx.settings
+    buckets = _mauve_buckets(ctx)
+    ctx.say(f"MAUVE: embedding {ctx.n} real texts with {embedder.name}")
+    real_features = ctx.cache.get(("embed", embedder.name, embedder.max_tokens),
+                                  ctx.real.texts, lambda: embedder.embed(ctx.real.texts))
+    runs = []
+    for run in ctx.runs:
+        ctx.say(f"MAUVE: {run.name}")
+        res = mauve_from_features(real_features, embedder.embed(run.texts), num_buckets=buckets,
+                                  scaling_factor=settings.scaling_factor, seed=settings.seed)
+        runs.append(res.to_dict())
+    return MetricOutput(runs, settings={
+        "embedder": embedder.name,
+        "max_tokens": embedder.max_tokens,
+        "num_buckets": buckets,
+        "scaling_factor": settings.scaling_factor,
+        "seed": settings.seed,
+        "p": "real (held-out)",
+        "q": "synthetic",
+    })
+
+
+def _mauve_line(s: dict[str, Any] | None) -> str:
+    assert s is not None
+    return (f"- MAUVE: p = real, q = synthetic; embedder {s['embedder']} (inputs truncated to "
+            f"{s['max_tokens'] or 'no'} tokens); {s['num_buckets']} k-means buckets; scaling "
+            f"factor {s['scaling_factor']}; seed {s['seed']}")
+
+
+MAUVE = register_metric(MetricSpec(
+    name="mauve",
+    compute=_mauve,
+    aggregate=(RunValue("mauve", ("mauve",), higher_is_better=True, header="MAUVE (%)",
+                        scale=100.0),),
+    preflight=_mauve_preflight,
+    prepare=_mauve_prepare,
+    describe=_mauve_line,
+))
+
+
+# ------------------------------------------------------------------------ perplexity
+
+
+def _perplexity(ctx: MetricContext) -> MetricOutput:
+    scorer = ctx.models.scorer
+    settings = ctx.settings
+    ctx.say(f"perplexity: scoring {ctx.n} real texts with {scorer.model_id}")
+    # keyed on the model object itself (alive while cached), not on its name: two loads of
+    # one model in different dtypes score differently
+    real_ppl = ctx.cache.get(("ppl", scorer.model, settings.max_length), ctx.real.texts,
+                             lambda: scorer.score(ctx.real.texts))
+    if real_ppl.scored.size == 0:
+        raise EvaluationError("perplexity: no real text has a token")
+    runs = []
+    for run in ctx.runs:
+        ctx.say(f"perplexity: {run.name}")
+        syn = scorer.score(run.texts)
+        if syn.scored.size == 0:
+            raise EvaluationError(f"{run.name}: perplexity: no synthetic text has a token")
+        runs.append({
+            "mean": syn.interval().to_dict(),
+            "empty": syn.empty,
+            "truncated": syn.truncated,
+            "per_text": _floats(syn.values),
+            **delta_ppl(syn, real_ppl).to_dict(),
+        })
+        if syn.empty:
+            ctx.warn(f"{run.name}: {syn.empty} texts without tokens left out of the perplexity")
+    return MetricOutput(
+        runs,
+        settings={"model": scorer.model_id, "max_length": settings.max_length,
+                  "batch_size": settings.batch_size, "bos_prepended": True},
+        real={"mean": real_ppl.interval().to_dict(), "empty": real_ppl.empty,
+              "truncated": real_ppl.truncated, "per_text": _floats(real_ppl.values)},
+    )
+
+
+def _perplexity_line(s: dict[str, Any] | None) -> str:
+    assert s is not None
+    return (f"- perplexity: model {s['model']}; BOS prepended; at most {s['max_length']} "
+            "tokens per text incl. BOS; ΔPPL = |mean PPL(synthetic) − mean PPL(real)|")
+
+
+PERPLEXITY = register_metric(MetricSpec(
+    name="perplexity",
+    compute=_perplexity,
+    aggregate=(
+        RunValue("delta_ppl", ("delta_ppl",), higher_is_better=False, header="ΔPPL",
+                 half_width=("signed_difference", "half_width"), paren_half_width=True),
+        RunValue("ppl_synthetic", ("mean", "mean"), higher_is_better=None, header="PPL",
+                 panel="perplexity", half_width=("mean", "half_width"), real=("mean",)),
+    ),
+    columns=("ppl_synthetic", "delta_ppl"),
+    aliases=("ppl",),
+    preflight=_check_model,
+    prepare=lambda ctx: ctx.models.check(),
+    describe=_perplexity_line,
+))
+
+
+# ------------------------------------------------------------------------ lengths
+
+
+def _same_model(run: SyntheticRun, model: Any) -> bool:
+    """Whether ``run`` was generated with ``model`` (so its ``num_tokens`` are ``model``'s)."""
+    recorded = run.parameters.get("model")
+    if recorded is None:
+        return False
+    if not isinstance(model, str):
+        fp = (run.manifest or {}).get("fingerprint") or {}
+        return fp.get("model_id") == getattr(model, "model_id", None)
+    if recorded == model:
+        return True
+    if "default" in (recorded, model):
+        return False
+    try:
+        return Path(recorded).expanduser().resolve() == Path(model).expanduser().resolve()
+    except OSError:
+        return False
+
+
+def _length(ctx: MetricContext) -> MetricOutput:
+    tokenizer = ctx.models.tokenizer
+    model = ctx.settings.model
+    ctx.say("lengths: counting tokens")
+    real_len = token_lengths(ctx.real.texts, tokenizer)
+    runs = []
+    for run in ctx.runs:
+        if run.has_field("num_tokens") and _same_model(run, model):
+            lengths = np.array([int(r["num_tokens"]) for r in run.records], dtype=np.int64)
+            source = "num_tokens (generation output)"
+        else:
+            lengths = token_lengths(run.texts, tokenizer)
+            source = f"tokenizer of {_model_name(model)}"
+            if run.has_field("num_tokens"):
+                ctx.warn(f"{run.name}: generated with model {run.parameters.get('model')!r}, "
+                         f"not {_model_name(model)!r}; its lengths were re-counted with the "
+                         "latter's tokenizer so that they compare with the real lengths")
+        runs.append({"tokens": wald_interval(lengths).to_dict(), "source": source,
+                     "per_text": [int(x) for x in lengths]})
+    return MetricOutput(
+        runs,
+        settings={"tokenizer": _model_name(model)},
+        real={"tokens": wald_interval(real_len).to_dict(),
+              "per_text": [int(x) for x in real_len]},
+    )
+
+
+def _length_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
+    from dplang.evaluation.plots import plot_lengths
+
+    return [plot_lengths(result["real"]["length"]["per_text"],
+                         {run["name"]: run["length"]["per_text"] for run in result["runs"]},
+                         out_dir / "lengths.png")]
+
+
+LENGTH = register_metric(MetricSpec(
+    name="length",
+    compute=_length,
+    aggregate=(RunValue("length_synthetic", ("tokens", "mean"), higher_is_better=None,
+                        header="length (tokens)", half_width=("tokens", "half_width"),
+                        real=("tokens",), digits=1),),
+    aliases=("lengths",),
+    preflight=_check_model,
+    prepare=lambda ctx: ctx.models.check(),
+    describe=lambda s: f"- lengths: tokens of {(s or {})['tokenizer']} (no special tokens)",
+    plots=_length_plots,
+))
+
+
+# ------------------------------------------------------------------------ Top-k+ statistics
+
+
+def _topk_select(runs: Sequence[SyntheticRun], explicit: bool) -> str | None:
+    missing = [r.name for r in runs if not r.has_field("topk_plus_mean")]
+    if not missing:
+        return None
+    if not explicit:
+        return f"Top-k+ statistics skipped: {', '.join(missing)} carry none"
+    raise EvaluationError(f"{missing[0]}: no Top-k+ statistics (not a dplang generate output?); "
+                          "leave 'topk' out of --metrics")
+
+
+def _topk(ctx: MetricContext) -> MetricOutput:
+    return MetricOutput([topk_statistics(run).to_dict() for run in ctx.runs])
+
+
+TOPK = register_metric(MetricSpec(
+    name="topk",
+    compute=_topk,
+    aggregate=(
+        RunValue("effective_k", ("effective_k", "mean"), higher_is_better=None,
+                 header="effective k", half_width=("effective_k", "half_width")),
+        RunValue("expansion_tokens", ("expansion_tokens", "mean"), higher_is_better=None,
+                 header="expansion tokens", half_width=("expansion_tokens", "half_width")),
+    ),
+    aliases=("top-k", "topk+"),
+    select=_topk_select,
+    describe=lambda s: ("- Top-k+: effective k = mean of `topk_plus_mean`; expansion tokens = "
+                        "mean of `expansion_tokens` (tokens sampled from V_k^+ \\ V_k)"),
+))

@@ -1,0 +1,800 @@
+"""Executors: where a run's generation groups are decoded. The driver is the only writer.
+
+A run has one *driver* (the process that ran ``dplang generate``) and an *executor* that
+decodes its groups:
+
+* ``inline``: the driver decodes every group itself (the engine's continuous batching).
+* ``local``: ``N`` spawned worker processes on this machine, each with its own copy of the model
+  (one per GPU, or per share of the CPU).
+* ``ray``: Ray actors (:mod:`dplang.textgen.executors_ray`, optional extra
+  ``dplang[distributed]``).
+
+Whatever the executor, the driver forms the batches and prompts, charges the ledger once before
+anything is dispatched, keeps the secret seed and is the only process that writes the output.
+A worker receives chunks of :class:`GroupTask` (a group's prompts and the *initial state* of the
+group's random stream, never the root seed: see
+:meth:`dplang.privacy.randomness.RandomStreams.initial_state`) and returns finished groups.
+
+Exactly once (:class:`LeaseTable`, :class:`OrderedCommit`):
+
+* a lease table maps each dispatched group to the worker holding it; when a worker dies, the
+  groups it held and had not returned are queued again (first, one per chunk, so that a group
+  that crashes its worker does not take its neighbours' retries with it);
+* a group returned twice (a late duplicate from a worker declared dead, a redelivery) is dropped
+  at commit: two released texts for one group would be two draws from the mechanism;
+* a group that keeps failing stops the run after ``max_retries`` retries with an error. It is
+  never skipped: whether a group fails may depend on its references, so a skip would be a
+  data-dependent release.
+
+Byte-identical output: groups are written in group order, whatever order they finish in, and a
+group's text is a function of its own prompts and its own stream only (the engine's row
+invariance, DESIGN.md invariants 5 and 7). So the output file is the same bytes for every
+executor, worker count, concurrency and interruption: a resumed run's file equals an
+uninterrupted one's. The price is a reorder buffer: groups that finish before an earlier one are
+held in the driver's memory (at most the reorder window) and recomputed, identically, if the
+driver is killed before it writes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import pickle
+import queue
+import sys
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any, Protocol
+
+from ..models.base import LogitsModel
+from ..privacy.randomness import RandomStreams, StreamStates
+from .engine import GroupJob, GroupResult, StepPolicy, run_groups
+
+__all__ = [
+    "DEFAULT_MAX_RETRIES",
+    "EXECUTORS",
+    "Executor",
+    "ExecutorError",
+    "GroupTask",
+    "InlineExecutor",
+    "LeaseTable",
+    "LocalExecutor",
+    "ModelSource",
+    "OrderedCommit",
+    "WorkerRecipe",
+    "check_executor",
+    "decode_tasks",
+    "dispatch_groups",
+    "dispatch_plan",
+    "make_executor",
+    "model_identity",
+]
+
+#: Executor names of ``--executor``.
+EXECUTORS = ("inline", "local", "ray")
+#: Retries of one group before the run stops (each group is dispatched at most 1 + k times).
+DEFAULT_MAX_RETRIES = 2
+
+#: ``events(name, fields)``: what an executor did, for logs and tests: worker numbers, process
+#: ids, group indices, never texts or references; but a ``reason`` quotes a worker's exception
+#: message, which may mention what it was decoding: show it to the data holder only.
+EventHook = Callable[[str, dict[str, Any]], None]
+
+
+class ExecutorError(RuntimeError):
+    """A run stopped by its executor (one-line message). What was committed stays in the
+    output; rerunning the same command resumes after it."""
+
+
+# --------------------------------------------------------------------------- units of work
+
+
+@dataclass(frozen=True)
+class GroupTask:
+    """One group as a worker receives it: its job (prompts, public prefix) and the initial
+    state of its random stream.
+
+    Privacy contract: the state opens this group's stream only, and the prompts carry its
+    references: a task is as private as the references (it travels between the driver's
+    processes, or over Ray's object store inside the cluster; it is never written to disk)."""
+
+    job: GroupJob
+    stream_state: dict[str, Any]
+
+    @property
+    def index(self) -> int:
+        return self.job.index
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """How a worker obtains the driver's model: a picklable ``instance`` (the toy models), or
+    a ``spec`` (``--model``) loaded with ``dtype``, ``device`` and ``threads``."""
+
+    instance: LogitsModel | None = None
+    spec: str | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    threads: int | None = None
+
+    @classmethod
+    def for_model(cls, model: LogitsModel, spec: str, dtype: str) -> ModelSource:
+        """The source that reproduces ``model`` (loaded from ``spec`` in ``dtype``) in another
+        process: a transformers model is loaded again from its spec on the same device with the
+        same thread count (the worker checks that it got the same identity); any other model is
+        sent pickled. Raises :class:`ExecutorError` for a model that cannot be sent."""
+        backend = sys.modules.get("dplang.models.transformers")
+        if backend is not None and isinstance(model, backend.TransformersModel):
+            return cls(spec=spec, dtype=str(model.dtype).replace("torch.", ""),
+                       device=getattr(model, "device_type", "cpu"), threads=model.threads)
+        try:
+            pickle.dumps(model)
+        except Exception as exc:  # any pickling failure: the model cannot leave this process
+            raise ExecutorError(f"the model {model.model_id} cannot be sent to worker "
+                                f"processes ({type(exc).__name__}); use --executor inline"
+                                ) from None
+        return cls(instance=model)
+
+    def load(self) -> LogitsModel:
+        """The model, in this process."""
+        if self.instance is not None:
+            return self.instance
+        if self.spec is None:
+            raise ValueError("a ModelSource needs an instance or a spec")
+        from ..models.default import resolve_model
+
+        kwargs: dict[str, Any] = {"threads": self.threads, "dtype": self.dtype}
+        if self.device != "cpu":
+            kwargs["device"] = self.device
+        return resolve_model(self.spec, **kwargs)
+
+
+def model_identity(model: LogitsModel) -> dict[str, Any]:
+    """What must be equal between the driver's model and a worker's for the worker to compute
+    the same bits: id, weights digest, vocabulary, EOS ids and numerics (library versions,
+    thread count, dtype, device). Public."""
+    return {
+        "model_id": model.model_id,
+        "weights_sha256": model.weights_digest(),
+        "vocab_size": int(model.vocab_size),
+        "eos_token_ids": sorted(int(t) for t in model.eos_token_ids),
+        "numerics": getattr(model, "numerics", None),
+    }
+
+
+@dataclass(frozen=True)
+class WorkerRecipe:
+    """Everything a worker needs to decode groups exactly as the driver would (picklable,
+    public: no seed, no reference).
+
+    ``policy_factory(vocab_size)`` returns the per-group step-policy factory (a module-level
+    function with its public parameters bound, e.g. ``functools.partial``); ``identity`` is
+    the driver's :func:`model_identity`, which the worker's model must match."""
+
+    model: ModelSource
+    policy_factory: Callable[[int], Callable[[GroupJob], StepPolicy]]
+    batch_size: int
+    max_tokens: int
+    concurrent_groups: int
+    sparse_head: bool
+    identity: dict[str, Any]
+
+
+def check_identity(model: LogitsModel, recipe: WorkerRecipe) -> None:
+    """Raise :class:`ExecutorError` naming what differs when a worker's model is not the
+    driver's (another library version, thread count, device...): its texts would differ."""
+    mine = model_identity(model)
+    if mine == recipe.identity:
+        return
+    diffs = []
+    for key in sorted(set(mine) | set(recipe.identity)):
+        a, b = recipe.identity.get(key), mine.get(key)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += [f"{key}.{k}: {a.get(k)!r} → {b.get(k)!r}"
+                      for k in sorted(set(a) | set(b), key=str) if a.get(k) != b.get(k)]
+        else:
+            diffs.append(f"{key}: {a!r} → {b!r}")
+    raise ExecutorError("a worker's model differs from the driver's, so its texts would "
+                        f"differ ({'; '.join(diffs[:3])})")
+
+
+class _TaskFeed:
+    """The engine's job iterator over tasks: registers each task's stream state as the engine
+    admits its group. ``more()`` is asked for further tasks when the local ones run out (a
+    worker polls its inbox without waiting); an empty answer ends admission for now."""
+
+    def __init__(self, tasks: Iterable[GroupTask],
+                 more: Callable[[], Sequence[GroupTask]] | None = None) -> None:
+        self._tasks: Iterator[GroupTask] = iter(tasks)
+        self._buffer: deque[GroupTask] = deque()
+        self._more = more
+        self.states = StreamStates({})
+
+    def __iter__(self) -> _TaskFeed:
+        return self
+
+    def __next__(self) -> GroupJob:
+        task = next(self._tasks, None)
+        if task is None:
+            if not self._buffer and self._more is not None:
+                self._buffer.extend(self._more())
+            if not self._buffer:
+                raise StopIteration
+            task = self._buffer.popleft()
+        self.states.add(task.index, task.stream_state)
+        return task.job
+
+
+def decode_tasks(
+    model: LogitsModel,
+    recipe: WorkerRecipe,
+    tasks: Iterable[GroupTask],
+    on_result: Callable[[GroupResult], None],
+    on_step: Callable[[int], None] | None = None,
+    more: Callable[[], Sequence[GroupTask]] | None = None,
+    policy: Callable[[GroupJob], StepPolicy] | None = None,
+) -> None:
+    """Decode ``tasks`` (then whatever ``more()`` returns) on ``model`` with the engine, each
+    group from its own stream state: the texts equal the driver's inline ones, bit for bit.
+    ``policy`` overrides ``recipe.policy_factory(model.vocab_size)``."""
+    feed = _TaskFeed(tasks, more)
+    make_policy = policy or recipe.policy_factory(model.vocab_size)
+    run_groups(model, feed, make_policy, recipe.batch_size, recipe.max_tokens, feed.states,
+               recipe.concurrent_groups, on_result=on_result, on_step=on_step,
+               sparse_head=recipe.sparse_head)
+
+
+# ------------------------------------------------------------------ exactly once, in order
+
+
+class OrderedCommit:
+    """The driver's one gate to the output: each group is committed once, in group order.
+
+    ``offer(result)`` accepts the first result of a dispatched group and drops any later one
+    (counted in ``duplicates_dropped``); results are handed to ``persist`` in ascending group
+    order, so groups that finish early wait in a reorder buffer until the groups before them
+    are in. ``received(i)`` tells the lease table that group ``i`` needs no retry."""
+
+    def __init__(self, indices: Iterable[int], persist: Callable[[GroupResult], None]) -> None:
+        self._order = sorted(set(indices))
+        self._position = {index: n for n, index in enumerate(self._order)}
+        self._persist = persist
+        self._held: dict[int, GroupResult] = {}
+        self._received: set[int] = set()
+        self._next = 0
+        self.duplicates_dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @property
+    def committed(self) -> int:
+        """Groups handed to ``persist`` so far."""
+        return self._next
+
+    @property
+    def complete(self) -> bool:
+        return self._next == len(self._order)
+
+    @property
+    def held(self) -> int:
+        """Results received but waiting for an earlier group."""
+        return len(self._held)
+
+    def position(self, index: int) -> int:
+        """Rank of group ``index`` among this run's groups."""
+        return self._position[index]
+
+    def received(self, index: int) -> bool:
+        return index in self._received
+
+    def offer(self, result: GroupResult) -> bool:
+        """Accept ``result`` unless its group is already in (then it is dropped: ``False``).
+        Raises :class:`ExecutorError` for a group this run did not dispatch."""
+        if not isinstance(result, GroupResult) or result.index not in self._position:
+            raise ExecutorError(f"an executor returned group {getattr(result, 'index', '?')}, "
+                                "which this run did not dispatch")
+        if result.index in self._received:
+            self.duplicates_dropped += 1
+            return False
+        self._received.add(result.index)
+        self._held[result.index] = result
+        while self._next < len(self._order) and self._order[self._next] in self._held:
+            self._persist(self._held.pop(self._order[self._next]))
+            self._next += 1
+        return True
+
+
+class LeaseTable:
+    """Which worker holds which group, and what to dispatch next.
+
+    Groups are leased in group order, failed groups first and one per chunk; never further
+    than ``window`` groups past the oldest uncommitted one (this bounds the reorder buffer).
+    A worker that is lost (:meth:`lost`) gives back its groups that were not received; a group
+    dispatched more than ``1 + max_retries`` times stops the run (:class:`ExecutorError`)."""
+
+    def __init__(self, jobs: Sequence[GroupJob], commit: OrderedCommit, streams: RandomStreams,
+                 *, chunk_size: int, max_retries: int = DEFAULT_MAX_RETRIES,
+                 window: int | None = None) -> None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk size must be >= 1, got {chunk_size}")
+        if max_retries < 0:
+            raise ValueError(f"max retries must be >= 0, got {max_retries}")
+        self._jobs = {job.index: job for job in jobs}
+        self._queue: deque[int] = deque(sorted(self._jobs))
+        self._retry: deque[int] = deque()
+        self._commit = commit
+        self._streams = streams
+        self.chunk_size = chunk_size
+        self.max_retries = max_retries
+        self.window = window if window is not None else max(256, 8 * chunk_size)
+        self.leases: dict[int, Hashable] = {}
+        self.attempts: Counter[int] = Counter()
+        self.last_error: dict[int, str] = {}
+
+    @property
+    def done(self) -> bool:
+        return self._commit.complete
+
+    def __len__(self) -> int:
+        """Groups this table dispatches in all."""
+        return len(self._jobs)
+
+    def outstanding(self, worker: Hashable) -> int:
+        """Groups leased to ``worker`` and not yet returned."""
+        return sum(1 for w in self.leases.values() if w == worker)
+
+    def has_work(self) -> bool:
+        """Whether :meth:`lease` would hand out something now."""
+        return bool(self._retry) or (bool(self._queue) and self._within_window(self._queue[0]))
+
+    def _within_window(self, index: int) -> bool:
+        return self._commit.position(index) < self._commit.committed + self.window
+
+    def lease(self, worker: Hashable) -> list[GroupTask]:
+        """The next chunk for ``worker`` (empty when there is nothing to hand out now)."""
+        if self._retry:
+            picked = [self._retry.popleft()]
+        else:
+            picked = []
+            while (self._queue and len(picked) < self.chunk_size
+                   and self._within_window(self._queue[0])):
+                picked.append(self._queue.popleft())
+        tasks = []
+        for index in picked:
+            self.leases[index] = worker
+            self.attempts[index] += 1
+            tasks.append(GroupTask(self._jobs[index], self._streams.initial_state(index)))
+        return tasks
+
+    def returned(self, worker: Hashable, result: GroupResult) -> bool:
+        """``worker`` returned ``result``: its lease ends and the result is offered for
+        commit. ``False`` when the result was a duplicate (dropped)."""
+        if self.leases.get(result.index) == worker:
+            del self.leases[result.index]
+        accepted = self._commit.offer(result)
+        if accepted:  # a requeued copy still waiting in the queue is no longer needed
+            with contextlib.suppress(ValueError):
+                self._retry.remove(result.index)
+        return accepted
+
+    def lost(self, worker: Hashable, reason: str) -> list[int]:
+        """``worker`` is gone (died, raised, was killed): the groups it held and had not
+        returned go back to the queue. Returns them; raises :class:`ExecutorError` when one has
+        used up its retries (the run stops; nothing is skipped)."""
+        held = sorted(i for i, w in self.leases.items() if w == worker)
+        requeue = []
+        for index in held:
+            del self.leases[index]
+            if self._commit.received(index):
+                continue
+            self.last_error[index] = reason
+            if self.attempts[index] > self.max_retries:
+                raise ExecutorError(
+                    f"group {index} failed {self.attempts[index]} times (last: {reason}); the "
+                    "run stops rather than skip it (a skipped group would be a data-dependent "
+                    "release); fix the cause and rerun the same command to resume")
+            requeue.append(index)
+        self._retry.extend(requeue)
+        return requeue
+
+
+# ------------------------------------------------------------------------------ executors
+
+
+class Executor(Protocol):
+    """Decodes dispatched groups and hands every finished group to ``table.returned``.
+
+    Contract: an executor may deliver results in any order and more than once (the table and
+    the commit make that exactly once, in order); it must call ``table.lost`` for a worker that
+    stops holding groups it did not return, and return only when ``table.done``, or raise
+    :class:`ExecutorError`. It never writes the output and never sees the root seed."""
+
+    name: str
+
+    def run(self, model: LogitsModel, recipe: WorkerRecipe, table: LeaseTable,
+            on_step: Callable[[int], None] | None) -> None:
+        """Decode until ``table.done``."""
+        ...
+
+
+@dataclass
+class InlineExecutor:
+    """Decode every group in the driver (the engine's continuous batching over the already
+    loaded model): today's behaviour, and the reference the other executors must equal."""
+
+    name: str = "inline"
+
+    def run(self, model: LogitsModel, recipe: WorkerRecipe, table: LeaseTable,
+            on_step: Callable[[int], None] | None,
+            policy: Callable[[GroupJob], StepPolicy] | None = None) -> None:
+        def more() -> list[GroupTask]:
+            return table.lease("inline")
+
+        decode_tasks(model, recipe, (), lambda r: table.returned("inline", r), on_step,
+                     more=more, policy=policy)
+        if not table.done:  # pragma: no cover - the feed hands out every group
+            raise ExecutorError("the inline executor stopped before every group was decoded")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    if text and isinstance(exc, ExecutorError):
+        return text[0]
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _worker_main(conn: Connection, recipe: WorkerRecipe, number: int = 0) -> None:
+    """A ``local`` worker: load the model, check its identity, then decode the chunks the
+    driver sends and send back each finished group. On CUDA, worker ``number`` uses GPU
+    ``number mod count`` (one process per device; the device *type* is the run's identity).
+
+    It never writes a file. It exits as soon as the driver's end of the pipe closes (the driver
+    finished, stopped or was killed), so a killed driver leaves no worker decoding behind."""
+    inbox: queue.Queue[Any] = queue.Queue()
+
+    def read() -> None:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                os._exit(0)  # the driver is gone: stop at once, mid-step included
+            if message is None:
+                os._exit(0)
+            inbox.put(message)
+
+    def send(message: Any) -> None:
+        try:
+            conn.send(message)
+        except (OSError, EOFError, ValueError):
+            os._exit(0)  # the driver is gone (or done with this worker)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        if recipe.model.device == "cuda":
+            import torch
+
+            torch.cuda.set_device(number % max(1, torch.cuda.device_count()))
+        model = recipe.model.load()
+        check_identity(model, recipe)
+        policy = recipe.policy_factory(model.vocab_size)
+    except Exception as exc:
+        send(("fatal", _one_line(exc)))
+        return
+    send(("ready", os.getpid()))
+    steps = 0
+    last = time.monotonic()
+
+    def on_step(n: int) -> None:
+        nonlocal steps, last
+        steps += n
+        if time.monotonic() - last > 0.2:
+            send(("steps", steps))
+            steps, last = 0, time.monotonic()
+
+    def on_result(result: GroupResult) -> None:
+        nonlocal steps
+        if steps:
+            send(("steps", steps))
+            steps = 0
+        send(("result", result))
+
+    def more() -> list[GroupTask]:
+        tasks: list[GroupTask] = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                tasks.extend(inbox.get_nowait())
+        return tasks
+
+    while True:
+        first = inbox.get()
+        try:
+            decode_tasks(model, recipe, first, on_result, on_step, more=more, policy=policy)
+        except Exception as exc:  # reported, then this worker ends: its groups are requeued
+            send(("error", _one_line(exc)))
+            return
+
+
+@dataclass
+class _Worker:
+    number: int
+    process: Any
+    conn: Connection
+    ready: bool = False
+    pid: int | None = None
+
+
+@dataclass
+class LocalExecutor:
+    """``workers`` spawned processes on this machine, each loading the model once and decoding
+    up to ``concurrent_groups`` groups at a time (see :func:`_worker_main`).
+
+    Each worker holds at most two chunks of ``chunk_size`` groups (default: the run's
+    concurrent groups), so its engine is refilled as groups retire. A worker that dies (a
+    crash, a kill, out of memory) is replaced and its unreturned groups are requeued; a group
+    retried ``max_retries`` times stops the run. A worker whose model is not the driver's
+    (another library version, device or thread count) stops the run at once."""
+
+    workers: int = 2
+    chunk_size: int | None = None
+    max_retries: int = DEFAULT_MAX_RETRIES
+    events: EventHook | None = None
+    name: str = "local"
+    #: How many replacement workers may be started in all (default: 2 × workers + retries).
+    max_restarts: int | None = None
+    #: Seconds a worker may take to load its model and report ready.
+    start_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+
+    def _emit(self, name: str, **fields: Any) -> None:
+        if self.events is not None:
+            self.events(name, fields)
+
+    def run(self, model: LogitsModel, recipe: WorkerRecipe, table: LeaseTable,
+            on_step: Callable[[int], None] | None) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        live: dict[int, _Worker] = {}
+        counter = 0
+        restarts_left = (self.max_restarts if self.max_restarts is not None
+                         else 2 * self.workers + self.max_retries)
+        started_at: dict[int, float] = {}
+
+        def start() -> None:
+            nonlocal counter
+            mine, theirs = ctx.Pipe(duplex=True)
+            process = ctx.Process(target=_worker_main, args=(theirs, recipe, counter),
+                                  daemon=True,
+                                  name=f"dplang-worker-{counter}")
+            process.start()
+            theirs.close()
+            live[counter] = _Worker(counter, process, mine)
+            started_at[counter] = time.monotonic()
+            self._emit("worker_started", worker=counter, pid=process.pid)
+            counter += 1
+
+        def handle(worker: _Worker, message: Any) -> None:
+            kind = message[0]
+            if kind == "ready":
+                worker.ready, worker.pid = True, int(message[1])
+                self._emit("worker_ready", worker=worker.number, pid=worker.pid)
+            elif kind == "result":
+                result = message[1]
+                accepted = table.returned(worker.number, result)
+                self._emit("result" if accepted else "duplicate_dropped",
+                           worker=worker.number, group=result.index)
+            elif kind == "steps":
+                if on_step is not None:
+                    on_step(int(message[1]))
+            elif kind == "fatal":
+                raise ExecutorError(f"worker {worker.number} cannot start: {message[1]}")
+            elif kind == "error":
+                raise _WorkerFailed(str(message[1]))
+            else:  # pragma: no cover - a protocol bug
+                raise ExecutorError(f"worker {worker.number} sent an unknown message {kind!r}")
+
+        def retire(worker: _Worker, reason: str) -> None:
+            """Drain what the worker sent before it went, stop it, requeue its groups."""
+            nonlocal restarts_left
+            with contextlib.suppress(Exception):
+                while worker.conn.poll(0):
+                    message = worker.conn.recv()
+                    if message[0] == "result":
+                        handle(worker, message)
+            worker.conn.close()
+            if worker.process.is_alive():
+                worker.process.kill()
+            worker.process.join(5)
+            del live[worker.number]
+            requeued = table.lost(worker.number, reason)
+            self._emit("worker_lost", worker=worker.number, pid=worker.pid, reason=reason,
+                       requeued=requeued)
+            if table.done:
+                return
+            if restarts_left <= 0:
+                if not live:
+                    raise ExecutorError(f"every worker failed (last: {reason}); the run "
+                                        "stops; rerun the same command to resume")
+                return  # carry on with the workers left
+            restarts_left -= 1
+            start()
+
+        try:
+            for _ in range(min(self.workers, max(1, len(table)))):
+                start()
+            chunk = table.chunk_size
+            while not table.done:
+                for worker in list(live.values()):
+                    if not worker.ready:
+                        continue
+                    while table.outstanding(worker.number) < 2 * chunk and table.has_work():
+                        tasks = table.lease(worker.number)
+                        if not tasks:
+                            break
+                        try:
+                            worker.conn.send(tasks)
+                        except (OSError, ValueError):
+                            break  # it died: its sentinel fires below
+                        self._emit("leased", worker=worker.number,
+                                   groups=[t.index for t in tasks])
+                objects: list[Any] = []
+                for worker in live.values():
+                    objects += [worker.conn, worker.process.sentinel]
+                ready = wait(objects, timeout=1.0)
+                for worker in list(live.values()):
+                    if worker.number not in live:
+                        continue
+                    reason = None
+                    if worker.conn in ready:
+                        try:
+                            while worker.conn.poll(0):
+                                handle(worker, worker.conn.recv())
+                        except _WorkerFailed as failed:
+                            reason = f"worker raised {failed}"
+                        except (EOFError, OSError, pickle.UnpicklingError, AttributeError,
+                                TypeError, IndexError):
+                            reason = "its pipe broke"
+                    if reason == "its pipe broke" or (reason is None and
+                                                      worker.process.sentinel in ready):
+                        worker.process.join(2)  # it ended (or is ending): reap it first
+                        code = worker.process.exitcode
+                        if code is not None:
+                            reason = (f"worker exited with code {code}" if code >= 0
+                                      else f"worker killed by signal {-code}")
+                    if (reason is None and not worker.ready
+                            and time.monotonic() - started_at[worker.number]
+                            > self.start_timeout_s):
+                        reason = f"worker did not start within {self.start_timeout_s:g} s"
+                    if reason is not None:
+                        retire(worker, reason)
+        finally:
+            for worker in list(live.values()):
+                with contextlib.suppress(Exception):
+                    worker.conn.send(None)
+                with contextlib.suppress(Exception):
+                    worker.conn.close()
+            deadline = time.monotonic() + 5
+            for worker in list(live.values()):
+                worker.process.join(max(0.0, deadline - time.monotonic()))
+                if worker.process.is_alive():
+                    worker.process.kill()
+                    worker.process.join(5)
+
+
+class _WorkerFailed(Exception):
+    """A worker reported an exception while decoding (then it ended)."""
+
+
+# ---------------------------------------------------------------------------- the driver
+
+
+def check_executor(name: str, workers: int, method: str = "invisibleink") -> None:
+    """Check ``--executor``/``--workers`` (milliseconds; nothing read or charged). Raises
+    ``ValueError`` with a one-line message."""
+    if name not in EXECUTORS:
+        raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {name}")
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    from .methods import get_method
+
+    try:
+        population = get_method(method).run_population is not None
+    except ValueError:
+        population = False  # an unknown method is the request check's to refuse
+    if name != "inline" and population:
+        raise ValueError(f"--executor {name} does not run --method {method} (a population "
+                         "method runs whole, in one process); use --executor inline")
+    if name == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ValueError("--executor ray needs Ray: pip install 'dplang[distributed]'")
+
+
+def make_executor(name: str, workers: int = 1, *, ray_address: str | None = None,
+                  events: EventHook | None = None) -> Executor:
+    """The executor named by ``--executor`` (see :func:`check_executor`)."""
+    if name == "inline":
+        return InlineExecutor()
+    if name == "local":
+        return LocalExecutor(workers=workers, events=events)
+    if name == "ray":
+        from .executors_ray import RayExecutor
+
+        return RayExecutor(workers=workers, address=ray_address, events=events)
+    raise ValueError(f"unknown executor {name!r}")
+
+
+def dispatch_groups(
+    executor: Executor | None,
+    model: LogitsModel,
+    jobs: Sequence[GroupJob],
+    seed: int,
+    recipe: WorkerRecipe,
+    persist: Callable[[GroupResult], None],
+    on_step: Callable[[int], None] | None = None,
+    policy: Callable[[GroupJob], StepPolicy] | None = None,
+) -> OrderedCommit:
+    """Decode ``jobs`` with ``executor`` (default inline) and ``persist`` each finished group
+    exactly once, in group order. Called by the driver after the ledger charge.
+
+    Privacy contract: ``seed`` stays in this process (workers get per-group stream states);
+    ``persist`` (the only writer) sees each group once; a group that cannot be decoded stops
+    the run with :class:`ExecutorError` rather than being skipped. ``policy`` is the driver's
+    own policy factory (used by the inline executor)."""
+    commit = OrderedCommit((job.index for job in jobs), persist)
+    if not jobs:
+        return commit
+    executor = executor if executor is not None else InlineExecutor()
+    chunk = getattr(executor, "chunk_size", None) or recipe.concurrent_groups
+    table = LeaseTable(jobs, commit, RandomStreams(seed), chunk_size=chunk,
+                       max_retries=getattr(executor, "max_retries", DEFAULT_MAX_RETRIES),
+                       window=max(256, 4 * getattr(executor, "workers", 1) * chunk))
+    if isinstance(executor, InlineExecutor):
+        executor.run(model, recipe, table, on_step, policy=policy)
+    else:
+        executor.run(model, recipe, table, on_step)
+    if not commit.complete:
+        raise ExecutorError(f"the {executor.name} executor returned before every group was "
+                            "committed; rerun the same command to resume")
+    return commit
+
+
+class _PlanLike(Protocol):
+    """What :func:`dispatch_plan` reads of a
+    :class:`~dplang.textgen.orchestration.GenerationPlan`."""
+
+    request: Any
+    model: LogitsModel
+    make_policy: Callable[[GroupJob], StepPolicy]
+
+
+def dispatch_plan(
+    executor: Executor | None,
+    plan: _PlanLike,
+    jobs: Sequence[GroupJob],
+    seed: int,
+    policy_factory: Callable[[int], Callable[[GroupJob], StepPolicy]],
+    persist: Callable[[GroupResult], None],
+    on_step: Callable[[int], None] | None = None,
+) -> OrderedCommit:
+    """:func:`dispatch_groups` for a planned run: the worker recipe is the plan's request
+    (model spec, dtype, B, T, G, sparse head) with ``policy_factory`` (picklable: the request's
+    policies rebuilt from its public parameters) and the driver's model identity."""
+    req, model = plan.request, plan.model
+    inline = executor is None or isinstance(executor, InlineExecutor)
+    source = (ModelSource(spec=req.model, dtype=req.dtype) if inline
+              else ModelSource.for_model(model, req.model, req.dtype))
+    recipe = WorkerRecipe(source, policy_factory, req.batch_size, req.max_tokens,
+                          req.concurrent_groups, req.sparse_head, model_identity(model))
+    return dispatch_groups(executor, model, jobs, seed, recipe, persist, on_step,
+                           policy=plan.make_policy)

@@ -1,0 +1,186 @@
+"""Downstream utility (train on synthetic, test on real) with the hashing embedder."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import stat
+from pathlib import Path
+
+import pytest
+
+from dplang.evaluation.data import EvaluationError
+from dplang.evaluation.downstream import (
+    LabelledTexts,
+    bootstrap_interval,
+    check_disjoint,
+    downstream_table,
+    evaluate_downstream_files,
+    fit_and_score,
+    write_downstream,
+)
+from dplang.evaluation.embedders import HashingEmbedder
+
+_TOPICS = {
+    "food": ["pizza", "pasta", "sushi", "burger", "dessert", "waiter", "menu", "sauce"],
+    "hotel": ["room", "bed", "pillow", "lobby", "checkin", "suite", "shower", "balcony"],
+    "auto": ["mechanic", "brakes", "engine", "oil", "tires", "garage", "battery", "clutch"],
+}
+_FILLER = ["the", "was", "really", "quite", "and", "but", "very", "our", "we", "it"]
+
+
+def informative(n: int, seed: int) -> LabelledTexts:
+    """Texts whose topic words give their label away."""
+    rng = random.Random(seed)
+    texts, labels = [], []
+    for i in range(n):
+        label = sorted(_TOPICS)[i % 3]
+        words = [rng.choice(_TOPICS[label]) for _ in range(3)] + rng.sample(_FILLER, 5)
+        rng.shuffle(words)
+        texts.append(" ".join(words))
+        labels.append(label)
+    return LabelledTexts.of(f"informative{seed}", texts, labels)
+
+
+def noise(n: int, seed: int) -> LabelledTexts:
+    """Random strings with labels drawn independently of them."""
+    rng = random.Random(seed)
+    texts = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(40))
+             for _ in range(n)]
+    labels = [rng.choice(["a", "b"]) for _ in range(n)]
+    return LabelledTexts.of(f"noise{seed}", texts, labels)
+
+
+def test_informative_texts_score_high() -> None:
+    result = downstream_table(informative(300, 2), [informative(150, 1)], embedder="hashing",
+                              resamples=200)
+    row = result["rows"][0]
+    assert row["accuracy"]["mean"] > 0.9
+    assert row["macro_f1"]["mean"] > 0.9
+    assert row["accuracy"]["low"] <= row["accuracy"]["mean"] <= row["accuracy"]["high"]
+
+
+def test_label_free_noise_scores_at_chance() -> None:
+    result = downstream_table(noise(400, 2), [noise(200, 1)], embedder="hashing", resamples=300)
+    acc = result["rows"][0]["accuracy"]
+    assert 0.4 < acc["mean"] < 0.6
+    assert acc["low"] < 0.5 < acc["high"]  # the interval covers chance
+
+
+def test_synthetic_floor_ceiling_layout() -> None:
+    test = informative(120, 9)
+    result = downstream_table(test, [noise(60, 1)], embedder="hashing",
+                              ceiling=informative(200, 3), floor=[noise(60, 4)], resamples=100)
+    roles = [(r["role"], r["n_train"]) for r in result["rows"]]
+    assert roles == [("synthetic", 60), ("floor", 60), ("ceiling", 60)]  # "as many" real texts
+    ceiling = result["rows"][2]["accuracy"]["mean"]
+    assert ceiling > 0.85
+    assert result["test"]["n"] == 120
+
+
+def test_overlap_between_test_and_ceiling_or_references_is_refused() -> None:
+    test = informative(30, 5)
+    leaky = LabelledTexts.of("leaky", [*test.texts[:3], *informative(40, 6).texts],
+                             [*test.labels[:3], *informative(40, 6).labels])
+    with pytest.raises(EvaluationError, match="disjoint"):
+        downstream_table(test, [informative(30, 1)], embedder="hashing", ceiling=leaky)
+    with pytest.raises(EvaluationError, match="reference"):
+        downstream_table(test, [informative(30, 1)], embedder="hashing",
+                         references=[test.texts[7]])
+    check_disjoint(test.texts, informative(30, 8).texts)  # disjoint: no error
+
+
+def test_one_training_class_is_the_constant_classifier() -> None:
+    emb = HashingEmbedder()
+    train = informative(30, 1)
+    score = fit_and_score(emb.embed(train.texts), ["food"] * 30, emb.embed(train.texts),
+                          train.labels, resamples=50)
+    assert score.trivial is not None
+    assert score.accuracy == pytest.approx(1 / 3)
+
+
+def test_bootstrap_interval_narrows_with_more_test_texts() -> None:
+    rng = random.Random(0)
+
+    def acc(t, p):
+        return float((t == p).mean())
+
+    small = [rng.random() < 0.7 for _ in range(50)]
+    large = [rng.random() < 0.7 for _ in range(2000)]
+    lo_s, hi_s = bootstrap_interval(small, [True] * 50, acc, resamples=300)
+    lo_l, hi_l = bootstrap_interval(large, [True] * 2000, acc, resamples=300)
+    assert hi_l - lo_l < (hi_s - lo_s) / 3
+    assert lo_l < 0.7 < hi_l
+
+
+def _write_run(path: Path, data: LabelledTexts, *, method: str = "invisibleink",
+               reference_ids: list[list[int]] | None = None, data_path: Path | None = None
+               ) -> Path:
+    with open(path, "w", encoding="utf-8") as fh:
+        for i, (text, label) in enumerate(zip(data.texts, data.labels, strict=True)):
+            fh.write(json.dumps({"group": i, "text": text, "labels": {"cat": label},
+                                 "reference_ids": (reference_ids or [[]] * len(data.texts))[i]})
+                     + "\n")
+    params = {"method": method, "data": str(data_path) if data_path else None}
+    path.with_name(path.name.removesuffix(".jsonl") + ".manifest.json").write_text(
+        json.dumps({"fingerprint": {"parameters": params}}))
+    return path
+
+
+def _write_real(path: Path, data: LabelledTexts) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["text", "cat"])
+        writer.writerows(zip(data.texts, data.labels, strict=True))
+    return path
+
+
+def test_files_layout_refusal_and_private_outputs(tmp_path: Path) -> None:
+    real = _write_real(tmp_path / "real.csv", informative(150, 7))
+    syn = _write_run(tmp_path / "syn.jsonl", informative(40, 1))
+    pub = _write_run(tmp_path / "pub.jsonl", noise(40, 2), method="public")
+    result = evaluate_downstream_files(real, [syn, pub], label_column="cat",
+                                       embedder="hashing", resamples=100)
+    assert [(r["name"], r["role"]) for r in result["rows"]] == [
+        ("syn.jsonl", "synthetic"), ("pub.jsonl", "floor"), ("real (ceiling)", "ceiling")]
+    assert result["test"]["n"] == 110  # 150 held-out rows: 40 train the ceiling
+    written = write_downstream(result, tmp_path / "out")
+    for path in written:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert "| syn.jsonl | synthetic | 40 |" in (tmp_path / "out" / "downstream.md").read_text()
+
+    # the real file is the generation's data file and its row 60 (a test row) was a reference
+    leaky = _write_run(tmp_path / "leaky.jsonl", informative(40, 1), data_path=real,
+                       reference_ids=[[60 + i] for i in range(40)])
+    with pytest.raises(EvaluationError, match="references"):
+        evaluate_downstream_files(real, [leaky], label_column="cat", embedder="hashing")
+    skipped = evaluate_downstream_files(real, [leaky], label_column="cat", embedder="hashing",
+                                        exclude_references=True, resamples=50)
+    assert skipped["test"]["n"] == 70
+    assert skipped["real"]["excluded_references"] == 40
+
+    unlabelled = tmp_path / "unlabelled.jsonl"
+    unlabelled.write_text(json.dumps({"group": 0, "text": "x", "labels": {}}) + "\n")
+    with pytest.raises(EvaluationError, match="--group-by cat"):
+        evaluate_downstream_files(real, [unlabelled], label_column="cat", embedder="hashing")
+
+
+def test_cli_downstream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dplang.cli.app import main
+
+    real = _write_real(tmp_path / "real.csv", informative(100, 7))
+    syn = _write_run(tmp_path / "syn.jsonl", informative(30, 1))
+    out = tmp_path / "eval"
+    args = ["evaluate", "--real", str(real), "--synthetic", str(syn), "--out", str(out),
+            "--metrics", "downstream", "--embedder", "hashing"]
+    assert main(args) == 2  # a usage error
+    assert "--label-column" in capsys.readouterr().err
+    assert main([*args, "--label-column", "cat"]) == 0
+    stdout = capsys.readouterr().out
+    assert "syn.jsonl  synthetic  n_train=30  accuracy=" in stdout
+    assert "real (ceiling)  ceiling" in stdout
+    assert not (out / "metrics.json").exists()  # no other metric was asked for
+    assert stat.S_IMODE((out / "downstream.json").stat().st_mode) == 0o600
+    assert main([*args, "--label-column", "cat"]) != 0  # results exist: --overwrite needed
+    assert "already exists" in capsys.readouterr().err

@@ -1,0 +1,85 @@
+"""``--executor ray`` (issue 17 §3): two actors on a real local Ray instance give the inline
+run's bytes, also when one actor is SIGKILLed mid-chunk. Skipped where Ray is not installed
+(``pip install 'dplang[distributed]'``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from dplang.models import ToyModel
+from dplang.privacy.ledger import PrivacyLedger
+from dplang.textgen.executors import ExecutorError
+from dplang.textgen.orchestration import GenerationRequest, execute_plan, plan_generation
+
+ray = pytest.importorskip("ray")
+from dplang.textgen.executors_ray import RayExecutor  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": SRC}})
+    yield
+    ray.shutdown()
+
+
+def plan_for(tmp_path, model, name):
+    data = tmp_path / "refs.csv"
+    if not data.exists():
+        data.write_text("text\n" + "".join(f"review {i}: {'good ' * (i % 4)}\n"
+                                           for i in range(36)))
+    template = tmp_path / "t.toml"
+    template.write_text('private = "Here: {reference}\\nAnother:"\npublic = "Another:"\n')
+    req = GenerationRequest(data=data, out=tmp_path / name, batch_size=3, max_tokens=6,
+                            temperature=1.0, top_k=4, epsilon=10.0, seed=11,
+                            prompt=str(template), concurrent_groups=2,
+                            ledger=tmp_path / f"{name}.sqlite")
+    return plan_generation(req, lambda _spec: model)
+
+
+def run(tmp_path, model, name, executor=None):
+    plan = plan_for(tmp_path, model, name)
+    execute_plan(plan, executor=executor)
+    return plan, (tmp_path / name).read_bytes()
+
+
+def test_two_ray_actors_one_killed_mid_chunk_equal_inline(tmp_path, ray_instance):
+    _, inline = run(tmp_path, ToyModel(vocab_size=30, eos_after=3), "inline.jsonl")
+    slow = ToyModel(vocab_size=30, eos_after=3, step_delay=0.05)
+    events: list[tuple[str, dict]] = []
+    pids: dict[int, int] = {}
+
+    def hook(name, fields):
+        events.append((name, fields))
+        if name == "worker_ready":
+            pids[fields["worker"]] = fields["pid"]
+        leased_to_0 = [f for n, f in events if n == "leased" and f["worker"] == 0]
+        if name == "leased" and fields["worker"] == 0 and len(leased_to_0) == 2:
+            os.kill(pids[0], signal.SIGKILL)  # two chunk calls in flight on actor 0
+
+    plan, got = run(tmp_path, slow, "ray.jsonl", RayExecutor(workers=2, chunk_size=2,
+                                                             events=hook))
+    assert got == inline
+    lost = [f for n, f in events if n == "worker_lost"]
+    assert lost and lost[0]["worker"] == 0 and lost[0]["requeued"]
+    assert any(n == "worker_ready" and f["worker"] == 2 for n, f in events)  # replaced
+    assert PrivacyLedger(plan.request.ledger).spent(plan.dataset).releases == 1
+
+
+def test_a_ray_actor_whose_model_differs_stops_the_run(tmp_path, ray_instance, monkeypatch):
+    import dplang.textgen.executors as ex
+
+    real = ex.model_identity
+    monkeypatch.setattr(ex, "model_identity",
+                        lambda m: {**real(m), "numerics": {"threads": 99}})
+    plan = plan_for(tmp_path, ToyModel(vocab_size=30), "x.jsonl")
+    with pytest.raises(ExecutorError, match=r"Ray worker 0 cannot start: .*differs"):
+        execute_plan(plan, executor=RayExecutor(workers=1))

@@ -110,3 +110,7 @@ def _one_line(exc: BaseException) -> str:
 
 def run() -> None:  # pragma: no cover - console script
     sys.exit(main())
+
+
+if __name__ == "__main__":  # ``python -m dplang.cli.app``: the same entry point as ``dplang``
+    run()

@@ -5,8 +5,9 @@ algorithms and their options; the lab itself is :mod:`dplang.formal`.)
 
 ``list`` the algorithms, instances and experiments; ``run`` one algorithm on a named instance
 (simulation: errors with confidence intervals) or on ``--data`` (a real release, charged to the
-ledger first); ``reproduce`` an experiment; ``audit`` an algorithm's privacy (exact where the
-output space is small, Monte Carlo on request). Bad input: one line ``error: …``, exit code 2,
+ledger first); ``reproduce`` an experiment; ``audit`` an algorithm's privacy (exact when the
+output space has at most 2^16 atoms, Monte Carlo otherwise; ``--exact``/``--monte-carlo``
+force one; the method is printed with PASS/FAIL). Bad input: one line ``error: …``, exit code 2,
 nothing written.
 """
 
@@ -536,17 +537,27 @@ def audit(
     epsilon: float = typer.Option(..., "--epsilon", help="Claimed ε > 0."),
     delta: float | None = typer.Option(None, "--delta", help="δ for Gaussian algorithms."),
     twin: bool = typer.Option(False, "--twin", help="Audit the deliberately broken variant."),
-    max_n: int = typer.Option(5, "--max-n", help="Largest dataset size enumerated (≤ 5)."),
-    monte_carlo: bool = typer.Option(False, "--monte-carlo", help="Black-box Monte Carlo "
-                                     "audit on a crafted pair (lower bound on ε)."),
-    trials: int = typer.Option(20000, "--trials", help="Monte Carlo trials per dataset."),
+    k: int | None = typer.Option(None, "--k", help="Horizon K (000; default min(4, the "
+                                 "instance's K)); the size of Sperner(k) for uniform-private "
+                                 "on sperner."),
+    window: int | None = typer.Option(None, "--window", help="Witness window M or threshold "
+                                      "horizon M̄ (000 generation; default min(4, the "
+                                      "instance's M))."),
+    max_n: int = typer.Option(5, "--max-n", help="Largest dataset size enumerated by the "
+                              "exact 000 audit (≤ 5)."),
+    monte_carlo: bool = typer.Option(False, "--monte-carlo", help="Force the black-box Monte "
+                                     "Carlo audit (a lower bound on ε)."),
+    exact: bool = typer.Option(False, "--exact", help="Force the exact audit."),
+    trials: int = typer.Option(20000, "--trials", help="Monte Carlo runs per dataset."),
     seed: int = typer.Option(0, "--seed", help="Seed of the Monte Carlo audit."),
 ) -> None:
-    """Audit an algorithm's privacy: exact losses over all neighbours of small datasets (or
-    the exact transcript/profile), or a Monte Carlo lower bound; prints PASS/FAIL (exit 1 on
-    FAIL)."""
+    """Audit an algorithm's privacy and print PASS/FAIL (exit 1 on FAIL) and the method used:
+    exact when the output space has at most 2^16 atoms (the exact law over all neighbours of
+    small datasets, or the exact transcript/profile), Monte Carlo otherwise (a lower bound on
+    ε on a crafted pair); --exact / --monte-carlo force one."""
     from ..formal import evaluation as ev
     from ..formal import limit
+    from ..formal.audit import audit as run_audit
 
     alg_name = _algorithm_name(algorithm)
     if not epsilon > 0:
@@ -555,47 +566,47 @@ def audit(
         fail(f"--delta must be in (0, 1), got {delta}")
     if not 1 <= max_n <= 5:
         fail(f"--max-n must be in 1..5, got {max_n}")
+    if monte_carlo and exact:
+        fail("give at most one of --exact and --monte-carlo")
     _positive("--trials", trials, integer=True)
-    inst = _instance(instance_name)
+    _positive("--k", k, integer=True)
+    _positive("--window", window, integer=True)
+    if trials < 2:
+        fail(f"--trials must be >= 2, got {trials}")
+    if seed < 0:
+        fail(f"--seed must be >= 0, got {seed}")
+    params: dict[str, Any] = {}
+    if alg_name == "uniform-private" and k is not None:
+        if k > 20:
+            fail(f"the uniform private generator enumerates 2^k subsets: k = {k} > 20")
+        if instance_name == "sperner":
+            params["k"] = k
+    inst = _instance(instance_name, **params)
     eps_opt = None if alg_name in ("margin", "pointer", "closure") else epsilon
     if alg_name in STATISTICAL:
         if "statistical" not in inst.settings:
             fail(f"instance {instance_name} is not a statistical instance")
-        tau = 2.0
         alg, _, _ = _build(alg_name, _AuditInstance(inst), None, eps_opt, delta,
-                           min(4, inst.defaults.get("k", 2)), tau, None, "classical", None,
-                           True)
-        if twin:
-            if alg_name in ("margin", "pointer"):
-                fail(f"{alg_name} is not private; it is its own negative control")
-            alg = ev.twin(alg)
-        uni = inst.collection.universe
-        letters = [uni.at(j) for j in range(1, 5)]
-        if monte_carlo:
-            line, passed = _mc_audit(alg, inst, letters, epsilon, trials, seed)
-        else:
-            results = [ev.privacy_audit_statistical(alg, inst.collection, m, letters,
-                                                    claimed_epsilon=epsilon)
-                       for m in range(1, max_n + 1)]
-            worst = max(results, key=lambda r: (r.max_delta if r.max_delta is not None
-                                                else r.max_loss))
-            passed = all(r.passed for r in results)
-            total = sum(r.pairs for r in results)
-            line = (("PASS" if passed else "FAIL") + worst.line()[4:]).replace(
-                f"over {worst.pairs} neighbour pairs",
-                f"over {total} neighbour pairs (n ≤ {max_n}, 4 letters)")
+                           k if k is not None else min(4, inst.defaults.get("k", 2)), 2.0,
+                           window, "classical", None, True)
     else:
         if "limit" not in inst.settings:
             fail(f"instance {instance_name} is not a limit instance")
         alg, _, _ = _build(alg_name, inst, 1, eps_opt, delta, None, None, None, "classical",
                            None, True)
-        if twin:
-            if alg_name == "closure":
-                fail("closure is not private; it is its own negative control")
-            alg = limit.twin(alg)
-        line, passed = _limit_audit(alg_name, alg, inst, epsilon)
-    typer.echo(line)
-    if not passed:
+    if twin:
+        if alg_name in ("margin", "pointer", "closure"):
+            fail(f"{alg_name} is not private; it is its own negative control")
+        alg = ev.twin(alg) if alg_name in STATISTICAL else limit.twin(alg)
+    method = "monte-carlo" if monte_carlo else ("exact" if exact else None)
+    try:
+        report = run_audit(alg, inst, epsilon, method=method, max_n=max_n, trials=trials,
+                           seed=seed)
+    except ValueError as exc:
+        fail(str(exc).splitlines()[0])
+    typer.echo(report.line())
+    typer.echo(report.method_line())
+    if not report.passed:
         raise typer.Exit(1)
 
 
@@ -606,79 +617,3 @@ class _AuditInstance:
         self.defaults["M"] = min(self.defaults.get("M", 3), 4)
         self.settings = inst.settings
         self.distribution = None
-
-
-def _mc_audit(alg: Any, inst: Any, letters: list[Any], epsilon: float, trials: int,
-              seed: int) -> tuple[str, bool]:
-    """Black-box audit on the worst exact pair at n = 3: event "output index = i"."""
-    from ..formal import evaluation as ev
-    from ..privacy.audit import monte_carlo_epsilon_lower_bound
-    from ..privacy.randomness import RandomStreams
-
-    exact = ev.privacy_audit_statistical(alg, inst.collection, 3, letters)
-    if exact.worst_pair is None:
-        return f"PASS {type(alg).__name__}: no pair moved the output law", True
-    a, b = exact.worst_pair
-
-    def runner(sample: tuple[Any, ...]) -> Any:
-        arr = ev._as_sample(sample, inst.collection.universe)
-        return lambda rng: alg.run(arr, inst.collection, rng).index
-
-    best = 0.0
-    rng = RandomStreams(seed).generator(0)
-    indices = range(1, inst.collection.horizon(getattr(alg, "k", 2)) + 1)
-    for i in indices:
-        res = monte_carlo_epsilon_lower_bound(runner(a), runner(b), lambda o, i=i: o == i,
-                                              trials, rng, confidence=0.95,
-                                              delta=getattr(alg, "delta", 0.0))
-        best = max(best, res.epsilon_lower_bound)
-    passed = best <= epsilon
-    return (f"{'PASS' if passed else 'FAIL'} {type(alg).__name__}: Monte Carlo lower bound "
-            f"ε̂ = {best:.4g} (claimed ε = {epsilon:g}; pair {a} ~ {b}, {trials} trials)"), passed
-
-
-def _limit_audit(alg_name: str, alg: Any, inst: Any, epsilon: float) -> tuple[str, bool]:
-    from ..formal import limit
-    from ..formal.evaluation import neighbour_pairs
-    from ..formal.streams import ExplicitStream, SubstitutedStream
-
-    coll = inst.collection
-    if isinstance(alg, limit.ApproximateIntersectionGenerator):
-        a, b = limit.alg1_worst_case_counts(200)
-        loss = limit.alg1_transcript_loss(alg, a, b)
-        what = "worst-case pair, 200 updates"
-    elif isinstance(alg, limit.UniformPrivateGenerator):
-        letters = [coll.universe.at(j) for j in range(1, 5)]
-        loss = 0.0
-        for m in range(1, 5):
-            for x, y in neighbour_pairs(letters, m):
-                la = alg.log_law(np.array(x, dtype=object), coll)
-                lb = alg.log_law(np.array(y, dtype=object), coll)
-                loss = max(loss, float(np.max(np.abs(la - lb))))
-        what = "all neighbours of size ≤ 4 over 4 letters"
-    elif isinstance(alg, limit.EpochEMIdentifier | limit.StochasticIdentifier):
-        if isinstance(alg, limit.StochasticIdentifier):
-            alg.check(coll)
-        base = ExplicitStream(inst.stream(seed=0).prefix(16), coll.universe)
-        letters = [coll.universe.at(j) for j in range(1, 4)]
-        loss = 0.0
-        for pos in range(1, 17):
-            for v in letters:
-                nb = SubstitutedStream(base, pos, v)
-                total = 0.0
-                for s in (1, 2, 3, 4):
-                    if isinstance(alg, limit.StochasticIdentifier):
-                        la, lb = alg.log_law(base, coll, s, 20), alg.log_law(nb, coll, s, 20)
-                    else:
-                        la = alg.log_law(alg.scores(base, coll, s), s)
-                        lb = alg.log_law(alg.scores(nb, coll, s), s)
-                    fa, fb = np.isfinite(la), np.isfinite(lb)
-                    total += math.inf if np.any(fa != fb) else float(
-                        np.max(np.abs(la[fa] - lb[fb])))
-                loss = max(loss, total)
-        what = "every substitution of a 16-element prefix, epochs 1–4"
-    else:
-        return "FAIL closure: not private (ε = ∞)", False
-    passed = loss <= epsilon + 1e-9
-    return (f"{'PASS' if passed else 'FAIL'} {type(alg).__name__}: exact transcript loss "
-            f"{loss:.6g} (ε = {epsilon:g}; {what})"), passed

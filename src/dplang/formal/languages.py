@@ -839,6 +839,8 @@ class DFALanguage(Language):
         infinite = self.is_infinite
         if not infinite and r > self._finite_size():
             raise IndexError("the language has fewer elements")
+        if infinite and r > self._members_upto_max_length():
+            raise OverflowError(f"the element has more than {MAX_WORD_LENGTH} letters")
         length = 0
         while True:
             c = self.count_length(length)
@@ -864,6 +866,24 @@ class DFALanguage(Language):
 
     def nth_index(self, r: int) -> int:
         return self.universe.index(self.nth(r))
+
+    def _members_upto_max_length(self) -> float:
+        """The number of members with at most MAX_WORD_LENGTH letters, from the periodic counts
+        when the language is slender (a*, (ab)*: r ~ 2⁶⁴ would otherwise walk 10⁵ lengths
+        before overflowing); +inf (no shortcut) otherwise."""
+        cached = getattr(self, "_upto_max", None)
+        if cached is not None:
+            return cached
+        per = _periodic_counts(self)
+        total: float = math.inf
+        if per is not None:
+            l0, p = per
+            head = sum(self.count_length(ell) for ell in range(l0))
+            period = [self.count_length(l0 + i) for i in range(p)]
+            full, part = divmod(MAX_WORD_LENGTH + 1 - l0, p)
+            total = head + full * sum(period) + sum(period[:part])
+        self._upto_max = total
+        return total
 
     # -- products -------------------------------------------------------------------------------
     def _product(self, other: Language, op: Callable[[bool, bool], bool]) -> DFALanguage:
@@ -1069,3 +1089,78 @@ def iter_members(lang: Language, limit: int) -> Iterator[Any]:
             yield lang.nth(r)
         except IndexError:
             return
+
+
+def _periodic_counts(lang: DFALanguage, max_period: int = 720) -> tuple[int, int] | None:
+    """(ℓ₀, p) with count_length(ℓ + p) = count_length(ℓ) for every ℓ ≥ ℓ₀, or None.
+
+    The counts c(ℓ) = e_startᵀ Aℓ f_accept satisfy the linear recurrence of A's characteristic
+    polynomial (order q = number of states), and so does c(ℓ + p) − c(ℓ); a sequence of that
+    kind that vanishes at q consecutive ℓ vanishes from there on. So checking q consecutive
+    lengths from ℓ₀ = q proves the periodicity (a slender language — boundedly many members
+    per length, like a* or (ab)* — always has one)."""
+    cached = getattr(lang, "_period", False)
+    if cached is not False:
+        return cached
+    q = len(lang.dfa.delta)
+    found = None
+    for p in range(1, max_period + 1):
+        if all(lang.count_length(q + i + p) == lang.count_length(q + i) for i in range(q)):
+            found = (q, p)
+            break
+    lang._period = found  # type: ignore[attr-defined]
+    return found
+
+
+def count_sub_among_first(lang: Language, sub: Language, t: int) -> tuple[int, int]:
+    """Bounds (lo, hi) on the number of members of ``sub`` ⊆ ``lang`` among the first t members
+    of ``lang`` (in the universe's order); lo = hi whenever it is decided.
+
+    Exact via the t-th member's position when it can be written out. Otherwise (a slender DFA
+    language whose t-th member, t ~ n·2⁶⁴, has astronomically many letters) from the eventually
+    periodic counts by length of ``lang`` and ``sub`` (:func:`_periodic_counts`): every length
+    before the t-th member's length ℓ_t counts whole; within ℓ_t only the number of members
+    (at most the slender bound) is known, so hi − lo ≤ count_length(ℓ_t) − |the part decided|."""
+    if t <= 0:
+        return 0, 0
+    bracket = (_count_sub_periodic(lang, sub, t)
+               if isinstance(lang, DFALanguage) and isinstance(sub, DFALanguage) else None)
+    if bracket is not None and bracket[0] == bracket[1]:
+        return bracket
+    try:
+        end = lang.nth_index(t)
+    except OverflowError:
+        if bracket is None:
+            raise
+        return bracket
+    v = sub.count_upto(end)
+    return v, v
+
+
+def _count_sub_periodic(lang: DFALanguage, sub: DFALanguage, t: int) -> tuple[int, int] | None:
+    """count_sub_among_first from the periodic counts by length (None: not slender, or the
+    t-th member lies before the periodic part)."""
+    pl, ps = _periodic_counts(lang), _periodic_counts(sub)
+    if pl is None or ps is None:
+        return None
+    l0 = max(pl[0], ps[0])
+    p = math.lcm(pl[1], ps[1])
+    cl = [lang.count_length(ell) for ell in range(l0 + p)]
+    cs = [sub.count_length(ell) for ell in range(l0 + p)]
+    head_l, head_s = sum(cl[:l0]), sum(cs[:l0])
+    per_l, per_s = sum(cl[l0:]), sum(cs[l0:])
+    if t <= head_l or per_l == 0:
+        return None
+    k, rest = divmod(t - head_l - 1, per_l)  # k whole periods, then the (rest+1)-th member
+    before_l, before_s = head_l + k * per_l, head_s + k * per_s
+    for i in range(p):
+        ell = l0 + i
+        if rest < cl[ell]:
+            s = rest + 1  # the t-th member is the s-th of its length
+            lo = before_s + max(0, s - (cl[ell] - cs[ell]))
+            hi = before_s + min(s, cs[ell])
+            return lo, hi
+        rest -= cl[ell]
+        before_l += cl[ell]
+        before_s += cs[ell]
+    raise AssertionError("unreachable")

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -416,6 +417,17 @@ def _superset_sums(values: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
+@lru_cache(maxsize=8)
+def _popcounts(k: int) -> np.ndarray:
+    """|S| for every bitmask S < 2^k (read-only, cached)."""
+    masks = np.arange(1 << k, dtype=np.int64)
+    out = np.zeros(1 << k, dtype=np.float64)
+    for b in range(k):
+        out += (masks >> b) & 1
+    out.setflags(write=False)
+    return out
+
+
 def _masks(data: Sequence[Any] | np.ndarray, collection: Collection) -> np.ndarray:
     k = int(collection.size or 0)
     arr = np.asarray(data)
@@ -509,8 +521,7 @@ class UniformPrivateGenerator:
         counts = np.bincount(np.asarray(masks, dtype=np.int64), minlength=1 << k)
         cnt = _superset_sums(counts, k)
         f = (n - d - 2 * k * math.log(2) / eps) / k
-        sizes = np.array([bin(s).count("1") for s in range(1 << k)], dtype=np.float64)
-        return cnt + f * sizes
+        return cnt + f * _popcounts(k)
 
     def log_law(self, data: Sequence[Any] | np.ndarray, collection: Collection,
                 epsilon: float | None = None) -> np.ndarray:
@@ -531,6 +542,21 @@ class UniformPrivateGenerator:
         sets = np.arange(law.size)
         good = ((sets & bit) != 0) & inf
         return float(law[good].sum())
+
+    def sample_subsets(self, data: Sequence[Any] | np.ndarray, collection: Collection,
+                       rng: np.random.Generator, size: int) -> np.ndarray:
+        """``size`` independent draws of the selected subset S (bitmasks) on the same input:
+        the scores are computed once and each draw is the inverse-CDF step of
+        :func:`dplang.privacy.mechanisms.exponential_mechanism` (for a given generator, the
+        same draws as ``size`` calls of it), so Monte Carlo audits of 2^k outputs stay cheap.
+
+        Privacy contract: each draw is one run of the ε-DP mechanism on ``data`` (``size``
+        draws on the same data compose to size·ε; audits only)."""
+        s = self.scores(_masks(data, collection), len(data), collection) / float(
+            self._temp_for(self.epsilon))
+        cdf = np.cumsum(np.exp(s - s.max()))
+        u = rng.random(size) * cdf[-1]
+        return np.minimum(np.searchsorted(cdf, u, side="right"), cdf.size - 1)
 
     def run(self, data: Sequence[Any] | np.ndarray, collection: Collection,
             rng: np.random.Generator, epsilon: float | None = None,

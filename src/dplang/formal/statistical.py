@@ -339,6 +339,7 @@ class MarginIdentifier(_Identifier):
 
     name = "margin"
     private = False
+    shift_invariant = True  # the law depends on the error counts only through differences
 
     def guarantee(self, n: int) -> Guarantee:
         return Guarantee("margin-identifier (000 Alg 4, non-private)", UNIT, ADJACENCY, None,
@@ -381,6 +382,7 @@ class SoftMarginIdentifier(_Identifier):
     margin: Tuning | None = None  # γ; default 1/K
 
     name = "soft-margin"
+    shift_invariant = True  # the law depends on the error counts only through differences
 
     def __post_init__(self) -> None:
         _check_epsilon(self.epsilon)
@@ -431,6 +433,7 @@ class GaussianMarginIdentifier(_Identifier):
     calibration: str = "classical"
 
     name = "gaussian-margin"
+    shift_invariant = True  # the law depends on the error counts only through differences
 
     def __post_init__(self) -> None:
         gaussian_calibration(1.0, self.epsilon, self.delta, self.calibration)

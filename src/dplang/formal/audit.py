@@ -1,0 +1,492 @@
+"""Privacy audits of the lab's algorithms (000 §5.4, 001 §5.5): the exact/Monte Carlo rule, the
+exact audits of both papers, and a black-box Monte Carlo audit.
+
+**Which audit** (:func:`choose_method`, a public rule on public inputs only): an audit follows
+the released value of the algorithm through the post-processing it actually applies, and its
+*output space* is the set of values that release can take (:func:`output_space_size`):
+
+* 000: the selected index, |[K′]| (Algorithms 1–5), or pair, |[K′]×[M̄]| (Algorithms 6, 7; the
+  Gaussian vectors are audited through their exact profile, which bounds every
+  post-processing);
+* 001·1: the increment bits of the audited updates, independent given the stream, so the law
+  is a product and its size is Σ_k 2k atoms (200 updates: 40 200);
+* 001·C.1: the subset S ⊆ [k] (2^k);
+* 001·2: Σ_s W_s over the audited epochs;
+* 001·3: ℕ, computed as the first m = 20 indices plus the prior's tail bound (m + 1 atoms per
+  epoch);
+* the non-private baselines are deterministic (one atom per dataset).
+
+The output space is **small** when it has at most :data:`EXACT_AUDIT_MAX_OUTPUTS` = 2¹⁶ atoms:
+then the audit is exact — the exact law on every dataset and neighbour (000: every dataset of
+size n ≤ max_n over four letters; 001: the spec's worst-case transcript pair, all neighbours of
+size ≤ 4, or every substitution of a 16-element prefix) — otherwise it is Monte Carlo.
+``method="exact"`` or ``"monte-carlo"`` forces one.
+
+**Monte Carlo** (:func:`monte_carlo_audit`): a crafted neighbour pair (the pair whose released
+statistic moves most — the spread max Δs − min Δs of the scores, the ℓ₂ change of a Gaussian
+vector, or a change of a deterministic output — among the exact audit's candidates), ``trials``
+independent runs of the algorithm on each side; the first half picks the 8 outputs with the
+largest empirical log-ratio (either direction), the second half bounds each with Clopper–Pearson
+intervals (Bonferroni over the 8 events, 95% overall): ε̂ = max ln((p_lo − δ)/q_hi). It is a
+*lower bound* on the true loss, so PASS means only that no violation was detected (it cannot
+see, e.g., 001·1's printed Laplace scale, whose excess lies in events of tiny probability).
+
+Privacy contract: none — audits run on public toy data and release nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..privacy.audit import clopper_pearson
+from ..privacy.mechanisms import exponential_mechanism
+from ..privacy.randomness import RandomStreams
+from . import limit
+from .evaluation import _as_sample, neighbour_pairs, privacy_audit_statistical
+from .statistical import (
+    GaussianMarginIdentifier,
+    GaussianThresholdGenerator,
+    JointThresholdGenerator,
+    MarginIdentifier,
+    PointerGenerator,
+    _Generator,
+    _Identifier,
+    error_counts,
+    multiplicities,
+)
+from .streams import ExplicitStream, Stream, SubstitutedStream
+
+__all__ = [
+    "ALG1_EXACT_UPDATES",
+    "ALG1_MC_UPDATES",
+    "EXACT_AUDIT_MAX_OUTPUTS",
+    "AuditReport",
+    "audit",
+    "choose_method",
+    "monte_carlo_audit",
+    "output_space_size",
+]
+
+#: the exact audit is used when the output space has at most this many atoms (2¹⁶)
+EXACT_AUDIT_MAX_OUTPUTS = 1 << 16
+#: 001·1: updates followed by the exact audit (the spec's 200) and by the Monte Carlo audit
+ALG1_EXACT_UPDATES = 200
+ALG1_MC_UPDATES = 3
+#: 001·2/3: epochs audited and the stream prefix substituted
+LIMIT_EPOCHS = 4
+LIMIT_PREFIX = 16
+#: 001·3: indices computed exactly per epoch (the tail is bounded by the prior)
+ALG3_HEAD = 20
+MC_EVENTS = 8
+MC_CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """An audit's verdict: the method, why it was chosen, and the worst case found."""
+
+    algorithm: str
+    method: str  # "exact" or "monte-carlo"
+    output_space: float
+    reason: str
+    passed: bool
+    statistic: float  # max exact loss, max δ(ε), or the Monte Carlo ε̂ (a lower bound)
+    epsilon: float
+    delta: float
+    detail: str
+
+    def line(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        if self.method == "exact":
+            what = (f"max δ(ε) = {self.statistic:.3g} (target δ = {self.delta:g}, "
+                    f"ε = {self.epsilon:g})" if self.delta > 0 else
+                    f"max exact privacy loss = {self.statistic:.6g} (ε = {self.epsilon:g})")
+        else:
+            what = (f"Monte Carlo lower bound ε̂ = {self.statistic:.4g} (claimed ε = "
+                    f"{self.epsilon:g}" + (f", δ = {self.delta:g}" if self.delta else "") + ")")
+        return f"{verdict} {self.algorithm}: {what} over {self.detail}"
+
+    def method_line(self) -> str:
+        return f"method: {self.method} ({self.reason})"
+
+
+# =============================================================================================
+# the rule
+# =============================================================================================
+
+
+def _statistical_range(alg: Any, collection: Any, max_n: int) -> int:
+    size = 0
+    for n in range(1, max_n + 1):
+        _, kp = alg.horizon(n, collection)
+        if isinstance(alg, JointThresholdGenerator):  # 6 and 7: pairs (i, m)
+            size = max(size, kp * alg.window(n))
+        else:
+            size = max(size, kp)
+    return size
+
+
+def output_space_size(alg: Any, collection: Any, max_n: int = 5,
+                      updates: int = ALG1_EXACT_UPDATES) -> float:
+    """The number of atoms of the audited release's law (see the module docstring)."""
+    if isinstance(alg, MarginIdentifier | PointerGenerator | limit.ClosureGenerator):
+        return 1  # deterministic
+    if isinstance(alg, limit.ApproximateIntersectionGenerator):
+        if not alg.private:
+            return 1
+        return 2 * updates * (updates + 1) // 2
+    if isinstance(alg, limit.UniformPrivateGenerator):
+        return 2 ** int(collection.size or 0) if collection.is_finite else math.inf
+    if isinstance(alg, limit.EpochEMIdentifier):
+        return sum(alg.window(s, collection) for s in range(1, LIMIT_EPOCHS + 1))
+    if isinstance(alg, limit.StochasticIdentifier):
+        return LIMIT_EPOCHS * (collection.horizon(ALG3_HEAD) + 1)
+    if isinstance(alg, _Identifier | _Generator):
+        return _statistical_range(alg, collection, max_n)
+    raise ValueError(f"no audit for {type(alg).__name__}")
+
+
+def choose_method(size: float, force: str | None = None) -> tuple[str, str]:
+    """("exact" | "monte-carlo", the reason): exact iff ``size`` ≤ 2¹⁶, unless forced."""
+    if force not in (None, "auto", "exact", "monte-carlo"):
+        raise ValueError(f"method must be auto, exact or monte-carlo, got {force!r}")
+    shown = "∞" if math.isinf(size) else f"{int(size):,}"
+    atoms = "atom" if size == 1 else "atoms"
+    if force in ("exact", "monte-carlo"):
+        return force, f"forced; the output space has {shown} {atoms}"
+    if size <= EXACT_AUDIT_MAX_OUTPUTS:
+        return "exact", f"the output space has {shown} ≤ 2^16 {atoms}"
+    return "monte-carlo", f"the output space has {shown} > 2^16 {atoms}"
+
+
+# =============================================================================================
+# Monte Carlo
+# =============================================================================================
+
+
+def monte_carlo_audit(draw_a: Callable[[np.random.Generator, int], Sequence[Any]],
+                      draw_b: Callable[[np.random.Generator, int], Sequence[Any]],
+                      trials: int, rng: np.random.Generator, delta: float = 0.0,
+                      events: int = MC_EVENTS,
+                      confidence: float = MC_CONFIDENCE) -> tuple[float, str]:
+    """A black-box lower bound on ε for one neighbour pair.
+
+    ``draw_x(rng, size)`` returns ``size`` outputs of independent runs on dataset x (hashable
+    values). Half the trials choose the ``events`` outputs with the largest empirical
+    log-ratio (either direction); the other half bound each with Clopper–Pearson intervals at
+    level 1 − (1 − confidence)/(2·events), so the returned ε̂ = max ln((p_lo − δ)/q_hi) is below
+    the true ε with probability ≥ ``confidence``."""
+    if trials < 2:
+        raise ValueError("trials must be >= 2")
+    first, second = trials // 2, trials - trials // 2
+
+    def counts(values: Sequence[Any]) -> dict[Any, int]:
+        out: dict[Any, int] = {}
+        for v in values:
+            out[v] = out.get(v, 0) + 1
+        return out
+
+    pa, pb = counts(draw_a(rng, first)), counts(draw_b(rng, first))
+    cands = []
+    for o in set(pa) | set(pb):
+        ca, cb = pa.get(o, 0), pb.get(o, 0)
+        cands.append((math.log((ca + 0.5) / (cb + 0.5)), o, +1))
+        cands.append((math.log((cb + 0.5) / (ca + 0.5)), o, -1))
+    cands.sort(key=lambda c: -c[0])
+    chosen = cands[:events]
+    ha, hb = counts(draw_a(rng, second)), counts(draw_b(rng, second))
+    level = 1 - (1 - confidence) / (2 * max(1, len(chosen)))
+    best, best_event = 0.0, None
+    for _, o, direction in chosen:
+        num, den = (ha.get(o, 0), hb.get(o, 0)) if direction > 0 else (hb.get(o, 0),
+                                                                       ha.get(o, 0))
+        lo = clopper_pearson(num, second, level)[0]
+        hi = clopper_pearson(den, second, level)[1]
+        if lo - delta > 0 and hi > 0:
+            val = math.log((lo - delta) / hi)
+            if val > best:
+                best, best_event = val, (o, direction)
+    where = "" if best_event is None else f"; worst event: output {best_event[0]!r}"
+    return best, f"{trials} runs per dataset, {len(chosen)} events{where}"
+
+
+def _spread(sa: np.ndarray, sb: np.ndarray) -> float:
+    """max Δs − min Δs (the EM loss is at most ε/(2Δ) times it); ∞ when finiteness differs."""
+    sa, sb = np.asarray(sa, float).ravel(), np.asarray(sb, float).ravel()
+    fa, fb = np.isfinite(sa), np.isfinite(sb)
+    if np.any(fa != fb):
+        return math.inf
+    if not fa.any():
+        return 0.0
+    d = sa[fa] - sb[fa]
+    return float(d.max() - d.min())
+
+
+# =============================================================================================
+# 000
+# =============================================================================================
+
+
+def _statistic_000(alg: Any, collection: Any, sample: np.ndarray) -> Any:
+    n = len(sample)
+    if isinstance(alg, PointerGenerator):
+        return alg.run(sample, collection, np.random.default_rng(0)).output
+    if isinstance(alg, _Identifier):
+        big_k, kp = alg.horizon(n, collection)
+        c = error_counts(sample, collection, kp)
+        if isinstance(alg, MarginIdentifier):
+            return int(alg.index_from(c, n, big_k))
+        if isinstance(alg, GaussianMarginIdentifier):
+            return c / n
+        return alg.scores(c, n, big_k)
+    memb = alg.membership(collection, n)
+    return alg.scores(multiplicities(sample, collection, alg.window(n)), memb, n)
+
+
+def crafted_pair_000(alg: Any, collection: Any, letters: Sequence[Any],
+                     max_n: int = 3) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The neighbour pair (datasets of size ≤ max_n over ``letters``) whose released statistic
+    moves most: the score spread (EM), the ℓ₂ change (Gaussian), a changed output
+    (non-private)."""
+    best, pair = -1.0, None
+    uni = collection.universe
+    gaussian = isinstance(alg, GaussianMarginIdentifier | GaussianThresholdGenerator)
+    for n in range(1, max_n + 1):
+        cache: dict[tuple[Any, ...], Any] = {}
+        for s, t in neighbour_pairs(letters, n):
+            a = cache.setdefault(s, _statistic_000(alg, collection, _as_sample(s, uni)))
+            b = cache.setdefault(t, _statistic_000(alg, collection, _as_sample(t, uni)))
+            if isinstance(alg, MarginIdentifier | PointerGenerator):
+                v = 0.0 if a == b else math.inf
+            elif gaussian:
+                v = float(np.linalg.norm(np.asarray(a, float) - np.asarray(b, float)))
+            else:
+                v = _spread(a, b)
+            if v > best:
+                best, pair = v, (s, t)
+            if math.isinf(best):
+                break
+    assert pair is not None
+    return pair
+
+
+def _draws_000(alg: Any, collection: Any, sample: np.ndarray
+               ) -> Callable[[np.random.Generator, int], list[Any]]:
+    two_d = isinstance(alg, JointThresholdGenerator)
+
+    def draw(rng: np.random.Generator, size: int) -> list[Any]:
+        out = []
+        for _ in range(size):
+            sel = alg.run(sample, collection, rng)
+            out.append((sel.index, sel.threshold) if two_d else sel.index)
+        return out
+
+    return draw
+
+
+def audit_statistical(alg: Any, collection: Any, letters: Sequence[Any], epsilon: float,
+                      method: str | None = None, max_n: int = 5, trials: int = 20_000,
+                      seed: int = 0, name: str | None = None) -> AuditReport:
+    """Audit a 000 algorithm (exact over all neighbours of size ≤ ``max_n`` over ``letters``,
+    or Monte Carlo on the crafted pair), with the method chosen by :func:`choose_method`."""
+    label = name or type(alg).__name__
+    size = output_space_size(alg, collection, max_n)
+    chosen, reason = choose_method(size, method)
+    gaussian = isinstance(alg, GaussianMarginIdentifier | GaussianThresholdGenerator)
+    delta = float(getattr(alg, "delta", 0.0)) if gaussian else 0.0
+    if chosen == "exact":
+        results = [privacy_audit_statistical(alg, collection, m, letters,
+                                             claimed_epsilon=epsilon)
+                   for m in range(1, max_n + 1)]
+        passed = all(r.passed for r in results)
+        pairs = sum(r.pairs for r in results)
+        stat = (max(r.max_delta or 0.0 for r in results) if gaussian else
+                max(0.0 if math.isnan(r.max_loss) else r.max_loss for r in results))
+        return AuditReport(label, "exact", size, reason, passed, stat, epsilon, delta,
+                           f"{pairs} neighbour pairs (n ≤ {max_n}, {len(letters)} letters)")
+    a, b = crafted_pair_000(alg, collection, letters)
+    uni = collection.universe
+    rng = RandomStreams(seed).generator(0)
+    eps_hat, detail = monte_carlo_audit(_draws_000(alg, collection, _as_sample(a, uni)),
+                                        _draws_000(alg, collection, _as_sample(b, uni)),
+                                        trials, rng, delta)
+    return AuditReport(label, "monte-carlo", size, reason, eps_hat <= epsilon + 1e-12,
+                       eps_hat, epsilon, delta, f"the pair {a} ~ {b}: {detail}")
+
+
+# =============================================================================================
+# 001
+# =============================================================================================
+
+
+def _limit_prefix(instance: Any) -> Stream:
+    coll = instance.collection
+    return ExplicitStream(instance.stream(seed=0).prefix(LIMIT_PREFIX), coll.universe)
+
+
+def _epoch_scores(alg: Any, stream: Stream, collection: Any, s: int) -> np.ndarray:
+    if isinstance(alg, limit.StochasticIdentifier):
+        return alg.head_log_weights(stream, collection, s, ALG3_HEAD)
+    return alg.scores(stream, collection, s)
+
+
+def _epoch_law(alg: Any, stream: Stream, collection: Any, s: int) -> np.ndarray:
+    if isinstance(alg, limit.StochasticIdentifier):
+        return alg.log_law(stream, collection, s, ALG3_HEAD)
+    return alg.log_law(alg.scores(stream, collection, s), s)
+
+
+def _loss(la: np.ndarray, lb: np.ndarray) -> float:
+    fa, fb = np.isfinite(la), np.isfinite(lb)
+    if la.shape != lb.shape or np.any(fa != fb):
+        return math.inf
+    return float(np.max(np.abs(la[fa] - lb[fb]))) if fa.any() else 0.0
+
+
+def _substitutions(instance: Any) -> list[tuple[Stream, Stream]]:
+    coll = instance.collection
+    base = _limit_prefix(instance)
+    letters = [coll.universe.at(j) for j in range(1, 4)]
+    return [(base, SubstitutedStream(base, pos, v)) for pos in range(1, LIMIT_PREFIX + 1)
+            for v in letters]
+
+
+def _upg_pairs(coll: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    letters = [coll.universe.at(j) for j in range(1, 5)]
+    return [(np.array(x, dtype=object), np.array(y, dtype=object))
+            for m in range(1, 5) for x, y in neighbour_pairs(letters, m)]
+
+
+def _exact_limit(alg: Any, instance: Any) -> tuple[float, str]:
+    coll = instance.collection
+    if isinstance(alg, limit.ApproximateIntersectionGenerator):
+        a, b = limit.alg1_worst_case_counts(ALG1_EXACT_UPDATES)
+        return (limit.alg1_transcript_loss(alg, a, b),
+                f"the worst-case pair (001 §4.2c), {ALG1_EXACT_UPDATES} updates")
+    if isinstance(alg, limit.UniformPrivateGenerator):
+        loss = 0.0
+        pairs = _upg_pairs(coll)
+        for x, y in pairs:
+            loss = max(loss, _loss(alg.log_law(x, coll), alg.log_law(y, coll)))
+        return loss, f"all {len(pairs)} neighbours of size ≤ 4 over 4 letters"
+    pairs = _substitutions(instance)
+    loss = 0.0
+    for base, nb in pairs:
+        loss = max(loss, sum(_loss(_epoch_law(alg, base, coll, s), _epoch_law(alg, nb, coll, s))
+                             for s in range(1, LIMIT_EPOCHS + 1)))
+    return loss, (f"all {len(pairs)} substitutions of a {LIMIT_PREFIX}-element prefix, "
+                  f"epochs 1–{LIMIT_EPOCHS}")
+
+
+def _mc_limit(alg: Any, instance: Any, trials: int, rng: np.random.Generator
+              ) -> tuple[float, str]:
+    coll = instance.collection
+    if isinstance(alg, limit.ApproximateIntersectionGenerator):
+        a, b = limit.alg1_worst_case_counts(ALG1_MC_UPDATES)
+
+        def bits(counts: list[np.ndarray]) -> Callable[[np.random.Generator, int], list[Any]]:
+            def draw(r: np.random.Generator, size: int) -> list[Any]:
+                out = []
+                for _ in range(size):
+                    state = np.zeros(ALG1_MC_UPDATES + 1, dtype=np.int64)
+                    out.append(tuple(int(v) for k, c in enumerate(counts, 1)
+                                     for v in alg._update(c, k**6, k, state, r)))
+                return out
+            return draw
+
+        eps_hat, detail = monte_carlo_audit(bits(a), bits(b), trials, rng)
+        return eps_hat, (f"the worst-case pair, increment bits of {ALG1_MC_UPDATES} updates: "
+                         f"{detail}")
+    if isinstance(alg, limit.UniformPrivateGenerator):
+        best, pair = -1.0, None
+        for x, y in _upg_pairs(coll):
+            if len(x) > 2:
+                break
+            v = _spread(alg.scores(limit._masks(x, coll), len(x), coll),
+                        alg.scores(limit._masks(y, coll), len(y), coll))
+            if v > best:
+                best, pair = v, (x, y)
+            if best >= 2.0:  # Δu = 1: no pair moves the scores' spread further
+                break
+        assert pair is not None
+
+        def subsets(data: np.ndarray) -> Callable[[np.random.Generator, int], list[Any]]:
+            return lambda r, size: alg.sample_subsets(data, coll, r, size).tolist()
+
+        eps_hat, detail = monte_carlo_audit(subsets(pair[0]), subsets(pair[1]), trials, rng)
+        return eps_hat, f"the pair {tuple(pair[0])} ~ {tuple(pair[1])}: {detail}"
+    # 001·2 / 001·3: the transcript (I_1, …, I_4) on the substitution that moves most
+    best, pair = -1.0, None
+    for base, nb in _substitutions(instance):
+        v = sum(alg.epoch_epsilon(s) * _spread(_epoch_scores(alg, base, coll, s),
+                                               _epoch_scores(alg, nb, coll, s))
+                for s in range(1, LIMIT_EPOCHS + 1))
+        if v > best:
+            best, pair = v, (base, nb)
+    assert pair is not None
+
+    def transcript(stream: Stream) -> Callable[[np.random.Generator, int], list[Any]]:
+        def draw(r: np.random.Generator, size: int) -> list[Any]:
+            if isinstance(alg, limit.StochasticIdentifier):
+                return [tuple(alg.sample(stream, coll, s, r) for s in range(1, LIMIT_EPOCHS + 1))
+                        for _ in range(size)]
+            scores = [alg.scores(stream, coll, s) for s in range(1, LIMIT_EPOCHS + 1)]
+            return [tuple(_em_index(sc, alg, s, r) for s, sc in enumerate(scores, 1))
+                    for _ in range(size)]
+        return draw
+
+    eps_hat, detail = monte_carlo_audit(transcript(pair[0]), transcript(pair[1]), trials, rng)
+    sub = pair[1]
+    assert isinstance(sub, SubstitutedStream)
+    return eps_hat, (f"the 16-element prefix with x_{sub.position} := {sub.value!r}, epochs "
+                     f"1–{LIMIT_EPOCHS}: {detail}")
+
+
+def _em_index(scores: np.ndarray, alg: Any, s: int, rng: np.random.Generator) -> int:
+    """One draw of 001·2's epoch-s mechanism on fixed scores (−inf entries are excluded, as in
+    the data-dependent-window twin)."""
+    fin = np.isfinite(scores)
+    return int(exponential_mechanism(np.where(fin, scores, 0.0), 2.0 / alg.epoch_epsilon(s),
+                                     rng, mask=fin)) + 1
+
+
+def audit_limit(alg: Any, instance: Any, epsilon: float, method: str | None = None,
+                trials: int = 20_000, seed: int = 0, name: str | None = None) -> AuditReport:
+    """Audit a 001 algorithm in continual release (see the module docstring)."""
+    label = name or type(alg).__name__
+    coll = instance.collection
+    if isinstance(alg, limit.ClosureGenerator) or (
+            isinstance(alg, limit.ApproximateIntersectionGenerator) and not alg.private):
+        return AuditReport(label, "exact", 1, "a deterministic, non-private baseline", False,
+                           math.inf, epsilon, 0.0, "any pair whose output changes (ε = ∞)")
+    if isinstance(alg, limit.StochasticIdentifier):
+        alg.check(coll)
+    if isinstance(alg, limit.EpochEMIdentifier) and not isinstance(alg,
+                                                                   limit._DataDependentWindow):
+        alg.check(coll)
+    size = output_space_size(alg, coll)
+    chosen, reason = choose_method(size, method)
+    if chosen == "exact":
+        loss, detail = _exact_limit(alg, instance)
+        return AuditReport(label, "exact", size, reason, loss <= epsilon + 1e-9, loss,
+                           epsilon, 0.0, detail)
+    eps_hat, detail = _mc_limit(alg, instance, trials, RandomStreams(seed).generator(0))
+    return AuditReport(label, "monte-carlo", size, reason, eps_hat <= epsilon + 1e-12, eps_hat,
+                       epsilon, 0.0, detail)
+
+
+def audit(alg: Any, instance: Any, epsilon: float, method: str | None = None, max_n: int = 5,
+          trials: int = 20_000, seed: int = 0) -> AuditReport:
+    """Audit ``alg`` on a named instance: 000 algorithms over the instance's first four
+    universe elements, 001 algorithms in continual release."""
+    if isinstance(alg, _Identifier | _Generator):
+        uni = instance.collection.universe
+        letters = [uni.at(j) for j in range(1, 5)]
+        return audit_statistical(alg, instance.collection, letters, epsilon, method, max_n,
+                                 trials, seed)
+    return audit_limit(alg, instance, epsilon, method, trials, seed)

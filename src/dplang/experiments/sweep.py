@@ -23,6 +23,8 @@ known. The only world-readable files are the releases and their public manifests
 
 A finished cell (its ``eval/metrics.json`` exists) is skipped on rerun; an interrupted cell
 resumes its generation where it stopped (with the seed kept in its private side file).
+
+Size: a sweep's cell loop with its identity and resume rules, read together.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from ..textgen.orchestration import (
 )
 from ..textgen.prompts import get_template
 from ..textgen.public import generate_public_texts
+from ..textgen.resume import differences
 from .config import Cell, ConfigError, ExperimentConfig, calls_per_token
 from .tables import write_plots, write_results_md
 
@@ -176,19 +179,6 @@ def cell_spec(config: ExperimentConfig, cell: Cell, data_digest: str) -> dict[st
     return {"generation": generation, "evaluation": evaluation}
 
 
-def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        out: list[str] = []
-        for key in sorted(set(old) | set(new), key=str):
-            out += _differences(old.get(key), new.get(key), f"{prefix}{key}.")
-        return out
-    if old == new:
-        return []
-    if prefix.rstrip(".").endswith("sha256"):
-        return [f"{prefix.rstrip('.')} (changed)"]  # a digest is private: not shown
-    return [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
-
-
 def _cell_state(cell_dir: Path, spec: dict[str, Any], overwrite: bool = False) -> str:
     """``new`` (nothing there), ``same``, ``re-evaluate`` (the generation is the one the config
     asks for, the evaluation settings changed) or, with ``overwrite``, ``changed`` (to be
@@ -206,7 +196,7 @@ def _cell_state(cell_dir: Path, spec: dict[str, Any], overwrite: bool = False) -
         raise ConfigError(f"{cell_dir} records no configuration (made by an older dplang); "
                           "its results cannot be checked against this config: use a new --out "
                           "(or --overwrite to generate it anew, a new charge)")
-    diff = _differences(stored.get("generation"), spec["generation"])
+    diff = differences(stored.get("generation"), spec["generation"])
     if diff:
         if overwrite:
             return "changed"

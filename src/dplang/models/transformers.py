@@ -27,6 +27,9 @@ are float32 either way. ``dtype="auto"`` picks bfloat16 only where :func:`native
 the CPU multiplies it natively (elsewhere it is emulated and slower). The dtype changes the
 model's numbers slightly, never the privacy guarantee (which holds for any deterministic,
 row-invariant logits: the clipping bounds what each reference can change).
+
+Size: one class, the backend; its kernels (_kernels.py), paged attention (_rowwise.py), loading
+(hf_loading.py), dtypes and the invariance check live beside it.
 """
 
 from __future__ import annotations

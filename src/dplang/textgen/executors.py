@@ -33,6 +33,9 @@ executor, worker count, concurrency and interruption: a resumed run's file equal
 uninterrupted one's. The price is a reorder buffer: groups that finish before an earlier one are
 held in the driver's memory (at most the reorder window) and recomputed, identically, if the
 driver is killed before it writes them.
+
+Size: the lease table, the in-order exactly-once commit and the local executor are one protocol
+and are read together; Ray is in executors_ray.py.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ each generation reads one disjoint, data-independently formed batch (parallel co
 each is charged for T tokens whatever it emits. The random seed is a secret: an adversary who
 knows it can invert the sampler, so it is kept in the private side file (``OUT.private.json``,
 mode 600 from creation), never in the manifest.
+
+Size: one run's sequence (check → plan → release → dispatch → persist) kept in one place so that
+the order of charge and writes can be read top to bottom; methods, resume rules, executors and
+the release pipeline live in their own modules.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from ..release import (
 )
 from .batching import Batch, make_batches
 from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy
+from .errors import GenerationError
 from .executors import Executor, dispatch_plan
 from .methods.registry import MethodInputs, MethodParams, MethodSpec, get_method
 from .prompts import (
@@ -60,6 +65,7 @@ from .prompts import (
     PromptTemplate,
     get_template,
 )
+from .resume import check_existing, finished_groups, manifest_path_for, private_path_for
 
 DEFAULT_CONCURRENT_GROUPS = 8
 
@@ -67,10 +73,6 @@ DEFAULT_CONCURRENT_GROUPS = 8
 # (dplang.textgen.methods). No method offers add-remove at the data-set level: removing a row
 # shifts every later reference into another batch (and changes ⌊N/B⌋), so a per-batch
 # add-remove bound says nothing about the data set (docs/deviations.md).
-
-
-class GenerationError(ValueError):
-    """A user error detected before anything was written (one-line message)."""
 
 
 @dataclass(frozen=True)
@@ -168,18 +170,6 @@ class GenerationPlan:
     @property
     def private_path(self) -> Path:
         return private_path_for(self.request.out)
-
-
-def manifest_path_for(out: Path) -> Path:
-    """``runs/x.jsonl`` → ``runs/x.manifest.json`` (public)."""
-    stem = out.name.removesuffix(".jsonl")
-    return out.with_name(stem + ".manifest.json")
-
-
-def private_path_for(out: Path) -> Path:
-    """``runs/x.jsonl`` → ``runs/x.private.json`` (private side file, mode 600)."""
-    stem = out.name.removesuffix(".jsonl")
-    return out.with_name(stem + ".private.json")
 
 
 def _finite_positive(value: float) -> bool:
@@ -351,7 +341,7 @@ def plan_generation(
     digest = file_digest(req.data)
     # a different run in --out is refused before the (slow) model load; the model's own
     # identity (weights digest, prompt form) is compared again once it is loaded
-    _check_existing(req, _public_parameters(req, method),
+    check_existing(req, _public_parameters(req, method),
                     _private_identity(req, digest, dataset))
     model = _load(load_model, req.model)
     template = get_template(req.prompt, chat=model.has_chat_template)
@@ -477,114 +467,9 @@ class RunSummary:
     tokens: int
 
 
-def _finished_groups(out: Path) -> set[int]:
-    """Groups already in ``out``; a torn last line (killed mid-write) is cut off."""
-    if not out.exists():
-        return set()
-    done: set[int] = set()
-    good_bytes = 0
-    with open(out, "rb") as fh:
-        for line in fh:
-            if not line.endswith(b"\n"):
-                break
-            try:
-                done.add(int(json.loads(line)["group"]))
-            except (ValueError, KeyError, TypeError):
-                break
-            good_bytes += len(line)
-    if good_bytes != out.stat().st_size:
-        with open(out, "r+b") as fh:
-            fh.truncate(good_bytes)
-    return done
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise GenerationError(f"cannot read {path}: {exc}") from None
-
-
-def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """``key: old → new`` for the leaves that differ between two JSON-like values."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out: list[str] = []
-        for key in sorted(set(old) | set(new), key=str):
-            out += _differences(old.get(key), new.get(key), f"{prefix}{key}.")
-        return out
-    if old == new:
-        return []
-    return [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
-
-
-def _different_run(req: GenerationRequest, detail: str = "") -> GenerationError:
-    return GenerationError(
-        f"{req.out} holds a different run{detail}; choose another --out, or --overwrite to "
-        "replace it with a new run")
-
-
-def _check_existing(
-    req: GenerationRequest, parameters: dict[str, Any], private_fp: dict[str, Any],
-    fingerprint: dict[str, Any] | None = None,
-) -> tuple[bool, int | None]:
-    """(resuming, stored seed) after checking what ``--out`` already holds.
-
-    Called twice: before the model load with the public ``parameters`` only, and after it
-    with the whole public ``fingerprint`` (model digest and prompt form included). With
-    ``--overwrite`` whatever is there is to be replaced: (False, None). Refused with a
-    one-line error: an output without its manifest; a manifest of a different run (the
-    message names what differs); a run whose private side file is gone; a private side file
-    left without its run's outputs (a stale seed is never half-used)."""
-    if req.overwrite:
-        return False, None
-    manifest_path, private_path = manifest_path_for(req.out), private_path_for(req.out)
-    if not manifest_path.exists():
-        if req.out.exists():
-            raise GenerationError(f"{req.out} exists without a manifest; choose another --out "
-                                  "or --overwrite")
-        if private_path.exists():
-            raise GenerationError(
-                f"{private_path} is left from a run whose outputs are gone; restore "
-                f"{req.out.name} and {manifest_path.name} to resume it, or delete it (or "
-                "--overwrite) to start a new run (a new seed, charged anew)")
-        return False, None
-    old = _read_json(manifest_path)
-    old_fp = old.get("fingerprint")
-    if not isinstance(old_fp, dict):
-        raise _different_run(req, " (its manifest has no fingerprint)")
-    diff = _differences(old_fp.get("parameters"), parameters)
-    if fingerprint is not None:
-        diff += _differences({k: v for k, v in old_fp.items() if k != "parameters"},
-                             {k: v for k, v in fingerprint.items() if k != "parameters"})
-    if diff:
-        shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
-        raise _different_run(req, f" ({shown})")
-    if not private_path.exists():
-        raise GenerationError(f"cannot resume {req.out}: its private side file {private_path} "
-                              "(with the secret seed) is gone; choose another --out")
-    private = _read_json(private_path)
-    data = private.get("data") or {}
-    stored_fp = {"path": data.get("path"), "sha256": data.get("sha256"),
-                 "dataset": private.get("dataset")}
-    if stored_fp != private_fp:
-        # which of them differs is told (the data holder's own terminal), not the values
-        what = [k for k in ("path", "sha256", "dataset") if stored_fp[k] != private_fp[k]]
-        names = {"path": "data path", "sha256": "data content", "dataset": "dataset name"}
-        raise _different_run(req, f" (other {', '.join(names[k] for k in what)})")
-    try:
-        stored = int(private["seed"])
-    except (KeyError, TypeError, ValueError):
-        raise GenerationError(f"cannot resume {req.out}: {private_path} holds no seed") from None
-    if req.seed is not None and req.seed != stored:
-        raise GenerationError(
-            f"{req.out} was started with another --seed; use the same seed or a new --out"
-        )
-    return True, stored
-
-
 def _resume_seed(plan: GenerationPlan, fingerprint: dict[str, Any]) -> tuple[bool, int | None]:
     """:func:`_check_existing` with the loaded model's whole fingerprint."""
-    return _check_existing(plan.request, fingerprint["parameters"],
+    return check_existing(plan.request, fingerprint["parameters"],
                            _private_fingerprint(plan), fingerprint)
 
 
@@ -637,7 +522,7 @@ def _execute_locked(
         description=f"dplang generate ({req.method}) → {req.out}",
         seed_source="resumed from the private side file" if resuming else None,
     )
-    done = set() if req.overwrite else _finished_groups(req.out)
+    done = set() if req.overwrite else finished_groups(req.out)
     release.charge(on_warning)  # before any output (invariant 6); idempotent on resume
     if req.overwrite:  # the earlier run's files go only now that the new run is charged
         for old in (req.out, plan.manifest_path, plan.private_path):

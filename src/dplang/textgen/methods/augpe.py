@@ -58,6 +58,9 @@ every selection uses its own random stream derived from (seed, unit), so results
 on the model batch size. (Floating-point caveat: sentence embedders batch their inputs, so an
 embedding can differ in the last bits with the batch it shares; the nearest-neighbour search
 itself is made independent of the other references, see :func:`nn_histogram`.)
+
+Size: one algorithm (params, the private histogram, the population loop) whose privacy argument
+is read as a whole.
 """
 
 from __future__ import annotations

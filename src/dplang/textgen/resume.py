@@ -1,0 +1,143 @@
+"""What an output folder already holds, and whether a run may continue it (resume rules).
+
+A run's output ``OUT.jsonl`` sits beside its public manifest ``OUT.manifest.json`` and its
+private side file ``OUT.private.json`` (mode 600: the secret seed, data path and digest).
+:func:`check_existing` decides, before anything is charged or written, whether a request is
+the same run (resume with the stored seed), a new one (nothing there) or a different one
+(refused, naming what differs, unless ``--overwrite``); :func:`finished_groups` reads which
+groups are already in the output, cutting a torn last line.
+
+Privacy contract: reads the data holder's own files and prints only to the data holder; the
+messages name which private field differs (path, content, dataset name), never its value.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import GenerationError
+
+if TYPE_CHECKING:
+    from .orchestration import GenerationRequest
+
+__all__ = ["check_existing", "differences", "finished_groups", "manifest_path_for",
+           "private_path_for"]
+
+
+def manifest_path_for(out: Path) -> Path:
+    """``runs/x.jsonl`` → ``runs/x.manifest.json`` (public)."""
+    stem = out.name.removesuffix(".jsonl")
+    return out.with_name(stem + ".manifest.json")
+
+
+def private_path_for(out: Path) -> Path:
+    """``runs/x.jsonl`` → ``runs/x.private.json`` (private side file, mode 600)."""
+    stem = out.name.removesuffix(".jsonl")
+    return out.with_name(stem + ".private.json")
+
+
+def finished_groups(out: Path) -> set[int]:
+    """Groups already in ``out``; a torn last line (killed mid-write) is cut off."""
+    if not out.exists():
+        return set()
+    done: set[int] = set()
+    good_bytes = 0
+    with open(out, "rb") as fh:
+        for line in fh:
+            if not line.endswith(b"\n"):
+                break
+            try:
+                done.add(int(json.loads(line)["group"]))
+            except (ValueError, KeyError, TypeError):
+                break
+            good_bytes += len(line)
+    if good_bytes != out.stat().st_size:
+        with open(out, "r+b") as fh:
+            fh.truncate(good_bytes)
+    return done
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise GenerationError(f"cannot read {path}: {exc}") from None
+
+
+def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """``key: old → new`` for the leaves that differ between two JSON-like values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new), key=str):
+            out += differences(old.get(key), new.get(key), f"{prefix}{key}.")
+        return out
+    if old == new:
+        return []
+    return [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
+
+
+def _different_run(req: GenerationRequest, detail: str = "") -> GenerationError:
+    return GenerationError(
+        f"{req.out} holds a different run{detail}; choose another --out, or --overwrite to "
+        "replace it with a new run")
+
+
+def check_existing(
+    req: GenerationRequest, parameters: dict[str, Any], private_fp: dict[str, Any],
+    fingerprint: dict[str, Any] | None = None,
+) -> tuple[bool, int | None]:
+    """(resuming, stored seed) after checking what ``--out`` already holds.
+
+    Called twice: before the model load with the public ``parameters`` only, and after it
+    with the whole public ``fingerprint`` (model digest and prompt form included). With
+    ``--overwrite`` whatever is there is to be replaced: (False, None). Refused with a
+    one-line error: an output without its manifest; a manifest of a different run (the
+    message names what differs); a run whose private side file is gone; a private side file
+    left without its run's outputs (a stale seed is never half-used)."""
+    if req.overwrite:
+        return False, None
+    manifest_path, private_path = manifest_path_for(req.out), private_path_for(req.out)
+    if not manifest_path.exists():
+        if req.out.exists():
+            raise GenerationError(f"{req.out} exists without a manifest; choose another --out "
+                                  "or --overwrite")
+        if private_path.exists():
+            raise GenerationError(
+                f"{private_path} is left from a run whose outputs are gone; restore "
+                f"{req.out.name} and {manifest_path.name} to resume it, or delete it (or "
+                "--overwrite) to start a new run (a new seed, charged anew)")
+        return False, None
+    old = _read_json(manifest_path)
+    old_fp = old.get("fingerprint")
+    if not isinstance(old_fp, dict):
+        raise _different_run(req, " (its manifest has no fingerprint)")
+    diff = differences(old_fp.get("parameters"), parameters)
+    if fingerprint is not None:
+        diff += differences({k: v for k, v in old_fp.items() if k != "parameters"},
+                             {k: v for k, v in fingerprint.items() if k != "parameters"})
+    if diff:
+        shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
+        raise _different_run(req, f" ({shown})")
+    if not private_path.exists():
+        raise GenerationError(f"cannot resume {req.out}: its private side file {private_path} "
+                              "(with the secret seed) is gone; choose another --out")
+    private = _read_json(private_path)
+    data = private.get("data") or {}
+    stored_fp = {"path": data.get("path"), "sha256": data.get("sha256"),
+                 "dataset": private.get("dataset")}
+    if stored_fp != private_fp:
+        # which of them differs is told (the data holder's own terminal), not the values
+        what = [k for k in ("path", "sha256", "dataset") if stored_fp[k] != private_fp[k]]
+        names = {"path": "data path", "sha256": "data content", "dataset": "dataset name"}
+        raise _different_run(req, f" (other {', '.join(names[k] for k in what)})")
+    try:
+        stored = int(private["seed"])
+    except (KeyError, TypeError, ValueError):
+        raise GenerationError(f"cannot resume {req.out}: {private_path} holds no seed") from None
+    if req.seed is not None and req.seed != stored:
+        raise GenerationError(
+            f"{req.out} was started with another --seed; use the same seed or a new --out"
+        )
+    return True, stored

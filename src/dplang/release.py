@@ -34,6 +34,9 @@ Library use::
     release.write_private(side_path, release.private_record(keep_seed=False, rows=n))
     release.write_manifest(manifest_path, release.public_manifest(extra="..."))
     release.write_output(out_path, text)               # refused before charge()
+
+Size: the release pipeline (open, charge, private side file, manifest, append log, run lock) is
+one ordered protocol every command follows.
 """
 
 from __future__ import annotations

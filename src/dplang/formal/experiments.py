@@ -19,6 +19,9 @@ Experiments (``EXPERIMENTS``):
 
 Privacy contract: the experiments run on public synthetic models; nothing is charged to a
 ledger and no private data is read.
+
+Size: the catalogue of reproducible experiments (E1–E10 and the 001 experiments), one function
+each with its table and plot; it is a registry read entry by entry, not a call graph.
 """
 
 from __future__ import annotations

@@ -28,6 +28,10 @@ output per t) that the tests compare with the fast-forward path.
 
 Randomness: run u uses ``RandomStreams(seed).generator(u, 0)`` for the mechanism's noise and
 ``generator(u, 1)`` for the output step (NovelSample), so outputs never shift the noise.
+
+Size: the limit-setting algorithms of paper 001 share the update-time schedule, the fast-forward
+runner and the stream bookkeeping; splitting them would separate each algorithm from the
+schedule its privacy proof rests on.
 """
 
 from __future__ import annotations

@@ -32,6 +32,10 @@ only for ε < 1 (Lemma 2.5), and states (ε, δ) with ``rho=None``; ``calibratio
 
 Floating-point exponential mechanisms are not exactly DP (precision attacks, Mironov 2012); this
 is documented, not defended against (out of scope for the lab).
+
+Size: the statistical-setting algorithms of paper 000 (identification and generation, with their
+exact selection laws) share one parameter schedule and one set of score functions, and are read
+beside the paper's section.
 """
 
 from __future__ import annotations

@@ -46,6 +46,9 @@ resuming an interrupted run charges nothing new while a new seed is a new charge
 Privacy of the ledger itself: it holds content digests, dataset names, output paths and
 release ids (hashes that include the seed), so it is as private as the data. It is created
 with mode 600 and never written into any public output.
+
+Size: the ledger's schema, its refuse-before-exceeding transaction and the adjacency-aware
+totals are one consistency argument and are read together.
 """
 
 from __future__ import annotations

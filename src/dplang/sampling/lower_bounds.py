@@ -33,13 +33,7 @@ import numpy as np
 from scipy.stats import norm
 
 from .evaluation import exact_tv
-from .product import (
-    BucketedProductSampler,
-    SparseBinaryRows,
-    binomial_expectation,
-    clipped_gaussian_mean,
-)
-from .product_tv import _poisson_binomial_tail
+from .product_tv import PlanMarginals, bucketed_marginals
 
 __all__ = [
     "BiasDecomposition",
@@ -67,57 +61,6 @@ def support_miss_product(q: np.ndarray, p: np.ndarray) -> float:
     q = np.asarray(q, dtype=np.float64)
     zero = np.asarray(p, dtype=np.float64) == 0
     return float(-np.expm1(np.sum(np.log1p(-np.clip(q[zero], 0.0, 1.0)))))
-
-
-@dataclass(frozen=True)
-class PlanMarginals:
-    """A3 (``BucketedProductSampler``) evaluated on P: for each simulated bucketing plan r, the
-    exact marginals ``q[r]`` of the untruncated sampling phase and the exact probability
-    ``truncation[r]`` that some sampling-phase row is truncated (the only event on which the
-    real output differs from that product law)."""
-
-    q: np.ndarray
-    truncation: np.ndarray
-    buckets: np.ndarray
-
-
-def bucketed_marginals(sampler: BucketedProductSampler, p: np.ndarray, n: int, reps: int,
-                       rng: np.random.Generator) -> PlanMarginals:
-    """Simulate A3's orientation and bucketing phases ``reps`` times on fresh data from P and
-    compute, given each plan, the sampling phase's exact marginals (binomial sums of the
-    clipped Gaussian mean) and truncation probability (Poisson-binomial row sums) — the same
-    computation as :func:`dplang.sampling.evaluation.bucketed_product_tv`, keeping the
-    marginals."""
-    p = np.asarray(p, dtype=np.float64)
-    d = p.shape[0]
-    (_o0, _o1), (_b0, b1), (s0, s1) = sampler.blocks(n)
-    n_s = s1 - s0
-    qs = np.empty((reps, d))
-    truncs = np.empty(reps)
-    nb = np.empty(reps)
-    sparse = float(p.sum()) <= 0.05 * d
-    for r in range(reps):
-        if sparse:
-            part = SparseBinaryRows.random(p, b1, rng)
-            indptr = np.concatenate([part.indptr, np.full(n - b1, part.indptr[-1])])
-            data: Any = SparseBinaryRows(indptr, part.indices, (n, d))
-        else:
-            data = np.zeros((n, d), dtype=np.uint8)
-            data[:b1] = rng.random((b1, d)) < p
-        plan = sampler.plan(data, rng)
-        params = sampler.phase2_parameters(plan, n, d)
-        pf = np.where(plan.flips, 1 - p, p)
-        q = np.empty(d)
-        no_trunc = 1.0
-        for (cols, _u), (t_b, sigma) in zip(plan.buckets, params, strict=True):
-            s = sigma / n_s
-            q[cols] = binomial_expectation(n_s, pf[cols],
-                                           lambda m, s=s: clipped_gaussian_mean(m, s))
-            no_trunc *= (1.0 - _poisson_binomial_tail(pf[cols], t_b)) ** n_s
-        qs[r] = np.where(plan.flips, 1 - q, q)
-        truncs[r] = 1.0 - no_trunc
-        nb[r] = len(plan.buckets)
-    return PlanMarginals(qs, truncs, nb)
 
 
 def mixture_support_miss(marginals: PlanMarginals, p: np.ndarray) -> float:

@@ -63,6 +63,56 @@ def product_tv(q: np.ndarray, p: np.ndarray, exact_max_d: int = 16) -> ProductTV
     return ProductTV(lower, upper, exact)
 
 
+@dataclass(frozen=True)
+class PlanMarginals:
+    """A3 (``BucketedProductSampler``) evaluated on P: for each simulated bucketing plan r, the
+    exact marginals ``q[r]`` of the untruncated sampling phase and the exact probability
+    ``truncation[r]`` that some sampling-phase row is truncated (the only event on which the
+    real output differs from that product law)."""
+
+    q: np.ndarray
+    truncation: np.ndarray
+    buckets: np.ndarray
+
+
+def bucketed_marginals(sampler: BucketedProductSampler, p: np.ndarray, n: int, reps: int,
+                       rng: np.random.Generator) -> PlanMarginals:
+    """Simulate A3's orientation and bucketing phases ``reps`` times on fresh data from P and
+    compute, given each plan, the sampling phase's exact marginals (binomial sums of the
+    clipped Gaussian mean) and truncation probability (Poisson-binomial row sums) — the same
+    computation :func:`bucketed_product_tv` bounds d_TV from."""
+    p = np.asarray(p, dtype=np.float64)
+    d = p.shape[0]
+    (_o0, _o1), (_b0, b1), (s0, s1) = sampler.blocks(n)
+    n_s = s1 - s0
+    qs = np.empty((reps, d))
+    truncs = np.empty(reps)
+    nb = np.empty(reps)
+    sparse = float(p.sum()) <= 0.05 * d
+    for r in range(reps):
+        if sparse:
+            part = SparseBinaryRows.random(p, b1, rng)
+            indptr = np.concatenate([part.indptr, np.full(n - b1, part.indptr[-1])])
+            data: Any = SparseBinaryRows(indptr, part.indices, (n, d))
+        else:
+            data = np.zeros((n, d), dtype=np.uint8)
+            data[:b1] = rng.random((b1, d)) < p
+        plan = sampler.plan(data, rng)
+        params = sampler.phase2_parameters(plan, n, d)
+        pf = np.where(plan.flips, 1 - p, p)
+        q = np.empty(d)
+        no_trunc = 1.0
+        for (cols, _u), (t_b, sigma) in zip(plan.buckets, params, strict=True):
+            s = sigma / n_s
+            q[cols] = binomial_expectation(n_s, pf[cols],
+                                           lambda m, s=s: clipped_gaussian_mean(m, s))
+            no_trunc *= (1.0 - _poisson_binomial_tail(pf[cols], t_b)) ** n_s
+        qs[r] = np.where(plan.flips, 1 - q, q)
+        truncs[r] = 1.0 - no_trunc
+        nb[r] = len(plan.buckets)
+    return PlanMarginals(qs, truncs, nb)
+
+
 def bucketed_product_tv(sampler: BucketedProductSampler, p: np.ndarray, n: int, reps: int,
                         rng: np.random.Generator, confidence: float = 0.95) -> dict[str, float]:
     """Semi-analytic bounds on d_TV(Q, P) for the general product sampler.
@@ -81,46 +131,17 @@ def bucketed_product_tv(sampler: BucketedProductSampler, p: np.ndarray, n: int, 
     estimate and its one-sided upper confidence limit, the lower bound (point estimate), the
     mean truncation probability and the mean number of buckets."""
     p = np.asarray(p, dtype=np.float64)
-    d = p.shape[0]
-    (_o0, _o1), (_b0, b1), (s0, s1) = sampler.blocks(n)
-    n_s = s1 - s0
-    rows_needed = b1
-    ub = np.empty(reps)
-    qs = np.empty((reps, d))
-    truncs = np.empty(reps)
-    nb = np.empty(reps)
-    sparse = float(p.sum()) <= 0.05 * d
-    for r in range(reps):
-        # the plan reads only the first b1 rows (blocks X_O and X_B); the rest stay empty
-        if sparse:
-            part = SparseBinaryRows.random(p, rows_needed, rng)
-            indptr = np.concatenate([part.indptr, np.full(n - rows_needed, part.indptr[-1])])
-            data: Any = SparseBinaryRows(indptr, part.indices, (n, d))
-        else:
-            data = np.zeros((n, d), dtype=np.uint8)
-            data[:rows_needed] = rng.random((rows_needed, d)) < p
-        plan = sampler.plan(data, rng)
-        params = sampler.phase2_parameters(plan, n, d)
-        pf = np.where(plan.flips, 1 - p, p)
-        q = np.empty(d)
-        no_trunc = 1.0
-        for (cols, _u), (t_b, sigma) in zip(plan.buckets, params, strict=True):
-            s = sigma / n_s
-            q[cols] = binomial_expectation(n_s, pf[cols], lambda m, s=s:
-                                           clipped_gaussian_mean(m, s))
-            no_trunc *= (1.0 - _poisson_binomial_tail(pf[cols], t_b)) ** n_s
-        q = np.where(plan.flips, 1 - q, q)
-        trunc = 1.0 - no_trunc
-        ub[r] = min(1.0, trunc + product_tv(q, p).value)
-        qs[r] = q
-        truncs[r] = trunc
-        nb[r] = len(plan.buckets)
+    marginals = bucketed_marginals(sampler, p, n, reps, rng)
+    qs, truncs = marginals.q, marginals.truncation
+    ub = np.array([min(1.0, trunc + product_tv(q, p).value) for q, trunc in zip(qs, truncs,
+                                                                             strict=True)])
     z = float(norm.ppf(confidence))
     mean_ub = float(ub.mean())
     se = float(ub.std(ddof=1) / math.sqrt(reps)) if reps > 1 else 0.0
     lower = max(0.0, float(np.abs(qs.mean(axis=0) - p).max()) - float(truncs.mean()))
     return {"upper": mean_ub, "upper_limit": mean_ub + z * se, "lower": lower,
-            "truncation": float(truncs.mean()), "buckets": float(nb.mean()), "reps": reps}
+            "truncation": float(truncs.mean()), "buckets": float(marginals.buckets.mean()),
+            "reps": reps}
 
 
 def _poisson_binomial_tail(p: np.ndarray, t: int) -> float:

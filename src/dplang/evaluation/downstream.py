@@ -32,7 +32,6 @@ Privacy contract:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -379,23 +378,14 @@ def write_downstream(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
     creation** (they describe the private held-out rows)."""
     import json
 
+    from dplang.evaluation.report import json_safe
     from dplang.release import write_atomic
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md, js = out / "downstream.md", out / "downstream.json"
     write_atomic(md, render_downstream(result), private=True)
-    write_atomic(js, json.dumps(_clean(result), indent=2, ensure_ascii=False) + "\n",
+    write_atomic(js, json.dumps(json_safe(result), indent=2, ensure_ascii=False) + "\n",
                  private=True)
     return [md, js]
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
 

@@ -21,17 +21,17 @@ from typing import Any
 from dplang.evaluation.plots import plot_metrics
 from dplang.evaluation.registry import RunValue, get_metric
 
-__all__ = ["render_markdown", "write_outputs"]
+__all__ = ["json_safe", "render_markdown", "write_outputs"]
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON-safe copy: NaN/inf → None, tuples → lists."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -199,6 +199,6 @@ def write_outputs(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
     result["files"] = [str(p) for p in [*written, report, metrics_json]]
     _atomic_write(report, render_markdown(result))
     written.append(report)
-    _atomic_write(metrics_json, json.dumps(_clean(result), indent=2, ensure_ascii=False) + "\n")
+    _atomic_write(metrics_json, json.dumps(json_safe(result), indent=2, ensure_ascii=False) + "\n")
     written.append(metrics_json)
     return written

@@ -109,14 +109,25 @@ class Cell:
                 f"_t{self.temperature:g}_{tail}")
 
 
-def calls_per_token(cell: Cell, config: ExperimentConfig) -> int:
-    """Model calls per generated token of ``cell``: B + 1 for InvisibleInk, Amin et al. and
-    AdaPMixED (every row of a group is decoded at every step), 1 for public generation, and
-    1 + L·T for Aug-PE (each final text is one of n samples, and each of T iterations
-    generates L variations of every sample)."""
+def method_options(cell: Cell, config: ExperimentConfig) -> dict[str, Any]:
+    """The options a cell's method runs with (the config's ``augpe_*`` keys for Aug-PE)."""
     if cell.method == "augpe":
-        return 1 + config.augpe_variations * config.augpe_iterations
-    return 1 if cell.method == "public" else cell.batch_size + 1
+        return {"iterations": config.augpe_iterations, "variations": config.augpe_variations}
+    return {}
+
+
+def calls_per_token(cell: Cell, config: ExperimentConfig) -> int:
+    """Model calls per generated token of ``cell``, as its method's spec states them: B + 1
+    for InvisibleInk, Amin et al. and AdaPMixED (every row of a group is decoded at every
+    step), 1 + L·T for Aug-PE (each final text is one of n samples, and each of T iterations
+    generates L variations of every sample), and 1 for public generation."""
+    if cell.method == PUBLIC:
+        return 1
+    from ..textgen.methods import get_method
+
+    spec = get_method(cell.method)
+    return spec.calls_per_token(cell.batch_size,
+                                spec.resolve_options(method_options(cell, config)))
 
 
 @dataclass(frozen=True)

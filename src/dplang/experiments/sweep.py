@@ -65,7 +65,7 @@ from ..textgen.orchestration import (
 from ..textgen.prompts import get_template
 from ..textgen.public import generate_public_texts
 from ..textgen.resume import differences
-from .config import Cell, ConfigError, ExperimentConfig, calls_per_token
+from .config import Cell, ConfigError, ExperimentConfig, calls_per_token, method_options
 from .tables import write_plots, write_results_md
 
 RESULT_COLUMNS = (
@@ -307,9 +307,7 @@ def _request(config: ExperimentConfig, cell: Cell, data: Path, out: Path,
         method=cell.method,
         adjacency="replace-by-null",  # the only dataset-level adjacency of every method
         dtype=config.dtype,
-        method_options=({"iterations": config.augpe_iterations,
-                         "variations": config.augpe_variations}
-                        if cell.method == "augpe" else {}),
+        method_options=method_options(cell, config),
         max_reference_tokens=config.max_reference_tokens,
     )
 

@@ -48,9 +48,11 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "public-row-private-prompt-runner",
         "the runner builds each job's public prompt from the first private prompt",
-        (("src/dplang/textgen/runner.py",
-          "return GroupJob(batch.index, public, tuple(private))",
-          "return GroupJob(batch.index, private[0], tuple(private))"),),
+        (("src/dplang/textgen/orchestration.py",
+          "return GroupJob(batch.index, public, tuple(private), _shared_prefix(plan, labels, "
+          "public))",
+          "return GroupJob(batch.index, private[0], tuple(private), _shared_prefix(plan, "
+          "labels, public))"),),
         (ENGINE_AUDIT,),
     ),
     Mutation(
@@ -64,7 +66,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "public-prompt-extra-space",
         "the public prompt gets one extra space (no longer the empty reference's prompt)",
-        (("src/dplang/textgen/runner.py",
+        (("src/dplang/textgen/orchestration.py",
           "public = model.render_prompt(template.render(None, labels), template.system)",
           'public = model.render_prompt(template.render(None, labels) + " ", '
           "template.system)"),),
@@ -83,19 +85,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         "product-half-sigma-phases-0-1",
         "the general product sampler's Gaussian σ is halved in phases 0–1 (orientation, "
         "bucketing)",
-        (("src/dplang/sampling/product.py",
-          "return sums + rng.normal(0.0, self.sigma(threshold, cols.size, rho), "
-          "size=cols.size)",
-          "return sums + rng.normal(0.0, self.sigma(threshold, cols.size, rho) / 2, "
-          "size=cols.size)"),),
+        (("src/dplang/sampling/product.py",  # σ ∝ 1/√ρ: 4ρ halves σ
+          "est = self._noisy_sum(rows, o0, o1, everything, flips, d, self.rho, rng)",
+          "est = self._noisy_sum(rows, o0, o1, everything, flips, d, 4 * self.rho, rng)"),
+         ("src/dplang/sampling/product.py",
+          "est = self._noisy_sum(rows, start, start + chunk, active, flips, t_r, self.rho,",
+          "est = self._noisy_sum(rows, start, start + chunk, active, flips, t_r, 4 * self.rho,"),
+         ),
         (RELEASE_AUDIT,),
     ),
     Mutation(
         "product-half-sigma-phase-2",
         "the general product sampler's Gaussian σ is halved in phase 2 (sampling)",
-        (("src/dplang/sampling/product.py",
-          "sums = sums + rng.normal(0.0, sigma, size=cols.size)",
-          "sums = sums + rng.normal(0.0, sigma / 2, size=cols.size)"),),
+        (("src/dplang/sampling/product.py",  # σ ∝ 1/√ρ: 4ρ halves σ
+          "self.threshold(u, cols.size, n, d), rho_b, rng)",
+          "self.threshold(u, cols.size, n, d), 4 * rho_b, rng)"),),
         (RELEASE_AUDIT,),
     ),
     Mutation(
@@ -110,10 +114,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "invisibleink-no-clip",
         "InvisibleInk aggregates the private logits without clipping",
-        (("src/dplang/textgen/invisibleink.py",
+        (("src/dplang/textgen/methods/invisibleink.py",
           "limit = float(max(math.floor(math.ldexp(clip_norm, q)) - 2, 0))",
           "limit = math.inf"),
-         ("src/dplang/textgen/invisibleink.py",
+         ("src/dplang/textgen/methods/invisibleink.py",
           "np.clip(diff, -clip_norm, clip_norm, out=diff)",
           "pass")),
         (ENGINE_AUDIT, NUMERICS),
@@ -121,7 +125,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "invisibleink-divide-by-present-rows",
         "InvisibleInk averages over the non-empty references (m) instead of the public B",
-        (("src/dplang/textgen/invisibleink.py",
+        (("src/dplang/textgen/methods/invisibleink.py",
           "total = total + steps.sum(axis=0)",
           "total = total + steps.sum(axis=0) * batch_size / m"),),
         (ENGINE_AUDIT, NUMERICS),
@@ -129,7 +133,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "invisibleink-nan-not-clipped",
         "a NaN private logit is not mapped into [−C, C] (it aborts the run)",
-        (("src/dplang/textgen/invisibleink.py",
+        (("src/dplang/textgen/methods/invisibleink.py",
           "diff[np.isnan(diff)] = 0.0",
           "pass"),),
         (NUMERICS,),
@@ -137,7 +141,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "invisibleink-float-margin",
         "the fixed-point clip limit is rounded up past C·2^q (the float64 bound exceeds C/B)",
-        (("src/dplang/textgen/invisibleink.py",
+        (("src/dplang/textgen/methods/invisibleink.py",
           "limit = float(max(math.floor(math.ldexp(clip_norm, q)) - 2, 0))",
           "limit = float(max(math.floor(math.ldexp(clip_norm, q)) + 1, 0))"),),
         (NUMERICS,),
@@ -160,7 +164,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "adapmixed-publishes-cost",
         "AdaPMixED writes its exact, data-dependent privacy cost into every record",
-        (("src/dplang/textgen/adapmixed.py",
+        (("src/dplang/textgen/methods/adapmixed.py",
           'return {"private_steps": self.private_steps, "public_steps": self.public_steps}',
           'return {"private_steps": self.private_steps, "public_steps": self.public_steps,\n'
           '                "epsilon_spent": self.p.epsilon_of(self.cost)}'),),
@@ -169,9 +173,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "adapmixed-add-remove",
         "dplang generate offers add-remove adjacency for AdaPMixED again",
-        (("src/dplang/textgen/runner.py",
-          '"adapmixed": ("replace-by-null",),',
-          '"adapmixed": ("replace-by-null", "add-remove"),'),),
+        (("src/dplang/textgen/methods/adapmixed.py",
+          "adjacencies=(Adjacency.REPLACE_BY_NULL,),",
+          "adjacencies=(Adjacency.REPLACE_BY_NULL, Adjacency.ADD_REMOVE),"),),
         ("tests/cli/test_generate.py",),
     ),
     Mutation(

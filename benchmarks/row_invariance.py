@@ -1,14 +1,17 @@
 """DP generation with this checkout's code against an earlier commit's, side by side in one run.
 
     .venv/bin/python benchmarks/row_invariance.py [--against fcc082b] [--current HEAD]
-                                                  [--groups 8] [--tokens 64] [--rounds 3]
+                                                  [--groups 8] [--slots G] [--tokens 64]
+                                                  [--rounds 3]
                                                   [--dtype float32|bfloat16] [--eos]
                                                   [--form completion|instruction]
 
 Issue 13 (what row-invariant decoding costs): ``--against fcc082b`` (the last backend that
 was not row-invariant), EOS ignored. Issue 17 (continuous batching of groups and the shared
 public prefix): ``--against 3d82b81 --eos`` (waves of G groups, every prompt prefilled whole),
-on completion prompts and on the paper's instruction prompts (``--form instruction``).
+on completion prompts and on the paper's instruction prompts (``--form instruction``); with
+``--slots S`` below ``--groups`` the engine decodes at most S groups at once (waves of S in the
+earlier commit, a newcomer admitted as soon as a group retires in the current one).
 
 Both decode the same G groups of B = 7 Yelp references (k = 50, τ = 1.2, ε = 10, T tokens;
 EOS ignored unless ``--eos``, so that both do the same work) with the default model. Each
@@ -55,7 +58,7 @@ def _prefix(model, template, labels: dict, public: str) -> str:
 
 
 def worker(groups: int, tokens: int, dtype: str, eos: bool = False,
-           form: str = "completion") -> dict[str, float]:
+           form: str = "completion", slots: int | None = None) -> dict[str, float]:
     """One measurement with whatever ``dplang`` is first on the path."""
     import torch
 
@@ -94,7 +97,8 @@ def worker(groups: int, tokens: int, dtype: str, eos: bool = False,
     emitted: list[int] = []
     stamps: list[float] = []
     start = time.perf_counter()
-    results = run_invisibleink(model, jobs, params, RandomStreams(0), concurrent_groups=groups,
+    results = run_invisibleink(model, jobs, params, RandomStreams(0),
+                               concurrent_groups=slots or groups,
                                on_step=lambda _n: stamps.append(time.perf_counter()))
     secs = time.perf_counter() - start
     emitted = [r.num_tokens for r in results]
@@ -120,6 +124,7 @@ def measure(src: Path | None, args: argparse.Namespace) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, __file__, "--worker", "--groups", str(args.groups), "--tokens",
          str(args.tokens), "--dtype", args.dtype, "--form", args.form,
+         "--slots", str(args.slots or args.groups),
          *(["--eos"] if args.eos else [])],
         check=True, capture_output=True, text=True, env=env,
     ).stdout
@@ -130,6 +135,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--against", default="fcc082b", help="earlier commit to compare with")
     ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--slots", type=int, default=None,
+                    help="groups decoded at once (default: all of them)")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
@@ -139,7 +146,8 @@ def main() -> None:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.groups, args.tokens, args.dtype, args.eos, args.form)))
+        print(json.dumps(worker(args.groups, args.tokens, args.dtype, args.eos, args.form,
+                                args.slots)))
         return
     best: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -153,7 +161,8 @@ def main() -> None:
                 if name not in best or result["seconds"] < best[name]["seconds"]:
                     best[name] = result
     texts = args.groups
-    print(f"\nG = {args.groups}, B = {B}, T = {args.tokens}, dtype {args.dtype}, "
+    print(f"\n{args.groups} groups, {args.slots or args.groups} at once, B = {B}, "
+          f"T = {args.tokens}, dtype {args.dtype}, "
           f"{args.form} prompts, EOS {'honoured' if args.eos else 'ignored'}, "
           f"{best['current']['threads']} threads; best of {args.rounds} rounds")
     print(f"{'code':>12} {'s / text':>9} {'DP tok/s':>9} {'tokens':>7} {'step ms':>8}")

@@ -37,7 +37,7 @@ schedule its privacy proof rests on.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -178,6 +178,29 @@ def _valid_set(u: Language, target: Language | None) -> bool | None:
     if target is None:
         return None
     return bool(u.is_infinite and u.issubset(target))
+
+
+def _epoch_run(guarantee: Guarantee, collection: Collection, horizon: int,
+               target_index: int | None,
+               pick: Callable[[int], tuple[int, str, dict[str, Any]]]) -> LimitRun:
+    """The epoch schedule of 001 Algorithms 2 and 3, fast-forwarded: ``L_1`` at t = 1, then for
+    every epoch s with 2ˢ ≤ ``horizon`` the index ``pick(s)`` draws (with a note and the
+    epoch's diagnostics), output on [2ˢ, 2ˢ⁺¹ − 1]. The privacy of the run is ``pick``'s."""
+    out = LimitRun(guarantee)
+    target = collection[target_index] if target_index else None
+
+    def ok(i: int) -> bool | None:
+        return None if target is None else collection[i].equals(target)
+
+    out.segments.append(Segment(1, min(1, horizon), 1, ok(1), "t = 1: L_1"))
+    s = 1
+    while 2**s <= horizon:
+        i, note, diagnostics = pick(s)
+        end = min(2 ** (s + 1) - 1, horizon)
+        out.segments.append(Segment(2**s, end, i, ok(i), note))
+        out.updates.append({"s": s, "t": 2**s, **diagnostics, "index": i})
+        s += 1
+    return out
 
 
 # =============================================================================================
@@ -695,23 +718,13 @@ class EpochEMIdentifier:
             rng: np.random.Generator, target_index: int | None = None) -> LimitRun:
         """Fast-forward over epochs 2ˢ ≤ horizon (Privacy contract: class docstring)."""
         self.check(collection)
-        out = LimitRun(self.guarantee())
-        target = collection[target_index] if target_index else None
 
-        def ok(i: int) -> bool | None:
-            return None if target is None else collection[i].equals(target)
-
-        out.segments.append(Segment(1, min(1, horizon), 1, ok(1), "t = 1: L_1"))
-        s = 1
-        while 2**s <= horizon:
+        def pick(s: int) -> tuple[int, str, dict[str, Any]]:
             sc = self.scores(stream, collection, s)
             i = exponential_mechanism(sc, 2.0 / self.epoch_epsilon(s), rng) + 1
-            end = min(2 ** (s + 1) - 1, horizon)
-            out.segments.append(Segment(2**s, end, i, ok(i), f"s = {s}, W_s = {sc.size}"))
-            out.updates.append({"s": s, "t": 2**s, "W": int(sc.size), "scores": sc.tolist(),
-                                "index": i})
-            s += 1
-        return out
+            return i, f"s = {s}, W_s = {sc.size}", {"W": int(sc.size), "scores": sc.tolist()}
+
+        return _epoch_run(self.guarantee(), collection, horizon, target_index, pick)
 
     def epoch_error(self, stream: Stream, collection: Collection, s: int,
                     target_index: int) -> float:
@@ -829,21 +842,11 @@ class StochasticIdentifier:
             rng: np.random.Generator, target_index: int | None = None) -> LimitRun:
         """Fast-forward over epochs 2ˢ ≤ horizon (Privacy contract: class docstring)."""
         self.check(collection)
-        out = LimitRun(self.guarantee())
-        target = collection[target_index] if target_index else None
 
-        def ok(i: int) -> bool | None:
-            return None if target is None else collection[i].equals(target)
+        def pick(s: int) -> tuple[int, str, dict[str, Any]]:
+            return self.sample(stream, collection, s, rng), f"s = {s}", {}
 
-        out.segments.append(Segment(1, min(1, horizon), 1, ok(1), "t = 1: L_1"))
-        s = 1
-        while 2**s <= horizon:
-            i = self.sample(stream, collection, s, rng)
-            end = min(2 ** (s + 1) - 1, horizon)
-            out.segments.append(Segment(2**s, end, i, ok(i), f"s = {s}"))
-            out.updates.append({"s": s, "t": 2**s, "index": i})
-            s += 1
-        return out
+        return _epoch_run(self.guarantee(), collection, horizon, target_index, pick)
 
     def epoch_error(self, stream: Stream, collection: Collection, s: int,
                     target_index: int) -> float:

@@ -129,6 +129,13 @@ def _check_epsilon(epsilon: float) -> None:
         raise ValueError(f"epsilon must be > 0, got {epsilon}")
 
 
+def _check_finite_epsilon(epsilon: float) -> None:
+    """An exponential mechanism's ε: > 0 and finite (its temperature 2Δ/ε must be > 0)."""
+    _check_epsilon(epsilon)
+    if not math.isfinite(epsilon):
+        raise ValueError("epsilon must be finite")
+
+
 def _check_delta(delta: float) -> None:
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
@@ -389,9 +396,7 @@ class SoftMarginIdentifier(_Identifier):
     shift_invariant = True  # the law depends on the error counts only through differences
 
     def __post_init__(self) -> None:
-        _check_epsilon(self.epsilon)
-        if not math.isfinite(self.epsilon):
-            raise ValueError("epsilon must be finite")
+        _check_finite_epsilon(self.epsilon)
 
     def gamma(self, big_k: int) -> float:
         if self.margin is None:
@@ -597,9 +602,7 @@ class PrefixCountGenerator(_Generator):
     name = "prefix-count"
 
     def __post_init__(self) -> None:
-        _check_epsilon(self.epsilon)
-        if not math.isfinite(self.epsilon):
-            raise ValueError("epsilon must be finite")
+        _check_finite_epsilon(self.epsilon)
 
     def window(self, n: int) -> int:
         return _resolve(self.big_m, n, "M")
@@ -657,9 +660,7 @@ class JointThresholdGenerator(_Generator):
     name = "joint-threshold"
 
     def __post_init__(self) -> None:
-        _check_epsilon(self.epsilon)
-        if not math.isfinite(self.epsilon):
-            raise ValueError("epsilon must be finite")
+        _check_finite_epsilon(self.epsilon)
 
     def window(self, n: int) -> int:
         return _resolve(self.mbar, n, "mbar")

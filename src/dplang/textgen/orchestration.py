@@ -102,7 +102,7 @@ class GenerationRequest:
     sparse_head: bool = True
     #: Compute dtype of the model body (a TransformersModel option; logits stay float32).
     dtype: str = "float32"
-    ledger: Path | None = None
+    ledger: str | Path | None = None
     #: Ledger name of the dataset (default: the data file's resolved path).
     dataset: str | None = None
     method: str = "invisibleink"
@@ -294,8 +294,9 @@ def check_request(
     """Everything about a request that can be checked without reading the data or loading the
     model: the parameters, the budget (and its limit), the prompt template and its labels,
     the data path, the output path (its folder can be created), the ledger (an SQLite dplang
-    ledger, or creatable) and, with ``check_model``, the model spec. Milliseconds; creates
-    nothing. Returns the calibrated method; raises :class:`GenerationError`."""
+    ledger, or creatable; or a reachable PostgreSQL ledger) and, with ``check_model``, the
+    model spec. Milliseconds (plus a connection for a PostgreSQL ledger); creates nothing.
+    Returns the calibrated method; raises :class:`GenerationError`."""
     _validate(req)
     made = _calibrate(req)
     if not req.data.exists():

@@ -31,7 +31,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -596,8 +596,11 @@ def _execute_locked(
                 status = "complete"
                 return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                                   time.time() - start, tokens)
+            # workers rebuild the policies from public parameters: they get no ledger location
+            # (a PostgreSQL URL may hold a password)
             dispatch_plan(executor, plan, pending, release.seed,
-                          functools.partial(policy_factory, req), persist, on_step)
+                          functools.partial(policy_factory, replace(req, ledger=None)), persist,
+                          on_step)
             status = "complete"
         finally:
             manifest["status"] = status

@@ -9,7 +9,8 @@ demo:
 	@$(BIN)/python scripts/demo.py
 
 test:
-	@scripts/bootstrap.sh models,eval,test,distributed
+	@scripts/bootstrap.sh models,eval,test,distributed,postgres
+	@scripts/ensure_postgresql.sh
 	@$(BIN)/ruff check src tests benchmarks scripts
 	@$(BIN)/python -m pytest -q
 

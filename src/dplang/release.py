@@ -57,6 +57,7 @@ from . import __version__
 from .io import file_digest
 from .privacy.guarantees import Guarantee
 from .privacy.ledger import BudgetExceeded, PrivacyLedger
+from .privacy.ledger_backends import ledger_location
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -394,7 +395,9 @@ class Charge:
     only (they compare private digests)."""
 
     release_id: str
-    ledger: Path
+    #: The ledger as :attr:`PrivacyLedger.location` names it (a file path, or a PostgreSQL URL
+    #: with its password masked).
+    ledger: str
     recorded: bool
     warnings: tuple[str, ...] = ()
 
@@ -415,7 +418,9 @@ class Release:
     data_digest: str
     seed: int
     seed_source: str
-    ledger_path: Path | None = None
+    #: The ledger: a file, a PostgreSQL URL (str), or None for ``$DPLANG_LEDGER`` or the
+    #: user data directory's.
+    ledger_path: str | Path | None = None
     description: str = ""
     #: Wall-clock time when the release was opened, before its computation on the private
     #: rows: the public manifest's ``created`` (see :data:`TIMESTAMP_FIELDS`).
@@ -437,7 +442,7 @@ class Release:
         return cls(command, guarantee, dict(fingerprint), data, dataset_name(data, dataset),
                    data_digest if data_digest is not None else file_digest(data),
                    fresh_seed() if seed is None else int(seed), source,
-                   Path(ledger) if ledger is not None else None, description)
+                   None if ledger is None else ledger_location(ledger), description)
 
     @property
     def release_id(self) -> str:
@@ -467,7 +472,7 @@ class Release:
         description = self.description or f"dplang {self.command}"
         recorded = ledger.charge(self.dataset, self.release_id, self.guarantee, description,
                                  data_digest=self.data_digest)
-        self._charge = Charge(self.release_id, ledger.path, recorded, warnings)
+        self._charge = Charge(self.release_id, ledger.location, recorded, warnings)
         return self._charge
 
     def _budget_elsewhere(self, ledger: PrivacyLedger) -> list[str]:
@@ -530,7 +535,7 @@ class Release:
             "release_id": self.release_id,
             "dataset": self.dataset,
             "data": {"path": str(self.data), "sha256": self.data_digest},
-            "ledger": str(charge.ledger),
+            "ledger": charge.ledger,
             "seed": self.seed if keep_seed else None,
             "seed_source": self.seed_source + ("" if keep_seed else "; not stored"),
             "created": time.time(),

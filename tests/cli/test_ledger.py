@@ -1,4 +1,5 @@
-"""``dplang ledger show`` and ``dplang ledger budget``."""
+"""``dplang ledger show`` and ``dplang ledger budget``, against an SQLite file and a PostgreSQL
+database (``$DPLANG_LEDGER`` or ``--ledger`` a URL)."""
 
 import json
 
@@ -9,6 +10,15 @@ from dplang.cli.app import main
 from dplang.models import ToyModel
 from dplang.privacy import Guarantee, rho_to_epsilon
 from dplang.privacy.ledger import PrivacyLedger
+from dplang.privacy.ledger_backends import mask_url
+
+
+@pytest.fixture
+def default_ledger(new_ledger, monkeypatch):
+    """``$DPLANG_LEDGER``: a fresh SQLite file, or a fresh PostgreSQL database's URL."""
+    location = str(new_ledger())
+    monkeypatch.setenv("DPLANG_LEDGER", location)
+    return location
 
 
 def run(capsys, *args):
@@ -22,7 +32,7 @@ def _g(rho):
                      rho_to_epsilon(rho, 1e-6), 1e-6)
 
 
-def test_budget_and_show(tmp_path, capsys):
+def test_budget_and_show(tmp_path, capsys, default_ledger):
     data = tmp_path / "d.csv"
     data.write_text("text\na\n")
     code, out, err = run(capsys, "budget", str(data), "--epsilon", "10", "--delta", "1e-6")
@@ -71,7 +81,7 @@ def test_budget_and_show(tmp_path, capsys):
 
 
 def test_data_dependent_generation_is_shown_apart_and_refused_under_a_budget(
-        tmp_path, capsys, monkeypatch):
+        tmp_path, capsys, monkeypatch, default_ledger):
     monkeypatch.setattr(gen_cli, "_load_model",
                         lambda spec, dtype="float32": ToyModel(vocab_size=30, eos_after=None))
     data = tmp_path / "d.csv"
@@ -100,7 +110,7 @@ def test_data_dependent_generation_is_shown_apart_and_refused_under_a_budget(
 
 
 def test_one_resolution_rule_and_a_warning_when_the_file_budget_is_not_charged(
-        tmp_path, capsys, monkeypatch):
+        tmp_path, capsys, monkeypatch, default_ledger):
     """`ledger budget FILE` and `--dataset FILE` key the same budget (the file's resolved
     path); a charge to another name while the data file itself has a budget is warned about."""
     monkeypatch.setattr(gen_cli, "_load_model",
@@ -128,3 +138,55 @@ def test_one_resolution_rule_and_a_warning_when_the_file_budget_is_not_charged(
     assert PrivacyLedger().spent("other-name").releases == 1
     code, err = generate("c.jsonl", "--dataset", "d.csv")  # over the file's budget: refused
     assert code == 3 and not (tmp_path / "c.jsonl").exists()
+
+
+def test_views_and_a_generation_against_a_ledger_url_never_print_its_password(
+        tmp_path, capsys, monkeypatch, postgres_server):
+    monkeypatch.setattr(gen_cli, "_load_model",
+                        lambda spec, dtype="float32": ToyModel(vocab_size=30, eos_after=None))
+    role, password = postgres_server.password_role, postgres_server.password
+    dbname = postgres_server.new_database("cli", owner=role).split("/")[3].split("?")[0]
+    url = postgres_server.url(dbname, role, password)
+    masked = mask_url(url)
+    assert password not in masked
+    printed = []
+
+    def ledger_cmd(*args):
+        code, out, err = run(capsys, *args, "--ledger", url)
+        printed.append(out + err)
+        return code, out, err
+
+    code, out, err = ledger_cmd("budget", "reviews", "--epsilon", "5", "--delta", "1e-6")
+    assert code == 0, err
+    assert f"(ledger {masked})" in out
+    data = tmp_path / "d.csv"
+    data.write_text("text\n" + "".join(f"review {i}\n" for i in range(6)))
+    t = tmp_path / "t.toml"
+    t.write_text('private = "Here: {reference}\\nAnother:"\npublic = "Another:"\n')
+    code = main(["generate", "--data", str(data), "--out", str(tmp_path / "a.jsonl"),
+                 "--epsilon", "2", "--batch-size", "3", "--max-tokens", "3", "--prompt", str(t),
+                 "--dataset", "reviews", "--ledger", url, "--quiet"])
+    captured = capsys.readouterr()
+    printed.append(captured.out + captured.err)
+    assert code == 0, captured.err
+    private = json.loads((tmp_path / "a.private.json").read_text())
+    assert private["ledger"] == masked
+    for f in tmp_path.iterdir():
+        if f.is_file():
+            assert password not in f.read_text(errors="replace"), f
+    code, out, _ = ledger_cmd("show")
+    assert code == 0 and out.startswith(f"ledger {masked} (private to the data holder")
+    assert "dataset reviews" in out and "remaining ε = 3" in out
+    code, out, _ = ledger_cmd("show", "reviews", "--json")
+    doc = json.loads(out)
+    assert doc["ledger"] == masked
+    assert doc["datasets"][0]["dp"]["releases"] == 1
+    assert doc["datasets"][0]["dp"]["total_epsilon"] == pytest.approx(2.0, rel=1e-6)
+    # over the budget: refused (exit 3), nothing written
+    code = main(["generate", "--data", str(data), "--out", str(tmp_path / "b.jsonl"),
+                 "--epsilon", "5", "--batch-size", "3", "--max-tokens", "3", "--prompt", str(t),
+                 "--dataset", "reviews", "--ledger", url, "--quiet"])
+    captured = capsys.readouterr()
+    printed.append(captured.out + captured.err)
+    assert code == 3 and not (tmp_path / "b.jsonl").exists()
+    assert all(password not in text for text in printed)

@@ -11,8 +11,8 @@ def _g(rho):
                      rho_to_epsilon(rho, 1e-6), 1e-6)
 
 
-def test_charges_persist_and_budget_refuses(tmp_path):
-    path = tmp_path / "ledger.sqlite"
+def test_charges_persist_and_budget_refuses(new_ledger):
+    path = new_ledger()
     ledger = PrivacyLedger(path)
     ledger.set_budget("data", epsilon=5.0, delta=1e-6)
     assert ledger.charge("data", "run-1", _g(0.2))
@@ -27,16 +27,16 @@ def test_charges_persist_and_budget_refuses(tmp_path):
     assert len(reopened.releases("data")) == 1
 
 
-def test_no_budget_records_only(tmp_path):
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+def test_no_budget_records_only(new_ledger):
+    ledger = PrivacyLedger(new_ledger())
     assert ledger.budget("x") is None
     assert ledger.charge("x", "r", _g(100.0))
     with pytest.raises(BudgetExceeded):
         ledger.set_budget("x", 1.0, 1e-6)
 
 
-def test_mixed_pure_and_zcdp(tmp_path):
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+def test_mixed_pure_and_zcdp(new_ledger):
+    ledger = PrivacyLedger(new_ledger())
     ledger.set_budget("d", 3.0, 1e-6)
     pure = Guarantee("report", "record", "replace-by-null", None, 1.0, 0.0)
     ledger.charge("d", "a", pure)
@@ -46,11 +46,11 @@ def test_mixed_pure_and_zcdp(tmp_path):
     assert spent.epsilon_at(1e-6) == pytest.approx(1.0 + rho_to_epsilon(0.05, 1e-6))
 
 
-def test_mixed_adjacencies_are_stated_under_replace_one_by_group_privacy(tmp_path):
+def test_mixed_adjacencies_are_stated_under_replace_one_by_group_privacy(new_ledger):
     """A replace-by-null release and a replace-one release of the same dataset are not summed
     as they are: the total is stated under replace-one, the replace-by-null release counted at
     group distance 2 (4ρ; a pure ε counts 2ε)."""
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger = PrivacyLedger(new_ledger())
     assert ledger.charge("d", "gen", _g(0.05))
     one = Guarantee("discrete-laplace", "record", "replace-one", None, 1.0, 0.0)
     [warning] = ledger.adjacency_warnings("d", one)
@@ -70,17 +70,17 @@ def test_mixed_adjacencies_are_stated_under_replace_one_by_group_privacy(tmp_pat
     assert to_replace_one("replace-one", 0.1, 0.5, 1e-7) == (0.1, 0.5, 1e-7)
     assert to_replace_one("add-remove", 0.0, 800.0, 1e-7)[2] == 1.0  # capped: no guarantee
     # the same releases under one adjacency only: summed as they are
-    same = PrivacyLedger(tmp_path / "same.sqlite")
+    same = PrivacyLedger(new_ledger("same"))
     same.charge("d", "a", _g(0.05))
     same.charge("d", "b", _g(0.05))
     assert same.spent("d").adjacency == "replace-by-null"
     assert same.spent("d").rho == pytest.approx(0.1)
 
 
-def test_budget_is_checked_against_the_converted_total(tmp_path):
+def test_budget_is_checked_against_the_converted_total(new_ledger):
     """The first release of another adjacency is refused when, with the earlier releases
     converted to replace-one, the total exceeds the budget, although its own cost fits."""
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger = PrivacyLedger(new_ledger())
     rho = 0.1
     budget = rho_to_epsilon(2 * rho, 1e-6) + 1.0  # room for ρ = 0.1 (as is) plus ε = 1
     ledger.set_budget("d", budget, 1e-6)
@@ -96,8 +96,8 @@ def _adapmixed(eps=3.0):
     return Guarantee("adapmixed", "reference", "add-remove", None, eps, 1e-6, ex_ante=False)
 
 
-def test_data_dependent_releases_are_kept_out_of_the_dp_total(tmp_path):
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+def test_data_dependent_releases_are_kept_out_of_the_dp_total(new_ledger):
+    ledger = PrivacyLedger(new_ledger())
     assert ledger.charge("d", "dp", _g(0.05))
     assert ledger.charge("d", "ada", _adapmixed())
     spent = ledger.spent("d")
@@ -113,8 +113,8 @@ def test_data_dependent_releases_are_kept_out_of_the_dp_total(tmp_path):
     assert ledger.spent("e").releases == 0
 
 
-def test_content_warnings(tmp_path):
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+def test_content_warnings(new_ledger):
+    ledger = PrivacyLedger(new_ledger())
     assert ledger.content_warnings("a", "h1") == []
     ledger.charge("a", "r1", _g(0.01), data_digest="h1")
     assert ledger.content_warnings("a", "h1") == []
@@ -178,11 +178,13 @@ def _race(path: str, release_id: str, start: float, out) -> None:
         out.put((release_id, False))
 
 
-def test_two_processes_charging_at_once_never_exceed_the_budget(tmp_path):
+def test_two_processes_charging_at_once_never_exceed_the_budget(new_ledger):
+    """Both backends (SQLite: one file; PostgreSQL: one database, the dataset's advisory
+    lock); tests/privacy/test_ledger_postgres.py races more processes on PostgreSQL."""
     import multiprocessing
     import time
 
-    path = tmp_path / "l.sqlite"
+    path = new_ledger()
     ledger = PrivacyLedger(path)
     budget = rho_to_epsilon(0.5, 1e-6)  # room for one charge of ρ = 0.3, not two
     ledger.set_budget("d", budget, 1e-6)

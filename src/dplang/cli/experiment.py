@@ -16,6 +16,7 @@ from ..release import ReleaseError
 from ..textgen.orchestration import GenerationError
 from .console import quiet_libraries
 from .errors import fail
+from .ledger import LEDGER_HELP
 
 
 def _load_model(spec: str, dtype: str = "float32"):  # indirection: tests substitute a toy
@@ -33,7 +34,7 @@ def experiment(
     report_only: bool = typer.Option(
         False, "--report-only", help="Write the results of the finished cells; run nothing."
     ),
-    ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger (SQLite) path."),
+    ledger: str | None = typer.Option(None, "--ledger", help=LEDGER_HELP),
     dataset: str | None = typer.Option(
         None, "--dataset",
         help="Ledger name of the data's budget (default: [data].dataset, else the data "

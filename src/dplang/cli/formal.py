@@ -23,6 +23,7 @@ import typer
 from ..privacy.ledger import BudgetExceeded
 from ..release import ReleaseError
 from .errors import fail
+from .ledger import LEDGER_HELP
 
 app = typer.Typer(
     name="formal",
@@ -279,7 +280,7 @@ def run(
                                      "line): a real release, charged to the ledger first."),
     collection_file: Path | None = typer.Option(None, "--collection", help="With --data: a "
                                                 "public collection of DFAs (JSON)."),
-    ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger path."),
+    ledger: str | None = typer.Option(None, "--ledger", help=LEDGER_HELP),
     dataset: str | None = typer.Option(None, "--dataset", help="Ledger name of the data."),
 ) -> None:
     """Run an algorithm on an instance (simulation) or on --data (a charged release)."""

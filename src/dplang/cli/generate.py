@@ -37,6 +37,7 @@ from ..textgen.orchestration import (
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, DEFAULT_TEMPLATE
 from .console import GenerationProgress, quiet_libraries, warn
 from .errors import fail
+from .ledger import LEDGER_HELP
 
 
 def _load_model(spec: str, dtype: str = "float32", device: str = "cpu"):
@@ -94,7 +95,7 @@ def _generate(
         "invisibleink", "--method",
         help="invisibleink (default), amin, adapmixed or augpe (docs/deviations.md)."
     ),
-    ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger (SQLite) path."),
+    ledger: str | None = typer.Option(None, "--ledger", help=LEDGER_HELP),
     dataset: str | None = typer.Option(
         None, "--dataset",
         help="Ledger name of the data's budget (default: the data file's resolved path).",

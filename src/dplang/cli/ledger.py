@@ -9,6 +9,9 @@ they mix adjacencies, each release's adjacency shown), the data-dependent releas
 ``--dataset`` resolves it (:func:`dplang.release.dataset_key`: an existing file means its
 resolved path).
 
+``--ledger`` (default ``$DPLANG_LEDGER``) is an SQLite file or a ``postgresql://`` URL (a ledger
+shared by several machines); a URL is printed with its password masked.
+
 The ledger is private to the data holder (it holds content digests, paths and release ids):
 ``show`` prints no digest, only how many distinct contents a name has been charged with.
 """
@@ -24,6 +27,7 @@ from typing import Any
 import typer
 
 from ..privacy.ledger import BudgetExceeded, PrivacyLedger
+from ..privacy.ledger_backends import is_ledger_url
 from ..release import ReleaseError, dataset_key
 from .errors import fail
 
@@ -35,8 +39,11 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-LEDGER_OPTION = typer.Option(None, "--ledger",
-                             help="Ledger file (default: $DPLANG_LEDGER or the user data dir).")
+#: ``--ledger`` of every command: a file path or a PostgreSQL URL, taken as a str (a Path
+#: would fold the URL's ``//``).
+LEDGER_HELP = ("Privacy ledger: an SQLite file, or a postgresql://USER@HOST/DB URL for a ledger "
+               "shared by several machines (default: $DPLANG_LEDGER or the user data dir).")
+LEDGER_OPTION = typer.Option(None, "--ledger", help=LEDGER_HELP)
 
 
 def _key(name: str) -> str:
@@ -131,7 +138,7 @@ def _dp_line(s: dict[str, Any]) -> str:
 
 def show(
     dataset: str | None = typer.Argument(None, help="Only this dataset (name or data file)."),
-    ledger: Path | None = LEDGER_OPTION,
+    ledger: str | None = LEDGER_OPTION,
     delta: float | None = typer.Option(
         None, "--delta", help="δ of the total (default: the budget's δ, else 1e-6)."),
     releases: bool = typer.Option(True, "--releases/--no-releases", help="List each release."),
@@ -140,18 +147,18 @@ def show(
     """Datasets, budgets, total spend (ρ and (ε, δ)) and releases."""
     if delta is not None and not 0 < delta < 1:
         fail(f"--delta must be in (0, 1), got {delta}")
-    if ledger is not None and not ledger.exists():
+    if ledger is not None and not is_ledger_url(ledger) and not Path(ledger).exists():
         fail(f"no ledger at {ledger}")
     book = PrivacyLedger(ledger)
     names = book.datasets() if dataset is None else [_key(dataset)]
     if dataset is not None and names[0] not in book.datasets():
-        fail(f"dataset {names[0]!r} is not in the ledger {book.path}")
+        fail(f"dataset {names[0]!r} is not in the ledger {book.location}")
     summaries = [dataset_summary(book, n, delta) for n in names]
     if as_json:
-        typer.echo(json.dumps({"ledger": str(book.path), "datasets": summaries}, indent=2,
+        typer.echo(json.dumps({"ledger": book.location, "datasets": summaries}, indent=2,
                               ensure_ascii=False))
         return
-    lines = [f"ledger {book.path} (private to the data holder: do not share)"]
+    lines = [f"ledger {book.location} (private to the data holder: do not share)"]
     if not summaries:
         lines.append("  no datasets yet")
     for s in summaries:
@@ -188,7 +195,7 @@ def budget(
     dataset: str = typer.Argument(..., help="Dataset name (or its data file: resolved path)."),
     epsilon: float = typer.Option(..., "--epsilon", help="Total ε of the budget."),
     delta: float = typer.Option(..., "--delta", help="Total δ of the budget."),
-    ledger: Path | None = LEDGER_OPTION,
+    ledger: str | None = LEDGER_OPTION,
 ) -> None:
     """Set (or replace) a dataset's total (ε, δ) budget; refused below what it has spent."""
     if not (epsilon > 0 and math.isfinite(epsilon)):
@@ -205,7 +212,7 @@ def budget(
     spent = s["dp"]["total_epsilon"]
     typer.echo(f"budget of dataset {key}: ε = {epsilon:g}, δ = {delta:g}; spent so far "
                f"ε = {0.0 if spent is None else spent:.6g} over {s['dp']['releases']} DP "
-               f"release(s) (ledger {book.path})")
+               f"release(s) (ledger {book.location})")
     literal = dataset.strip()
     if literal != key and literal in book.datasets():
         typer.echo(f"warning: the ledger also holds a dataset named {literal!r} as such (a "

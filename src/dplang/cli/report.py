@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from .errors import fail
+from .ledger import LEDGER_HELP
 
 if TYPE_CHECKING:
     from ..reports.pipeline import ReportRequest
@@ -59,7 +60,7 @@ def report(
         False, "--release-abstained-bounds", help="Also show L for abstentions (no extra cost)."),
     seed: int | None = typer.Option(
         None, "--seed", help="Secret seed for reproducible noise (default: OS entropy)."),
-    ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger (SQLite) path."),
+    ledger: str | None = typer.Option(None, "--ledger", help=LEDGER_HELP),
     dataset: str | None = typer.Option(
         None, "--dataset",
         help="Ledger name of the data's budget (default: the data file's resolved path)."),

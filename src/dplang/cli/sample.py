@@ -26,6 +26,7 @@ from ..sampling.tabular import (
 )
 from .console import quiet_libraries, warn
 from .errors import fail
+from .ledger import LEDGER_HELP
 
 
 def declared_types(domain: list[str], binary: list[str], schema: Path | None,
@@ -89,7 +90,7 @@ def sample(
     alpha: float = typer.Option(0.1, "--alpha", help="Target accuracy α (method product)."),
     force: bool = typer.Option(False, "--force", help="Release even if the accuracy bound "
                                "is vacuous."),
-    ledger: Path | None = typer.Option(None, "--ledger", help="Privacy ledger (SQLite) path."),
+    ledger: str | None = typer.Option(None, "--ledger", help=LEDGER_HELP),
     dataset: str | None = typer.Option(
         None, "--dataset",
         help="Ledger name of the data's budget (default: the data file's resolved path)."),
@@ -107,7 +108,7 @@ def sample(
 def _sample(data: Path, columns: str, epsilon: float, out: Path, delta: float | None, num: int,
             method: str, seed: int | None, domain: list[str] | None, binary: list[str] | None,
             schema: Path | None, fallback: list[str] | None, out_of_domain: str, split: bool,
-            alpha: float, force: bool, ledger: Path | None, dataset: str | None,
+            alpha: float, force: bool, ledger: str | None, dataset: str | None,
             overwrite: bool, quiet: bool) -> None:
     if out_of_domain not in OUT_OF_DOMAIN:
         fail(f"--out-of-domain must be one of {', '.join(OUT_OF_DOMAIN)}, got {out_of_domain!r}")

@@ -213,7 +213,7 @@ def count_rows(config: ExperimentConfig) -> int:
     return sum(1 for _ in read_records(config.data_path, config.text_column, config.group_by))
 
 
-def preflight(config: ExperimentConfig, out_dir: Path, ledger: Path | None,
+def preflight(config: ExperimentConfig, out_dir: Path, ledger: str | Path | None,
               dataset: str | None, check_model: Callable[[str], None] | None = None,
               overwrite: bool = False,
               ) -> tuple[str, dict[str, dict[str, Any]], dict[str, str]]:
@@ -264,7 +264,7 @@ def preflight(config: ExperimentConfig, out_dir: Path, ledger: Path | None,
 
 
 def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
-              load_model: Callable[[str], LogitsModel], ledger: Path | None, dataset: str,
+              load_model: Callable[[str], LogitsModel], ledger: str | Path | None, dataset: str,
               overwrite: bool = False) -> tuple[Path, dict[str, Any]]:
     """Generate one cell; returns the output and its timing: ``gen_seconds`` (wall clock) and
     ``cpu_seconds`` (CPU time of this process over all threads, which a paused or contended
@@ -297,7 +297,7 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
 
 
 def _request(config: ExperimentConfig, cell: Cell, data: Path, out: Path,
-             ledger: Path | None, dataset: str | None) -> GenerationRequest:
+             ledger: str | Path | None, dataset: str | None) -> GenerationRequest:
     return GenerationRequest(
         data=data, out=out, batch_size=cell.batch_size, max_tokens=config.max_tokens,
         temperature=cell.temperature, top_k=cell.top_k, epsilon=cell.epsilon,
@@ -368,7 +368,7 @@ def run_experiment(
     load_model: Callable[[str, str], LogitsModel],
     progress: Callable[[str], None] | None = None,
     report_only: bool = False,
-    ledger: Path | None = None,
+    ledger: str | Path | None = None,
     dataset: str | None = None,
     check_model: Callable[[str], None] | None = None,
     overwrite: bool = False,
@@ -474,7 +474,7 @@ def _remove_empty_cell(cell_dir: Path) -> None:
             pass
 
 
-def sweep_spend(ledger_path: Path | None, release_ids: list[str], delta: float
+def sweep_spend(ledger_path: str | Path | None, release_ids: list[str], delta: float
                 ) -> tuple[float, float, int]:
     """(Σρ, ε at δ, number of releases) of the given releases as recorded in the ledger
     (sequential composition: every cell reads the same references)."""
@@ -503,7 +503,7 @@ def _cell_release_ids(out_dir: Path, config: ExperimentConfig) -> list[str]:
 
 
 def write_results(rows: list[dict[str, Any]], out_dir: Path, config: ExperimentConfig,
-                  ledger: Path | None = None, dataset: str | None = None) -> None:
+                  ledger: str | Path | None = None, dataset: str | None = None) -> None:
     """``results.csv``, ``results.md`` and the plots, all mode 600 from creation: MAUVE and the
     other utility figures are statistics of the held-out private rows, and ``gen_seconds`` /
     ``cpu_seconds`` are durations of computations on private data (a timing side channel)."""

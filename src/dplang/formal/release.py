@@ -141,7 +141,7 @@ def _describe(out: Any) -> str:
 
 def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path,
                     parameters: dict[str, Any], *, seed: int | None = None,
-                    dataset: str | None = None, ledger: Path | None = None,
+                    dataset: str | None = None, ledger: str | Path | None = None,
                     on_warning: Any = None) -> ReleaseOutcome:
     """Run a private algorithm once on the elements of ``data_path`` as a charged release.
 

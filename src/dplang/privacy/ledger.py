@@ -1,4 +1,7 @@
-"""A persistent privacy-budget ledger (SQLite), private to the data holder.
+"""A persistent privacy-budget ledger, private to the data holder: an SQLite file (the embedded
+default) or, for a budget that several analysts or machines spend, a PostgreSQL database
+(``--ledger``/``$DPLANG_LEDGER`` a ``postgresql://`` URL; :mod:`dplang.privacy.ledger_backends`
+holds the connections, the dialects and the schema, the same tables in both).
 
 Datasets are keyed by a *name* the user chooses (CLI ``--dataset NAME``; default the input
 file's resolved path), not by the content of the file: a re-encoded, re-ordered or re-sorted
@@ -12,8 +15,11 @@ one name per dataset protects it (names are resolved by :func:`dplang.release.da
 Each dataset may carry a total (ε, δ) budget. Every release is written to the ledger *before* its
 output is written (``docs/privacy.md`` invariant 6); a release that would take the
 dataset past its budget is refused with :class:`BudgetExceeded` and nothing is recorded. Charging
-runs in one ``BEGIN IMMEDIATE`` transaction (read the spend, check, insert), so two processes
-charging the same ledger at once are serialised and can never exceed a budget together.
+runs in one transaction (read the spend, check, insert) that the backend serialises with every
+other charge or budget change of the same dataset (SQLite: ``BEGIN IMMEDIATE``, the file's write
+lock; PostgreSQL: a read-committed transaction holding the dataset's
+``pg_advisory_xact_lock``), so processes charging the same ledger at once, on one machine or
+several, can never exceed a budget together.
 
 Composition across releases: releases that carry a zCDP parameter are summed in zCDP and
 converted at the budget's δ minus the δ spent by approximate-DP releases that carry no zCDP
@@ -44,90 +50,58 @@ identifies a release by everything that determines its output (parameters, data,
 resuming an interrupted run charges nothing new while a new seed is a new charge.
 
 Privacy of the ledger itself: it holds content digests, dataset names, output paths and
-release ids (hashes that include the seed), so it is as private as the data. It is created
-with mode 600 and never written into any public output.
+release ids (hashes that include the seed), so it is as private as the data. A file is created
+with mode 600; a database's access rights are the data holder's to restrict. The ledger is never
+written into any public output, and a URL is only ever printed with its password masked.
 
-Size: the ledger's schema, its refuse-before-exceeding transaction and the adjacency-aware
-totals are one consistency argument and are read together.
+Size: the refuse-before-exceeding transaction and the adjacency-aware totals are one
+consistency argument and are read together here; what it relies on from the backends — the
+schema (``release_id`` the primary key) and :meth:`LedgerBackend.write`, serialised per dataset
+— is stated at the top of :mod:`dplang.privacy.ledger_backends`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .accounting import rho_to_epsilon
 from .guarantees import Guarantee
+from .ledger_backends import (
+    ADDED_COLUMNS,
+    TABLES,
+    Db,
+    LedgerBackend,
+    LedgerError,
+    backend_for,
+    ledger_location,
+    schema_statements,
+)
+
+__all__ = ["REPLACE_ONE_DISTANCE", "BudgetExceeded", "LedgerError", "PrivacyLedger", "Spend",
+           "check_ledger_path", "default_ledger_path", "to_replace_one"]
 
 
 class BudgetExceeded(RuntimeError):
     """The release would exceed the dataset's privacy budget; nothing was recorded."""
 
 
-class LedgerError(ValueError):
-    """The ledger file cannot be used: a folder, not a dplang (SQLite) ledger, or a path that
-    cannot be created (one-line message); nothing was recorded."""
-
-
-#: The first 16 bytes of every SQLite 3 database file.
-SQLITE_MAGIC = b"SQLite format 3\x00"
-_TABLES = frozenset({"budgets", "releases"})
-
-
-def check_ledger_path(path: str | Path | None = None) -> Path:
-    """The ledger path (``path`` or :func:`default_ledger_path`), checked without creating
-    anything: an existing ledger must be a regular, readable and writable SQLite database that
-    is empty or holds dplang's tables; a new one must be creatable (no ancestor is a file or
-    read-only). Raises :class:`LedgerError` with a one-line message."""
-    p = Path(path) if path is not None else default_ledger_path()
-    if os.path.lexists(p):
-        if p.is_dir():
-            raise LedgerError(f"ledger {p} is a folder, not a ledger file")
-        try:
-            with open(p, "rb") as fh:
-                head = fh.read(len(SQLITE_MAGIC))
-        except OSError as exc:
-            raise LedgerError(f"ledger {p} cannot be read ({exc.strerror})") from None
-        if head and head != SQLITE_MAGIC:
-            raise LedgerError(f"ledger {p} is not a dplang ledger (not an SQLite database)")
-        if not os.access(p, os.W_OK):
-            raise LedgerError(f"ledger {p} is not writable")
-        if head:
-            tables = _tables(p)
-            if tables and not tables >= _TABLES:
-                raise LedgerError(f"ledger {p} is an SQLite database but not a dplang ledger "
-                                  f"(tables: {', '.join(sorted(tables))})")
-        return p
-    ancestor = p.parent
-    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise LedgerError(f"ledger {p} cannot be created: {ancestor} is a file, not a folder")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise LedgerError(f"ledger {p} cannot be created: {ancestor} is not writable")
-    return p
-
-
-def _tables(path: Path) -> set[str]:
-    try:
-        db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=60)
-    except sqlite3.Error as exc:
-        raise LedgerError(f"ledger {path} cannot be opened ({exc})") from None
-    try:
-        return {row[0] for row in db.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")}
-    except sqlite3.DatabaseError as exc:
-        raise LedgerError(f"ledger {path} is not a dplang ledger ({exc})") from None
-    finally:
-        db.close()
+def check_ledger_path(path: str | Path | None = None) -> Path | str:
+    """The ledger location (``path`` or ``$DPLANG_LEDGER`` or the user data directory's
+    ``dplang/ledger.sqlite``: :func:`~dplang.privacy.ledger_backends.ledger_location`), checked
+    without creating anything. A file: an existing ledger must be a regular, readable and
+    writable SQLite database that is empty or holds dplang's tables; a new one must be
+    creatable (no ancestor is a file or read-only). A PostgreSQL URL: no file-system check;
+    psycopg must be installed, the server reachable, the login accepted, and the database must
+    hold both ledger tables or neither. Raises :class:`LedgerError` with a one-line message
+    (a URL's password masked). Returns the location (a URL as given)."""
+    where = ledger_location(path)
+    backend_for(where).check()
+    return where
 
 
 #: How many steps of each adjacency one replace-one change of a record is (group privacy).
@@ -255,95 +229,64 @@ def _adjacency(guarantee_json: str) -> str:
     return str(json.loads(guarantee_json)["adjacency"])
 
 
-def default_ledger_path() -> Path:
-    """``$DPLANG_LEDGER`` or the user data directory's ``dplang/ledger.sqlite``."""
-    env = os.environ.get("DPLANG_LEDGER")
-    if env:
-        return Path(env)
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir("dplang")) / "ledger.sqlite"
+def default_ledger_path() -> Path | str:
+    """``$DPLANG_LEDGER`` (a file or a PostgreSQL URL) or the user data directory's
+    ``dplang/ledger.sqlite``."""
+    return ledger_location(None)
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS budgets (
-    dataset TEXT PRIMARY KEY, epsilon REAL NOT NULL, delta REAL NOT NULL, created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS releases (
-    release_id TEXT PRIMARY KEY, dataset TEXT NOT NULL, created REAL NOT NULL,
-    mechanism TEXT NOT NULL, rho REAL, epsilon REAL NOT NULL, delta REAL NOT NULL,
-    guarantee TEXT NOT NULL, description TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS releases_by_dataset ON releases (dataset);
-"""
-#: Columns added after the first release of the ledger format (migrated in place).
-_ADDED_COLUMNS = {
-    "ex_ante": "INTEGER NOT NULL DEFAULT 1",
-    "data_digest": "TEXT",
-}
-
-
-def _create_private_file(path: Path) -> None:
-    """Create ``path`` empty with mode 600 (from creation: no window with wider rights)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return
-    os.close(fd)
+#: The :meth:`LedgerBackend.write` key that serialises schema creation and migration (a name
+#: no dataset is given: it starts with a NUL).
+_SCHEMA_KEY = "\x00dplang-schema"
 
 
 class PrivacyLedger:
-    """Persistent record of budgets and releases (one SQLite file, mode 600)."""
+    """Persistent record of budgets and releases: one SQLite file (mode 600), or a PostgreSQL
+    database for a budget spent from several machines (``location`` a ``postgresql://`` URL).
+
+    ``path`` is the ledger file (None for a database); ``location`` names the ledger in
+    messages and private files (a URL with its password masked)."""
 
     def __init__(self, path: str | Path | None = None) -> None:
-        self.path = check_ledger_path(path)
-        try:
-            _create_private_file(self.path)
-        except OSError as exc:
-            raise LedgerError(f"ledger {self.path} cannot be created ({exc.strerror})") from None
+        self._backend: LedgerBackend = backend_for(path)
+        self.path: Path | None = self._backend.path
+        self.location: str = self._backend.location
+        self._backend.prepare()
+        self._ensure_schema()
+
+    def _connect(self) -> Any:
+        """A connection (autocommit); a driver failure becomes a one-line LedgerError."""
+        return self._backend.connect()
+
+    def _write(self, dataset: str) -> Any:
+        """A transaction serialised with every other charge or budget change of ``dataset``
+        (:meth:`LedgerBackend.write`): committed at the end of the block, rolled back when it
+        raises."""
+        return self._backend.write(dataset)
+
+    def _ensure_schema(self) -> None:
+        """Create the tables, or add the columns a ledger written by an older dplang lacks
+        (its data-dependent releases then marked from their recorded guarantee)."""
+        def complete(columns: dict[str, set[str]]) -> bool:
+            return set(columns) >= TABLES and set(ADDED_COLUMNS) <= columns["releases"]
+
         with self._connect() as db:
-            db.executescript(_SCHEMA)
-            self._migrate(db)
-
-    @staticmethod
-    def _migrate(db: sqlite3.Connection) -> None:
-        columns = {row[1] for row in db.execute("PRAGMA table_info(releases)")}
-        if set(_ADDED_COLUMNS) <= columns:
-            return
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            columns = {row[1] for row in db.execute("PRAGMA table_info(releases)")}
-            for name, decl in _ADDED_COLUMNS.items():
-                if name not in columns:
-                    db.execute(f"ALTER TABLE releases ADD COLUMN {name} {decl}")
-            for release_id, text in db.execute(
-                    "SELECT release_id, guarantee FROM releases").fetchall():
-                if not json.loads(text).get("ex_ante", True):
-                    db.execute("UPDATE releases SET ex_ante = 0 WHERE release_id = ?",
-                               (release_id,))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-
-    @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        """A connection; an SQLite failure (a corrupt or foreign file, a full disk) becomes a
-        one-line :class:`LedgerError`."""
-        try:
-            db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise LedgerError(f"ledger {self.path} cannot be opened ({exc})") from None
-        try:
-            yield db
-        except sqlite3.OperationalError as exc:  # locked past the timeout, disk full...
-            raise LedgerError(f"ledger {self.path}: {exc}") from None
-        except sqlite3.DatabaseError as exc:
-            raise LedgerError(f"ledger {self.path} is not a usable dplang ledger ({exc})"
-                              ) from None
-        finally:
-            db.close()
+            if complete(self._backend.columns(db)):
+                return
+        with self._write(_SCHEMA_KEY) as db:
+            had_releases = "releases" in self._backend.columns(db)
+            for statement in schema_statements(self._backend.real):
+                db.execute(statement)
+            columns = self._backend.columns(db)["releases"]
+            added = [name for name in ADDED_COLUMNS if name not in columns]
+            for name in added:
+                db.execute(f"ALTER TABLE releases ADD COLUMN {name} {ADDED_COLUMNS[name]}")
+            if had_releases and "ex_ante" in added:
+                for release_id, text in db.execute(
+                        "SELECT release_id, guarantee FROM releases").fetchall():
+                    if not json.loads(text).get("ex_ante", True):
+                        db.execute("UPDATE releases SET ex_ante = 0 WHERE release_id = ?",
+                                   (release_id,))
 
     def set_budget(self, dataset: str, epsilon: float, delta: float) -> None:
         """Set (or replace) a dataset's total (ε, δ) budget. Refused below what is spent.
@@ -352,23 +295,19 @@ class PrivacyLedger:
         outside it (``dplang ledger show`` flags them)."""
         if not epsilon > 0 or not 0 < delta < 1:
             raise ValueError("a budget needs epsilon > 0 and delta in (0, 1)")
-        with self._connect() as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                spent = self._spent(db, dataset)
-                if spent.dp_releases and spent.epsilon_at(delta) > epsilon:
-                    raise BudgetExceeded(
-                        f"dataset {dataset} has already spent ε={spent.epsilon_at(delta):.4g} "
-                        f"at δ={delta:g}; a budget of ε={epsilon:g} is below that"
-                    )
-                db.execute(
-                    "INSERT OR REPLACE INTO budgets VALUES (?, ?, ?, ?)",
-                    (dataset, float(epsilon), float(delta), time.time()),
+        with self._write(dataset) as db:
+            spent = self._spent(db, dataset)
+            if spent.dp_releases and spent.epsilon_at(delta) > epsilon:
+                raise BudgetExceeded(
+                    f"dataset {dataset} has already spent ε={spent.epsilon_at(delta):.4g} "
+                    f"at δ={delta:g}; a budget of ε={epsilon:g} is below that"
                 )
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+            db.execute(
+                "INSERT INTO budgets (dataset, epsilon, delta, created) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (dataset) DO UPDATE SET epsilon = excluded.epsilon, "
+                "delta = excluded.delta, created = excluded.created",
+                (dataset, float(epsilon), float(delta), time.time()),
+            )
 
     def budget(self, dataset: str) -> tuple[float, float] | None:
         """The dataset's (ε, δ) budget, or None when none was set."""
@@ -383,7 +322,7 @@ class PrivacyLedger:
             return self._spent(db, dataset)
 
     @staticmethod
-    def _spent(db: sqlite3.Connection, dataset: str) -> Spend:
+    def _spent(db: Db, dataset: str) -> Spend:
         rows = db.execute(
             "SELECT rho, epsilon, delta, ex_ante, guarantee FROM releases WHERE dataset = ?",
             (dataset,)
@@ -454,50 +393,46 @@ class PrivacyLedger:
         this release would exceed it, or when it has a budget and the release is
         data-dependent (no ex-ante DP guarantee); then nothing is recorded.
         """
-        with self._connect() as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                exists = db.execute(
-                    "SELECT 1 FROM releases WHERE release_id = ?", (release_id,)
-                ).fetchone()
-                if exists:
-                    db.execute("COMMIT")
-                    return False
-                budget = db.execute(
-                    "SELECT epsilon, delta FROM budgets WHERE dataset = ?", (dataset,)
-                ).fetchone()
-                if budget is not None and not guarantee.ex_ante:
-                    raise BudgetExceeded(
-                        f"release refused: dataset {dataset} has a differential-privacy "
-                        f"budget and this {guarantee.mechanism} release has only a "
-                        "data-dependent bound (not differential privacy), which no DP budget "
-                        "can account for"
-                    )
-                if budget is not None:
-                    before = self._spent(db, dataset)
-                    after = before.plus(guarantee)
-                    total = after.epsilon_at(budget[1])
-                    if total > budget[0] * (1 + 1e-12):
-                        mixed = ("" if len(after.by_adjacency) < 2 else
-                                 f" under {after.adjacency} adjacency (its releases mix "
-                                 "adjacencies: the others count by group privacy)")
-                        raise BudgetExceeded(
-                            f"release refused: dataset {dataset} would spend ε={total:.4g} at "
-                            f"δ={budget[1]:g}{mixed}, over its budget ε={budget[0]:g}"
-                        )
-                db.execute(
-                    "INSERT INTO releases (release_id, dataset, created, mechanism, rho, "
-                    "epsilon, delta, guarantee, description, ex_ante, data_digest) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (release_id, dataset, time.time(), guarantee.mechanism, guarantee.rho,
-                     guarantee.epsilon, guarantee.delta, guarantee.to_json(), description,
-                     int(bool(guarantee.ex_ante)), data_digest),
+        with self._write(dataset) as db:
+            exists = db.execute(
+                "SELECT 1 FROM releases WHERE release_id = ?", (release_id,)
+            ).fetchone()
+            if exists:
+                return False
+            budget = db.execute(
+                "SELECT epsilon, delta FROM budgets WHERE dataset = ?", (dataset,)
+            ).fetchone()
+            if budget is not None and not guarantee.ex_ante:
+                raise BudgetExceeded(
+                    f"release refused: dataset {dataset} has a differential-privacy "
+                    f"budget and this {guarantee.mechanism} release has only a "
+                    "data-dependent bound (not differential privacy), which no DP budget "
+                    "can account for"
                 )
-                db.execute("COMMIT")
-                return True
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+            if budget is not None:
+                before = self._spent(db, dataset)
+                after = before.plus(guarantee)
+                total = after.epsilon_at(budget[1])
+                if total > budget[0] * (1 + 1e-12):
+                    mixed = ("" if len(after.by_adjacency) < 2 else
+                             f" under {after.adjacency} adjacency (its releases mix "
+                             "adjacencies: the others count by group privacy)")
+                    raise BudgetExceeded(
+                        f"release refused: dataset {dataset} would spend ε={total:.4g} at "
+                        f"δ={budget[1]:g}{mixed}, over its budget ε={budget[0]:g}"
+                    )
+            # DO NOTHING: the same release id committed meanwhile under another dataset's
+            # lock (PostgreSQL locks per dataset) is a resumed release, not a new charge.
+            inserted = db.execute(
+                "INSERT INTO releases (release_id, dataset, created, mechanism, rho, "
+                "epsilon, delta, guarantee, description, ex_ante, data_digest) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (release_id) DO NOTHING",
+                (release_id, dataset, time.time(), guarantee.mechanism, guarantee.rho,
+                 guarantee.epsilon, guarantee.delta, guarantee.to_json(), description,
+                 int(bool(guarantee.ex_ante)), data_digest),
+            ).rowcount
+            return inserted == 1
 
     def datasets(self) -> list[str]:
         """Every dataset name with a budget or a release, sorted."""

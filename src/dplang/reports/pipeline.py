@@ -103,7 +103,7 @@ class ReportRequest:
     bonferroni: bool = False
     release_abstained_bounds: bool = False
     seed: int | None = None
-    ledger: Path | None = None
+    ledger: str | Path | None = None
     dataset: str | None = None
     overwrite: bool = False
 

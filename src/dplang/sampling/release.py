@@ -89,7 +89,7 @@ class ReleaseRequest:
     split: bool = True
     alpha: float = 0.1
     force: bool = False
-    ledger: Path | None = None
+    ledger: str | Path | None = None
     #: Ledger name of the dataset (default: the data file's resolved path).
     dataset: str | None = None
     #: "map" (public per-cell rule, default) or "refuse" (a data-dependent refusal).

@@ -31,7 +31,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +102,7 @@ class GenerationRequest:
     sparse_head: bool = True
     #: Compute dtype of the model body (a TransformersModel option; logits stay float32).
     dtype: str = "float32"
-    ledger: Path | None = None
+    ledger: str | Path | None = None
     #: Ledger name of the dataset (default: the data file's resolved path).
     dataset: str | None = None
     method: str = "invisibleink"
@@ -294,8 +294,9 @@ def check_request(
     """Everything about a request that can be checked without reading the data or loading the
     model: the parameters, the budget (and its limit), the prompt template and its labels,
     the data path, the output path (its folder can be created), the ledger (an SQLite dplang
-    ledger, or creatable) and, with ``check_model``, the model spec. Milliseconds; creates
-    nothing. Returns the calibrated method; raises :class:`GenerationError`."""
+    ledger, or creatable; or a reachable PostgreSQL ledger) and, with ``check_model``, the
+    model spec. Milliseconds (plus a connection for a PostgreSQL ledger); creates nothing.
+    Returns the calibrated method; raises :class:`GenerationError`."""
     _validate(req)
     made = _calibrate(req)
     if not req.data.exists():
@@ -595,8 +596,11 @@ def _execute_locked(
                 status = "complete"
                 return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                                   time.time() - start, tokens)
+            # workers rebuild the policies from public parameters: they get no ledger location
+            # (a PostgreSQL URL may hold a password)
             dispatch_plan(executor, plan, pending, release.seed,
-                          functools.partial(policy_factory, req), persist, on_step)
+                          functools.partial(policy_factory, replace(req, ledger=None)), persist,
+                          on_step)
             status = "complete"
         finally:
             manifest["status"] = status

@@ -1,0 +1,197 @@
+"""The PostgreSQL ledger (issue 17 §3b): URLs, masking, errors, the schema, and processes
+racing on one budget. The behaviour both backends share is in tests/privacy/test_ledger.py
+(parametrised over SQLite and PostgreSQL); the server is the session's throw-away cluster
+(tests/conftest.py ``postgres_server``). The CLI is imported inside the tests: the racing
+child processes import this module, and should not pay for the whole CLI."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from dplang.privacy import Guarantee, rho_to_epsilon
+from dplang.privacy.ledger import LedgerError, PrivacyLedger, check_ledger_path
+from dplang.privacy.ledger_backends import (
+    PostgresBackend,
+    SQLiteBackend,
+    advisory_key,
+    is_ledger_url,
+    ledger_location,
+    mask_url,
+)
+
+UNREACHABLE = "postgresql://alice:s3cret-pw@/ledger?host=/nonexistent-dplang-socket-dir"
+
+
+def _g(rho):
+    return Guarantee("invisibleink", "reference", "replace-by-null", rho,
+                     rho_to_epsilon(rho, 1e-6), 1e-6)
+
+
+def test_urls_are_told_from_paths_and_masked(monkeypatch, tmp_path):
+    assert is_ledger_url("postgresql://u@h/db") and is_ledger_url("POSTGRES://h/db")
+    assert not is_ledger_url(Path("postgresql://u@h/db")) and not is_ledger_url("l.sqlite")
+    assert mask_url("postgresql://alice:s3cret@db.example:5432/ledger?sslmode=require") == (
+        "postgresql://alice:***@db.example:5432/ledger?sslmode=require")
+    assert mask_url("postgres://alice@h/db?sslmode=require&password=s3cret") == (
+        "postgres://alice@h/db?sslmode=require&password=***")
+    assert mask_url("postgresql://h/db") == "postgresql://h/db"
+    assert ledger_location("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert ledger_location(tmp_path / "l.sqlite") == tmp_path / "l.sqlite"
+    # a URL made into a Path has lost a '/': refused, not taken for a file, password masked
+    with pytest.raises(LedgerError, match="lost a '/'") as err:
+        ledger_location(Path("postgresql://alice:s3cret@h/db"))
+    assert "s3cret" not in str(err.value)
+    monkeypatch.setenv("DPLANG_LEDGER", "postgresql://u@h/db")
+    assert ledger_location(None) == "postgresql://u@h/db"
+    assert isinstance(ledger_location("l.sqlite"), Path)
+    # one lock key per dataset name, the same in every process
+    assert advisory_key("reviews") == advisory_key("reviews") != advisory_key("reviews2")
+    assert -2**63 <= advisory_key("reviews") < 2**63
+
+
+def test_psycopg_missing_is_a_one_line_error_naming_the_extra(monkeypatch, capsys):
+    from dplang.cli.app import main
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg → ImportError
+    with pytest.raises(LedgerError, match=r"pip install 'dplang\[postgres\]'") as err:
+        PrivacyLedger(UNREACHABLE)
+    assert "s3cret" not in str(err.value) and "alice:***@" in str(err.value)
+    assert main(["ledger", "show", "--ledger", UNREACHABLE]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.startswith("error: ") and stderr.count("\n") == 1
+    assert "dplang[postgres]" in stderr and "s3cret" not in stderr
+
+
+def test_unreachable_server_is_a_one_line_error_without_the_password(
+        tmp_path, monkeypatch, capsys):
+    from dplang.cli.app import main
+
+    pytest.importorskip("psycopg", reason="psycopg is not installed")
+    with pytest.raises(LedgerError, match="cannot be reached") as err:
+        check_ledger_path(UNREACHABLE)
+    message = str(err.value)
+    assert "\n" not in message and "s3cret" not in message and "alice:***@" in message
+    for args in (["ledger", "show", "--ledger", UNREACHABLE],
+                 ["ledger", "budget", "d", "--epsilon", "1", "--delta", "1e-6", "--ledger",
+                  UNREACHABLE]):
+        assert main(args) == 2
+        out = capsys.readouterr()
+        assert out.err.startswith("error: ledger postgresql://alice:***@")
+        assert out.err.count("\n") == 1 and "Traceback" not in out.err
+        assert "s3cret" not in out.err + out.out
+    # DPLANG_LEDGER as a URL: the same
+    monkeypatch.setenv("DPLANG_LEDGER", UNREACHABLE)
+    assert main(["ledger", "show"]) == 2
+    assert "cannot be reached" in capsys.readouterr().err
+    # a generation checks the ledger before reading data or loading a model: nothing written
+    data = tmp_path / "d.csv"
+    data.write_text("text\na\nb\n")
+    out = tmp_path / "g.jsonl"
+    assert main(["generate", "--data", str(data), "--out", str(out), "--epsilon", "1",
+                 "--ledger", UNREACHABLE, "-q"]) == 2
+    err_text = capsys.readouterr().err
+    assert "cannot be reached" in err_text and "s3cret" not in err_text
+    assert not out.exists()
+    # not a valid URL
+    with pytest.raises(LedgerError, match="not a valid PostgreSQL URL"):
+        check_ledger_path("postgresql://u:pw@h/db?no_such_option=1")
+
+
+def test_refused_login_and_a_password_url(postgres_server):
+    role, password = postgres_server.password_role, postgres_server.password
+    db = postgres_server.new_database("pw", owner=role)
+    dbname = db.split("/")[3].split("?")[0]
+    wrong = postgres_server.url(dbname, role, "wrong-battery-3")
+    with pytest.raises(LedgerError, match="refused the login") as err:
+        PrivacyLedger(wrong)
+    assert "wrong-battery-3" not in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(LedgerError, match="refused the login"):  # no password at all
+        PrivacyLedger(postgres_server.url(dbname, role))
+    right = postgres_server.url(dbname, role, password)
+    book = PrivacyLedger(right)
+    assert book.path is None and password not in book.location
+    assert book.location == mask_url(right) and f"{role}:***@" in book.location
+    assert book.charge("d", "r1", _g(0.1)) and book.datasets() == ["d"]
+    with pytest.raises(LedgerError, match="does not exist"):
+        PrivacyLedger(postgres_server.url("no_such_db"))
+
+
+def test_the_schema_is_the_sqlites(postgres_server, tmp_path):
+    pg = PrivacyLedger(postgres_server.new_database())
+    lite = PrivacyLedger(tmp_path / "l.sqlite")
+    with pg._connect() as a, lite._connect() as b:
+        assert pg._backend.columns(a) == lite._backend.columns(b)
+    assert isinstance(pg._backend, PostgresBackend)
+    assert isinstance(lite._backend, SQLiteBackend)
+    # ε and δ keep double precision (PostgreSQL's REAL is single precision)
+    pg.set_budget("d", 1.0000000001, 1e-6)
+    assert pg.budget("d") == (1.0000000001, 1e-6)
+    pg.set_budget("d", 2.0, 1e-7)  # replaced, not added
+    assert pg.budget("d") == (2.0, 1e-7)
+
+
+def test_a_database_with_other_tables_of_these_names_is_refused(postgres_server):
+    url = postgres_server.new_database("foreign")
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE releases (id INTEGER)")
+    with pytest.raises(LedgerError, match="not a dplang ledger"):
+        check_ledger_path(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE budgets (dataset TEXT)")
+    with pytest.raises(LedgerError, match="lacks column"):
+        PrivacyLedger(url)
+
+
+def _race(url: str, release_id: str, ready, out) -> None:
+    """Child process: charge ρ = 0.3 to dataset "d" as soon as every child is ready (the
+    ``ready`` barrier); the spend is read, then the process sleeps before inserting, so that a
+    ledger without a lock around read-check-insert would let every child through."""
+    import time
+
+    from dplang.privacy import ledger as ledger_mod
+
+    real = ledger_mod.PrivacyLedger._spent
+
+    def slow_spent(db, dataset):
+        result = real(db, dataset)
+        time.sleep(0.3)
+        return result
+
+    ledger_mod.PrivacyLedger._spent = staticmethod(slow_spent)
+    book = ledger_mod.PrivacyLedger(url)
+    ready.wait(timeout=120)
+    try:
+        out.put((release_id, bool(book.charge("d", release_id, _g(0.3)))))
+    except ledger_mod.BudgetExceeded:
+        out.put((release_id, False))
+    except Exception as exc:  # reported, not hidden in a child's traceback
+        out.put((release_id, f"{type(exc).__name__}: {exc}"))
+
+
+def test_processes_racing_on_one_budget_record_exactly_the_releases_that_fit(postgres_server):
+    import multiprocessing
+
+    url = postgres_server.new_database("race")
+    book = PrivacyLedger(url)
+    budget = rho_to_epsilon(0.65, 1e-6)  # room for two charges of ρ = 0.3, not three
+    book.set_budget("d", budget, 1e-6)
+    book.charge("other", "o1", _g(5.0))  # another dataset, no budget: not in the way
+    ctx = multiprocessing.get_context("spawn")
+    out, ready = ctx.Queue(), ctx.Barrier(4)
+    procs = [ctx.Process(target=_race, args=(url, f"r{i}", ready, out)) for i in range(4)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert all(isinstance(v, bool) for v in results.values()), results
+    winners = sorted(r for r, ok in results.items() if ok)
+    assert len(winners) == 2  # exactly the two that fit
+    recorded = sorted(r["release_id"] for r in book.releases("d"))
+    assert recorded == winners
+    spent = book.spent("d")
+    assert spent.rho == pytest.approx(0.6) and spent.epsilon_at(1e-6) <= budget

@@ -58,6 +58,8 @@ def run(capsys, argv):
     (["--executor", "threads"], "--executor must be one of"),
     (["--executor", "local", "--workers", "0"], "--workers must be >= 1"),
     (["--executor", "local", "--method", "augpe"], "does not run --method augpe"),
+    (["--executor", "local", "--worker-timeout", "0"], "--worker-timeout must be a finite"),
+    (["--executor", "ray", "--worker-timeout", "nan"], "--worker-timeout must be a finite"),
 ])
 def test_refused_in_one_line_before_anything_is_read(tmp_path, capsys, monkeypatch, extra,
                                                      needle):

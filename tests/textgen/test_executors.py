@@ -298,3 +298,60 @@ def test_local_worker_reloads_a_transformers_model_and_matches_inline(tmp_path, 
     _, _, got = run(tmp_path, model, "local.jsonl", model=str(tiny_llama_dir), num=4,
                        executor=LocalExecutor(workers=1))
     assert got == inline and len(groups(got)) == 4
+
+
+# ------------------------------------------------------------------------- hung workers
+
+
+def test_local_hung_worker_is_stopped_and_replaced_output_equals_inline(tmp_path):
+    """A worker that stops making progress (here: stuck for ever when group 2 starts, once)
+    is stopped after the progress timeout, its groups go to a replacement, and the file is
+    the inline run's bytes."""
+    _, _, inline = run(tmp_path, MODEL, "inline.jsonl")
+    marker = tmp_path / "stalled-once"
+    hangs = ToyModel(vocab_size=30, eos_after=None, stall_on="review 7:",  # group 2's
+                     stall_marker=marker)  # same identity as MODEL
+    events: list[tuple[str, dict]] = []
+    executor = LocalExecutor(workers=1, chunk_size=2, stall_timeout_s=1.0,
+                             events=lambda n, f: events.append((n, f)))
+    plan, _, got = run(tmp_path, hangs, "local.jsonl", executor=executor)
+    assert marker.exists()  # it did hang
+    assert got == inline
+    assert [f["worker"] for n, f in events if n == "worker_stalled"] == [0]
+    lost = [f for n, f in events if n == "worker_lost"]
+    assert len(lost) == 1 and "no progress for 1 s" in lost[0]["reason"]
+    assert 2 in lost[0]["requeued"]
+    assert any(n == "worker_started" and f["worker"] == 1 for n, f in events)  # replaced
+    assert releases(plan) == 1
+
+
+def test_a_group_that_hangs_every_time_stops_the_run_never_skipped(tmp_path):
+    hangs = ToyModel(vocab_size=30, eos_after=None, stall_on="review 7:")
+    plan = plan_for(tmp_path, hangs, "x.jsonl")
+    executor = LocalExecutor(workers=1, chunk_size=2, max_retries=1, stall_timeout_s=1.0)
+    with pytest.raises(ExecutorError,
+                       match=r"group 2 failed 2 times \(last: worker made no progress.*"
+                             r"rather than skip"):
+        execute_plan(plan, executor=executor)
+    assert groups((tmp_path / "x.jsonl").read_bytes()) == [0, 1]  # nothing after it
+    manifest = json.loads((tmp_path / "x.manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert releases(plan) == 1
+
+
+def test_a_slow_worker_that_makes_progress_is_not_stopped(tmp_path):
+    """A chunk takes longer than the timeout, but every decode step is progress."""
+    _, _, inline = run(tmp_path, MODEL, "inline.jsonl", num=4)
+    slow = ToyModel(vocab_size=30, eos_after=None, step_delay=0.4)
+    events: list[tuple[str, dict]] = []
+    executor = LocalExecutor(workers=1, chunk_size=2, stall_timeout_s=1.0,
+                             events=lambda n, f: events.append((n, f)))
+    _, _, got = run(tmp_path, slow, "local.jsonl", executor=executor, num=4)
+    assert got == inline
+    assert not [n for n, _ in events if n in ("worker_stalled", "worker_lost")]
+
+
+def test_stall_timeout_must_be_positive_and_finite():
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="stall_timeout_s must be a finite number"):
+            LocalExecutor(workers=1, stall_timeout_s=bad)

@@ -114,6 +114,10 @@ def _generate(
     workers: int = typer.Option(1, "--workers", help="Worker processes or actors (local, ray)."),
     ray_address: str | None = typer.Option(
         None, "--ray-address", help="Ray cluster to join (default: start a local instance)."),
+    worker_timeout: float | None = typer.Option(
+        None, "--worker-timeout", metavar="SECONDS",
+        help="A worker (local, ray) that holds groups and makes no progress for this long "
+        "is stopped and replaced, its groups retried [default: 600]."),
     device: str = typer.Option(
         "cpu", "--device",
         help="cpu (default), cuda or auto (cuda when a GPU is visible); part of the run's "
@@ -131,7 +135,8 @@ def _generate(
         dtype=dtype, overwrite=overwrite,
     )
     with quiet_libraries(quiet):
-        _checked_run(request, quiet, _Execution(executor, workers, ray_address, device))
+        _checked_run(request, quiet, _Execution(executor, workers, ray_address, device,
+                                                worker_timeout))
 
 
 def _method_parameters() -> dict[str, tuple[str, str, inspect.Parameter]]:
@@ -197,9 +202,12 @@ class _Execution:
     """Where the run executes (not part of its identity, except the device type)."""
 
     def __init__(self, executor: str = "inline", workers: int = 1,
-                 ray_address: str | None = None, device: str = "cpu") -> None:
+                 ray_address: str | None = None, device: str = "cpu",
+                 worker_timeout: float | None = None) -> None:
         self.executor, self.workers, self.ray_address = executor, workers, ray_address
         self.device = device
+        #: ``--worker-timeout``: seconds without progress before a worker is declared hung.
+        self.worker_timeout = worker_timeout
 
 
 def _checked_run(request: GenerationRequest, quiet: bool,
@@ -209,7 +217,8 @@ def _checked_run(request: GenerationRequest, quiet: bool,
     console = Console(stderr=True, quiet=quiet, soft_wrap=True)
     try:  # where it runs, then every flag and path, in milliseconds, before anything is read
         execution.device = resolve_device(execution.device)
-        check_executor(execution.executor, execution.workers, request.method)
+        check_executor(execution.executor, execution.workers, request.method,
+                       execution.worker_timeout)
     except (DeviceError, ValueError) as exc:
         fail(str(exc))
     try:
@@ -287,7 +296,8 @@ def _run_locked(request: GenerationRequest, quiet: bool, console: Console,
                 plan, on_result=on_result, on_step=on_step, on_start=on_start,
                 on_warning=warn,
                 executor=make_executor(execution.executor, execution.workers,
-                                       ray_address=execution.ray_address))
+                                       ray_address=execution.ray_address,
+                                       stall_timeout_s=execution.worker_timeout))
     except BudgetExceeded as exc:
         fail(str(exc), code=3)
     except (GenerationError, ReleaseError, LedgerError, ExecutorError) as exc:

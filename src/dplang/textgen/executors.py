@@ -20,6 +20,10 @@ Exactly once (:class:`LeaseTable`, :class:`OrderedCommit`):
 * a lease table maps each dispatched group to the worker holding it; when a worker dies, the
   groups it held and had not returned are queued again (first, one per chunk, so that a group
   that crashes its worker does not take its neighbours' retries with it);
+* a worker that is alive but holds groups and reports no progress (no decode step, no finished
+  group) for ``stall_timeout_s`` (a deadlock, stuck I/O, a GPU hang) is stopped and treated
+  exactly like a dead one: its groups are requeued, each dispatch counts toward the retries,
+  whatever it might still send is a late duplicate, and a replacement is started;
 * a group returned twice (a late duplicate from a worker declared dead, a redelivery) is dropped
   at commit: two released texts for one group would be two draws from the mechanism;
 * a group that keeps failing stops the run after ``max_retries`` retries with an error. It is
@@ -41,6 +45,7 @@ and are read together; Ray is in executors_ray.py.
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
 import os
 import pickle
@@ -60,6 +65,7 @@ from .engine import GroupJob, GroupResult, StepPolicy, run_groups
 
 __all__ = [
     "DEFAULT_MAX_RETRIES",
+    "DEFAULT_STALL_TIMEOUT_S",
     "EXECUTORS",
     "Executor",
     "ExecutorError",
@@ -82,6 +88,9 @@ __all__ = [
 EXECUTORS = ("inline", "local", "ray")
 #: Retries of one group before the run stops (each group is dispatched at most 1 + k times).
 DEFAULT_MAX_RETRIES = 2
+#: Seconds a worker holding groups may go without reporting progress (a decode step or a
+#: finished group) before it is declared hung, stopped and replaced (``--worker-timeout``).
+DEFAULT_STALL_TIMEOUT_S = 600.0
 
 #: ``events(name, fields)``: what an executor did, for logs and tests: worker numbers, process
 #: ids, group indices, never texts or references; but a ``reason`` quotes a worker's exception
@@ -532,6 +541,8 @@ class _Worker:
     conn: Connection
     ready: bool = False
     pid: int | None = None
+    #: When it last showed progress (a message, or a lease while it held nothing).
+    last_progress: float = 0.0
 
 
 @dataclass
@@ -542,8 +553,11 @@ class LocalExecutor:
     Each worker holds at most two chunks of ``chunk_size`` groups (default: the run's
     concurrent groups), so its engine is refilled as groups retire. A worker that dies (a
     crash, a kill, out of memory) is replaced and its unreturned groups are requeued; a group
-    retried ``max_retries`` times stops the run. A worker whose model is not the driver's
-    (another library version, device or thread count) stops the run at once."""
+    retried ``max_retries`` times stops the run. A worker that holds groups and reports no
+    progress (decode steps, at most every 0.2 s, or finished groups) for ``stall_timeout_s``
+    is hung: it is terminated (then killed), and handled like one that died. A worker whose
+    model is not the driver's (another library version, device or thread count) stops the run
+    at once."""
 
     workers: int = 2
     chunk_size: int | None = None
@@ -554,10 +568,13 @@ class LocalExecutor:
     max_restarts: int | None = None
     #: Seconds a worker may take to load its model and report ready.
     start_timeout_s: float = 600.0
+    #: Seconds a worker holding groups may report no progress before it is declared hung.
+    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        check_stall_timeout(self.stall_timeout_s)
 
     def _emit(self, name: str, **fields: Any) -> None:
         if self.events is not None:
@@ -587,6 +604,7 @@ class LocalExecutor:
 
         def handle(worker: _Worker, message: Any) -> None:
             kind = message[0]
+            worker.last_progress = time.monotonic()
             if kind == "ready":
                 worker.ready, worker.pid = True, int(message[1])
                 self._emit("worker_ready", worker=worker.number, pid=worker.pid)
@@ -614,6 +632,9 @@ class LocalExecutor:
                     if message[0] == "result":
                         handle(worker, message)
             worker.conn.close()
+            if worker.process.is_alive():  # hung (or ending): ask first, then force
+                worker.process.terminate()
+                worker.process.join(2)
             if worker.process.is_alive():
                 worker.process.kill()
             worker.process.join(5)
@@ -640,9 +661,12 @@ class LocalExecutor:
                     if not worker.ready:
                         continue
                     while table.outstanding(worker.number) < 2 * chunk and table.has_work():
+                        idle = table.outstanding(worker.number) == 0
                         tasks = table.lease(worker.number)
                         if not tasks:
                             break
+                        if idle:  # its progress clock starts with its first groups
+                            worker.last_progress = time.monotonic()
                         try:
                             worker.conn.send(tasks)
                         except (OSError, ValueError):
@@ -652,7 +676,7 @@ class LocalExecutor:
                 objects: list[Any] = []
                 for worker in live.values():
                     objects += [worker.conn, worker.process.sentinel]
-                ready = wait(objects, timeout=1.0)
+                ready = wait(objects, timeout=min(1.0, self.stall_timeout_s / 4))
                 for worker in list(live.values()):
                     if worker.number not in live:
                         continue
@@ -677,6 +701,13 @@ class LocalExecutor:
                             and time.monotonic() - started_at[worker.number]
                             > self.start_timeout_s):
                         reason = f"worker did not start within {self.start_timeout_s:g} s"
+                    if (reason is None and worker.ready and table.outstanding(worker.number)
+                            and time.monotonic() - worker.last_progress
+                            > self.stall_timeout_s):
+                        reason = (f"worker made no progress for {self.stall_timeout_s:g} s "
+                                  "(hung); it was stopped")
+                        self._emit("worker_stalled", worker=worker.number, pid=worker.pid,
+                                   seconds=self.stall_timeout_s)
                     if reason is not None:
                         retire(worker, reason)
         finally:
@@ -700,13 +731,22 @@ class _WorkerFailed(Exception):
 # ---------------------------------------------------------------------------- the driver
 
 
-def check_executor(name: str, workers: int, method: str = "invisibleink") -> None:
-    """Check ``--executor``/``--workers`` (milliseconds; nothing read or charged). Raises
-    ``ValueError`` with a one-line message."""
+def check_stall_timeout(seconds: float, flag: str = "stall_timeout_s") -> None:
+    """Raise ``ValueError`` unless ``seconds`` is a finite number > 0."""
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{flag} must be a finite number of seconds > 0, got {seconds}")
+
+
+def check_executor(name: str, workers: int, method: str = "invisibleink",
+                   worker_timeout: float | None = None) -> None:
+    """Check ``--executor``/``--workers``/``--worker-timeout`` (milliseconds; nothing read or
+    charged). Raises ``ValueError`` with a one-line message."""
     if name not in EXECUTORS:
         raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {name}")
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
+    if worker_timeout is not None:
+        check_stall_timeout(worker_timeout, "--worker-timeout")
     from .methods import get_method
 
     try:
@@ -724,16 +764,21 @@ def check_executor(name: str, workers: int, method: str = "invisibleink") -> Non
 
 
 def make_executor(name: str, workers: int = 1, *, ray_address: str | None = None,
-                  events: EventHook | None = None) -> Executor:
-    """The executor named by ``--executor`` (see :func:`check_executor`)."""
+                  events: EventHook | None = None,
+                  stall_timeout_s: float | None = None) -> Executor:
+    """The executor named by ``--executor`` (see :func:`check_executor`);
+    ``stall_timeout_s`` (``--worker-timeout``, default :data:`DEFAULT_STALL_TIMEOUT_S`) is how
+    long a worker holding groups may report no progress (inline: unused)."""
+    stall = DEFAULT_STALL_TIMEOUT_S if stall_timeout_s is None else stall_timeout_s
     if name == "inline":
         return InlineExecutor()
     if name == "local":
-        return LocalExecutor(workers=workers, events=events)
+        return LocalExecutor(workers=workers, events=events, stall_timeout_s=stall)
     if name == "ray":
         from .executors_ray import RayExecutor
 
-        return RayExecutor(workers=workers, address=ray_address, events=events)
+        return RayExecutor(workers=workers, address=ray_address, events=events,
+                           stall_timeout_s=stall)
     raise ValueError(f"unknown executor {name!r}")
 
 

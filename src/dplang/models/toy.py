@@ -66,6 +66,12 @@ class ToyModel:
         scale: standard deviation of the logits.
         step_delay: seconds each :meth:`next_hidden` call sleeps (tests of executors that kill
             a worker mid-run); not part of the model's identity: it changes no logit.
+        stall_on: a :meth:`next_hidden` call that starts a row whose prompt contains this text
+            never returns (a stand-in for a hung worker: a deadlock, stuck I/O, a GPU hang; tests
+            of the executors' progress timeout); not part of the model's identity.
+        stall_marker: with ``stall_on``, a file path: only the first call to find the file
+            absent creates it and stalls, later ones (in any process) run normally (a hang that
+            a replacement worker does not repeat). Without it every such call stalls.
     """
 
     def __init__(
@@ -78,6 +84,8 @@ class ToyModel:
         prompt_weight: float = 1.0,
         scale: float = 3.0,
         step_delay: float = 0.0,
+        stall_on: str | None = None,
+        stall_marker: str | os.PathLike[str] | None = None,
     ) -> None:
         if vocab_size < 2:
             raise ValueError("vocab_size must be >= 2")
@@ -93,6 +101,8 @@ class ToyModel:
         self.prompt_weight = float(prompt_weight)
         self.scale = float(scale)
         self.step_delay = float(step_delay)
+        self.stall_on = stall_on
+        self.stall_marker = None if stall_marker is None else str(stall_marker)
         self.hidden_size = vocab_size
         self.model_id = (
             f"toy(vocab_size={vocab_size}, eos={eos_token_id}, seed={seed}, "
@@ -192,6 +202,10 @@ class ToyModel:
                 if not 0 <= token < self.vocab_size:
                     raise ValueError("token id out of range")
                 state.prefixes[row].append(int(token))
+        if self.stall_on is not None:
+            new = [p for p, s in zip(state.prompts, state.started, strict=True) if not s]
+            if any(self.stall_on in p for p in new):
+                self._stall()
         state.started = [True] * state.rows
         state.steps += 1
         if self.step_delay > 0:
@@ -200,6 +214,16 @@ class ToyModel:
             return torch.zeros((0, self.vocab_size), dtype=torch.float32)
         rows = [self.logits_for(p, s) for p, s in zip(state.prompts, state.prefixes, strict=True)]
         return torch.from_numpy(np.stack(rows))
+
+    def _stall(self) -> None:
+        """Never return (see ``stall_on``), unless the stall marker says it already stalled."""
+        if self.stall_marker is not None:
+            try:
+                os.close(os.open(self.stall_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return
+        while True:
+            time.sleep(60)
 
     def logits_from_hidden(
         self, hidden: torch.Tensor, candidates: torch.Tensor | None = None

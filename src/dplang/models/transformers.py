@@ -46,7 +46,7 @@ from dplang.models import _rowwise
 from dplang.models._kernels import install_linear_products, linear_product, pack_linear_weight
 from dplang.models._rowwise import PagedKVCache, PromptSegment, RowCache, StepLayout
 from dplang.models.base import DecodeState
-from dplang.models.dtypes import available_cores, resolve_dtype
+from dplang.models.dtypes import available_cores
 from dplang.models.hf_loading import (
     find_body,
     find_eos_ids,
@@ -56,6 +56,14 @@ from dplang.models.hf_loading import (
     weights_digest_of,
 )
 from dplang.models.invariance import check_row_invariance, check_row_invariance_cached
+from dplang.models.prompt_side import (
+    TokenizerText,
+    check_device,
+    compute_dtype,
+    model_id_for,
+    numerics_for,
+    prepare_tokenizer,
+)
 
 __all__ = ["MAX_STEP_TOKENS", "RowDecodeState", "TransformersModel"]
 
@@ -112,9 +120,11 @@ class RowDecodeState:
         return [len(p) for p in self.prompts]
 
 
-class TransformersModel:
+class TransformersModel(TokenizerText):
     """A Hugging Face causal LM (local folder or GGUF file) as a row-invariant
-    :class:`LogitsModel`.
+    :class:`LogitsModel`. Its text side (chat template, token counts, truncation) is
+    :class:`~dplang.models.prompt_side.TokenizerText`, shared with the weight-less
+    :class:`~dplang.models.prompt_side.PromptSide` a run's driver loads when workers decode.
 
     Args:
         path: a model folder, or a ``.gguf`` file (dequantised to float32 at load). May be
@@ -158,16 +168,10 @@ class TransformersModel:
         block_size: int = _rowwise.BLOCK_SIZE,
         device: str | torch.device = "cpu",
     ) -> None:
-        self.device = torch.device(device)
-        if self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu or cuda, got {self.device}")
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device cuda: no CUDA GPU is available here")
+        self.device = check_device(device)
         #: ``"cpu"`` or ``"cuda"``: part of :attr:`numerics`, hence of a run's identity.
         self.device_type: str = self.device.type
-        if self.device_type == "cuda" and dtype == "auto":
-            dtype = "bfloat16"
-        self.dtype = resolve_dtype(dtype)
+        self.dtype = compute_dtype(dtype, self.device_type)
         self.threads = threads if threads is not None else available_cores()
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
@@ -216,19 +220,14 @@ class TransformersModel:
         self._attn_configs = self._attention_configs(self.model)
         self._num_layers = int(getattr(self._text_config(), "num_hidden_layers", 0))
 
-        if self.tokenizer.pad_token_id is None:
-            if self.tokenizer.eos_token is not None:
-                self.tokenizer.pad_token = self.tokenizer.eos_token
-            else:
-                self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(0)
+        prepare_tokenizer(self.tokenizer)
         self.eos_token_ids: frozenset[int] = find_eos_ids(self.model, self.tokenizer,
                                                           self.vocab_size)
 
         if model_id is not None:
             self.model_id = model_id
         elif self._path is not None:
-            target = self._path / self._gguf_name if self._gguf_name else self._path
-            self.model_id = str(target)
+            self.model_id = model_id_for(self._path, self._gguf_name)
         else:
             self.model_id = getattr(self.config, "_name_or_path", "") or type(self.model).__name__
         self._digest = weights_digest
@@ -246,17 +245,7 @@ class TransformersModel:
         """What, besides the weights and the prompts, fixes the bits of the logits: library
         versions, the CPU's vector capability, the thread count, the dtype and the cache block
         size (public; part of a run's identity, so that a rerun elsewhere is a new release)."""
-        import transformers
-
-        return {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "threads": self.threads,
-            "dtype": str(self.dtype).replace("torch.", ""),
-            "block_size": self.block_size,
-            "device": self.device_type,
-        }
+        return numerics_for(self.threads, self.dtype, self.block_size, self.device_type)
 
 
     def weights_digest(self) -> str:
@@ -268,64 +257,7 @@ class TransformersModel:
         return self._digest
 
     # ---------------------------------------------------------------- text side
-
-    @property
-    def has_chat_template(self) -> bool:
-        """Whether the tokenizer carries a chat template."""
-        return bool(getattr(self.tokenizer, "chat_template", None))
-
-    def render_prompt(self, user: str, system: str | None = None) -> str:
-        """The chat template with a generation prompt, or ``user`` (with ``system`` and a blank
-        line before it, if given) for a base model without a template."""
-        if not self.has_chat_template:
-            return user if system is None else f"{system}\n\n{user}"
-        messages = [{"role": "user", "content": user}]
-        if system is not None:
-            messages.insert(0, {"role": "system", "content": system})
-        try:
-            return str(
-                self.tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True
-                )
-            )
-        except Exception:
-            if system is None:
-                raise
-            # Some templates refuse a system role: fold it into the user turn instead.
-            merged = [{"role": "user", "content": f"{system}\n\n{user}"}]
-            rendered = self.tokenizer.apply_chat_template(
-                merged, tokenize=False, add_generation_prompt=True
-            )
-            return str(rendered)
-
-    def _ids(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def count_tokens(self, text: str) -> int:
-        """Number of tokens of ``text`` (no special tokens added)."""
-        return len(self._ids(text))
-
-    def truncate_tokens(self, text: str, max_tokens: int) -> str:
-        """``text`` cut to its first ``max_tokens`` tokens (unchanged when it is shorter)."""
-        if max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        ids = self._ids(text)
-        if len(ids) <= max_tokens:
-            return text
-        return str(self.tokenizer.decode(ids[:max_tokens], skip_special_tokens=False))
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Detokenize generated ids, skipping special tokens."""
-        ids = [int(i) for i in token_ids]
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
-
-    def _prompt_ids(self, prompt: str) -> list[int]:
-        """Token ids of a rendered prompt, with BOS added as the tokenizer normally does (once:
-        a chat template that already starts with the BOS text does not get a second one)."""
-        bos = self.tokenizer.bos_token
-        if bos and prompt.startswith(bos):
-            return self._ids(prompt)
-        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    # render_prompt, count_tokens, truncate_tokens, decode, _prompt_ids: TokenizerText
 
     # ---------------------------------------------------------------- decoding
 

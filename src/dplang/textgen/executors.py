@@ -20,6 +20,10 @@ Exactly once (:class:`LeaseTable`, :class:`OrderedCommit`):
 * a lease table maps each dispatched group to the worker holding it; when a worker dies, the
   groups it held and had not returned are queued again (first, one per chunk, so that a group
   that crashes its worker does not take its neighbours' retries with it);
+* a worker that is alive but holds groups and reports no progress (no decode step, no finished
+  group) for ``stall_timeout_s`` (a deadlock, stuck I/O, a GPU hang) is stopped and treated
+  exactly like a dead one: its groups are requeued, each dispatch counts toward the retries,
+  whatever it might still send is a late duplicate, and a replacement is started;
 * a group returned twice (a late duplicate from a worker declared dead, a redelivery) is dropped
   at commit: two released texts for one group would be two draws from the mechanism;
 * a group that keeps failing stops the run after ``max_retries`` retries with an error. It is
@@ -41,6 +45,7 @@ and are read together; Ray is in executors_ray.py.
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
 import os
 import pickle
@@ -54,12 +59,13 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
 
-from ..models.base import LogitsModel
+from ..models.base import LogitsModel, PromptModel
 from ..privacy.randomness import RandomStreams, StreamStates
 from .engine import GroupJob, GroupResult, StepPolicy, run_groups
 
 __all__ = [
     "DEFAULT_MAX_RETRIES",
+    "DEFAULT_STALL_TIMEOUT_S",
     "EXECUTORS",
     "Executor",
     "ExecutorError",
@@ -74,14 +80,19 @@ __all__ = [
     "decode_tasks",
     "dispatch_groups",
     "dispatch_plan",
+    "executor_session",
     "make_executor",
     "model_identity",
+    "plan_recipe",
 ]
 
 #: Executor names of ``--executor``.
 EXECUTORS = ("inline", "local", "ray")
 #: Retries of one group before the run stops (each group is dispatched at most 1 + k times).
 DEFAULT_MAX_RETRIES = 2
+#: Seconds a worker holding groups may go without reporting progress (a decode step or a
+#: finished group) before it is declared hung, stopped and replaced (``--worker-timeout``).
+DEFAULT_STALL_TIMEOUT_S = 600.0
 
 #: ``events(name, fields)``: what an executor did, for logs and tests: worker numbers, process
 #: ids, group indices, never texts or references; but a ``reason`` quotes a worker's exception
@@ -116,7 +127,7 @@ class GroupTask:
 
 @dataclass(frozen=True)
 class ModelSource:
-    """How a worker obtains the driver's model: a picklable ``instance`` (the toy models), or
+    """How a worker obtains the run's model: a picklable ``instance`` (the toy models), or
     a ``spec`` (``--model``) loaded with ``dtype``, ``device`` and ``threads``."""
 
     instance: LogitsModel | None = None
@@ -126,15 +137,17 @@ class ModelSource:
     threads: int | None = None
 
     @classmethod
-    def for_model(cls, model: LogitsModel, spec: str, dtype: str) -> ModelSource:
-        """The source that reproduces ``model`` (loaded from ``spec`` in ``dtype``) in another
-        process: a transformers model is loaded again from its spec on the same device with the
-        same thread count (the worker checks that it got the same identity); any other model is
-        sent pickled. Raises :class:`ExecutorError` for a model that cannot be sent."""
-        backend = sys.modules.get("dplang.models.transformers")
-        if backend is not None and isinstance(model, backend.TransformersModel):
-            return cls(spec=spec, dtype=str(model.dtype).replace("torch.", ""),
-                       device=getattr(model, "device_type", "cpu"), threads=model.threads)
+    def for_model(cls, model: PromptModel, spec: str, dtype: str) -> ModelSource:
+        """The source that reproduces the driver's ``model`` (loaded from ``spec`` in
+        ``dtype``; a whole model or only its prompt side) in another process: a transformers
+        model is loaded again from its spec on the same device with the same thread count (the
+        worker checks that it got the same identity); any other model is sent pickled. Raises
+        :class:`ExecutorError` for a model that cannot be sent."""
+        text_side = sys.modules.get("dplang.models.prompt_side")
+        if text_side is not None and isinstance(model, text_side.TokenizerText):
+            return cls(spec=spec, dtype=str(model.dtype).replace("torch.", ""),  # type: ignore[attr-defined]
+                       device=getattr(model, "device_type", "cpu"),
+                       threads=model.threads)  # type: ignore[attr-defined]
         try:
             pickle.dumps(model)
         except Exception as exc:  # any pickling failure: the model cannot leave this process
@@ -157,17 +170,21 @@ class ModelSource:
         return resolve_model(self.spec, **kwargs)
 
 
-def model_identity(model: LogitsModel) -> dict[str, Any]:
+def model_identity(model: PromptModel) -> dict[str, Any]:
     """What must be equal between the driver's model and a worker's for the worker to compute
-    the same bits: id, weights digest, vocabulary, EOS ids and numerics (library versions,
-    thread count, dtype, device). Public."""
-    return {
+    the same bits: id, weights digest, numerics (library versions, thread count, dtype,
+    device) and, for a whole model, vocabulary and EOS ids (a driver that loaded only the
+    prompt side, :class:`~dplang.models.prompt_side.PromptSide`, does not know those: the
+    executors then require every worker to agree with the first one). Public."""
+    identity = {
         "model_id": model.model_id,
         "weights_sha256": model.weights_digest(),
-        "vocab_size": int(model.vocab_size),
-        "eos_token_ids": sorted(int(t) for t in model.eos_token_ids),
         "numerics": getattr(model, "numerics", None),
     }
+    if hasattr(model, "vocab_size") and hasattr(model, "eos_token_ids"):
+        identity["vocab_size"] = int(model.vocab_size)
+        identity["eos_token_ids"] = sorted(int(t) for t in model.eos_token_ids)
+    return identity
 
 
 @dataclass(frozen=True)
@@ -177,7 +194,8 @@ class WorkerRecipe:
 
     ``policy_factory(vocab_size)`` returns the per-group step-policy factory (a module-level
     function with its public parameters bound, e.g. ``functools.partial``); ``identity`` is
-    the driver's :func:`model_identity`, which the worker's model must match."""
+    the driver's :func:`model_identity`, which the worker's model must match (on the keys it
+    has)."""
 
     model: ModelSource
     policy_factory: Callable[[int], Callable[[GroupJob], StepPolicy]]
@@ -188,15 +206,11 @@ class WorkerRecipe:
     identity: dict[str, Any]
 
 
-def check_identity(model: LogitsModel, recipe: WorkerRecipe) -> None:
-    """Raise :class:`ExecutorError` naming what differs when a worker's model is not the
-    driver's (another library version, thread count, device...): its texts would differ."""
-    mine = model_identity(model)
-    if mine == recipe.identity:
-        return
+def _identity_diffs(want: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """``key: want → got`` for every key of ``want`` that ``got`` does not equal."""
     diffs = []
-    for key in sorted(set(mine) | set(recipe.identity)):
-        a, b = recipe.identity.get(key), mine.get(key)
+    for key in sorted(want):
+        a, b = want.get(key), got.get(key)
         if a == b:
             continue
         if isinstance(a, dict) and isinstance(b, dict):
@@ -204,8 +218,39 @@ def check_identity(model: LogitsModel, recipe: WorkerRecipe) -> None:
                       for k in sorted(set(a) | set(b), key=str) if a.get(k) != b.get(k)]
         else:
             diffs.append(f"{key}: {a!r} → {b!r}")
-    raise ExecutorError("a worker's model differs from the driver's, so its texts would "
-                        f"differ ({'; '.join(diffs[:3])})")
+    return diffs
+
+
+def check_identity(model: LogitsModel, recipe: WorkerRecipe) -> dict[str, Any]:
+    """A worker's model's :func:`model_identity` (it reports it to the driver), once checked
+    against the driver's on every key the driver knows. Raises :class:`ExecutorError` naming
+    what differs (another library version, thread count, device...): its texts would
+    differ."""
+    mine = model_identity(model)
+    diffs = _identity_diffs(recipe.identity, mine)
+    if diffs:
+        raise ExecutorError("a worker's model differs from the driver's, so its texts would "
+                            f"differ ({'; '.join(diffs[:3])})")
+    return mine
+
+
+class _IdentityPin:
+    """The driver's check that every worker of a run has the same model: the first worker's
+    whole identity (with the vocabulary and EOS ids that a prompt-side driver does not know)
+    is pinned, and every later worker must report the same."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, dict[str, Any]] | None = None
+
+    def check(self, worker: int, identity: dict[str, Any], label: str = "worker") -> None:
+        if self.first is None:
+            self.first = (worker, identity)
+            return
+        number, pinned = self.first
+        diffs = _identity_diffs(pinned, identity)
+        if diffs:
+            raise ExecutorError(f"{label} {worker}'s model differs from {label} {number}'s, "
+                                f"so its texts would differ ({'; '.join(diffs[:3])})")
 
 
 class _TaskFeed:
@@ -418,11 +463,17 @@ class Executor(Protocol):
     Contract: an executor may deliver results in any order and more than once (the table and
     the commit make that exactly once, in order); it must call ``table.lost`` for a worker that
     stops holding groups it did not return, and return only when ``table.done``, or raise
-    :class:`ExecutorError`. It never writes the output and never sees the root seed."""
+    :class:`ExecutorError`. It never writes the output and never sees the root seed.
+
+    An executor with workers may also have ``start(recipe, groups)``, which starts them and
+    returns once each has loaded the model and passed its checks (raising
+    :class:`ExecutorError` otherwise), and ``close()``, which stops them:
+    :func:`executor_session` calls them around a run, so that a model or configuration the
+    workers refuse stops the run before the ledger is charged."""
 
     name: str
 
-    def run(self, model: LogitsModel, recipe: WorkerRecipe, table: LeaseTable,
+    def run(self, model: PromptModel, recipe: WorkerRecipe, table: LeaseTable,
             on_step: Callable[[int], None] | None) -> None:
         """Decode until ``table.done``."""
         ...
@@ -435,9 +486,13 @@ class InlineExecutor:
 
     name: str = "inline"
 
-    def run(self, model: LogitsModel, recipe: WorkerRecipe, table: LeaseTable,
+    def run(self, model: PromptModel, recipe: WorkerRecipe, table: LeaseTable,
             on_step: Callable[[int], None] | None,
             policy: Callable[[GroupJob], StepPolicy] | None = None) -> None:
+        if not isinstance(model, LogitsModel):
+            raise ExecutorError(f"the inline executor needs the whole model; {model.model_id} "
+                                "was loaded without its weights (for worker executors)")
+
         def more() -> list[GroupTask]:
             return table.lease("inline")
 
@@ -445,6 +500,27 @@ class InlineExecutor:
                      more=more, policy=policy)
         if not table.done:  # pragma: no cover - the feed hands out every group
             raise ExecutorError("the inline executor stopped before every group was decoded")
+
+
+@contextlib.contextmanager
+def executor_session(executor: Executor | None, recipe: WorkerRecipe | None,
+                     groups: int) -> Iterator[None]:
+    """Start ``executor``'s workers for ``groups`` groups (when it has workers, ``recipe`` is
+    given and there is something to decode) and stop them on leaving, whatever happens.
+
+    The driver enters it before charging the ledger: every worker loads the model and runs its
+    load-time checks (identity, row invariance) first, and one that refuses stops the run with
+    :class:`ExecutorError` while nothing has been charged or written. Workers receive only the
+    public recipe here, nothing private."""
+    start = getattr(executor, "start", None)
+    close = getattr(executor, "close", None)
+    try:
+        if start is not None and recipe is not None and groups > 0:
+            start(recipe, groups)
+        yield
+    finally:
+        if close is not None:
+            close()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -485,13 +561,13 @@ def _worker_main(conn: Connection, recipe: WorkerRecipe, number: int = 0) -> Non
             import torch
 
             torch.cuda.set_device(number % max(1, torch.cuda.device_count()))
-        model = recipe.model.load()
-        check_identity(model, recipe)
+        model = recipe.model.load()  # a transformers model runs its load-time checks here
+        identity = check_identity(model, recipe)
         policy = recipe.policy_factory(model.vocab_size)
     except Exception as exc:
         send(("fatal", _one_line(exc)))
         return
-    send(("ready", os.getpid()))
+    send(("ready", os.getpid(), identity))
     steps = 0
     last = time.monotonic()
 
@@ -532,6 +608,9 @@ class _Worker:
     conn: Connection
     ready: bool = False
     pid: int | None = None
+    #: When it last showed progress (a message, or a lease while it held nothing).
+    last_progress: float = 0.0
+    started_at: float = 0.0
 
 
 @dataclass
@@ -539,11 +618,19 @@ class LocalExecutor:
     """``workers`` spawned processes on this machine, each loading the model once and decoding
     up to ``concurrent_groups`` groups at a time (see :func:`_worker_main`).
 
+    :meth:`start` spawns them and waits until each has loaded the model and passed its checks
+    (the identity against the driver's and the other workers', a transformers model's
+    row-invariance check); the driver calls it before it charges the ledger
+    (:func:`executor_session`). :meth:`run` starts them itself if :meth:`start` was not called.
+
     Each worker holds at most two chunks of ``chunk_size`` groups (default: the run's
     concurrent groups), so its engine is refilled as groups retire. A worker that dies (a
     crash, a kill, out of memory) is replaced and its unreturned groups are requeued; a group
-    retried ``max_retries`` times stops the run. A worker whose model is not the driver's
-    (another library version, device or thread count) stops the run at once."""
+    retried ``max_retries`` times stops the run. A worker that holds groups and reports no
+    progress (decode steps, at most every 0.2 s, or finished groups) for ``stall_timeout_s``
+    is hung: it is terminated (then killed), and handled like one that died. A worker whose
+    model is not the driver's (another library version, device or thread count) or refuses
+    its configuration stops the run at once."""
 
     workers: int = 2
     chunk_size: int | None = None
@@ -554,143 +641,227 @@ class LocalExecutor:
     max_restarts: int | None = None
     #: Seconds a worker may take to load its model and report ready.
     start_timeout_s: float = 600.0
+    #: Seconds a worker holding groups may report no progress before it is declared hung.
+    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        check_stall_timeout(self.stall_timeout_s)
+        self._pool: _LocalPool | None = None
 
     def _emit(self, name: str, **fields: Any) -> None:
         if self.events is not None:
             self.events(name, fields)
 
-    def run(self, model: LogitsModel, recipe: WorkerRecipe, table: LeaseTable,
-            on_step: Callable[[int], None] | None) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        live: dict[int, _Worker] = {}
-        counter = 0
-        restarts_left = (self.max_restarts if self.max_restarts is not None
-                         else 2 * self.workers + self.max_retries)
-        started_at: dict[int, float] = {}
-
-        def start() -> None:
-            nonlocal counter
-            mine, theirs = ctx.Pipe(duplex=True)
-            process = ctx.Process(target=_worker_main, args=(theirs, recipe, counter),
-                                  daemon=True,
-                                  name=f"dplang-worker-{counter}")
-            process.start()
-            theirs.close()
-            live[counter] = _Worker(counter, process, mine)
-            started_at[counter] = time.monotonic()
-            self._emit("worker_started", worker=counter, pid=process.pid)
-            counter += 1
-
-        def handle(worker: _Worker, message: Any) -> None:
-            kind = message[0]
-            if kind == "ready":
-                worker.ready, worker.pid = True, int(message[1])
-                self._emit("worker_ready", worker=worker.number, pid=worker.pid)
-            elif kind == "result":
-                result = message[1]
-                accepted = table.returned(worker.number, result)
-                self._emit("result" if accepted else "duplicate_dropped",
-                           worker=worker.number, group=result.index)
-            elif kind == "steps":
-                if on_step is not None:
-                    on_step(int(message[1]))
-            elif kind == "fatal":
-                raise ExecutorError(f"worker {worker.number} cannot start: {message[1]}")
-            elif kind == "error":
-                raise _WorkerFailed(str(message[1]))
-            else:  # pragma: no cover - a protocol bug
-                raise ExecutorError(f"worker {worker.number} sent an unknown message {kind!r}")
-
-        def retire(worker: _Worker, reason: str) -> None:
-            """Drain what the worker sent before it went, stop it, requeue its groups."""
-            nonlocal restarts_left
-            with contextlib.suppress(Exception):
-                while worker.conn.poll(0):
-                    message = worker.conn.recv()
-                    if message[0] == "result":
-                        handle(worker, message)
-            worker.conn.close()
-            if worker.process.is_alive():
-                worker.process.kill()
-            worker.process.join(5)
-            del live[worker.number]
-            requeued = table.lost(worker.number, reason)
-            self._emit("worker_lost", worker=worker.number, pid=worker.pid, reason=reason,
-                       requeued=requeued)
-            if table.done:
-                return
-            if restarts_left <= 0:
-                if not live:
-                    raise ExecutorError(f"every worker failed (last: {reason}); the run "
-                                        "stops; rerun the same command to resume")
-                return  # carry on with the workers left
-            restarts_left -= 1
-            start()
-
+    def start(self, recipe: WorkerRecipe, groups: int | None = None) -> None:
+        """Spawn ``min(workers, groups)`` workers and wait until every one is ready. Raises
+        :class:`ExecutorError` when one cannot start (its model fails to load or to pass its
+        checks, or differs from the driver's or another worker's)."""
+        if self._pool is not None and self._pool.recipe is not recipe:
+            self.close()
+        if self._pool is None:
+            count = min(self.workers, max(1, groups if groups is not None else self.workers))
+            self._pool = _LocalPool(self, recipe)
+            try:
+                for _ in range(count):
+                    self._pool.spawn()
+            except BaseException:
+                self.close()
+                raise
         try:
-            for _ in range(min(self.workers, max(1, len(table)))):
-                start()
+            self._pool.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, model: PromptModel, recipe: WorkerRecipe, table: LeaseTable,
+            on_step: Callable[[int], None] | None) -> None:
+        own = self._pool is None or self._pool.recipe is not recipe
+        try:
+            if own:
+                self.start(recipe, len(table))
+            assert self._pool is not None
+            self._pool.dispatch(table, on_step)
+        finally:
+            if own:
+                self.close()
+
+    def close(self) -> None:
+        """Stop the workers (each is told to end, then killed if it has not within 5 s)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+
+class _LocalPool:
+    """The worker processes of one :class:`LocalExecutor` run and the driver's side of their
+    protocol (messages ``ready``, ``steps``, ``result``, ``fatal``, ``error``)."""
+
+    def __init__(self, owner: LocalExecutor, recipe: WorkerRecipe) -> None:
+        self.owner = owner
+        self.recipe = recipe
+        self.ctx = multiprocessing.get_context("spawn")
+        self.live: dict[int, _Worker] = {}
+        self.counter = 0
+        self.restarts_left = (owner.max_restarts if owner.max_restarts is not None
+                              else 2 * owner.workers + owner.max_retries)
+        self.pin = _IdentityPin()
+        self.table: LeaseTable | None = None
+        self.on_step: Callable[[int], None] | None = None
+
+    def spawn(self) -> None:
+        mine, theirs = self.ctx.Pipe(duplex=True)
+        number = self.counter
+        process = self.ctx.Process(target=_worker_main, args=(theirs, self.recipe, number),
+                                   daemon=True, name=f"dplang-worker-{number}")
+        process.start()
+        theirs.close()
+        now = time.monotonic()
+        self.live[number] = _Worker(number, process, mine, last_progress=now, started_at=now)
+        self.owner._emit("worker_started", worker=number, pid=process.pid)
+        self.counter += 1
+
+    def handle(self, worker: _Worker, message: Any) -> None:
+        kind = message[0]
+        worker.last_progress = time.monotonic()
+        if kind == "ready":
+            self.pin.check(worker.number, message[2])
+            worker.ready, worker.pid = True, int(message[1])
+            self.owner._emit("worker_ready", worker=worker.number, pid=worker.pid)
+        elif kind == "result":
+            if self.table is None:  # pragma: no cover - a protocol bug
+                raise ExecutorError(f"worker {worker.number} returned a group it was not given")
+            result = message[1]
+            accepted = self.table.returned(worker.number, result)
+            self.owner._emit("result" if accepted else "duplicate_dropped",
+                             worker=worker.number, group=result.index)
+        elif kind == "steps":
+            if self.on_step is not None:
+                self.on_step(int(message[1]))
+        elif kind == "fatal":
+            raise ExecutorError(f"worker {worker.number} cannot start: {message[1]}")
+        elif kind == "error":
+            raise _WorkerFailed(str(message[1]))
+        else:  # pragma: no cover - a protocol bug
+            raise ExecutorError(f"worker {worker.number} sent an unknown message {kind!r}")
+
+    def retire(self, worker: _Worker, reason: str) -> None:
+        """Drain what the worker sent before it went, stop it, requeue its groups, and start
+        a replacement (while restarts are left and groups remain)."""
+        with contextlib.suppress(Exception):
+            while worker.conn.poll(0):
+                message = worker.conn.recv()
+                if message[0] == "result":
+                    self.handle(worker, message)
+        worker.conn.close()
+        if worker.process.is_alive():  # hung (or ending): ask first, then force
+            worker.process.terminate()
+            worker.process.join(2)
+        if worker.process.is_alive():
+            worker.process.kill()
+        worker.process.join(5)
+        del self.live[worker.number]
+        table = self.table
+        requeued = table.lost(worker.number, reason) if table is not None else []
+        self.owner._emit("worker_lost", worker=worker.number, pid=worker.pid, reason=reason,
+                         requeued=requeued)
+        if table is not None and table.done:
+            return
+        if self.restarts_left <= 0:
+            if not self.live:
+                raise ExecutorError(f"every worker failed (last: {reason}); the run "
+                                    "stops; rerun the same command to resume")
+            return  # carry on with the workers left
+        self.restarts_left -= 1
+        self.spawn()
+
+    def poll(self) -> None:
+        """Wait (at most a second) for messages and ends, handle them, and retire workers that
+        died, did not start in time or stopped making progress."""
+        owner, table = self.owner, self.table
+        objects: list[Any] = []
+        for worker in self.live.values():
+            objects += [worker.conn, worker.process.sentinel]
+        ready = wait(objects, timeout=min(1.0, owner.stall_timeout_s / 4))
+        for worker in list(self.live.values()):
+            if worker.number not in self.live:
+                continue
+            reason = None
+            if worker.conn in ready:
+                try:
+                    while worker.conn.poll(0):
+                        self.handle(worker, worker.conn.recv())
+                except _WorkerFailed as failed:
+                    reason = f"worker raised {failed}"
+                except (EOFError, OSError, pickle.UnpicklingError, AttributeError,
+                        TypeError, IndexError):
+                    reason = "its pipe broke"
+            if reason == "its pipe broke" or (reason is None and
+                                              worker.process.sentinel in ready):
+                worker.process.join(2)  # it ended (or is ending): reap it first
+                code = worker.process.exitcode
+                if code is not None:
+                    reason = (f"worker exited with code {code}" if code >= 0
+                              else f"worker killed by signal {-code}")
+            now = time.monotonic()
+            if (reason is None and not worker.ready
+                    and now - worker.started_at > owner.start_timeout_s):
+                reason = f"worker did not start within {owner.start_timeout_s:g} s"
+            if (reason is None and worker.ready and table is not None
+                    and table.outstanding(worker.number)
+                    and now - worker.last_progress > owner.stall_timeout_s):
+                reason = (f"worker made no progress for {owner.stall_timeout_s:g} s "
+                          "(hung); it was stopped")
+                owner._emit("worker_stalled", worker=worker.number, pid=worker.pid,
+                            seconds=owner.stall_timeout_s)
+            if reason is not None:
+                self.retire(worker, reason)
+
+    def wait_ready(self) -> None:
+        """Return once every live worker is ready (replacing those that die meanwhile)."""
+        while not all(worker.ready for worker in self.live.values()):
+            self.poll()
+
+    def dispatch(self, table: LeaseTable, on_step: Callable[[int], None] | None) -> None:
+        """Lease groups to ready workers (two chunks each at most) until ``table.done``."""
+        self.table, self.on_step = table, on_step
+        try:
             chunk = table.chunk_size
             while not table.done:
-                for worker in list(live.values()):
+                for worker in list(self.live.values()):
                     if not worker.ready:
                         continue
                     while table.outstanding(worker.number) < 2 * chunk and table.has_work():
+                        idle = table.outstanding(worker.number) == 0
                         tasks = table.lease(worker.number)
                         if not tasks:
                             break
+                        if idle:  # its progress clock starts with its first groups
+                            worker.last_progress = time.monotonic()
                         try:
                             worker.conn.send(tasks)
                         except (OSError, ValueError):
-                            break  # it died: its sentinel fires below
-                        self._emit("leased", worker=worker.number,
-                                   groups=[t.index for t in tasks])
-                objects: list[Any] = []
-                for worker in live.values():
-                    objects += [worker.conn, worker.process.sentinel]
-                ready = wait(objects, timeout=1.0)
-                for worker in list(live.values()):
-                    if worker.number not in live:
-                        continue
-                    reason = None
-                    if worker.conn in ready:
-                        try:
-                            while worker.conn.poll(0):
-                                handle(worker, worker.conn.recv())
-                        except _WorkerFailed as failed:
-                            reason = f"worker raised {failed}"
-                        except (EOFError, OSError, pickle.UnpicklingError, AttributeError,
-                                TypeError, IndexError):
-                            reason = "its pipe broke"
-                    if reason == "its pipe broke" or (reason is None and
-                                                      worker.process.sentinel in ready):
-                        worker.process.join(2)  # it ended (or is ending): reap it first
-                        code = worker.process.exitcode
-                        if code is not None:
-                            reason = (f"worker exited with code {code}" if code >= 0
-                                      else f"worker killed by signal {-code}")
-                    if (reason is None and not worker.ready
-                            and time.monotonic() - started_at[worker.number]
-                            > self.start_timeout_s):
-                        reason = f"worker did not start within {self.start_timeout_s:g} s"
-                    if reason is not None:
-                        retire(worker, reason)
+                            break  # it died: its sentinel fires in poll()
+                        self.owner._emit("leased", worker=worker.number,
+                                         groups=[t.index for t in tasks])
+                self.poll()
         finally:
-            for worker in list(live.values()):
-                with contextlib.suppress(Exception):
-                    worker.conn.send(None)
-                with contextlib.suppress(Exception):
-                    worker.conn.close()
-            deadline = time.monotonic() + 5
-            for worker in list(live.values()):
-                worker.process.join(max(0.0, deadline - time.monotonic()))
-                if worker.process.is_alive():
-                    worker.process.kill()
-                    worker.process.join(5)
+            self.table, self.on_step = None, None
+
+    def close(self) -> None:
+        for worker in list(self.live.values()):
+            with contextlib.suppress(Exception):
+                worker.conn.send(None)
+            with contextlib.suppress(Exception):
+                worker.conn.close()
+        deadline = time.monotonic() + 5
+        for worker in list(self.live.values()):
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(5)
+        self.live.clear()
 
 
 class _WorkerFailed(Exception):
@@ -700,13 +871,22 @@ class _WorkerFailed(Exception):
 # ---------------------------------------------------------------------------- the driver
 
 
-def check_executor(name: str, workers: int, method: str = "invisibleink") -> None:
-    """Check ``--executor``/``--workers`` (milliseconds; nothing read or charged). Raises
-    ``ValueError`` with a one-line message."""
+def check_stall_timeout(seconds: float, flag: str = "stall_timeout_s") -> None:
+    """Raise ``ValueError`` unless ``seconds`` is a finite number > 0."""
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{flag} must be a finite number of seconds > 0, got {seconds}")
+
+
+def check_executor(name: str, workers: int, method: str = "invisibleink",
+                   worker_timeout: float | None = None) -> None:
+    """Check ``--executor``/``--workers``/``--worker-timeout`` (milliseconds; nothing read or
+    charged). Raises ``ValueError`` with a one-line message."""
     if name not in EXECUTORS:
         raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {name}")
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
+    if worker_timeout is not None:
+        check_stall_timeout(worker_timeout, "--worker-timeout")
     from .methods import get_method
 
     try:
@@ -724,22 +904,27 @@ def check_executor(name: str, workers: int, method: str = "invisibleink") -> Non
 
 
 def make_executor(name: str, workers: int = 1, *, ray_address: str | None = None,
-                  events: EventHook | None = None) -> Executor:
-    """The executor named by ``--executor`` (see :func:`check_executor`)."""
+                  events: EventHook | None = None,
+                  stall_timeout_s: float | None = None) -> Executor:
+    """The executor named by ``--executor`` (see :func:`check_executor`);
+    ``stall_timeout_s`` (``--worker-timeout``, default :data:`DEFAULT_STALL_TIMEOUT_S`) is how
+    long a worker holding groups may report no progress (inline: unused)."""
+    stall = DEFAULT_STALL_TIMEOUT_S if stall_timeout_s is None else stall_timeout_s
     if name == "inline":
         return InlineExecutor()
     if name == "local":
-        return LocalExecutor(workers=workers, events=events)
+        return LocalExecutor(workers=workers, events=events, stall_timeout_s=stall)
     if name == "ray":
         from .executors_ray import RayExecutor
 
-        return RayExecutor(workers=workers, address=ray_address, events=events)
+        return RayExecutor(workers=workers, address=ray_address, events=events,
+                           stall_timeout_s=stall)
     raise ValueError(f"unknown executor {name!r}")
 
 
 def dispatch_groups(
     executor: Executor | None,
-    model: LogitsModel,
+    model: PromptModel,
     jobs: Sequence[GroupJob],
     seed: int,
     recipe: WorkerRecipe,
@@ -773,12 +958,28 @@ def dispatch_groups(
 
 
 class _PlanLike(Protocol):
-    """What :func:`dispatch_plan` reads of a
+    """What :func:`plan_recipe` and :func:`dispatch_plan` read of a
     :class:`~dplang.textgen.orchestration.GenerationPlan`."""
 
     request: Any
-    model: LogitsModel
-    make_policy: Callable[[GroupJob], StepPolicy]
+    model: PromptModel
+    make_policy: Callable[[GroupJob], StepPolicy] | None
+
+
+def plan_recipe(
+    executor: Executor | None,
+    plan: _PlanLike,
+    policy_factory: Callable[[int], Callable[[GroupJob], StepPolicy]],
+) -> WorkerRecipe:
+    """The worker recipe of a planned run: the plan's request (model spec, dtype, B, T, G,
+    sparse head) with ``policy_factory`` (picklable: the request's policies rebuilt from its
+    public parameters) and the driver's model identity (public: no seed, no reference)."""
+    req, model = plan.request, plan.model
+    inline = executor is None or isinstance(executor, InlineExecutor)
+    source = (ModelSource(spec=req.model, dtype=req.dtype) if inline
+              else ModelSource.for_model(model, req.model, req.dtype))
+    return WorkerRecipe(source, policy_factory, req.batch_size, req.max_tokens,
+                        req.concurrent_groups, req.sparse_head, model_identity(model))
 
 
 def dispatch_plan(
@@ -786,18 +987,11 @@ def dispatch_plan(
     plan: _PlanLike,
     jobs: Sequence[GroupJob],
     seed: int,
-    policy_factory: Callable[[int], Callable[[GroupJob], StepPolicy]],
+    recipe: WorkerRecipe,
     persist: Callable[[GroupResult], None],
     on_step: Callable[[int], None] | None = None,
 ) -> OrderedCommit:
-    """:func:`dispatch_groups` for a planned run: the worker recipe is the plan's request
-    (model spec, dtype, B, T, G, sparse head) with ``policy_factory`` (picklable: the request's
-    policies rebuilt from its public parameters) and the driver's model identity."""
-    req, model = plan.request, plan.model
-    inline = executor is None or isinstance(executor, InlineExecutor)
-    source = (ModelSource(spec=req.model, dtype=req.dtype) if inline
-              else ModelSource.for_model(model, req.model, req.dtype))
-    recipe = WorkerRecipe(source, policy_factory, req.batch_size, req.max_tokens,
-                          req.concurrent_groups, req.sparse_head, model_identity(model))
-    return dispatch_groups(executor, model, jobs, seed, recipe, persist, on_step,
+    """:func:`dispatch_groups` for a planned run with its :func:`plan_recipe` (the one its
+    :func:`executor_session` started the workers with)."""
+    return dispatch_groups(executor, plan.model, jobs, seed, recipe, persist, on_step,
                            policy=plan.make_policy)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..io import ReadStats, ReferenceDataError, file_digest, load_references
-from ..models.base import LogitsModel
+from ..models.base import LogitsModel, PromptModel
 from ..models.dtypes import DTYPES
 from ..privacy.accounting import (
     BudgetLimitError,
@@ -56,7 +56,7 @@ from ..release import (
 from .batching import Batch, make_batches
 from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy
 from .errors import GenerationError
-from .executors import Executor, dispatch_plan
+from .executors import Executor, dispatch_plan, executor_session, plan_recipe
 from .methods.registry import MethodInputs, MethodParams, MethodSpec, get_method
 from .prompts import (
     BUILTIN_TEMPLATES,
@@ -119,14 +119,17 @@ class GenerationPlan:
     """A validated run: what will be generated, from which batches, at what guarantee."""
 
     request: GenerationRequest
-    model: LogitsModel
+    #: The driver's model: the whole model (inline), or only its prompt side (tokenizer,
+    #: chat template, identity; no weights) when workers decode (docs/scaling.md).
+    model: PromptModel
     template: PromptTemplate
     batches: list[Batch]
     read_stats: ReadStats
     data_digest: str
     guarantee: Guarantee
     params: DecodingParams
-    #: One step policy per group (token methods); None for a population method.
+    #: One step policy per group (token methods, with a whole model); None for a population
+    #: method or a prompt-side driver (its workers build their own from the request).
     make_policy: Callable[[GroupJob], StepPolicy] | None
     method: CalibratedMethod
     dataset: str = ""
@@ -323,11 +326,16 @@ def check_request(
 
 
 def plan_generation(
-    req: GenerationRequest, load_model: Callable[[str], LogitsModel],
+    req: GenerationRequest, load_model: Callable[[str], PromptModel],
     check_model: Callable[[str], None] | None = None,
 ) -> GenerationPlan:
     """Validate the request (:func:`check_request`), read the data, form the batches, check
     what ``--out`` already holds, and only then load the model.
+
+    ``load_model(spec)`` may return the whole model or, for a run whose workers decode
+    (``--executor local``/``ray``), only its prompt side
+    (:func:`~dplang.models.default.resolve_prompt_side`): the prompts, the fingerprint and the
+    release are the same either way.
 
     Writes nothing. Raises :class:`GenerationError` (or ``ReferenceDataError``) with a
     one-line message on bad input, a model that fails to load included."""
@@ -351,14 +359,15 @@ def plan_generation(
                                   req.system, template.form, template.label_normaliser)
     params = DecodingParams(method.clip, req.batch_size, req.temperature, req.top_k,
                             req.max_tokens, req.sparse_head)
+    vocab = getattr(model, "vocab_size", None)
     plan = GenerationPlan(req, model, template, batches, stats, digest, method.guarantee,
-                          params, method.policy_factory(model.vocab_size), method,
-                          dataset=dataset)
+                          params, method.policy_factory(vocab) if vocab is not None else None,
+                          method, dataset=dataset)
     plan.jobs = [_job(plan, b) for b in batches]
     return plan
 
 
-def _load(load_model: Callable[[str], LogitsModel], spec: str) -> LogitsModel:
+def _load(load_model: Callable[[str], PromptModel], spec: str) -> PromptModel:
     """Load the model; any failure (a folder transformers cannot read, an unsupported
     architecture, a configuration that cannot be made row-invariant) is a one-line
     :class:`GenerationError`: nothing has been charged or written yet."""
@@ -500,7 +509,12 @@ def execute_plan(
     process writing the same ``--out`` is refused with :class:`~dplang.release.RunLocked`.
 
     ``executor`` (default inline; :mod:`dplang.textgen.executors`) decodes the groups; this
-    process stays the only writer, and the output is the same bytes whatever the executor."""
+    process stays the only writer, and the output is the same bytes whatever the executor.
+    An executor's workers are started, and load and check the model (identity, row
+    invariance), before the charge: a configuration they refuse raises
+    :class:`~dplang.textgen.executors.ExecutorError` with nothing charged or written. With
+    workers, ``plan.model`` may be the prompt side only (no weights); the seed stays here and
+    workers receive per-group stream states."""
     with RunLock(plan.request.out):
         return _execute_locked(plan, on_result, on_step, on_start, on_warning, executor)
 
@@ -524,93 +538,104 @@ def _execute_locked(
         seed_source="resumed from the private side file" if resuming else None,
     )
     done = set() if req.overwrite else finished_groups(req.out)
-    release.charge(on_warning)  # before any output (invariant 6); idempotent on resume
-    if req.overwrite:  # the earlier run's files go only now that the new run is charged
-        for old in (req.out, plan.manifest_path, plan.private_path):
-            old.unlink(missing_ok=True)
-    if plan.read_stats.absent_columns and on_warning is not None:
-        # JSONL has no schema: a column in no record is not refused (its neighbour with the key
-        # in one record would not be); the data holder is told.
-        on_warning(f"column(s) {', '.join(map(repr, plan.read_stats.absent_columns))} occur in "
-                   f"no record of {req.data}: their values are missing in every row (check "
-                   "--text-column / --group-by)")
-    if plan.read_stats.used == 0 and on_warning is not None:
-        # Not refused (a neighbour with one usable row would not be): the data holder is told.
-        on_warning(f"no row of {req.data} holds a usable reference: every generation is the "
-                   "public prompt's (check --text-column)")
-    if not resuming:
-        release.write_private(plan.private_path, release.private_record(
-            keep_seed=True,
-            data={"read": {"rows_seen": plan.read_stats.rows_seen,
-                           "used": plan.read_stats.used,
-                           "unusable_by_reason": dict(plan.read_stats.skipped_by_reason),
-                           "unusable_rule": plan.read_stats.on_unusable},
-                  "truncated_references": plan.truncated_references,
-                  "references_used": plan.references_used},
-            output=str(req.out),
-        ))
-    manifest = release.public_manifest(
-        clip=plan.params.clip,
-        adjacency=req.adjacency,
-        concurrent_groups=req.concurrent_groups,
-        status="running",
-        started=time.time(),
-    )
-    del manifest["created"]
-    release.write_manifest(plan.manifest_path, manifest)
-
     pending = [j for j in plan.jobs if j.index not in done]
-    if on_start is not None:
-        on_start(len(plan.jobs), len(plan.jobs) - len(pending))
-    batches = {b.index: b for b in plan.batches}
-    start = time.time()
-    written = 0
-    tokens = 0
+    population = plan.method.spec.run_population
+    if population is not None and not isinstance(plan.model, LogitsModel):
+        raise GenerationError(f"--method {req.method} runs in the driver and needs the whole "
+                              "model; use --executor inline")
+    recipe = (None if population is not None
+              else plan_recipe(executor, plan,
+                              # workers rebuild the policies from public parameters: no
+                              # ledger location (a PostgreSQL URL may hold a password)
+                              functools.partial(policy_factory, replace(req, ledger=None))))
+    # Workers (local, ray) load the model and run its load-time checks now, before the charge:
+    # a configuration they refuse stops the run with nothing charged or written.
+    with executor_session(executor, recipe, len(pending)):
+        release.charge(on_warning)  # before any output (invariant 6); idempotent on resume
+        if req.overwrite:  # the earlier run's files go only now that the new run is charged
+            for old in (req.out, plan.manifest_path, plan.private_path):
+                old.unlink(missing_ok=True)
+        if plan.read_stats.absent_columns and on_warning is not None:
+            # JSONL has no schema: a column in no record is not refused (its neighbour with the
+            # key in one record would not be); the data holder is told.
+            absent = ", ".join(map(repr, plan.read_stats.absent_columns))
+            on_warning(f"column(s) {absent} occur in no record of {req.data}: their values are "
+                       "missing in every row (check --text-column / --group-by)")
+        if plan.read_stats.used == 0 and on_warning is not None:
+            # Not refused (a neighbour with one usable row would not be): the data holder is
+            # told.
+            on_warning(f"no row of {req.data} holds a usable reference: every generation is "
+                       "the public prompt's (check --text-column)")
+        if not resuming:
+            release.write_private(plan.private_path, release.private_record(
+                keep_seed=True,
+                data={"read": {"rows_seen": plan.read_stats.rows_seen,
+                               "used": plan.read_stats.used,
+                               "unusable_by_reason": dict(plan.read_stats.skipped_by_reason),
+                               "unusable_rule": plan.read_stats.on_unusable},
+                      "truncated_references": plan.truncated_references,
+                      "references_used": plan.references_used},
+                output=str(req.out),
+            ))
+        manifest = release.public_manifest(
+            clip=plan.params.clip,
+            adjacency=req.adjacency,
+            concurrent_groups=req.concurrent_groups,
+            status="running",
+            started=time.time(),
+        )
+        del manifest["created"]
+        release.write_manifest(plan.manifest_path, manifest)
 
-    with release.append_log(req.out) as log:
+        if on_start is not None:
+            on_start(len(plan.jobs), len(plan.jobs) - len(pending))
+        batches = {b.index: b for b in plan.batches}
+        start = time.time()
+        written = 0
+        tokens = 0
 
-        def persist(res: GroupResult) -> None:
-            nonlocal written, tokens
-            record = _record(res, batches[res.index], req.method)
-            log.write_line(json.dumps(record, ensure_ascii=False))
-            written += 1
-            tokens += res.num_tokens
-            if on_result is not None:
-                on_result(record)
+        with release.append_log(req.out) as log:
 
-        status = "interrupted"
-        try:
-            population = plan.method.spec.run_population
-            if population is not None:
-                if pending:  # a population method: runs whole (no per-group resume)
-                    labels = plan.batches[0].labels if plan.batches else {}
-                    results, stats = population(
-                        plan.method.params, plan.model,
-                        [ref for b in plan.batches for ref in b.references], len(plan.batches),
-                        plan.template.render(None, labels), plan.template.system,
-                        release.seed, on_step)
-                    for res in results:
-                        persist(res)
-                    stats.pop("wall_clock_seconds", None)  # a duration: never public
-                    manifest[plan.method.spec.name] = stats
+            def persist(res: GroupResult) -> None:
+                nonlocal written, tokens
+                record = _record(res, batches[res.index], req.method)
+                log.write_line(json.dumps(record, ensure_ascii=False))
+                written += 1
+                tokens += res.num_tokens
+                if on_result is not None:
+                    on_result(record)
+
+            status = "interrupted"
+            try:
+                if population is not None:
+                    if pending:  # a population method: runs whole (no per-group resume)
+                        labels = plan.batches[0].labels if plan.batches else {}
+                        results, stats = population(
+                            plan.method.params, plan.model,
+                            [ref for b in plan.batches for ref in b.references],
+                            len(plan.batches),
+                            plan.template.render(None, labels), plan.template.system,
+                            release.seed, on_step)
+                        for res in results:
+                            persist(res)
+                        stats.pop("wall_clock_seconds", None)  # a duration: never public
+                        manifest[plan.method.spec.name] = stats
+                    status = "complete"
+                    return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
+                                      time.time() - start, tokens)
+                assert recipe is not None
+                dispatch_plan(executor, plan, pending, release.seed, recipe, persist, on_step)
                 status = "complete"
-                return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
-                                  time.time() - start, tokens)
-            # workers rebuild the policies from public parameters: they get no ledger location
-            # (a PostgreSQL URL may hold a password)
-            dispatch_plan(executor, plan, pending, release.seed,
-                          functools.partial(policy_factory, replace(req, ledger=None)), persist,
-                          on_step)
-            status = "complete"
-        finally:
-            manifest["status"] = status
-            # no "finished" time: with "started" it would publish how long the generation on
-            # the private references took (a timing side channel; release.TIMESTAMP_FIELDS)
-            manifest["generations_written"] = len(done) + written
-            with contextlib.suppress(OSError):
-                write_json(plan.manifest_path, manifest)
-    return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
-                      time.time() - start, tokens)
+            finally:
+                manifest["status"] = status
+                # no "finished" time: with "started" it would publish how long the generation
+                # on the private references took (a timing side channel;
+                # release.TIMESTAMP_FIELDS)
+                manifest["generations_written"] = len(done) + written
+                with contextlib.suppress(OSError):
+                    write_json(plan.manifest_path, manifest)
+        return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
+                          time.time() - start, tokens)
 
 
 def policy_factory(req: GenerationRequest, vocab: int) -> Callable[[GroupJob], StepPolicy]:

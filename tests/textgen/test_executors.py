@@ -456,3 +456,27 @@ def test_a_worker_that_refuses_its_configuration_stops_the_run_before_the_charge
     assert releases(plan) == 0
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("x.")) == [
         "x.jsonl.ledger.sqlite"]
+
+
+def test_workers_receive_no_ledger_location(tmp_path, monkeypatch):
+    """A worker's recipe carries public parameters only: not the ledger's location (a
+    PostgreSQL URL may hold a password; an SQLite path names the data holder's files)."""
+    import pickle
+
+    from dplang.textgen import orchestration
+
+    recipes = []
+
+    def capture(*args, **kwargs):
+        recipe = plan_recipe(*args, **kwargs)
+        recipes.append(recipe)
+        return recipe
+
+    plan_recipe = orchestration.plan_recipe
+    monkeypatch.setattr(orchestration, "plan_recipe", capture)
+    ledger = tmp_path / "ledger-location-marker.sqlite"
+    plan, _, _ = run(tmp_path, EOS_MODEL, "local.jsonl", ledger=ledger,
+                     executor=LocalExecutor(workers=1))
+    assert releases(plan) == 1
+    assert len(recipes) == 1
+    assert b"ledger-location-marker" not in pickle.dumps(recipes[0])

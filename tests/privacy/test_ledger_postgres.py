@@ -195,3 +195,39 @@ def test_processes_racing_on_one_budget_record_exactly_the_releases_that_fit(pos
     assert recorded == winners
     spent = book.spent("d")
     assert spent.rho == pytest.approx(0.6) and spent.epsilon_at(1e-6) <= budget
+
+
+@pytest.mark.parametrize(("url", "secrets"), [
+    # libpq reads a password up to the first '@' ('?' and '#' are part of it)
+    ("postgresql://alice:pa#ss?wd@db.example/ledger", ["pa#ss?wd", "pa", "ss"]),
+    ("postgresql://al#ice:s3cret@db.example/ledger", ["s3cret"]),
+    ("postgres://alice@h/db?sslmode=require&password=ab#cd", ["ab#cd", "cd"]),
+    ("postgresql://alice@h/db?sslpassword=key-passphrase", ["key-passphrase"]),
+    # unencoded '@' or '/' in a password: libpq misreads the URL, but no piece may be printed
+    ("postgresql://alice:p4@ss-word@h/db", ["p4@ss-word", "ss-word"]),
+    ("postgresql://alice:pa55/word@h/db", ["pa55/word", "pa55", "word@h"]),
+])
+def test_every_password_form_libpq_reads_is_masked(url, secrets):
+    masked = mask_url(url)
+    assert not [s for s in secrets if s in masked], masked
+    assert masked.startswith(url.split(":")[0] + "://")
+    # messages quoting the password or a piece of it are blanked too
+    backend = PostgresBackend(url)
+    for secret in secrets:
+        text = backend._clean(RuntimeError(f'bad value "{secret}" in {url}'))
+        assert secret not in text, text
+
+
+def test_a_password_with_hash_and_question_marks_is_never_printed(postgres_server, capsys):
+    """``?`` and ``#`` are ordinary characters of a URL's password for libpq (it reads the URL):
+    ``ledger show`` must not print it."""
+    from dplang.cli.app import main
+
+    role, password = "dplang_hash", "pa#ss?wd-9"
+    postgres_server.admin(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    dbname = postgres_server.new_database("hash", owner=role).split("/")[3].split("?")[0]
+    url = f"postgresql://{role}:{password}@/{dbname}?host={postgres_server.socket_dir}"
+    assert main(["ledger", "show", "--ledger", url]) == 0
+    out = capsys.readouterr()
+    assert "no datasets yet" in out.out
+    assert "pa#ss" not in out.out + out.err and "ss?wd" not in out.out + out.err

@@ -113,11 +113,21 @@ def is_ledger_url(location: str | os.PathLike[str] | None) -> bool:
     return isinstance(location, str) and location.strip().lower().startswith(_URL_SCHEMES)
 
 
+#: ``scheme://user:`` and what follows up to the *last* ``@``: libpq reads a URL's password up
+#: to the first ``@`` (``?`` and ``#`` are ordinary characters of it); up to the last one, an
+#: unencoded ``@`` or ``/`` in a password (which libpq then misreads) is masked whole too.
+_URL_AUTH = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:/+[^:@/]*):(.*)@")
+#: ``password=`` and ``sslpassword=`` (the client key's passphrase) query parameters: a value
+#: runs to the next ``&``.
+_URL_QUERY_SECRET = re.compile(r"(?i)([?&](?:ssl)?password=)([^&]*)")
+
+
 def mask_url(url: str) -> str:
-    """``url`` with its password (``user:PASSWORD@``, ``?password=...``) replaced by ``***``:
-    the only form of a ledger URL dplang prints or writes."""
-    url = re.sub(r"^([A-Za-z]+:/+[^:@/?#]*):[^@/?#]*@", r"\1:***@", url.strip())
-    return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", url)
+    """``url`` with its password (``user:PASSWORD@``, ``?password=...``, ``?sslpassword=...``)
+    replaced by ``***``: the only form of a ledger URL dplang prints or writes. Errs on the side
+    of masking more (everything up to the last ``@`` after ``user:``)."""
+    url = _URL_AUTH.sub(r"\1:***@", url.strip(), count=1)
+    return _URL_QUERY_SECRET.sub(r"\1***", url)
 
 
 def ledger_location(location: str | os.PathLike[str] | None) -> str | Path:
@@ -330,12 +340,15 @@ class _PgDb:
 
 
 def _passwords(url: str) -> list[str]:
-    """The passwords written in ``url`` (``user:PASSWORD@``, ``?password=``), as written and
-    percent-decoded, longest first: what to blank out of messages."""
-    m = re.match(r"^[A-Za-z]+:/+[^:@/?#]*:([^@/?#]*)@", url)
-    q = re.search(r"(?i)[?&]password=([^&#]*)", url)
-    raw = [g for g in ((m.group(1) if m else ""), (q.group(1) if q else "")) if g]
-    return sorted({form for g in raw for form in (g, unquote(g)) if form}, key=len,
+    """The secrets written in ``url`` (what :func:`mask_url` masks: ``user:PASSWORD@``,
+    ``?password=``, ``?sslpassword=``), as written and percent-decoded, with their pieces
+    between ``@ / ? #`` (a password libpq misreads is quoted in pieces, as a host or a port),
+    longest first: what to blank out of messages."""
+    url = url.strip()
+    m = _URL_AUTH.match(url)
+    raw = ([m.group(2)] if m else []) + [v for _, v in _URL_QUERY_SECRET.findall(url)]
+    pieces = [p for g in raw for p in (g, *re.split(r"[@/?#]", g))]
+    return sorted({form for g in pieces for form in (g, unquote(g)) if form}, key=len,
                   reverse=True)
 
 

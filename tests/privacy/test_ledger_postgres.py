@@ -231,3 +231,31 @@ def test_a_password_with_hash_and_question_marks_is_never_printed(postgres_serve
     out = capsys.readouterr()
     assert "no datasets yet" in out.out
     assert "pa#ss" not in out.out + out.err and "ss?wd" not in out.out + out.err
+
+
+def test_a_login_whose_own_schema_would_hide_the_teams_ledger_is_refused(postgres_server):
+    """PostgreSQL's default search_path is ``"$user", public``: an analyst with a schema of
+    their own name would create (and charge) a second, empty ledger there instead of the
+    team's: two budgets for one dataset. Refused, naming the schema that holds the ledger."""
+    url = postgres_server.new_database("team")
+    dbname = url.split("/")[3].split("?")[0]
+    team = PrivacyLedger(url)  # the team's ledger, in schema public
+    team.set_budget("d", rho_to_epsilon(0.35, 1e-6), 1e-6)
+    assert team.charge("d", "r1", _g(0.3))
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE ROLE dplang_bob LOGIN")
+        conn.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO dplang_bob")
+        conn.execute("CREATE SCHEMA dplang_bob AUTHORIZATION dplang_bob")
+    bob = postgres_server.url(dbname, "dplang_bob")
+    with pytest.raises(LedgerError, match=r"schema public") as err:
+        PrivacyLedger(bob).charge("d", "r2", _g(0.3))
+    assert "search_path" in str(err.value)
+    # pointed at the team's schema, bob charges the team's budget (and is refused over it)
+    from dplang.privacy.ledger import BudgetExceeded
+
+    pinned = PrivacyLedger(bob + "&options=-csearch_path%3Dpublic")
+    with pytest.raises(BudgetExceeded):
+        pinned.charge("d", "r2", _g(0.3))
+    assert [r["release_id"] for r in team.releases("d")] == ["r1"]

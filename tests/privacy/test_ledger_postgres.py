@@ -259,3 +259,39 @@ def test_a_login_whose_own_schema_would_hide_the_teams_ledger_is_refused(postgre
     with pytest.raises(BudgetExceeded):
         pinned.charge("d", "r2", _g(0.3))
     assert [r["release_id"] for r in team.releases("d")] == ["r1"]
+
+
+def test_a_client_gone_quiet_inside_a_charge_does_not_hold_the_dataset_lock(
+        postgres_server, monkeypatch):
+    """A client that stops mid-charge (a machine cut off the network, a stopped process) would
+    hold the dataset's advisory lock until the server notices, blocking every charge of the
+    dataset: idle inside a charge's transaction for IDLE_IN_CHARGE_S, its session is ended
+    (its charge rolled back, a one-line error if it wakes up) and the next charge goes on."""
+    import threading
+    import time
+
+    from dplang.privacy import ledger_backends
+
+    monkeypatch.setattr(ledger_backends, "IDLE_IN_CHARGE_S", 1, raising=False)
+    url = postgres_server.new_database("idle")
+    book = PrivacyLedger(url)
+    held, outcome = threading.Event(), []
+
+    def quiet_holder():
+        try:
+            with book._backend.write("d"):  # takes the lock, then goes quiet
+                held.set()
+                time.sleep(8)
+            outcome.append("committed")
+        except LedgerError as exc:
+            outcome.append(str(exc))
+
+    holder = threading.Thread(target=quiet_holder)
+    holder.start()
+    assert held.wait(30)
+    start = time.monotonic()
+    assert book.charge("d", "r1", _g(0.1))
+    waited = time.monotonic() - start
+    holder.join(30)
+    assert waited < 5, waited
+    assert outcome and outcome[0] != "committed" and "\n" not in outcome[0]

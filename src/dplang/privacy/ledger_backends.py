@@ -87,6 +87,12 @@ BASE_COLUMNS = {
 SQLITE_MAGIC = b"SQLite format 3\x00"
 #: How long a charge waits for another process's transaction before giving up.
 LOCK_TIMEOUT_S = 60
+#: PostgreSQL: how long a charge's transaction may sit idle between its statements (they
+#: follow each other within milliseconds) before the server ends the session, rolling the
+#: charge back and releasing the dataset's lock: a client cut off the network or stopped
+#: mid-charge would otherwise hold it until the server notices the dead connection (TCP
+#: keepalive: hours by default), and every charge of the dataset would fail meanwhile.
+IDLE_IN_CHARGE_S = 30
 _URL_SCHEMES = ("postgresql://", "postgres://")
 PG_EXTRA = "postgres"
 
@@ -507,6 +513,8 @@ class PostgresBackend(LedgerBackend):
         """READ COMMITTED transaction holding ``pg_advisory_xact_lock`` of the key."""
         with self.connect() as db, db.conn.transaction():
             db.execute(f"SET LOCAL lock_timeout = '{int(LOCK_TIMEOUT_S)}s'")
+            db.execute("SET LOCAL idle_in_transaction_session_timeout = "
+                       f"'{int(IDLE_IN_CHARGE_S)}s'")
             db.execute("SELECT pg_advisory_xact_lock(?)", (advisory_key(key),))
             yield db
 

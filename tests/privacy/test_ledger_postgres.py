@@ -195,3 +195,103 @@ def test_processes_racing_on_one_budget_record_exactly_the_releases_that_fit(pos
     assert recorded == winners
     spent = book.spent("d")
     assert spent.rho == pytest.approx(0.6) and spent.epsilon_at(1e-6) <= budget
+
+
+@pytest.mark.parametrize(("url", "secrets"), [
+    # libpq reads a password up to the first '@' ('?' and '#' are part of it)
+    ("postgresql://alice:pa#ss?wd@db.example/ledger", ["pa#ss?wd", "pa", "ss"]),
+    ("postgresql://al#ice:s3cret@db.example/ledger", ["s3cret"]),
+    ("postgres://alice@h/db?sslmode=require&password=ab#cd", ["ab#cd", "cd"]),
+    ("postgresql://alice@h/db?sslpassword=key-passphrase", ["key-passphrase"]),
+    # unencoded '@' or '/' in a password: libpq misreads the URL, but no piece may be printed
+    ("postgresql://alice:p4@ss-word@h/db", ["p4@ss-word", "ss-word"]),
+    ("postgresql://alice:pa55/word@h/db", ["pa55/word", "pa55", "word@h"]),
+])
+def test_every_password_form_libpq_reads_is_masked(url, secrets):
+    masked = mask_url(url)
+    assert not [s for s in secrets if s in masked], masked
+    assert masked.startswith(url.split(":")[0] + "://")
+    # messages quoting the password or a piece of it are blanked too
+    backend = PostgresBackend(url)
+    for secret in secrets:
+        text = backend._clean(RuntimeError(f'bad value "{secret}" in {url}'))
+        assert secret not in text, text
+
+
+def test_a_password_with_hash_and_question_marks_is_never_printed(postgres_server, capsys):
+    """``?`` and ``#`` are ordinary characters of a URL's password for libpq (it reads the URL):
+    ``ledger show`` must not print it."""
+    from dplang.cli.app import main
+
+    role, password = "dplang_hash", "pa#ss?wd-9"
+    postgres_server.admin(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    dbname = postgres_server.new_database("hash", owner=role).split("/")[3].split("?")[0]
+    url = f"postgresql://{role}:{password}@/{dbname}?host={postgres_server.socket_dir}"
+    assert main(["ledger", "show", "--ledger", url]) == 0
+    out = capsys.readouterr()
+    assert "no datasets yet" in out.out
+    assert "pa#ss" not in out.out + out.err and "ss?wd" not in out.out + out.err
+
+
+def test_a_login_whose_own_schema_would_hide_the_teams_ledger_is_refused(postgres_server):
+    """PostgreSQL's default search_path is ``"$user", public``: an analyst with a schema of
+    their own name would create (and charge) a second, empty ledger there instead of the
+    team's: two budgets for one dataset. Refused, naming the schema that holds the ledger."""
+    url = postgres_server.new_database("team")
+    dbname = url.split("/")[3].split("?")[0]
+    team = PrivacyLedger(url)  # the team's ledger, in schema public
+    team.set_budget("d", rho_to_epsilon(0.35, 1e-6), 1e-6)
+    assert team.charge("d", "r1", _g(0.3))
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE ROLE dplang_bob LOGIN")
+        conn.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO dplang_bob")
+        conn.execute("CREATE SCHEMA dplang_bob AUTHORIZATION dplang_bob")
+    bob = postgres_server.url(dbname, "dplang_bob")
+    with pytest.raises(LedgerError, match=r"schema public") as err:
+        PrivacyLedger(bob).charge("d", "r2", _g(0.3))
+    assert "search_path" in str(err.value)
+    # pointed at the team's schema, bob charges the team's budget (and is refused over it)
+    from dplang.privacy.ledger import BudgetExceeded
+
+    pinned = PrivacyLedger(bob + "&options=-csearch_path%3Dpublic")
+    with pytest.raises(BudgetExceeded):
+        pinned.charge("d", "r2", _g(0.3))
+    assert [r["release_id"] for r in team.releases("d")] == ["r1"]
+
+
+def test_a_client_gone_quiet_inside_a_charge_does_not_hold_the_dataset_lock(
+        postgres_server, monkeypatch):
+    """A client that stops mid-charge (a machine cut off the network, a stopped process) would
+    hold the dataset's advisory lock until the server notices, blocking every charge of the
+    dataset: idle inside a charge's transaction for IDLE_IN_CHARGE_S, its session is ended
+    (its charge rolled back, a one-line error if it wakes up) and the next charge goes on."""
+    import threading
+    import time
+
+    from dplang.privacy import ledger_backends
+
+    monkeypatch.setattr(ledger_backends, "IDLE_IN_CHARGE_S", 1, raising=False)
+    url = postgres_server.new_database("idle")
+    book = PrivacyLedger(url)
+    held, outcome = threading.Event(), []
+
+    def quiet_holder():
+        try:
+            with book._backend.write("d"):  # takes the lock, then goes quiet
+                held.set()
+                time.sleep(8)
+            outcome.append("committed")
+        except LedgerError as exc:
+            outcome.append(str(exc))
+
+    holder = threading.Thread(target=quiet_holder)
+    holder.start()
+    assert held.wait(30)
+    start = time.monotonic()
+    assert book.charge("d", "r1", _g(0.1))
+    waited = time.monotonic() - start
+    holder.join(30)
+    assert waited < 5, waited
+    assert outcome and outcome[0] != "committed" and "\n" not in outcome[0]

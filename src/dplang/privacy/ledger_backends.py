@@ -87,6 +87,12 @@ BASE_COLUMNS = {
 SQLITE_MAGIC = b"SQLite format 3\x00"
 #: How long a charge waits for another process's transaction before giving up.
 LOCK_TIMEOUT_S = 60
+#: PostgreSQL: how long a charge's transaction may sit idle between its statements (they
+#: follow each other within milliseconds) before the server ends the session, rolling the
+#: charge back and releasing the dataset's lock: a client cut off the network or stopped
+#: mid-charge would otherwise hold it until the server notices the dead connection (TCP
+#: keepalive: hours by default), and every charge of the dataset would fail meanwhile.
+IDLE_IN_CHARGE_S = 30
 _URL_SCHEMES = ("postgresql://", "postgres://")
 PG_EXTRA = "postgres"
 
@@ -113,11 +119,21 @@ def is_ledger_url(location: str | os.PathLike[str] | None) -> bool:
     return isinstance(location, str) and location.strip().lower().startswith(_URL_SCHEMES)
 
 
+#: ``scheme://user:`` and what follows up to the *last* ``@``: libpq reads a URL's password up
+#: to the first ``@`` (``?`` and ``#`` are ordinary characters of it); up to the last one, an
+#: unencoded ``@`` or ``/`` in a password (which libpq then misreads) is masked whole too.
+_URL_AUTH = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:/+[^:@/]*):(.*)@")
+#: ``password=`` and ``sslpassword=`` (the client key's passphrase) query parameters: a value
+#: runs to the next ``&``.
+_URL_QUERY_SECRET = re.compile(r"(?i)([?&](?:ssl)?password=)([^&]*)")
+
+
 def mask_url(url: str) -> str:
-    """``url`` with its password (``user:PASSWORD@``, ``?password=...``) replaced by ``***``:
-    the only form of a ledger URL dplang prints or writes."""
-    url = re.sub(r"^([A-Za-z]+:/+[^:@/?#]*):[^@/?#]*@", r"\1:***@", url.strip())
-    return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", url)
+    """``url`` with its password (``user:PASSWORD@``, ``?password=...``, ``?sslpassword=...``)
+    replaced by ``***``: the only form of a ledger URL dplang prints or writes. Errs on the side
+    of masking more (everything up to the last ``@`` after ``user:``)."""
+    url = _URL_AUTH.sub(r"\1:***@", url.strip(), count=1)
+    return _URL_QUERY_SECRET.sub(r"\1***", url)
 
 
 def ledger_location(location: str | os.PathLike[str] | None) -> str | Path:
@@ -237,6 +253,30 @@ class SQLiteBackend(LedgerBackend):
         if not os.access(ancestor, os.W_OK | os.X_OK):
             raise LedgerError(f"ledger {p} cannot be created: {ancestor} is not writable")
 
+    def _check_no_ledger_elsewhere(self, db: Db) -> None:
+        """Before a new ledger is created in this login's current schema: refuse when another
+        schema of the database holds one. PostgreSQL's default ``search_path`` is ``"$user",
+        public``: an analyst with a schema of their own name would otherwise create, and
+        charge, a second ledger beside the team's — two budgets for one dataset."""
+        here = db.execute("SELECT current_schema()").fetchone()[0]
+        others = sorted({row[0] for row in db.execute(
+            "SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p') AND c.relname = ? "
+            "AND n.nspname IS DISTINCT FROM current_schema() AND EXISTS (SELECT 1 FROM "
+            "pg_catalog.pg_class c2 WHERE c2.relnamespace = n.oid AND c2.relname = ?)",
+            ("releases", "budgets")).fetchall()})
+        if here is None:
+            raise LedgerError(f"ledger {self.location}: no schema of this login's search_path "
+                              "exists; set one (e.g. ?options=-csearch_path%3Dpublic)")
+        if others:
+            names = ", ".join(others)
+            raise LedgerError(
+                f"ledger {self.location}: schema {names} of this database holds a dplang "
+                f"ledger, but this login's current schema is {here}, where a second, separate "
+                f"ledger (another budget) would be created; point the URL at it with "
+                f"?options=-csearch_path%3D{others[0]} (or use another database for a "
+                "separate ledger)")
+
     def prepare(self) -> None:
         self.check()
         try:
@@ -330,12 +370,15 @@ class _PgDb:
 
 
 def _passwords(url: str) -> list[str]:
-    """The passwords written in ``url`` (``user:PASSWORD@``, ``?password=``), as written and
-    percent-decoded, longest first: what to blank out of messages."""
-    m = re.match(r"^[A-Za-z]+:/+[^:@/?#]*:([^@/?#]*)@", url)
-    q = re.search(r"(?i)[?&]password=([^&#]*)", url)
-    raw = [g for g in ((m.group(1) if m else ""), (q.group(1) if q else "")) if g]
-    return sorted({form for g in raw for form in (g, unquote(g)) if form}, key=len,
+    """The secrets written in ``url`` (what :func:`mask_url` masks: ``user:PASSWORD@``,
+    ``?password=``, ``?sslpassword=``), as written and percent-decoded, with their pieces
+    between ``@ / ? #`` (a password libpq misreads is quoted in pieces, as a host or a port),
+    longest first: what to blank out of messages."""
+    url = url.strip()
+    m = _URL_AUTH.match(url)
+    raw = ([m.group(2)] if m else []) + [v for _, v in _URL_QUERY_SECRET.findall(url)]
+    pieces = [p for g in raw for p in (g, *re.split(r"[@/?#]", g))]
+    return sorted({form for g in pieces for form in (g, unquote(g)) if form}, key=len,
                   reverse=True)
 
 
@@ -407,8 +450,9 @@ class PostgresBackend(LedgerBackend):
         database has both ledger tables with their columns, or neither (a new ledger)."""
         with self.connect() as db:
             existing = self.columns(db)
-        if not existing:
-            return
+            if not existing:
+                self._check_no_ledger_elsewhere(db)
+                return
         missing = sorted(TABLES - set(existing))
         if missing:
             raise LedgerError(f"ledger {self.location} has a table {', '.join(sorted(existing))}"
@@ -418,6 +462,30 @@ class PostgresBackend(LedgerBackend):
             if lacking:
                 raise LedgerError(f"ledger {self.location}: table {table} lacks column(s) "
                                   f"{', '.join(lacking)}: not a dplang ledger")
+
+    def _check_no_ledger_elsewhere(self, db: Db) -> None:
+        """Before a new ledger is created in this login's current schema: refuse when another
+        schema of the database holds one. PostgreSQL's default ``search_path`` is ``"$user",
+        public``: an analyst with a schema of their own name would otherwise create, and
+        charge, a second ledger beside the team's — two budgets for one dataset."""
+        here = db.execute("SELECT current_schema()").fetchone()[0]
+        others = sorted({row[0] for row in db.execute(
+            "SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p') AND c.relname = ? "
+            "AND n.nspname IS DISTINCT FROM current_schema() AND EXISTS (SELECT 1 FROM "
+            "pg_catalog.pg_class c2 WHERE c2.relnamespace = n.oid AND c2.relname = ?)",
+            ("releases", "budgets")).fetchall()})
+        if here is None:
+            raise LedgerError(f"ledger {self.location}: no schema of this login's search_path "
+                              "exists; set one (e.g. ?options=-csearch_path%3Dpublic)")
+        if others:
+            names = ", ".join(others)
+            raise LedgerError(
+                f"ledger {self.location}: schema {names} of this database holds a dplang "
+                f"ledger, but this login's current schema is {here}, where a second, separate "
+                f"ledger (another budget) would be created; point the URL at it with "
+                f"?options=-csearch_path%3D{others[0]} (or use another database for a "
+                "separate ledger)")
 
     def prepare(self) -> None:
         self.check()
@@ -445,6 +513,8 @@ class PostgresBackend(LedgerBackend):
         """READ COMMITTED transaction holding ``pg_advisory_xact_lock`` of the key."""
         with self.connect() as db, db.conn.transaction():
             db.execute(f"SET LOCAL lock_timeout = '{int(LOCK_TIMEOUT_S)}s'")
+            db.execute("SET LOCAL idle_in_transaction_session_timeout = "
+                       f"'{int(IDLE_IN_CHARGE_S)}s'")
             db.execute("SELECT pg_advisory_xact_lock(?)", (advisory_key(key),))
             yield db
 

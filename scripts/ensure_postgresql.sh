@@ -13,11 +13,14 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
        "(install one with: apt-get install postgresql)" >&2
   exit 0
 fi
-echo "dplang: installing Debian's postgresql package for the shared-ledger tests" >&2
-export DEBIAN_FRONTEND=noninteractive
-apt=(timeout 900 apt-get -q -y -o DPkg::Lock::Timeout=120)
-{ "${apt[@]}" install --no-install-recommends postgresql \
-  || { "${apt[@]}" update && "${apt[@]}" install --no-install-recommends postgresql; }
-} >/dev/null 2>&1 || true
+echo "dplang: installing Debian's postgresql package for the shared-ledger tests" \
+     "(at most 10 minutes)" >&2
+# One bound for the whole install (update included), so that a stuck mirror or lock costs at
+# most 10 minutes of the test command, never a hang.
+timeout 600 env DEBIAN_FRONTEND=noninteractive bash -c '
+  apt=(apt-get -q -y -o DPkg::Lock::Timeout=60)
+  "${apt[@]}" install --no-install-recommends postgresql \
+    || { "${apt[@]}" update && "${apt[@]}" install --no-install-recommends postgresql; }
+' >/dev/null 2>&1 || true
 found || echo "dplang: could not install postgresql; its ledger tests will be skipped" >&2
 exit 0

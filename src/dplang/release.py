@@ -415,12 +415,12 @@ class Release:
     fingerprint: dict[str, Any]
     data: Path
     dataset: str
-    data_digest: str
-    seed: int
+    data_digest: str = field(repr=False)  # private: identifies the data
+    seed: int = field(repr=False)  # secret
     seed_source: str
     #: The ledger: a file, a PostgreSQL URL (str), or None for ``$DPLANG_LEDGER`` or the
     #: user data directory's.
-    ledger_path: str | Path | None = None
+    ledger_path: str | Path | None = field(default=None, repr=False)  # may hold a password
     description: str = ""
     #: Wall-clock time when the release was opened, before its computation on the private
     #: rows: the public manifest's ``created`` (see :data:`TIMESTAMP_FIELDS`).

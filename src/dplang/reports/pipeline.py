@@ -36,7 +36,7 @@ import json
 import math
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +102,8 @@ class ReportRequest:
     composition: str = "basic"
     bonferroni: bool = False
     release_abstained_bounds: bool = False
-    seed: int | None = None
-    ledger: str | Path | None = None
+    seed: int | None = field(default=None, repr=False)  # secret
+    ledger: str | Path | None = field(default=None, repr=False)  # may hold a password
     dataset: str | None = None
     overwrite: bool = False
 

@@ -82,14 +82,14 @@ class ReleaseRequest:
     delta: float | None = None
     num: int = 1
     method: str = "discrete-laplace"
-    seed: int | None = None
+    seed: int | None = field(default=None, repr=False)  # secret
     #: The declared (public) type of every column: tabular.parse_column / binary_column /
     #: load_schema. Never inferred from the values.
     types: Mapping[str, ColumnSpec] = field(default_factory=dict)
     split: bool = True
     alpha: float = 0.1
     force: bool = False
-    ledger: str | Path | None = None
+    ledger: str | Path | None = field(default=None, repr=False)  # may hold a password
     #: Ledger name of the dataset (default: the data file's resolved path).
     dataset: str | None = None
     #: "map" (public per-cell rule, default) or "refuse" (a data-dependent refusal).

@@ -91,7 +91,7 @@ class GenerationRequest:
     clip: float | None = None
     adjacency: str = "replace-by-null"
     num: int | None = None
-    seed: int | None = None
+    seed: int | None = field(default=None, repr=False)  # secret
     concurrent_groups: int = DEFAULT_CONCURRENT_GROUPS
     prompt: str = DEFAULT_TEMPLATE
     system: str | None = None
@@ -102,7 +102,7 @@ class GenerationRequest:
     sparse_head: bool = True
     #: Compute dtype of the model body (a TransformersModel option; logits stay float32).
     dtype: str = "float32"
-    ledger: str | Path | None = None
+    ledger: str | Path | None = field(default=None, repr=False)  # may hold a password
     #: Ledger name of the dataset (default: the data file's resolved path).
     dataset: str | None = None
     method: str = "invisibleink"

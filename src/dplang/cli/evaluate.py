@@ -7,6 +7,7 @@ commands do not pay for torch / transformers at start-up).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -35,6 +36,10 @@ def evaluate(
         None, "--label-column",
         help="downstream: the public label column (generation's --group-by column).",
     ),
+    test_num: int | None = typer.Option(
+        None, "--test-num",
+        help="downstream: held-out test rows after the n real texts (default: all the rest).",
+    ),
     embedder: str = typer.Option(
         "default", "--embedder",
         help="MAUVE embedder: default (all-MiniLM-L6-v2, offline), hashing, or a folder.",
@@ -55,7 +60,8 @@ def evaluate(
         False, "--overwrite", help="Replace the results an earlier evaluation left in --out."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and warnings."),
 ) -> None:
-    """Evaluate synthetic texts: MAUVE, perplexity/ΔPPL, lengths, Top-k+ statistics."""
+    """Evaluate synthetic texts: MAUVE, perplexity/ΔPPL, lengths, Top-k+ statistics,
+    downstream utility."""
     from dplang.release import ReleaseError, RunLock, check_output_path
 
     from .console import quiet_libraries
@@ -64,6 +70,7 @@ def evaluate(
         check_output_path(out, directory=True)
     except ReleaseError as exc:
         fail(f"{exc} (evaluate writes a folder: metrics.json, report.md and plots)")
+    _downstream_usage(metrics, label_column, test_num)
     existing = [out / name for name in ("metrics.json", "report.md", "downstream.json")
                 if (out / name).exists()]
     if existing and not overwrite:
@@ -75,52 +82,28 @@ def evaluate(
         except ReleaseError as exc:
             fail(str(exc))
         try:
-            metrics = _downstream(real, synthetic, out, text_column, metrics, label_column,
-                                  embedder, num, exclude_references, quiet)
-            if metrics != "":
-                _evaluate(real, synthetic, out, text_column, metrics, embedder, model, num,
-                          seed, num_buckets, exclude_references, quiet)
+            _evaluate(real, synthetic, out, text_column, metrics, embedder, model, num,
+                      seed, num_buckets, exclude_references, quiet, label_column, test_num)
         finally:
             lock.release()
 
 
-def _downstream(real: Path, synthetic: list[Path], out: Path, text_column: str,
-                metrics: str | None, label_column: str | None, embedder: str, num: int | None,
-                exclude_references: bool, quiet: bool) -> str | None:
-    """Run the opt-in ``downstream`` metric when ``--metrics`` names it (files mode 600, see
-    :mod:`dplang.evaluation.downstream`); returns the other metrics ("" when none is left)."""
-    names = [m.strip() for m in (metrics or "").split(",") if m.strip()]
+def _downstream_usage(metrics: str | None, label_column: str | None,
+                      test_num: int | None) -> None:
+    """``--label-column`` / ``--test-num`` belong to ``--metrics downstream`` (usage errors
+    before anything is read)."""
+    names = [m.strip().lower() for m in (metrics or "").split(",") if m.strip()]
     if "downstream" not in names:
-        if label_column is not None:
-            fail("--label-column is for --metrics downstream")
-        return metrics
-    if label_column is None:
+        if label_column is not None or test_num is not None:
+            fail("--label-column and --test-num are for --metrics downstream")
+    elif label_column is None:
         fail("--metrics downstream needs --label-column (the public label column)")
-    from dplang.evaluation import EvaluationError
-    from dplang.evaluation.downstream import evaluate_downstream_files, write_downstream
-    from dplang.io import ReferenceDataError
-
-    try:
-        result = evaluate_downstream_files(
-            real, synthetic, label_column=label_column, text_column=text_column, num=num,
-            embedder=embedder, exclude_references=exclude_references,
-            progress=None if quiet else (lambda m: typer.echo(m, err=True)))
-    except (EvaluationError, ReferenceDataError, FileNotFoundError, ValueError) as exc:
-        fail(_one_line(exc))
-    written = write_downstream(result, out)
-    if not quiet:
-        for row in result["rows"]:
-            a, f = row["accuracy"], row["macro_f1"]
-            typer.echo(f"{row['name']}  {row['role']}  n_train={row['n_train']}  "
-                       f"accuracy={a['mean']:.3f} [{a['low']:.3f}, {a['high']:.3f}]  "
-                       f"macro_f1={f['mean']:.3f} [{f['low']:.3f}, {f['high']:.3f}]")
-        typer.echo(f"wrote {written[0]} and {written[1]}")
-    return ",".join(n for n in names if n != "downstream")
 
 
 def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
               metrics: str | None, embedder: str, model: str, num: int | None, seed: int,
-              num_buckets: int | None, exclude_references: bool, quiet: bool) -> None:
+              num_buckets: int | None, exclude_references: bool, quiet: bool,
+              label_column: str | None = None, test_num: int | None = None) -> None:
     from dplang.evaluation import EvaluationError, evaluate_files
     from dplang.io import ReferenceDataError
 
@@ -133,6 +116,7 @@ def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
             real, synthetic, metrics=metrics, embedder=embedder, model=model, num=num,
             seed=seed, num_buckets=num_buckets, text_column=text_column,
             exclude_references=exclude_references, out_dir=out, progress=progress,
+            label_column=label_column, test_num=test_num,
         )
     except (EvaluationError, ReferenceDataError, FileNotFoundError, ValueError) as exc:
         fail(_one_line(exc))
@@ -152,5 +136,18 @@ def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
         if "topk" in run:
             parts.append(f"effective_k={run['topk']['effective_k']['mean']:.2f}")
             parts.append(f"expansion_tokens={run['topk']['expansion_tokens']['mean']:.2f}")
+        if "downstream" in run:
+            parts.append(_downstream_line(run["downstream"]))
         typer.echo("  ".join(parts))
+    if "downstream" in result["real"]:
+        typer.echo(f"real (ceiling)  n={result['settings']['n']}  "
+                   + _downstream_line(result["real"]["downstream"]["ceiling"]))
+        typer.echo(f"wrote {out / 'downstream.md'} and {out / 'downstream.json'}")
     typer.echo(f"wrote {out / 'metrics.json'} and {out / 'report.md'}")
+
+
+def _downstream_line(row: dict[str, Any]) -> str:
+    """One run's (or the ceiling's) downstream scores on one line."""
+    a, f = row["accuracy"], row["macro_f1"]
+    return (f"{row['role']}  accuracy={a['mean']:.3f} [{a['low']:.3f}, {a['high']:.3f}]  "
+            f"macro_f1={f['mean']:.3f} [{f['low']:.3f}, {f['high']:.3f}]")

@@ -1,7 +1,11 @@
-"""``dplang evaluate``: compare synthetic texts with held-out real texts.
+"""``dplang evaluate``: compare synthetic texts with held-out real texts; ``dplang evaluate
+canaries``: what a private generation lets through of phrases inserted into the references.
 
-Thin front end over :func:`dplang.evaluation.evaluate_files` (imported lazily so that other
-commands do not pay for torch / transformers at start-up).
+Thin front ends over :func:`dplang.evaluation.evaluate_files` and
+:func:`dplang.evaluation.canary_run.run_canaries` (imported lazily so that other commands do
+not pay for torch / transformers at start-up). ``evaluate`` is a command group whose callback
+is the evaluation itself (``dplang evaluate --real ... --synthetic ...``) and whose one
+subcommand is ``canaries``.
 """
 
 from __future__ import annotations
@@ -13,19 +17,32 @@ import typer
 
 from .errors import fail
 
+app = typer.Typer(
+    help="Evaluate synthetic texts (MAUVE, perplexity/ΔPPL, lengths, Top-k+, downstream); "
+         "`dplang evaluate canaries` runs the canary check.",
+    invoke_without_command=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
 
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+@app.callback(invoke_without_command=True)
 def evaluate(
-    real: Path = typer.Option(..., "--real", help="Held-out real texts (CSV, JSONL, ...)."),
-    synthetic: list[Path] = typer.Option(
-        ..., "--synthetic", metavar="OUT.jsonl",
-        help="A dplang generate output; repeat for several seeds / runs.",
+    ctx: typer.Context,
+    real: Path | None = typer.Option(
+        None, "--real", help="Held-out real texts (CSV, JSONL, ...). Required."),
+    synthetic: list[Path] | None = typer.Option(
+        None, "--synthetic", metavar="OUT.jsonl",
+        help="A dplang generate output; repeat for several seeds / runs. Required.",
     ),
-    out: Path = typer.Option(..., "--out", help="Directory for metrics.json, report.md, plots."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Directory for metrics.json, report.md, plots. Required."),
     text_column: str = typer.Option("text", "--text-column", help="Text column of --real."),
     metrics: str | None = typer.Option(
         None, "--metrics",
@@ -61,11 +78,24 @@ def evaluate(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and warnings."),
 ) -> None:
     """Evaluate synthetic texts: MAUVE, perplexity/ΔPPL, lengths, Top-k+ statistics,
-    downstream utility."""
+    downstream utility. `dplang evaluate canaries --help`: the canary check."""
     from dplang.release import ReleaseError, RunLock, check_output_path
 
     from .console import quiet_libraries
 
+    if ctx.invoked_subcommand is not None:
+        given = [k for k, v in ctx.params.items()
+                 if not (v is None or v is False or v == _DEFAULTS.get(k)
+                         or (isinstance(v, (list, tuple)) and not v))]
+        if given:
+            fail(f"the options of `dplang evaluate` ({', '.join(sorted(given))}) do not go "
+                 f"with `{ctx.invoked_subcommand}`; give that command's own options after it")
+        return
+    missing = [flag for flag, value in (("--real", real), ("--synthetic", synthetic),
+                                        ("--out", out)) if not value]
+    if missing:
+        fail(f"missing option {missing[0]} (dplang evaluate --help)")
+    assert real is not None and synthetic is not None and out is not None
     try:
         check_output_path(out, directory=True)
     except ReleaseError as exc:
@@ -86,6 +116,10 @@ def evaluate(
                       seed, num_buckets, exclude_references, quiet, label_column, test_num)
         finally:
             lock.release()
+
+
+#: Non-empty defaults of the evaluation's options (see the subcommand check above).
+_DEFAULTS = {"text_column": "text", "embedder": "default", "model": "default", "seed": 25}
 
 
 def _downstream_usage(metrics: str | None, label_column: str | None,
@@ -151,3 +185,104 @@ def _downstream_line(row: dict[str, Any]) -> str:
     a, f = row["accuracy"], row["macro_f1"]
     return (f"{row['role']}  accuracy={a['mean']:.3f} [{a['low']:.3f}, {a['high']:.3f}]  "
             f"macro_f1={f['mean']:.3f} [{f['low']:.3f}, {f['high']:.3f}]")
+
+
+@app.command("canaries")
+def canaries(
+    data: Path = typer.Option(..., "--data", help="References: CSV, TSV, JSONL, Parquet or text."),
+    out: Path = typer.Option(
+        ..., "--out", help="Directory for canaries.md, canaries.png and canaries.json."),
+    epsilon: str = typer.Option(
+        "1,10", "--epsilon", help="Comma-separated ε values, one pair of runs each."),
+    repeats: str = typer.Option(
+        "1,2,5,20,50", "--repeats",
+        help="Comma-separated m: one canary per entry, inserted into m references."),
+    num: int = typer.Option(32, "--num", "-n", help="Generations per run (num × B references)."),
+    batch_size: int = typer.Option(3, "--batch-size", "-B", help="References per generation."),
+    max_tokens: int = typer.Option(32, "--max-tokens", "-T", help="Tokens per generation."),
+    top_k: int = typer.Option(50, "--top-k", help="Top-k of the public logits (0: all)."),
+    temperature: float = typer.Option(1.2, "--temperature", help="Sampling temperature."),
+    delta: float = typer.Option(1e-6, "--delta", help="Target δ."),
+    model: str = typer.Option("default", "--model", help="'default' (Gemma 3 270M) or a path."),
+    text_column: str = typer.Option("text", "--text-column", help="Text column of --data."),
+    prompt: str = typer.Option("generic", "--prompt", help="Built-in template or a TOML file."),
+    seed: int | None = typer.Option(
+        None, "--seed",
+        help="A seed for every run (NOT secret: toy or public data only). Default: one fresh "
+             "secret seed, never written.",
+    ),
+    canary_seed: int = typer.Option(0, "--canary-seed", help="Chooses canary texts and rows."),
+    concurrent_groups: int = typer.Option(8, "--concurrent-groups", "-G",
+                                          help="Groups decoded at once."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace the results an earlier run left in --out."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and warnings."),
+) -> None:
+    """Insert canary sentences into copies of the references, generate with and without them
+    (same seed, throw-away ledger, temporary mode-600 copies), count what comes through."""
+    import signal
+
+    from dplang.evaluation.canary_run import (
+        CanaryRunError,
+        CanaryRunSettings,
+        check_settings,
+        render_canaries,
+        run_canaries,
+        write_canary_outputs,
+    )
+    from dplang.io import ReferenceDataError
+    from dplang.models.default import ModelSpecError, check_model_spec
+    from dplang.release import ReleaseError, RunLock, check_output_path
+    from dplang.textgen.orchestration import GenerationError
+
+    from .console import quiet_libraries
+
+    try:
+        check_output_path(out, directory=True)
+    except ReleaseError as exc:
+        fail(f"{exc} (canaries writes a folder: canaries.md, canaries.png, canaries.json)")
+    existing = [out / n for n in ("canaries.json", "canaries.md") if (out / n).exists()]
+    if existing and not overwrite:
+        fail(f"{existing[0]} already exists; choose another --out, or --overwrite to replace "
+             "the results")
+    try:
+        settings = CanaryRunSettings(
+            data=data, epsilons=tuple(float(x) for x in epsilon.split(",") if x.strip()),
+            repeats=tuple(int(x) for x in repeats.split(",") if x.strip()), num=num,
+            batch_size=batch_size, max_tokens=max_tokens, top_k=top_k,
+            temperature=temperature, delta=delta, model=model, text_column=text_column,
+            prompt=prompt, seed=seed, canary_seed=canary_seed,
+            concurrent_groups=concurrent_groups)
+    except ValueError:
+        fail("--epsilon and --repeats are comma-separated numbers (e.g. --epsilon 1,10 "
+             "--repeats 1,2,5,20,50)")
+    try:
+        check_settings(settings)
+        check_model_spec(model)
+    except (CanaryRunError, ModelSpecError) as exc:
+        fail(_one_line(exc))
+
+    def progress(message: str) -> None:
+        if not quiet:
+            typer.echo(message, err=True)
+
+    def terminated(*_args: object) -> None:  # the temporary copies of the data are removed
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    with quiet_libraries(quiet):
+        try:
+            lock = RunLock(out).acquire()
+        except ReleaseError as exc:
+            fail(str(exc))
+        try:
+            result = run_canaries(settings, progress=progress)
+            written = write_canary_outputs(result, out)
+        except (CanaryRunError, GenerationError, ReferenceDataError, ModelSpecError) as exc:
+            fail(_one_line(exc))
+        finally:
+            lock.release()
+            signal.signal(signal.SIGTERM, previous)
+    if not quiet:
+        typer.echo(render_canaries(result))
+        typer.echo(f"wrote {', '.join(str(p) for p in written)}")

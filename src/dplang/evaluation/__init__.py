@@ -13,7 +13,11 @@ registered :class:`MetricSpec` (:mod:`~dplang.evaluation.registry`; the built-in
 * :mod:`~dplang.evaluation.perplexity` — perplexity and ΔPPL under a causal LM;
 * :mod:`~dplang.evaluation.lengths` — token lengths and Top-k+ statistics;
 * :mod:`~dplang.evaluation.stats` — Wald intervals;
-* :mod:`~dplang.evaluation.report` / :mod:`~dplang.evaluation.plots` — files.
+* :mod:`~dplang.evaluation.report` / :mod:`~dplang.evaluation.plots` — files;
+* :mod:`~dplang.evaluation.downstream` — the opt-in ``downstream`` metric (train on synthetic,
+  test on real);
+* :mod:`~dplang.evaluation.canaries` / :mod:`~dplang.evaluation.canary_run` — canaries: what a
+  private generation lets through (``dplang evaluate canaries``).
 
 ``import dplang.evaluation`` is cheap: submodules load on first attribute access.
 

@@ -481,3 +481,23 @@ def test_grouped_batches_are_checked_before_any_model_loads(setup, capsys):
     assert not calls and not out.exists()
     cfg.write_text(_edit(CONFIG, DOWNSTREAM[1]))  # B = 2: 15 batches per label, 30 in all
     assert main(["experiment", str(cfg), "--out", str(out), "--report-only"]) == 0
+
+
+def test_the_downstream_config_for_issue_18_item_3_is_ready(tmp_path):
+    """experiments/yelp_downstream.toml (not run: docs/evaluation.md) asks for the downstream
+    metric on the category label, and, on the real Yelp file when it is there, passes the whole
+    preflight: every cell's request, the ranges and 500 grouped batches of every B."""
+    from pathlib import Path
+
+    from dplang.experiments.sweep import preflight
+
+    repo = Path(__file__).resolve().parents[2]
+    config = load_config(repo / "experiments" / "yelp_downstream.toml")
+    assert config.label_column == "label1" and config.group_by == ("label1",)
+    assert config.metrics[0] == "downstream" and config.num == 500
+    assert config.real[1] - config.real[0] > config.num
+    assert {c.method for c in config.cells} == {"invisibleink", "augpe", "adapmixed", "public"}
+    if not config.data_path.is_file():
+        pytest.skip("the Yelp data (../shared/data/yelp/dev.csv) is not beside this clone")
+    _, _, states = preflight(config, tmp_path / "out", tmp_path / "ledger.sqlite", None)
+    assert set(states.values()) == {"new"} and not (tmp_path / "out").exists()

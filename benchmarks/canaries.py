@@ -4,7 +4,7 @@
         [--epsilons 1,10] [--repeats 1,2,5,20,50] [--data ../shared/data/yelp/dev.csv]
         [--model default] [--out DIR]
 
-A thin wrapper over :func:`dplang.evaluation.canary_run.run_canaries`, the library function
+A thin wrapper over :func:`dplang.experiments.canary_run.run_canaries`, the library function
 behind ``dplang evaluate canaries`` (docs/evaluation.md, "Canaries"): the first ``num × B``
 rows of ``--data`` are generated with and without canary sentences, for every ε, through the
 release pipeline with a throw-away ledger in a temporary mode-700 folder (removed at the end),
@@ -20,7 +20,7 @@ import signal
 import sys
 from pathlib import Path
 
-from dplang.evaluation.canary_run import (
+from dplang.experiments.canary_run import (
     CanaryRunSettings,
     render_canaries,
     run_canaries,

@@ -250,7 +250,7 @@ def test_run_canaries_through_the_release_pipeline(tmp_path: Path, monkeypatch) 
     generations read, and couples the two runs: generations reading no canary are identical."""
     import tempfile
 
-    from dplang.evaluation.canary_run import (
+    from dplang.experiments.canary_run import (
         CanaryRunError,
         CanaryRunSettings,
         render_canaries,

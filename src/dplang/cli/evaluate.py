@@ -2,7 +2,7 @@
 canaries``: what a private generation lets through of phrases inserted into the references.
 
 Thin front ends over :func:`dplang.evaluation.evaluate_files` and
-:func:`dplang.evaluation.canary_run.run_canaries` (imported lazily so that other commands do
+:func:`dplang.experiments.canary_run.run_canaries` (imported lazily so that other commands do
 not pay for torch / transformers at start-up). ``evaluate`` is a command group whose callback
 is the evaluation itself (``dplang evaluate --real ... --synthetic ...``) and whose one
 subcommand is ``canaries``.
@@ -222,7 +222,7 @@ def canaries(
     (same seed, throw-away ledger, temporary mode-600 copies), count what comes through."""
     import signal
 
-    from dplang.evaluation.canary_run import (
+    from dplang.experiments.canary_run import (
         CanaryRunError,
         CanaryRunSettings,
         check_settings,

@@ -1,5 +1,7 @@
 """The canary run: generate with and without canaries through the release pipeline and count
 what comes through (issue 18, §2; ``dplang evaluate canaries``, ``benchmarks/canaries.py``).
+It lives in ``experiments`` beside the sweep because it both generates (``textgen``) and
+evaluates (:mod:`dplang.evaluation.canaries`: placement, counting, bounds).
 
 The first ``num × B`` rows of the data are copied twice into a temporary folder (mode 700,
 files mode 600, removed at the end, also on an error or an interrupt): as they are, and with

@@ -19,6 +19,8 @@ from dplang.evaluation.canaries import (
     insert_canaries,
     make_canaries,
     ngram_overlap,
+    parallel_bound,
+    rate_interval,
     upper_confidence,
     write_canary_report,
 )
@@ -140,3 +142,180 @@ def test_canaries_through_the_release_pipeline_with_the_toy_model(tmp_path: Path
     assert [r["repeats"] for r in rows] == [1, 2, 5]
     book = PrivacyLedger(ledger)
     assert [len(book.releases(d)) for d in book.datasets()] == [1]
+
+
+# ---------------------------------------------------------------- batches, bounds, the run
+
+
+def test_make_canaries_by_batch_keeps_one_canary_per_batch() -> None:
+    repeats = [1, 2, 5, 20, 50]
+    canaries = make_canaries(repeats, 96, seed=4, batch_size=3)
+    assert [c.repeats for c in canaries] == repeats
+    owners: dict[int, set[int]] = {}
+    for i, c in enumerate(canaries):
+        batches = {r // 3 for r in c.rows}
+        assert len(batches) == math.ceil(c.repeats / 3)  # whole batches of its own
+        for b in batches:
+            owners.setdefault(b, set()).add(i)
+    assert all(len(o) == 1 for o in owners.values())
+    assert make_canaries(repeats, 96, seed=4, batch_size=3) == canaries
+    with pytest.raises(ValueError, match="whole batches"):
+        make_canaries(repeats, 81, seed=4, batch_size=3)  # 28 batches needed, 27 exist
+
+
+@pytest.mark.parametrize("rho", [0.02, 0.2, 1.5])
+@pytest.mark.parametrize("per_generation", [[1] + [0] * 31, [3, 3, 0, 0, 2] + [0] * 27,
+                                            [1] * 16 + [0] * 16])
+def test_parallel_bound_holds_for_independent_gaussian_generations(
+        rho: float, per_generation: list[int]) -> None:
+    """n generations, each a Gaussian mechanism of its own batch (k²ρ-zCDP for k changed
+    references: N(0, σ²) vs N(k, σ²)); the event is a threshold. The bound must dominate the
+    exact expected rate with the canary, and be no weaker than the group bound."""
+    sigma = math.sqrt(1 / (2 * rho))
+    n = len(per_generation)
+    m = sum(per_generation)
+    for t in (0.5, 1.0, 2.0, 4.0, 8.0):
+        p_without = float(norm.sf(t * 2 / sigma))
+        rate_with = sum(float(norm.sf((t * 2 - 2 * c) / sigma)) for c in per_generation) / n
+        bound = parallel_bound(rho, per_generation, p_without)
+        assert bound["affected"] == sum(c > 0 for c in per_generation)
+        assert bound["bound"] >= rate_with - 1e-9
+        assert bound["bound"] <= emission_bound(rho, m, p_without)["bound"] + 1e-9
+    # a canary that no generation reads cannot move the rate
+    assert parallel_bound(rho, [0] * n, 0.01)["bound"] == 0.01
+
+
+def test_parallel_bound_limits_one_reference_to_one_generation() -> None:
+    # ε = 10 (ρ ≈ 1.54) makes the group bound trivial, but one reference moves 1 of 32 texts
+    one = parallel_bound(1.54, [1] + [0] * 31, 0.09)["bound"]
+    assert 0.09 < one <= 0.09 + 1 / 32 + 1e-12 and emission_bound(1.54, 1, 0.09)["bound"] == 1
+    assert rate_interval(0, 32)[0] == 0.0 and rate_interval(0, 32)[1] == pytest.approx(
+        1 - 0.025 ** (1 / 32))
+    lo, hi = rate_interval(8, 32)
+    assert lo < 0.25 < hi
+
+
+def test_canary_table_compares_each_canary_with_the_data_without_it() -> None:
+    x, y = Canary(CANARY, (0, 1)), Canary("Another weird line about blue herons here.", (6,))
+    batches = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    # X's rows are in generation 0 only; generation 2 reads Y (and happens to say X)
+    with_out = [CANARY, "nothing", CANARY, "x"]
+    without = ["nothing", "nothing", "z", "x"]
+    rows = canary_table([x, y], with_out, without, rho=0.05, batches=batches)
+    assert rows[0]["with"]["near"] == 2 and rows[0]["without"]["near"] == 0
+    # without X: generation 0 from the run without canaries, the others from the run with them
+    assert rows[0]["baseline"]["near"] == 1
+    assert rows[0]["affected_generations"] == 1 and rows[0]["max_rows_in_a_batch"] == 2
+    assert rows[0]["p_without_upper"] == pytest.approx(upper_confidence(1, 4))
+    assert rows[1]["affected_generations"] == 1 and rows[1]["baseline"]["near"] == 0
+    for r in rows:
+        assert r["bound_parallel"] <= r["bound_rate_with"] + 1e-12
+    with pytest.raises(ValueError, match="two canaries"):
+        canary_table([x, Canary("Blue herons again, weirdly.", (2,))], with_out, without,
+                     rho=0.05, batches=batches)
+    with pytest.raises(ValueError, match="missed the references"):
+        canary_table([Canary(CANARY, (12,))], with_out, without, rho=0.05, batches=batches)
+
+
+class _Recording:
+    """A ToyModel that records every prompt it is asked to encode."""
+
+    def __init__(self) -> None:
+        from dplang.models import ToyModel
+
+        self.model = ToyModel(vocab_size=40, eos_token_id=0, eos_after=None)
+        self.prompts: list[str] = []
+        encode, add = self.model.encode_prompts, self.model.add_prompts
+
+        def encode_prompts(prompts):
+            self.prompts.extend(prompts)
+            return encode(prompts)
+
+        def add_prompts(state, prompts, prefixes=None):
+            self.prompts.extend(prompts)
+            return add(state, prompts, prefixes)
+
+        self.model.encode_prompts = encode_prompts
+        self.model.add_prompts = add_prompts
+
+
+def _toy_data(path: Path, n: int = 48) -> Path:
+    path.write_text("text\n" + "".join(f"review {i}: the soup was fine.\n" for i in range(n)))
+    return path
+
+
+def test_run_canaries_through_the_release_pipeline(tmp_path: Path, monkeypatch) -> None:
+    """The run generates both copies through the pipeline with a throw-away ledger in a
+    temporary folder that is removed, inserts every canary into the references the
+    generations read, and couples the two runs: generations reading no canary are identical."""
+    import tempfile
+
+    from dplang.experiments.canary_run import (
+        CanaryRunError,
+        CanaryRunSettings,
+        render_canaries,
+        run_canaries,
+        write_canary_outputs,
+    )
+    from dplang.privacy.ledger import PrivacyLedger
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    data = _toy_data(tmp_path / "data.csv")
+    rec = _Recording()
+    settings = CanaryRunSettings(data=data, epsilons=(1.0, 10.0), repeats=(1, 2, 5), num=12,
+                                 batch_size=3, max_tokens=6, top_k=0, temperature=1.0)
+    result = run_canaries(settings, load_model=lambda _spec: rec.model)
+    assert list(scratch.iterdir()) == []  # the copies of the data and the ledger are gone
+    assert PrivacyLedger().datasets() == []  # the user's ledger was not touched
+    assert [c["epsilon"] for c in result["cells"]] == [1.0, 10.0]
+    for cell in result["cells"]:
+        assert cell["generations"] == 12 and [r["repeats"] for r in cell["rows"]] == [1, 2, 5]
+        assert cell["coupling"]["batches_without_canary"] == 12 - 4  # 1 + 1 + 2 batches
+        assert cell["coupling"]["identical"] == cell["coupling"]["batches_without_canary"]
+        assert all(r["bound_parallel"] <= r["bound_rate_with"] + 1e-12 for r in cell["rows"])
+    for canary in result["canaries"]:  # in the private prompts of exactly its rows
+        seen = sum(p.count(canary["text"]) for p in rec.prompts)
+        assert seen == 2 * canary["repeats"]  # one run with canaries per ε
+    assert "secret" in result["settings"]["seed"]
+    text = json.dumps(result)
+    assert "ledger" not in text and str(scratch) not in text
+    written = write_canary_outputs(result, tmp_path / "out")
+    assert {p.name for p in written} == {"canaries.md", "canaries.png", "canaries.json"}
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in written)
+    assert "| 10 | 5 | 10 | 2 |" in render_canaries(result)
+    with pytest.raises(CanaryRunError, match="raise --num to at least 4"):
+        run_canaries(CanaryRunSettings(data=data, repeats=(1, 2, 5), num=3, batch_size=3))
+    with pytest.raises(CanaryRunError, match="need 150 rows"):
+        run_canaries(CanaryRunSettings(data=data, repeats=(1,), num=50, batch_size=3),
+                     load_model=lambda _spec: rec.model)
+
+
+def test_cli_evaluate_canaries(tmp_path: Path, monkeypatch, capsys) -> None:
+    import dplang.models
+    from dplang.cli.app import main
+
+    rec = _Recording()
+    monkeypatch.setattr(dplang.models, "resolve_model", lambda _spec: rec.model)
+    data = _toy_data(tmp_path / "data.csv")
+    out = tmp_path / "canaries"
+    args = ["evaluate", "canaries", "--data", str(data), "--out", str(out), "--epsilon", "1,10",
+            "--repeats", "1,2,5", "--num", "12", "-B", "3", "-T", "5", "--top-k", "0"]
+    assert main(args) == 0, capsys.readouterr().err
+    stdout = capsys.readouterr().out
+    assert "| ε | m | k = 2m |" in stdout and "identical in both runs" in stdout
+    for name in ("canaries.md", "canaries.png", "canaries.json"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o600, name
+    assert [c["epsilon"] for c in json.loads((out / "canaries.json").read_text())["cells"]] == [
+        1.0, 10.0]
+    assert main(args) == 2  # results exist
+    assert "already exists" in capsys.readouterr().err
+    assert main([*args[:-8], "--num", "3", "-B", "3", "--out", str(tmp_path / "o2")]) == 2
+    assert "raise --num" in capsys.readouterr().err
+    assert main(["evaluate", "--num", "5", "canaries", "--data", str(data), "--out",
+                 str(tmp_path / "o3")]) == 2
+    assert "do not go with `canaries`" in capsys.readouterr().err
+    assert main(["evaluate", "--synthetic", str(data), "--out", str(tmp_path / "o4")]) == 2
+    assert "missing option --real" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()

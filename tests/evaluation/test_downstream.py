@@ -10,15 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from dplang.evaluation import evaluate_files, evaluate_texts, parse_metrics
+from dplang.evaluation import registry as reg
 from dplang.evaluation.data import EvaluationError
 from dplang.evaluation.downstream import (
+    DEFAULT_BOOTSTRAP,
+    DOWNSTREAM_SEED,
     LabelledTexts,
     bootstrap_interval,
     check_disjoint,
     downstream_table,
-    evaluate_downstream_files,
     fit_and_score,
-    write_downstream,
 )
 from dplang.evaluation.embedders import HashingEmbedder
 
@@ -136,37 +138,108 @@ def _write_real(path: Path, data: LabelledTexts) -> Path:
     return path
 
 
-def test_files_layout_refusal_and_private_outputs(tmp_path: Path) -> None:
-    real = _write_real(tmp_path / "real.csv", informative(150, 7))
-    syn = _write_run(tmp_path / "syn.jsonl", informative(40, 1))
-    pub = _write_run(tmp_path / "pub.jsonl", noise(40, 2), method="public")
-    result = evaluate_downstream_files(real, [syn, pub], label_column="cat",
-                                       embedder="hashing", resamples=100)
-    assert [(r["name"], r["role"]) for r in result["rows"]] == [
-        ("syn.jsonl", "synthetic"), ("pub.jsonl", "floor"), ("real (ceiling)", "ceiling")]
-    assert result["test"]["n"] == 110  # 150 held-out rows: 40 train the ceiling
-    written = write_downstream(result, tmp_path / "out")
-    for path in written:
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert "| syn.jsonl | synthetic | 40 |" in (tmp_path / "out" / "downstream.md").read_text()
+def test_downstream_is_a_registered_opt_in_metric() -> None:
+    spec = reg.get_metric("downstream")
+    assert "downstream" in reg.metric_names() and "downstream" not in reg.default_metrics()
+    assert spec.higher_is_better == {"downstream_accuracy": True, "downstream_macro_f1": True}
+    assert parse_metrics("Downstream,mauve") == ("mauve", "downstream")
+    assert parse_metrics(None) == ("mauve", "perplexity", "length", "topk")
+
+
+def _files(tmp_path: Path, n_real: int = 150, n_syn: int = 40) -> tuple[Path, Path, Path]:
+    real = _write_real(tmp_path / "real.csv", informative(n_real, 7))
+    syn = _write_run(tmp_path / "syn.jsonl", informative(n_syn, 1))
+    pub = _write_run(tmp_path / "pub.jsonl", noise(n_syn, 2), method="public")
+    return real, syn, pub
+
+
+def test_registered_metric_gives_the_numbers_of_the_table_on_the_same_split(
+        tmp_path: Path) -> None:
+    """Through the harness, every run trains on its n generations, the ceiling on the first
+    n held-out rows and the test set is the rows after them: the numbers are those of
+    downstream_table on that split, computed here independently."""
+    real, syn, pub = _files(tmp_path)
+    result = evaluate_files(real, [syn, pub], metrics="downstream", label_column="cat",
+                            embedder="hashing", out_dir=tmp_path / "out")
+    held = informative(150, 7)
+    expected = downstream_table(
+        LabelledTexts.of("test", held.texts[40:], held.labels[40:]), [informative(40, 1)],
+        floor=[noise(40, 2)], ceiling=LabelledTexts.of("c", held.texts[:40], held.labels[:40]),
+        embedder="hashing", resamples=DEFAULT_BOOTSTRAP, seed=DOWNSTREAM_SEED)
+    got = [result["runs"][0]["downstream"], result["runs"][1]["downstream"],
+           result["real"]["downstream"]["ceiling"]]
+    for mine, ref in zip(got, expected["rows"], strict=True):
+        assert mine["role"] == ref["role"] and mine["n_train"] == ref["n_train"] == 40
+        assert mine["accuracy"] == ref["accuracy"] and mine["macro_f1"] == ref["macro_f1"]
+    assert result["real"]["downstream"]["test"] == {**expected["test"],
+                                                    "name": "real (held-out test)"}
+    assert result["runs"][0]["downstream"]["accuracy"]["mean"] > 0.9  # informative texts
+    assert result["runs"][1]["downstream"]["accuracy"]["mean"] < 0.6  # label-free noise
+    assert result["aggregate"]["downstream_accuracy"]["n"] == 2
+    assert any("mixes private runs and public-only" in w for w in result["warnings"])
+    out = tmp_path / "out"
+    for name in ("downstream.md", "downstream.json", "metrics.json", "report.md"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o600, name
+    table = (out / "downstream.md").read_text()
+    assert "| syn.jsonl | synthetic | 40 |" in table
+    assert "| real (ceiling) | ceiling | 40 |" in table
+    assert [r["role"] for r in json.loads((out / "downstream.json").read_text())["rows"]] == [
+        "synthetic", "floor", "ceiling"]
+    report = (out / "report.md").read_text()
+    assert "downstream accuracy (%)" in report and "label column `cat`" in report
+
+
+def test_num_and_test_num_select_the_split(tmp_path: Path) -> None:
+    real, syn, _ = _files(tmp_path)
+    result = evaluate_files(real, syn, metrics="downstream", label_column="cat",
+                            embedder="hashing", num=30, test_num=50)
+    assert result["runs"][0]["downstream"]["n_train"] == 30
+    assert result["real"]["downstream"]["ceiling"]["n_train"] == 30
+    assert result["real"]["downstream"]["test"]["n"] == 50
+    with pytest.raises(EvaluationError, match="--test-num 200: only 120"):
+        evaluate_files(real, syn, metrics="downstream", label_column="cat",
+                       embedder="hashing", num=30, test_num=200)
+
+
+def test_downstream_refusals(tmp_path: Path) -> None:
+    real, syn, _ = _files(tmp_path)
+    with pytest.raises(EvaluationError, match="label column"):
+        evaluate_files(real, syn, metrics="downstream", embedder="hashing")
+    with pytest.raises(EvaluationError, match="for --metrics downstream"):
+        evaluate_files(real, syn, metrics="topk", label_column="cat")
+    with pytest.raises(EvaluationError, match="in memory"):
+        evaluate_texts(["a b c"] * 30, [["a b c"] * 30], metrics="downstream",
+                       embedder="hashing")
+    small = _write_real(tmp_path / "small.csv", informative(40, 7))
+    with pytest.raises(EvaluationError, match="plus a test set"):
+        evaluate_files(small, syn, metrics="downstream", label_column="cat", embedder="hashing")
 
     # the real file is the generation's data file and its row 60 (a test row) was a reference
     leaky = _write_run(tmp_path / "leaky.jsonl", informative(40, 1), data_path=real,
                        reference_ids=[[60 + i] for i in range(40)])
     with pytest.raises(EvaluationError, match="references"):
-        evaluate_downstream_files(real, [leaky], label_column="cat", embedder="hashing")
-    skipped = evaluate_downstream_files(real, [leaky], label_column="cat", embedder="hashing",
-                                        exclude_references=True, resamples=50)
-    assert skipped["test"]["n"] == 70
-    assert skipped["real"]["excluded_references"] == 40
+        evaluate_files(real, leaky, metrics="downstream", label_column="cat",
+                       embedder="hashing")
+    skipped = evaluate_files(real, leaky, metrics="downstream", label_column="cat",
+                             embedder="hashing", exclude_references=True)
+    assert skipped["real"]["downstream"]["test"]["n"] == 70
+    assert skipped["real"]["downstream"]["excluded_references"] == 40  # in the test rows
 
     unlabelled = tmp_path / "unlabelled.jsonl"
-    unlabelled.write_text(json.dumps({"group": 0, "text": "x", "labels": {}}) + "\n")
+    unlabelled.write_text("".join(json.dumps({"group": i, "text": "x", "labels": {}}) + "\n"
+                                  for i in range(40)))
     with pytest.raises(EvaluationError, match="--group-by cat"):
-        evaluate_downstream_files(real, [unlabelled], label_column="cat", embedder="hashing")
+        evaluate_files(real, unlabelled, metrics="downstream", label_column="cat",
+                       embedder="hashing")
+    blank = _write_real(tmp_path / "blank.csv", LabelledTexts.of(
+        "b", informative(150, 7).texts, ["food"] * 100 + [""] + ["food"] * 49))
+    with pytest.raises(EvaluationError, match="row 100 has no label"):
+        evaluate_files(blank, syn, metrics="downstream", label_column="cat",
+                       embedder="hashing")
 
 
-def test_cli_downstream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_downstream_goes_through_the_registry(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     from dplang.cli.app import main
 
     real = _write_real(tmp_path / "real.csv", informative(100, 7))
@@ -176,11 +249,15 @@ def test_cli_downstream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
             "--metrics", "downstream", "--embedder", "hashing"]
     assert main(args) == 2  # a usage error
     assert "--label-column" in capsys.readouterr().err
-    assert main([*args, "--label-column", "cat"]) == 0
+    assert main([*args[:-4], "--metrics", "topk", "--label-column", "cat"]) == 2
+    assert "are for --metrics downstream" in capsys.readouterr().err
+    assert main([*args, "--label-column", "cat", "--test-num", "50"]) == 0
     stdout = capsys.readouterr().out
-    assert "syn.jsonl  synthetic  n_train=30  accuracy=" in stdout
-    assert "real (ceiling)  ceiling" in stdout
-    assert not (out / "metrics.json").exists()  # no other metric was asked for
+    assert "syn.jsonl  n=30  synthetic  accuracy=" in stdout
+    assert "real (ceiling)  n=30  ceiling  accuracy=" in stdout
+    data = json.loads((out / "metrics.json").read_text())
+    assert data["settings"]["metrics"] == ["downstream"]
+    assert data["real"]["downstream"]["test"]["n"] == 50
     assert stat.S_IMODE((out / "downstream.json").stat().st_mode) == 0o600
     assert main([*args, "--label-column", "cat"]) != 0  # results exist: --overwrite needed
     assert "already exists" in capsys.readouterr().err

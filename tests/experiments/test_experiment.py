@@ -384,3 +384,120 @@ def test_shipped_configs_load_and_resolve_from_a_clone(tmp_path):
         config = load_config(path)
         assert config.data_path == data.resolve(), path.name
         assert Path(config.prompt).is_file()
+
+
+DOWNSTREAM = (('metrics = ["mauve", "topk"]', 'metrics = ["downstream", "topk"]\n'
+               'label_column = "cat"'),
+              ('prompt = "template.toml"', 'prompt = "template.toml"\ngroup_by = ["cat"]'),
+              ("real = [60, 90]", "real = [60, 100]"))
+
+
+def _edit(text, *edits):
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+@pytest.mark.parametrize(("edits", "needle"), [
+    ((*DOWNSTREAM[:1], (', "topk"]\nlabel_column = "cat"', ', "topk"]'), *DOWNSTREAM[1:]),
+     "[evaluation].label_column is required by the downstream metric"),
+    ((*DOWNSTREAM[:1], ("\nlabel_column", "\nlabel_columns"), *DOWNSTREAM[1:]),
+     "unknown key [evaluation].label_columns"),
+    ((*DOWNSTREAM[:1], ('label_column = "cat"', "label_column = 3"), *DOWNSTREAM[1:]),
+     "[evaluation].label_column must be a column name"),
+    (DOWNSTREAM[:1] + DOWNSTREAM[2:], "is not a [data].group_by column"),
+    ((*DOWNSTREAM[:2], ("real = [60, 90]", "real = [60, 80]")),
+     "[data].real holds 20 rows: downstream needs more than [generation].num = 20"),
+    (((DOWNSTREAM[0][0], 'metrics = ["topk"]\nlabel_column = "cat"'), *DOWNSTREAM[1:]),
+     "[evaluation].label_column is for the downstream metric"),
+])
+def test_downstream_config_is_checked_up_front(tmp_path, edits, needle):
+    (tmp_path / "data.csv").write_text("text,cat\na,x\n")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(_edit(CONFIG, *edits))
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+    cfg.write_text(_edit(CONFIG, *DOWNSTREAM))
+    config = load_config(cfg)
+    assert config.label_column == "cat" and config.metrics == ("downstream", "topk")
+
+
+def test_config_metrics_are_the_registered_ones():
+    """[evaluation].metrics lists dplang.evaluation's built-in metrics (without importing it)."""
+    from dplang.evaluation.registry import metric_names
+    from dplang.experiments.config import METRICS
+
+    assert set(METRICS) == set(metric_names())
+
+
+def test_sweep_with_the_downstream_metric(setup):
+    """A small end-to-end sweep on toy texts: conditional generation grouped by a public label,
+    every cell evaluated by the registered downstream metric; the public cell is the floor, the
+    ceiling is trained on real texts whose words give the label away."""
+    tmp, _calls = setup
+    rows = ["text,cat"] + [
+        f"review {i}: {'the pizza and pasta' if i % 2 else 'the hotel room and bed'} "
+        f"{'were tasty' if i % 3 else 'were fine'} today,{'food' if i % 2 else 'hotel'}"
+        for i in range(100)]
+    (tmp / "data.csv").write_text("\n".join(rows) + "\n")
+    cfg = tmp / "exp.toml"
+    cfg.write_text(_edit(CONFIG, *DOWNSTREAM, ("epsilon = [1, 10]", "epsilon = [10]"),
+                         ("top_k = [3, 5]", "top_k = [3]")))
+    out = tmp / "out"
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    with open(out / "results.csv") as fh:
+        results = {r["method"]: r for r in csv.DictReader(fh)}
+    for r in results.values():
+        assert 0.0 <= float(r["downstream_accuracy_low"]) <= float(r["downstream_accuracy"]) \
+            <= float(r["downstream_accuracy_high"]) <= 1.0
+        assert float(r["downstream_ceiling"]) > 0.9  # real texts give the label away
+    assert float(results["invisibleink"]["downstream_accuracy"]) < 0.9  # toy-model noise
+    public = next(out.glob("cells/public*/eval"))
+    layout = json.loads((public / "downstream.json").read_text())
+    assert [r["role"] for r in layout["rows"]] == ["floor", "ceiling"]
+    assert layout["test"]["n"] == 20 and layout["rows"][0]["n_train"] == 20
+    assert oct((public / "downstream.md").stat().st_mode & 0o777) == "0o600"
+    md = (out / "results.md").read_text()
+    assert "Downstream accuracy (%)" in md and "Ceiling" in md
+    assert (out / "downstream_vs_compute.png").stat().st_size > 0
+    spec = json.loads(next(out.glob("cells/invisibleink*/cell.private.json")).read_text())
+    assert spec["evaluation"]["label_column"] == "cat"
+
+
+def test_grouped_batches_are_checked_before_any_model_loads(setup, capsys):
+    """With group_by each label group is cut into full batches: a cell whose num batches do
+    not exist is refused by the preflight (from the public labels), before any model load."""
+    tmp, calls = setup
+    rows = ["text,cat"] + [f"sentence {i},{'a' if i % 2 else 'b'}" for i in range(100)]
+    (tmp / "data.csv").write_text("\n".join(rows) + "\n")
+    cfg = tmp / "exp.toml"
+    cfg.write_text(_edit(CONFIG, DOWNSTREAM[1], ("batch_size = [2]", "batch_size = [2, 4]")))
+    out = tmp / "out"
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "cell invisibleink_eps1_B4_k3_t1_r0" in err and "[data].references" in err, err
+    assert not calls and not out.exists()
+    cfg.write_text(_edit(CONFIG, DOWNSTREAM[1]))  # B = 2: 15 batches per label, 30 in all
+    assert main(["experiment", str(cfg), "--out", str(out), "--report-only"]) == 0
+
+
+def test_the_downstream_config_for_issue_18_item_3_is_ready(tmp_path):
+    """experiments/yelp_downstream.toml (not run: docs/evaluation.md) asks for the downstream
+    metric on the category label, and, on the real Yelp file when it is there, passes the whole
+    preflight: every cell's request, the ranges and 500 grouped batches of every B."""
+    from pathlib import Path
+
+    from dplang.experiments.sweep import preflight
+
+    repo = Path(__file__).resolve().parents[2]
+    config = load_config(repo / "experiments" / "yelp_downstream.toml")
+    assert config.label_column == "label1" and config.group_by == ("label1",)
+    assert config.metrics[0] == "downstream" and config.num == 500
+    assert config.real[1] - config.real[0] > config.num
+    assert {c.method for c in config.cells} == {"invisibleink", "augpe", "adapmixed", "public"}
+    if not config.data_path.is_file():
+        pytest.skip("the Yelp data (../shared/data/yelp/dev.csv) is not beside this clone")
+    _, _, states = preflight(config, tmp_path / "out", tmp_path / "ledger.sqlite", None)
+    assert set(states.values()) == {"new"} and not (tmp_path / "out").exists()

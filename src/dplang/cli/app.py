@@ -52,7 +52,7 @@ def _root(
 
 app.command("account")(account.account)
 app.command("generate")(generate.generate)
-app.command("evaluate")(evaluate.evaluate)
+app.add_typer(evaluate.app, name="evaluate")
 app.command("experiment")(experiment.experiment)
 app.add_typer(ledger.app, name="ledger")
 app.command("report")(report.report)

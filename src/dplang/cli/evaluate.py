@@ -1,16 +1,30 @@
-"""``dplang evaluate``: compare synthetic texts with held-out real texts.
+"""``dplang evaluate``: compare synthetic texts with held-out real texts; ``dplang evaluate
+canaries``: what a private generation lets through of phrases inserted into the references.
 
-Thin front end over :func:`dplang.evaluation.evaluate_files` (imported lazily so that other
-commands do not pay for torch / transformers at start-up).
+Thin front ends over :func:`dplang.evaluation.evaluate_files` and
+:func:`dplang.experiments.canary_run.run_canaries` (imported lazily so that other commands do
+not pay for torch / transformers at start-up). ``evaluate`` is a command group whose callback
+is the evaluation itself (``dplang evaluate --real ... --synthetic ...``) and whose one
+subcommand is ``canaries``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from .errors import fail
+
+app = typer.Typer(
+    help="Evaluate synthetic texts (MAUVE, perplexity/ΔPPL, lengths, Top-k+, downstream); "
+         "`dplang evaluate canaries` runs the canary check.",
+    invoke_without_command=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -18,13 +32,17 @@ def _one_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+@app.callback(invoke_without_command=True)
 def evaluate(
-    real: Path = typer.Option(..., "--real", help="Held-out real texts (CSV, JSONL, ...)."),
-    synthetic: list[Path] = typer.Option(
-        ..., "--synthetic", metavar="OUT.jsonl",
-        help="A dplang generate output; repeat for several seeds / runs.",
+    ctx: typer.Context,
+    real: Path | None = typer.Option(
+        None, "--real", help="Held-out real texts (CSV, JSONL, ...). Required."),
+    synthetic: list[Path] | None = typer.Option(
+        None, "--synthetic", metavar="OUT.jsonl",
+        help="A dplang generate output; repeat for several seeds / runs. Required.",
     ),
-    out: Path = typer.Option(..., "--out", help="Directory for metrics.json, report.md, plots."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Directory for metrics.json, report.md, plots. Required."),
     text_column: str = typer.Option("text", "--text-column", help="Text column of --real."),
     metrics: str | None = typer.Option(
         None, "--metrics",
@@ -34,6 +52,10 @@ def evaluate(
     label_column: str | None = typer.Option(
         None, "--label-column",
         help="downstream: the public label column (generation's --group-by column).",
+    ),
+    test_num: int | None = typer.Option(
+        None, "--test-num",
+        help="downstream: held-out test rows after the n real texts (default: all the rest).",
     ),
     embedder: str = typer.Option(
         "default", "--embedder",
@@ -55,15 +77,30 @@ def evaluate(
         False, "--overwrite", help="Replace the results an earlier evaluation left in --out."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and warnings."),
 ) -> None:
-    """Evaluate synthetic texts: MAUVE, perplexity/ΔPPL, lengths, Top-k+ statistics."""
+    """Evaluate synthetic texts: MAUVE, perplexity/ΔPPL, lengths, Top-k+ statistics,
+    downstream utility. `dplang evaluate canaries --help`: the canary check."""
     from dplang.release import ReleaseError, RunLock, check_output_path
 
     from .console import quiet_libraries
 
+    if ctx.invoked_subcommand is not None:
+        given = [k for k, v in ctx.params.items()
+                 if not (v is None or v is False or v == _DEFAULTS.get(k)
+                         or (isinstance(v, (list, tuple)) and not v))]
+        if given:
+            fail(f"the options of `dplang evaluate` ({', '.join(sorted(given))}) do not go "
+                 f"with `{ctx.invoked_subcommand}`; give that command's own options after it")
+        return
+    missing = [flag for flag, value in (("--real", real), ("--synthetic", synthetic),
+                                        ("--out", out)) if not value]
+    if missing:
+        fail(f"missing option {missing[0]} (dplang evaluate --help)")
+    assert real is not None and synthetic is not None and out is not None
     try:
         check_output_path(out, directory=True)
     except ReleaseError as exc:
         fail(f"{exc} (evaluate writes a folder: metrics.json, report.md and plots)")
+    _downstream_usage(metrics, label_column, test_num)
     existing = [out / name for name in ("metrics.json", "report.md", "downstream.json")
                 if (out / name).exists()]
     if existing and not overwrite:
@@ -75,52 +112,32 @@ def evaluate(
         except ReleaseError as exc:
             fail(str(exc))
         try:
-            metrics = _downstream(real, synthetic, out, text_column, metrics, label_column,
-                                  embedder, num, exclude_references, quiet)
-            if metrics != "":
-                _evaluate(real, synthetic, out, text_column, metrics, embedder, model, num,
-                          seed, num_buckets, exclude_references, quiet)
+            _evaluate(real, synthetic, out, text_column, metrics, embedder, model, num,
+                      seed, num_buckets, exclude_references, quiet, label_column, test_num)
         finally:
             lock.release()
 
 
-def _downstream(real: Path, synthetic: list[Path], out: Path, text_column: str,
-                metrics: str | None, label_column: str | None, embedder: str, num: int | None,
-                exclude_references: bool, quiet: bool) -> str | None:
-    """Run the opt-in ``downstream`` metric when ``--metrics`` names it (files mode 600, see
-    :mod:`dplang.evaluation.downstream`); returns the other metrics ("" when none is left)."""
-    names = [m.strip() for m in (metrics or "").split(",") if m.strip()]
-    if "downstream" not in names:
-        if label_column is not None:
-            fail("--label-column is for --metrics downstream")
-        return metrics
-    if label_column is None:
-        fail("--metrics downstream needs --label-column (the public label column)")
-    from dplang.evaluation import EvaluationError
-    from dplang.evaluation.downstream import evaluate_downstream_files, write_downstream
-    from dplang.io import ReferenceDataError
+#: Non-empty defaults of the evaluation's options (see the subcommand check above).
+_DEFAULTS = {"text_column": "text", "embedder": "default", "model": "default", "seed": 25}
 
-    try:
-        result = evaluate_downstream_files(
-            real, synthetic, label_column=label_column, text_column=text_column, num=num,
-            embedder=embedder, exclude_references=exclude_references,
-            progress=None if quiet else (lambda m: typer.echo(m, err=True)))
-    except (EvaluationError, ReferenceDataError, FileNotFoundError, ValueError) as exc:
-        fail(_one_line(exc))
-    written = write_downstream(result, out)
-    if not quiet:
-        for row in result["rows"]:
-            a, f = row["accuracy"], row["macro_f1"]
-            typer.echo(f"{row['name']}  {row['role']}  n_train={row['n_train']}  "
-                       f"accuracy={a['mean']:.3f} [{a['low']:.3f}, {a['high']:.3f}]  "
-                       f"macro_f1={f['mean']:.3f} [{f['low']:.3f}, {f['high']:.3f}]")
-        typer.echo(f"wrote {written[0]} and {written[1]}")
-    return ",".join(n for n in names if n != "downstream")
+
+def _downstream_usage(metrics: str | None, label_column: str | None,
+                      test_num: int | None) -> None:
+    """``--label-column`` / ``--test-num`` belong to ``--metrics downstream`` (usage errors
+    before anything is read)."""
+    names = [m.strip().lower() for m in (metrics or "").split(",") if m.strip()]
+    if "downstream" not in names:
+        if label_column is not None or test_num is not None:
+            fail("--label-column and --test-num are for --metrics downstream")
+    elif label_column is None:
+        fail("--metrics downstream needs --label-column (the public label column)")
 
 
 def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
               metrics: str | None, embedder: str, model: str, num: int | None, seed: int,
-              num_buckets: int | None, exclude_references: bool, quiet: bool) -> None:
+              num_buckets: int | None, exclude_references: bool, quiet: bool,
+              label_column: str | None = None, test_num: int | None = None) -> None:
     from dplang.evaluation import EvaluationError, evaluate_files
     from dplang.io import ReferenceDataError
 
@@ -133,6 +150,7 @@ def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
             real, synthetic, metrics=metrics, embedder=embedder, model=model, num=num,
             seed=seed, num_buckets=num_buckets, text_column=text_column,
             exclude_references=exclude_references, out_dir=out, progress=progress,
+            label_column=label_column, test_num=test_num,
         )
     except (EvaluationError, ReferenceDataError, FileNotFoundError, ValueError) as exc:
         fail(_one_line(exc))
@@ -152,5 +170,119 @@ def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
         if "topk" in run:
             parts.append(f"effective_k={run['topk']['effective_k']['mean']:.2f}")
             parts.append(f"expansion_tokens={run['topk']['expansion_tokens']['mean']:.2f}")
+        if "downstream" in run:
+            parts.append(_downstream_line(run["downstream"]))
         typer.echo("  ".join(parts))
+    if "downstream" in result["real"]:
+        typer.echo(f"real (ceiling)  n={result['settings']['n']}  "
+                   + _downstream_line(result["real"]["downstream"]["ceiling"]))
+        typer.echo(f"wrote {out / 'downstream.md'} and {out / 'downstream.json'}")
     typer.echo(f"wrote {out / 'metrics.json'} and {out / 'report.md'}")
+
+
+def _downstream_line(row: dict[str, Any]) -> str:
+    """One run's (or the ceiling's) downstream scores on one line."""
+    a, f = row["accuracy"], row["macro_f1"]
+    return (f"{row['role']}  accuracy={a['mean']:.3f} [{a['low']:.3f}, {a['high']:.3f}]  "
+            f"macro_f1={f['mean']:.3f} [{f['low']:.3f}, {f['high']:.3f}]")
+
+
+@app.command("canaries")
+def canaries(
+    data: Path = typer.Option(..., "--data", help="References: CSV, TSV, JSONL, Parquet or text."),
+    out: Path = typer.Option(
+        ..., "--out", help="Directory for canaries.md, canaries.png and canaries.json."),
+    epsilon: str = typer.Option(
+        "1,10", "--epsilon", help="Comma-separated ε values, one pair of runs each."),
+    repeats: str = typer.Option(
+        "1,2,5,20,50", "--repeats",
+        help="Comma-separated m: one canary per entry, inserted into m references."),
+    num: int = typer.Option(32, "--num", "-n", help="Generations per run (num × B references)."),
+    batch_size: int = typer.Option(3, "--batch-size", "-B", help="References per generation."),
+    max_tokens: int = typer.Option(32, "--max-tokens", "-T", help="Tokens per generation."),
+    top_k: int = typer.Option(50, "--top-k", help="Top-k of the public logits (0: all)."),
+    temperature: float = typer.Option(1.2, "--temperature", help="Sampling temperature."),
+    delta: float = typer.Option(1e-6, "--delta", help="Target δ."),
+    model: str = typer.Option("default", "--model", help="'default' (Gemma 3 270M) or a path."),
+    text_column: str = typer.Option("text", "--text-column", help="Text column of --data."),
+    prompt: str = typer.Option("generic", "--prompt", help="Built-in template or a TOML file."),
+    seed: int | None = typer.Option(
+        None, "--seed",
+        help="A seed for every run (NOT secret: toy or public data only). Default: one fresh "
+             "secret seed, never written.",
+    ),
+    canary_seed: int = typer.Option(0, "--canary-seed", help="Chooses canary texts and rows."),
+    concurrent_groups: int = typer.Option(8, "--concurrent-groups", "-G",
+                                          help="Groups decoded at once."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace the results an earlier run left in --out."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and warnings."),
+) -> None:
+    """Insert canary sentences into copies of the references, generate with and without them
+    (same seed, throw-away ledger, temporary mode-600 copies), count what comes through."""
+    import signal
+
+    from dplang.experiments.canary_run import (
+        CanaryRunError,
+        CanaryRunSettings,
+        check_settings,
+        render_canaries,
+        run_canaries,
+        write_canary_outputs,
+    )
+    from dplang.io import ReferenceDataError
+    from dplang.models.default import ModelSpecError, check_model_spec
+    from dplang.release import ReleaseError, RunLock, check_output_path
+    from dplang.textgen.orchestration import GenerationError
+
+    from .console import quiet_libraries
+
+    try:
+        check_output_path(out, directory=True)
+    except ReleaseError as exc:
+        fail(f"{exc} (canaries writes a folder: canaries.md, canaries.png, canaries.json)")
+    existing = [out / n for n in ("canaries.json", "canaries.md") if (out / n).exists()]
+    if existing and not overwrite:
+        fail(f"{existing[0]} already exists; choose another --out, or --overwrite to replace "
+             "the results")
+    try:
+        settings = CanaryRunSettings(
+            data=data, epsilons=tuple(float(x) for x in epsilon.split(",") if x.strip()),
+            repeats=tuple(int(x) for x in repeats.split(",") if x.strip()), num=num,
+            batch_size=batch_size, max_tokens=max_tokens, top_k=top_k,
+            temperature=temperature, delta=delta, model=model, text_column=text_column,
+            prompt=prompt, seed=seed, canary_seed=canary_seed,
+            concurrent_groups=concurrent_groups)
+    except ValueError:
+        fail("--epsilon and --repeats are comma-separated numbers (e.g. --epsilon 1,10 "
+             "--repeats 1,2,5,20,50)")
+    try:
+        check_settings(settings)
+        check_model_spec(model)
+    except (CanaryRunError, ModelSpecError) as exc:
+        fail(_one_line(exc))
+
+    def progress(message: str) -> None:
+        if not quiet:
+            typer.echo(message, err=True)
+
+    def terminated(*_args: object) -> None:  # the temporary copies of the data are removed
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    with quiet_libraries(quiet):
+        try:
+            lock = RunLock(out).acquire()
+        except ReleaseError as exc:
+            fail(str(exc))
+        try:
+            result = run_canaries(settings, progress=progress)
+            written = write_canary_outputs(result, out)
+        except (CanaryRunError, GenerationError, ReferenceDataError, ModelSpecError) as exc:
+            fail(_one_line(exc))
+        finally:
+            lock.release()
+            signal.signal(signal.SIGTERM, previous)
+    if not quiet:
+        typer.echo(render_canaries(result))
+        typer.echo(f"wrote {', '.join(str(p) for p in written)}")

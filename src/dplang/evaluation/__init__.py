@@ -13,7 +13,12 @@ registered :class:`MetricSpec` (:mod:`~dplang.evaluation.registry`; the built-in
 * :mod:`~dplang.evaluation.perplexity` — perplexity and ΔPPL under a causal LM;
 * :mod:`~dplang.evaluation.lengths` — token lengths and Top-k+ statistics;
 * :mod:`~dplang.evaluation.stats` — Wald intervals;
-* :mod:`~dplang.evaluation.report` / :mod:`~dplang.evaluation.plots` — files.
+* :mod:`~dplang.evaluation.report` / :mod:`~dplang.evaluation.plots` — files;
+* :mod:`~dplang.evaluation.downstream` — the opt-in ``downstream`` metric (train on synthetic,
+  test on real);
+* :mod:`~dplang.evaluation.canaries` — canaries: placement, counting, the bounds (the run
+  that generates with and without them is :mod:`dplang.experiments.canary_run`, since
+  ``evaluation`` does not import ``textgen``).
 
 ``import dplang.evaluation`` is cheap: submodules load on first attribute access.
 

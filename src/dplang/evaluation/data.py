@@ -182,6 +182,9 @@ class RealTexts:
         excluded_references: reference rows skipped (``exclude_references=True``).
         is_generation_data: names of the synthetic files whose data file this is.
         exhausted: whether the whole file was read.
+        labels: per requested label column (``label_columns`` of :func:`load_real`), the
+            selected rows' values in the same order (``""`` where a row has none). Label
+            columns are public by declaration.
     """
 
     path: Path
@@ -192,11 +195,13 @@ class RealTexts:
     excluded_references: int = 0
     is_generation_data: list[str] = field(default_factory=list)
     exhausted: bool = True
+    labels: dict[str, list[str]] = field(default_factory=dict)
 
     def head(self, n: int) -> RealTexts:
-        """The first ``n`` selected texts."""
+        """The first ``n`` selected texts (and their labels)."""
         return RealTexts(self.path, self.texts[:n], self.indices[:n], self.stats, self.sha256,
-                         self.excluded_references, self.is_generation_data, self.exhausted)
+                         self.excluded_references, self.is_generation_data, self.exhausted,
+                         {col: values[:n] for col, values in self.labels.items()})
 
 
 def _is_data_file(real: Path, real_sha: str, run: SyntheticRun) -> bool:
@@ -225,8 +230,10 @@ def load_real(
     text_column: str = "text",
     limit: int | None = None,
     exclude_references: bool = False,
+    label_columns: Sequence[str] = (),
 ) -> RealTexts:
-    """Read up to ``limit`` held-out real texts, checking that they are not references.
+    """Read up to ``limit`` held-out real texts, checking that they are not references, with
+    the values of ``label_columns`` (public by declaration) of the selected rows.
 
     Raises :class:`EvaluationError` when the file cannot be read, holds no usable text, or
     (without ``exclude_references``) a selected row is a reference of one of ``runs``.
@@ -242,16 +249,20 @@ def load_real(
     stats = ReadStats()
     texts: list[str] = []
     indices: list[int] = []
+    labels: dict[str, list[str]] = {col: [] for col in label_columns}
     excluded = 0
     exhausted = True
     try:
-        iterator = read_records(path, text_column, on_unusable="skip", stats=stats)
+        iterator = read_records(path, text_column, tuple(label_columns), on_unusable="skip",
+                                stats=stats)
         for record in iterator:
             if exclude_references and record.index in forbidden:
                 excluded += 1
                 continue
             texts.append(record.text or "")
             indices.append(record.index)
+            for col, values in labels.items():
+                values.append(record.labels.get(col, ""))
             if limit is not None and len(texts) >= limit:
                 exhausted = False
                 break
@@ -272,7 +283,7 @@ def load_real(
             "held-out texts, or pass --exclude-references to skip the reference rows"
         )
     return RealTexts(path, texts, indices, stats, sha, excluded,
-                     [run.name for run in data_of], exhausted)
+                     [run.name for run in data_of], exhausted, labels)
 
 
 def align_sizes(

@@ -11,9 +11,14 @@ held-out real texts. The layout follows Aug-PE's Yelp table:
   from the test rows).
 
 Pure building blocks (:func:`fit_and_score`, :func:`bootstrap_interval`,
-:func:`downstream_table`) take texts and labels in memory, so a registered metric can call them;
-:func:`evaluate_downstream_files` reads the ``dplang evaluate`` inputs and
-:func:`write_downstream` writes ``downstream.json`` / ``downstream.md``.
+:func:`downstream_table`) take texts and labels in memory. Importing this module registers the
+``downstream`` metric (:data:`DOWNSTREAM`, listed in
+:data:`dplang.evaluation.registry.BUILTIN_MODULES`), which ``dplang evaluate --metrics
+downstream --label-column COL`` and experiment sweeps run through the harness like every other
+metric: each run trains on its first ``n`` generations, the ceiling on the ``n`` real texts of
+the evaluation (the first ``n`` held-out rows), and the test set is the held-out rows after
+them. Besides ``metrics.json`` it writes ``downstream.json`` / ``downstream.md``
+(:func:`write_downstream`).
 
 Privacy contract:
 
@@ -25,7 +30,8 @@ Privacy contract:
   other evaluation file (:mod:`dplang.evaluation.report`). None of it is a DP release.
 * **Held-out means disjoint from the references.** Real rows that were references of a
   synthetic run (the run's ``reference_ids`` when the real file is its data file) are refused
-  (or skipped with ``exclude_references``), through :func:`dplang.evaluation.data.load_real`;
+  (or skipped with ``exclude_references``), through :func:`dplang.evaluation.data.load_real`
+  (the harness's ``read_real``);
   in memory, :func:`check_disjoint` refuses test texts that occur among the training texts or
   the given references.
 """
@@ -39,17 +45,26 @@ from typing import Any
 
 import numpy as np
 
-from dplang.evaluation.data import EvaluationError, SyntheticRun, load_real, load_synthetic
+from dplang.evaluation.data import EvaluationError, SyntheticRun
 from dplang.evaluation.embedders import Embedder, resolve_embedder
+from dplang.evaluation.registry import (
+    MetricContext,
+    MetricOutput,
+    MetricSpec,
+    RunValue,
+    register_metric,
+)
 
 __all__ = [
     "DEFAULT_BOOTSTRAP",
+    "DOWNSTREAM",
+    "DOWNSTREAM_SEED",
     "DownstreamScore",
     "LabelledTexts",
     "bootstrap_interval",
     "check_disjoint",
+    "downstream_layout",
     "downstream_table",
-    "evaluate_downstream_files",
     "fit_and_score",
     "labelled_run",
     "render_downstream",
@@ -58,6 +73,8 @@ __all__ = [
 
 #: Bootstrap resamples of the test set.
 DEFAULT_BOOTSTRAP = 1000
+#: Seed of the bootstrap and of the classifier in the registered metric.
+DOWNSTREAM_SEED = 0
 #: Confidence of the bootstrap intervals.
 CONFIDENCE = 0.95
 
@@ -215,14 +232,18 @@ def downstream_table(
     references: Sequence[str] = (),
     resamples: int = DEFAULT_BOOTSTRAP,
     seed: int = 0,
+    embed_real: Callable[[Sequence[str]], np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """Scores of classifiers trained on each synthetic set, the floor(s) and the ceiling,
     all tested on ``test`` (held-out real texts).
 
     The ceiling is cut to the size of the largest synthetic set ("as many real texts"). Refuses
     (:class:`EvaluationError`) test texts that occur among the ceiling's training texts or among
-    ``references`` (the generation's references, when the caller knows them). Returns a dict
-    with ``settings``, ``test`` (size, class counts) and ``rows`` (one per classifier)."""
+    ``references`` (the generation's references, when the caller knows them). ``embed_real``
+    (default: the embedder's) embeds the real texts, test and ceiling (a cache across
+    evaluations; it must give the embedder's features). Returns a dict with ``settings``,
+    ``test`` (size, class counts) and ``rows`` (one per classifier, in the order synthetic,
+    floor, ceiling)."""
     if not test.texts:
         raise EvaluationError("no held-out test texts")
     if not synthetic and not floor and ceiling is None:
@@ -238,12 +259,15 @@ def downstream_table(
             ceiling = ceiling.head(n_syn)
         check_disjoint(test.texts, ceiling.texts, what="ceiling's real training")
     emb = resolve_embedder(embedder)
-    test_x = emb.embed(list(test.texts))
+    real_features = embed_real or (lambda texts: emb.embed(list(texts)))
+    test_x = real_features(test.texts)
     rows: list[dict[str, Any]] = []
     for role, sets in (("synthetic", list(synthetic)), ("floor", list(floor)),
                        ("ceiling", [ceiling] if ceiling is not None else [])):
         for s in sets:
-            score = fit_and_score(emb.embed(list(s.texts)), s.labels, test_x, test.labels,
+            features = (real_features(s.texts) if role == "ceiling"
+                        else emb.embed(list(s.texts)))
+            score = fit_and_score(features, s.labels, test_x, test.labels,
                                   name=s.name, role=role, resamples=resamples, seed=seed)
             rows.append(score.to_dict())
     classes, counts = np.unique(np.asarray(test.labels), return_counts=True)
@@ -279,76 +303,157 @@ def _is_floor(run: SyntheticRun) -> bool:
     return run.parameters.get("method") == "public"
 
 
-def evaluate_downstream_files(
-    real: str | Path,
-    synthetic: str | Path | Sequence[str | Path],
-    *,
-    label_column: str,
-    text_column: str = "text",
-    num: int | None = None,
-    embedder: str | Embedder = "default",
-    exclude_references: bool = False,
-    resamples: int = DEFAULT_BOOTSTRAP,
-    seed: int = 0,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """The downstream table for ``dplang evaluate`` inputs.
+# ------------------------------------------------------------------------ the registered metric
+#
+# ``dplang evaluate --metrics downstream --label-column COL`` (and ``[evaluation].metrics`` of
+# an experiment) go through the metric registry like every other metric: the harness aligns the
+# inputs to ``n`` texts per side, so every run trains on its first ``n`` generations and the
+# ceiling on the ``n`` real texts the other metrics use (the first ``n`` held-out rows); the
+# test set is the held-out rows after them (``ctx.read_real``).
 
-    Runs generated by public-only generation (manifest ``method = public``) are the floor; the
-    others are synthetic rows. From the held-out real file, the first ``n_train`` usable rows
-    (``n_train`` = the largest run's size) train the ceiling and the next ``num`` rows (default:
-    all the rest) are the test set; rows that were references of a run are refused or, with
-    ``exclude_references``, skipped (:func:`dplang.evaluation.data.load_real`). Real rows with
-    an empty label are refused.
+_SHARED = "downstream"
 
-    Privacy contract: the result describes private held-out rows (write it with
-    :func:`write_downstream`, mode 600); the labels are public by declaration."""
-    from dplang.io import read_records
 
-    say = progress or (lambda message: None)
-    paths = [synthetic] if isinstance(synthetic, (str, Path)) else list(synthetic)
-    if not paths:
-        raise EvaluationError("no synthetic file given")
-    runs = [load_synthetic(p) for p in paths]
-    labelled = [(labelled_run(r, label_column), _is_floor(r)) for r in runs]
-    n_train = max(len(s.texts) for s, _ in labelled)
-    limit = None if num is None else n_train + num
-    held = load_real(real, runs, text_column=text_column, limit=limit,
-                     exclude_references=exclude_references)
-    if len(held.texts) <= n_train:
-        raise EvaluationError(f"{real}: {len(held.texts)} held-out real texts; the downstream "
-                              f"metric needs more than {n_train} (the ceiling's training set) "
-                              "plus a test set")
-    wanted = set(held.indices)
-    by_index: dict[int, str] = {}
-    for record in read_records(Path(real), text_column, [label_column], on_unusable="skip"):
-        if record.index in wanted:
-            by_index[record.index] = record.labels.get(label_column, "")
-    labels = [by_index.get(i, "") for i in held.indices]
-    if any(not lab for lab in labels):
-        bad = held.indices[[not lab for lab in labels].index(True)]
-        raise EvaluationError(f"{real}: row {bad} has no label in column {label_column!r}")
-    ceiling = LabelledTexts.of("real (ceiling)", held.texts[:n_train], labels[:n_train])
-    test_texts = held.texts[n_train:]
-    test_labels = labels[n_train:]
-    if num is not None and len(test_texts) < num:
-        raise EvaluationError(f"--num {num}: only {len(test_texts)} held-out test texts after "
-                              f"the ceiling's {n_train}")
-    test = LabelledTexts.of("real (held-out test)", test_texts, test_labels)
-    say(f"downstream: {len(test.texts)} test texts, {n_train} training texts per classifier")
-    result = downstream_table(
-        test, [s for s, f in labelled if not f], embedder=embedder, ceiling=ceiling,
-        floor=[s for s, f in labelled if f], resamples=resamples, seed=seed,
+def _preflight(settings: Any) -> None:
+    if not settings.label_column or not str(settings.label_column).strip():
+        raise EvaluationError("the downstream metric needs a label column (--label-column: the "
+                              "generation's --group-by column)")
+    if settings.test_num is not None and settings.test_num < 1:
+        raise EvaluationError(f"--test-num must be at least 1, got {settings.test_num}")
+    resolve_embedder(settings.embedder)
+
+
+def _prepare(ctx: MetricContext) -> None:
+    """Check everything before any embedding: labels of every run, labelled held-out rows,
+    enough of them for a test set."""
+    settings = ctx.settings
+    if ctx.read_real is None:
+        raise EvaluationError("the downstream metric reads labelled held-out rows from a file "
+                              "(evaluate_files, dplang evaluate); for texts in memory call "
+                              "dplang.evaluation.downstream.downstream_table")
+    _preflight(settings)
+    column = str(settings.label_column)
+    labelled = [labelled_run(run, column) for run in ctx.runs]
+    n, test_num = ctx.n, settings.test_num
+    held = ctx.read_real(None if test_num is None else n + test_num, [column])
+    if held.texts[:n] != list(ctx.real.texts):  # the same rules read the same rows
+        raise RuntimeError("downstream: the held-out rows read again differ from the first n")
+    if len(held.texts) <= n:
+        raise EvaluationError(f"{held.path}: {len(held.texts)} held-out real texts; the "
+                              f"downstream metric needs more than n = {n} (the ceiling's "
+                              "training set) plus a test set")
+    labels = held.labels[column]
+    missing = [i for i, label in zip(held.indices, labels, strict=True) if not label]
+    if missing:
+        raise EvaluationError(f"{held.path}: row {missing[0]} has no label in column "
+                              f"{column!r}")
+    if test_num is not None and len(held.texts) - n < test_num:
+        raise EvaluationError(f"--test-num {test_num}: only {len(held.texts) - n} held-out "
+                              f"test texts after the ceiling's {n}")
+    ctx.shared[_SHARED] = {
+        "runs": labelled,
+        "floor": [_is_floor(run) for run in ctx.runs],
+        "ceiling": LabelledTexts.of("real (ceiling)", held.texts[:n], labels[:n]),
+        "test": LabelledTexts.of("real (held-out test)", held.texts[n:], labels[n:]),
+        "excluded_references": held.excluded_references,
+    }
+
+
+def _compute(ctx: MetricContext) -> MetricOutput:
+    prepared = ctx.shared.get(_SHARED)
+    if prepared is None:
+        _prepare(ctx)
+        prepared = ctx.shared[_SHARED]
+    runs: list[LabelledTexts] = prepared["runs"]
+    floor: list[bool] = prepared["floor"]
+    test: LabelledTexts = prepared["test"]
+    ceiling: LabelledTexts = prepared["ceiling"]
+    embedder = ctx.embedder
+    if any(floor) and not all(floor):
+        ctx.warn("downstream: the mean over runs mixes private runs and public-only (floor) "
+                 "runs; read the per-run rows (downstream.md)")
+    key = ("embed", embedder.name, embedder.max_tokens)
+
+    def embed_real(texts: Sequence[str]) -> np.ndarray:  # shared across a sweep's cells
+        return ctx.cache.get(key, list(texts), lambda: embedder.embed(list(texts)))
+
+    ctx.say(f"downstream: {len(test.texts)} test texts, {ctx.n} training texts per classifier")
+    table = downstream_table(
+        test, [r for r, f in zip(runs, floor, strict=True) if not f], embedder=embedder,
+        ceiling=ceiling, floor=[r for r, f in zip(runs, floor, strict=True) if f],
+        resamples=DEFAULT_BOOTSTRAP, seed=DOWNSTREAM_SEED, embed_real=embed_real,
     )
-    result["settings"].update({"label_column": label_column, "text_column": text_column})
-    result["real"] = {"path": str(held.path), "sha256": held.sha256,
-                      "excluded_references": held.excluded_references,
-                      "ceiling_rows": "first n_train held-out rows",
-                      "test_rows": "the held-out rows after them"}
-    result["runs"] = [{"name": r.name, "path": str(r.path), "sha256": r.sha256,
-                       "role": "floor" if f else "synthetic"}
-                      for r, (_, f) in zip(runs, labelled, strict=True)]
-    return result
+    synthetic_rows = iter([r for r in table["rows"] if r["role"] == "synthetic"])
+    floor_rows = iter([r for r in table["rows"] if r["role"] == "floor"])
+    per_run = [next(floor_rows) if f else next(synthetic_rows) for f in floor]
+    ceiling_row = next(r for r in table["rows"] if r["role"] == "ceiling")
+    settings = dict(table["settings"])
+    settings.update({
+        "label_column": ctx.settings.label_column,
+        "n_train": ctx.n,
+        "ceiling_rows": "the n real texts of the evaluation (first n held-out rows)",
+        "test_rows": "the held-out rows after them"
+                     + ("" if ctx.settings.test_num is None
+                        else f" (the first {ctx.settings.test_num})"),
+    })
+    return MetricOutput(per_run, settings=settings,
+                        real={"test": table["test"], "ceiling": ceiling_row,
+                              "excluded_references": prepared["excluded_references"]})
+
+
+def downstream_layout(result: dict[str, Any]) -> dict[str, Any]:
+    """The downstream part of an evaluation result (``metrics.json``) in Aug-PE's layout
+    (``downstream.json``): ``settings``, ``test``, ``rows`` (synthetic runs, floor runs, the
+    ceiling), ``real`` and ``runs``."""
+    entries = [(run, run["downstream"]) for run in result["runs"]]
+    rows = ([e for _, e in entries if e["role"] == "synthetic"]
+            + [e for _, e in entries if e["role"] == "floor"]
+            + [result["real"]["downstream"]["ceiling"]])
+    real = result["real"]
+    return {
+        "settings": {**result["settings"]["downstream"],
+                     "text_column": result["settings"]["text_column"]},
+        "test": real["downstream"]["test"],
+        "rows": rows,
+        "real": {"path": real["path"], "sha256": real["sha256"],
+                 "excluded_references": real["downstream"]["excluded_references"],
+                 "ceiling_rows": result["settings"]["downstream"]["ceiling_rows"],
+                 "test_rows": result["settings"]["downstream"]["test_rows"]},
+        "runs": [{"name": run["name"], "path": run["path"], "sha256": run["sha256"],
+                  "role": entry["role"]} for run, entry in entries],
+    }
+
+
+def _files(result: dict[str, Any], out_dir: Path) -> list[Path]:
+    return write_downstream(downstream_layout(result), out_dir)
+
+
+def _describe(s: dict[str, Any] | None) -> str:
+    assert s is not None
+    return (f"- downstream: {s['classifier']} on {s['embedder']} embeddings, label column "
+            f"`{s['label_column']}`; trained on each run's n = {s['n_train']} texts, the "
+            "ceiling (row 'real') on the n real texts; tested on "
+            f"{s['test_rows']}; {100 * s['confidence']:.0f}% bootstrap intervals in "
+            "`downstream.md`")
+
+
+DOWNSTREAM = register_metric(MetricSpec(
+    name="downstream",
+    compute=_compute,
+    aggregate=(
+        RunValue("downstream_accuracy", ("accuracy", "mean"), higher_is_better=True,
+                 header="downstream accuracy (%)", real=("ceiling", "accuracy"), scale=100.0,
+                 digits=1),
+        RunValue("downstream_macro_f1", ("macro_f1", "mean"), higher_is_better=True,
+                 header="downstream macro-F1 (%)", real=("ceiling", "macro_f1"), scale=100.0,
+                 digits=1),
+    ),
+    default=False,
+    preflight=_preflight,
+    prepare=_prepare,
+    describe=_describe,
+    plots=_files,
+))
 
 
 def render_downstream(result: dict[str, Any]) -> str:

@@ -106,6 +106,10 @@ class EvaluationSettings:
         exclude_references: skip real rows that were references of a run (when the real file
             is the generation's data file) instead of refusing.
         batch_size / max_length: perplexity batching and per-text token limit (incl. BOS).
+        label_column: the public label column of the ``downstream`` metric (the generation's
+            ``--group-by`` column).
+        test_num: ``downstream``: held-out test rows after the ``n`` real texts (``None``: all
+            the rest).
     """
 
     metrics: tuple[str, ...] = ALL_METRICS
@@ -119,6 +123,8 @@ class EvaluationSettings:
     exclude_references: bool = False
     batch_size: int = DEFAULT_BATCH_SIZE
     max_length: int = DEFAULT_MAX_LENGTH
+    label_column: str | None = None
+    test_num: int | None = None
     metrics_explicit: bool = field(default=True, repr=False)
 
 
@@ -138,6 +144,7 @@ def evaluate_runs(
     *,
     progress: Callable[[str], None] | None = None,
     cache: RealSideCache | None = None,
+    read_real: Callable[[int | None, Sequence[str]], RealTexts] | None = None,
 ) -> dict[str, Any]:
     """Compute the metrics of already loaded inputs; see :func:`evaluate_files`.
 
@@ -145,7 +152,9 @@ def evaluate_runs(
     sizes, each metric's ``prepare`` (fail before any slow work), the inputs' description,
     then each metric's ``compute`` and the aggregation of its per-run values over runs.
     ``cache`` keeps real-side results (default: the process's
-    :data:`~dplang.evaluation.registry.REAL_SIDE_CACHE`)."""
+    :data:`~dplang.evaluation.registry.REAL_SIDE_CACHE`); ``read_real`` re-reads more held-out
+    rows with labels (:class:`~dplang.evaluation.registry.MetricContext`; ``None`` for texts
+    in memory)."""
     say = progress or (lambda message: None)
     warnings: list[str] = []
     specs = [get_metric(name) for name in settings.metrics]
@@ -172,7 +181,8 @@ def evaluate_runs(
         )
     ctx = MetricContext(real, runs, n, settings,
                         ScoringModels(settings.model, settings.batch_size, settings.max_length),
-                        cache if cache is not None else REAL_SIDE_CACHE, warnings.append, say)
+                        cache if cache is not None else REAL_SIDE_CACHE, warnings.append, say,
+                        read_real)
     for spec in specs:
         if spec.prepare is not None:
             spec.prepare(ctx)
@@ -257,16 +267,19 @@ def evaluate_files(
     exclude_references: bool = False,
     out_dir: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
+    label_column: str | None = None,
+    test_num: int | None = None,
 ) -> dict[str, Any]:
     """Evaluate synthetic runs against held-out real texts.
 
     Args:
         real: held-out real texts (CSV, TSV, JSONL, Parquet or text; column ``text_column``).
         synthetic: one or more ``dplang generate`` outputs (one per seed / run).
-        metrics: registered metric names: ``mauve, perplexity, length, topk`` and any added
-            with :func:`~dplang.evaluation.registry.register_metric` (``None``: the default
-            ones, the four built-ins; Top-k+ is then skipped with a warning for runs that carry
-            no statistics).
+        metrics: registered metric names: ``mauve, perplexity, length, topk``, the opt-in
+            ``downstream`` and any added with
+            :func:`~dplang.evaluation.registry.register_metric` (``None``: the default ones,
+            the four built-ins; Top-k+ is then skipped with a warning for runs that carry no
+            statistics).
         embedder: MAUVE embedder (``"default"``, ``"hashing"``, a folder, or an object).
         model: perplexity / tokenizer model (``"default"``, a path, or a loaded model).
         num: texts per side (default: as many as every input provides).
@@ -276,6 +289,10 @@ def evaluate_files(
         exclude_references: see :func:`dplang.evaluation.data.load_real`.
         out_dir: when given, ``metrics.json``, ``report.md`` and plots are written there.
         progress: called with short progress messages.
+        label_column: ``downstream`` only (required there): the public label column, read
+            from each generation's ``labels`` and from the real file.
+        test_num: ``downstream`` only: held-out test rows after the ``n`` real texts that
+            train the ceiling (default: all the rest).
 
     Returns:
         The metrics dict (also written as ``metrics.json``): ``settings``, ``real``, ``runs``
@@ -287,10 +304,13 @@ def evaluate_files(
         FileNotFoundError: a model or embedder that does not exist or cannot be loaded.
     """
     chosen = parse_metrics(metrics)
+    if "downstream" not in chosen and (label_column is not None or test_num is not None):
+        raise EvaluationError("--label-column and --test-num are for --metrics downstream")
     settings = EvaluationSettings(
         metrics=chosen, embedder=embedder, model=model, num=num, seed=seed,
         num_buckets=num_buckets, text_column=text_column,
-        exclude_references=exclude_references, metrics_explicit=metrics is not None,
+        exclude_references=exclude_references, label_column=label_column, test_num=test_num,
+        metrics_explicit=metrics is not None,
     )
     paths = [synthetic] if isinstance(synthetic, (str, Path)) else list(synthetic)
     if not paths:
@@ -314,7 +334,12 @@ def evaluate_files(
     limit = num if num is not None else min(len(r.texts) for r in runs)
     real_texts = load_real(real, runs, text_column=text_column, limit=limit,
                            exclude_references=exclude_references)
-    result = evaluate_runs(real_texts, runs, settings, progress=progress)
+
+    def read_real(limit: int | None, label_columns: Sequence[str]) -> RealTexts:
+        return load_real(real, runs, text_column=text_column, limit=limit,
+                         exclude_references=exclude_references, label_columns=label_columns)
+
+    result = evaluate_runs(real_texts, runs, settings, progress=progress, read_real=read_real)
     if out_dir is not None:
         from dplang.evaluation.report import write_outputs
 

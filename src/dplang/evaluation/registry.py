@@ -141,7 +141,14 @@ class MetricContext:
 
     ``real`` and every run hold the same number ``n`` of texts. ``warn`` appends to the
     result's warnings, ``say`` reports progress; ``embedder`` and ``models`` (the scoring model
-    and tokenizer) are loaded at most once, on first use; ``cache`` keeps real-side results."""
+    and tokenizer) are loaded at most once, on first use; ``cache`` keeps real-side results.
+
+    ``read_real(limit, label_columns)`` reads the first ``limit`` (``None``: all) held-out rows
+    of the real file again, by the same rules as ``real`` (blank rows skipped, reference rows
+    refused or skipped), with the values of public label columns: for a metric that needs
+    more held-out rows than ``n`` or their labels (``downstream``). It is ``None`` when the
+    real texts were given in memory. ``shared`` is the evaluation's scratch space: what a
+    metric's ``prepare`` read, for its ``compute``."""
 
     real: RealTexts
     runs: Sequence[SyntheticRun]
@@ -151,6 +158,8 @@ class MetricContext:
     cache: RealSideCache
     warn: Callable[[str], None]
     say: Callable[[str], None]
+    read_real: Callable[[int | None, Sequence[str]], RealTexts] | None = None
+    shared: dict[str, Any] = field(default_factory=dict)
 
     @cached_property
     def embedder(self) -> Embedder:
@@ -169,7 +178,8 @@ class MetricSpec:
     (return a warning to skip the metric for these runs when it was not asked for explicitly,
     or raise :class:`~dplang.evaluation.data.EvaluationError`), ``prepare(ctx)`` (checks on the
     aligned inputs). ``describe(settings_entry)`` is the metric's line under "Settings" in
-    ``report.md``; ``plots(result, out_dir)`` writes extra figures and returns their paths.
+    ``report.md``; ``plots(result, out_dir)`` writes extra files (figures, tables; mode 600)
+    and returns their paths.
     ``columns`` orders the table columns and panels (default: ``aggregate``'s order).
     ``default``: part of the metrics computed when none are named."""
 
@@ -227,7 +237,8 @@ def register_metric(spec: MetricSpec, *, replace: bool = False) -> MetricSpec:
 
 #: The modules whose import registers dplang's own metrics, in report order: a new built-in
 #: metric is a new module and one line here.
-BUILTIN_MODULES: tuple[str, ...] = ("dplang.evaluation.metrics",)
+BUILTIN_MODULES: tuple[str, ...] = ("dplang.evaluation.metrics",
+                                     "dplang.evaluation.downstream")
 _loading: list[bool] = []
 _loaded: list[bool] = []
 
@@ -245,16 +256,24 @@ def _builtins() -> None:
         _loading.clear()
 
 
+def _order(spec: MetricSpec) -> int:
+    """Built-in metrics in the order of :data:`BUILTIN_MODULES` (whichever module happened to
+    be imported first), then the others."""
+    module = getattr(spec.compute, "__module__", None)
+    return BUILTIN_MODULES.index(module) if module in BUILTIN_MODULES else len(BUILTIN_MODULES)
+
+
 def metric_names() -> tuple[str, ...]:
-    """Every registered metric, in registration (and report) order."""
+    """Every registered metric, in report order: the built-ins in the order of
+    :data:`BUILTIN_MODULES` (and of registration within a module), then the others in
+    registration order."""
     _builtins()
-    return tuple(_METRICS)
+    return tuple(sorted(_METRICS, key=lambda name: _order(_METRICS[name])))
 
 
 def default_metrics() -> tuple[str, ...]:
     """The metrics computed when none are named."""
-    _builtins()
-    return tuple(name for name, spec in _METRICS.items() if spec.default)
+    return tuple(name for name in metric_names() if _METRICS[name].default)
 
 
 def resolve_metric_name(name: str) -> str | None:

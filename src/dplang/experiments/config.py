@@ -33,10 +33,16 @@ replicates = 1              # independent cells per point, each with a fresh SEC
 public_baseline = true      # add the public-only cell (ε = 0, no references)
 
 [evaluation]
-metrics = ["mauve", "length", "topk"]   # and "perplexity" (ΔPPL against the real texts)
+metrics = ["mauve", "length", "topk"]   # and "perplexity" (ΔPPL against the real texts),
+                                        # "downstream" (train on synthetic, test on real)
 embedder = "default"
 num_buckets = 5             # optional; MAUVE buckets (default max(2, n // 20))
+# label_column = "label1"   # downstream only, and required there: a [data].group_by column
 ```
+
+With ``downstream`` each cell's classifier trains on its ``num`` generations (labelled with
+the group each was generated for), the ceiling on the first ``num`` held-out rows, and all the
+later held-out rows are the test set, so ``[data].real`` must hold more than ``num`` rows.
 
 Row ranges are positions in the data file, so the split into references and held-out texts is
 data-independent. Every cell is a release: it is charged to the user's privacy ledger (CLI
@@ -163,6 +169,8 @@ class ExperimentConfig:
     max_reference_tokens: int = 256
     #: Where ``[data].path`` was looked for (see :func:`resolve_data_path`).
     data_candidates: tuple[Path, ...] = ()
+    #: The public label column of the ``downstream`` metric (one of ``group_by``).
+    label_column: str | None = None
 
 
 #: The keys each section may hold; anything else is refused with its name (a misspelt key
@@ -176,10 +184,11 @@ KEYS: dict[str, frozenset[str]] = {
                              "max_reference_tokens"}),
     "sweep": frozenset({"methods", "epsilon", "batch_size", "top_k", "temperature",
                         "replicates", "seeds", "public_baseline"}),
-    "evaluation": frozenset({"metrics", "embedder", "num_buckets"}),
+    "evaluation": frozenset({"metrics", "embedder", "num_buckets", "label_column"}),
 }
-#: Metric names of ``[evaluation].metrics`` (dplang.evaluation's, without importing it).
-METRICS = ("mauve", "perplexity", "length", "topk")
+#: Metric names of ``[evaluation].metrics`` (dplang.evaluation's, without importing it;
+#: a test checks them against the registry).
+METRICS = ("mauve", "perplexity", "length", "topk", "downstream")
 
 
 def _check_keys(raw: dict[str, Any]) -> None:
@@ -373,6 +382,7 @@ def load_config(path: str | Path, data: str | Path | None = None) -> ExperimentC
     if not isinstance(metrics, list) or not metrics or any(m not in METRICS for m in metrics):
         raise ConfigError(f"[evaluation].metrics must be a non-empty list of "
                           f"{', '.join(METRICS)}; got {metrics!r}")
+    label_column = _label_column(ev, metrics, tuple(group_by), real, num)
     return ExperimentConfig(
         name=_str(raw, "", "name", path.stem) if "name" in raw else path.stem,
         base_dir=base, data_path=data_path,
@@ -388,8 +398,34 @@ def load_config(path: str | Path, data: str | Path | None = None) -> ExperimentC
         dataset=dataset.strip() if dataset else None, written_seeds="seeds" in sweep,
         max_reference_tokens=_int(gen, "generation", "max_reference_tokens",
                                   DEFAULT_MAX_REFERENCE_TOKENS, 1),
-        data_candidates=tuple(looked),
+        data_candidates=tuple(looked), label_column=label_column,
     )
+
+
+def _label_column(ev: dict[str, Any], metrics: list[str], group_by: tuple[str, ...],
+                  real: tuple[int, int], num: int) -> str | None:
+    """``[evaluation].label_column``: required by, and only allowed with, the ``downstream``
+    metric; a ``[data].group_by`` column (the only labels the generations carry, public by
+    declaration); and the held-out rows must hold the ceiling's ``num`` plus a test set."""
+    value = ev.get("label_column")
+    if "downstream" not in metrics:
+        if value is not None:
+            raise ConfigError("[evaluation].label_column is for the downstream metric; add "
+                              "\"downstream\" to [evaluation].metrics or remove it")
+        return None
+    if value is None:
+        raise ConfigError("[evaluation].label_column is required by the downstream metric "
+                          "(a [data].group_by column)")
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"[evaluation].label_column must be a column name, got {value!r}")
+    if value not in group_by:
+        raise ConfigError(f"[evaluation].label_column {value!r} is not a [data].group_by "
+                          "column: generations carry only the labels they were grouped by")
+    if real[1] - real[0] <= num:
+        raise ConfigError(f"[data].real holds {real[1] - real[0]} rows: downstream needs more "
+                          f"than [generation].num = {num} (the ceiling's training texts) plus "
+                          "a test set")
+    return value
 
 
 def missing_data_message(config: ExperimentConfig) -> str | None:

@@ -39,7 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..io import file_digest, iter_json_objects, read_records
+from ..io import Record, file_digest, iter_json_objects, read_records
 from ..models.base import LogitsModel
 from ..privacy.accounting import rho_to_epsilon
 from ..privacy.ledger import LedgerError, PrivacyLedger, check_ledger_path
@@ -72,7 +72,9 @@ RESULT_COLUMNS = (
     "method", "epsilon", "batch_size", "top_k", "temperature", "seed", "replicate",
     "calls_per_token",
     "clip", "rho", "n", "mauve", "ppl_synthetic", "delta_ppl", "length_mean",
-    "effective_k", "expansion_tokens", "gen_seconds", "cpu_seconds", "resumed",
+    "effective_k", "expansion_tokens", "downstream_accuracy", "downstream_accuracy_low",
+    "downstream_accuracy_high", "downstream_macro_f1", "downstream_ceiling",
+    "gen_seconds", "cpu_seconds", "resumed",
 )
 
 
@@ -176,6 +178,8 @@ def cell_spec(config: ExperimentConfig, cell: Cell, data_digest: str) -> dict[st
         "num_buckets": config.num_buckets, "real": list(config.real), "num": config.num,
         "model": config.model if "perplexity" in config.metrics else None,
     }
+    if config.label_column is not None:  # recorded only when set: older cells stay "same"
+        evaluation["label_column"] = config.label_column
     return {"generation": generation, "evaluation": evaluation}
 
 
@@ -211,6 +215,25 @@ def count_rows(config: ExperimentConfig) -> int:
     """Data rows of the configured file (a public quantity under replace-by-null: neighbours
     have as many rows)."""
     return sum(1 for _ in read_records(config.data_path, config.text_column, config.group_by))
+
+
+def _check_group_batches(config: ExperimentConfig) -> None:
+    """With ``group_by``, every private cell's ``num`` batches must exist among the reference
+    rows (each label group is cut into full batches of B): checked from the public labels
+    alone (the texts are not kept), before any cell runs."""
+    start, stop = config.references
+    labels_only = [Record(rec.index, None, rec.labels)
+                   for rec in read_records(config.data_path, config.text_column,
+                                           config.group_by)
+                   if start <= rec.index < stop]
+    for cell in config.cells:
+        if cell.method == "public":
+            continue
+        try:
+            make_batches(labels_only, cell.batch_size, config.num, config.group_by)
+        except ValueError as exc:
+            raise ConfigError(f"cell {cell.key}: {str(exc).splitlines()[0]} (among "
+                              "[data].references)") from None
 
 
 def preflight(config: ExperimentConfig, out_dir: Path, ledger: str | Path | None,
@@ -249,7 +272,9 @@ def preflight(config: ExperimentConfig, out_dir: Path, ledger: str | Path | None
             raise ConfigError(f"[data].{what} ends at row {stop} but {config.data_path.name} "
                               f"has {rows} data rows")
     available = config.references[1] - config.references[0]
-    if not config.group_by:
+    if config.group_by:
+        _check_group_batches(config)
+    else:
         for cell in config.cells:
             need = config.num * max(cell.batch_size, 1)
             if cell.method != "public" and need > available:
@@ -330,18 +355,22 @@ def _records(path: Path, group_by: tuple[str, ...]):
     return load_references(path, "text", group_by)
 
 
+def _lookup(node: Any, *keys: str) -> Any:
+    """``node[k0][k1]...``, or None where a key is missing or null."""
+    for k in keys:
+        if not isinstance(node, dict) or node.get(k) is None:
+            return None
+        node = node[k]
+    return node
+
+
 def _row(cell: Cell, config: ExperimentConfig, metrics: dict[str, Any],
          timing: dict[str, Any]) -> dict[str, Any]:
     run = metrics["runs"][0]
     manifest = run.get("manifest") or {}
 
     def get(*keys: str) -> Any:
-        node: Any = run
-        for k in keys:
-            if not isinstance(node, dict) or node.get(k) is None:
-                return None
-            node = node[k]
-        return node
+        return _lookup(run, *keys)
 
     return {
         "method": cell.method, "epsilon": cell.epsilon, "batch_size": cell.batch_size,
@@ -355,6 +384,12 @@ def _row(cell: Cell, config: ExperimentConfig, metrics: dict[str, Any],
         "length_mean": get("length", "tokens", "mean"),
         "effective_k": get("topk", "effective_k", "mean"),
         "expansion_tokens": get("topk", "expansion_tokens", "mean"),
+        "downstream_accuracy": get("downstream", "accuracy", "mean"),
+        "downstream_accuracy_low": get("downstream", "accuracy", "low"),
+        "downstream_accuracy_high": get("downstream", "accuracy", "high"),
+        "downstream_macro_f1": get("downstream", "macro_f1", "mean"),
+        "downstream_ceiling": _lookup(metrics, "real", "downstream", "ceiling", "accuracy",
+                                      "mean"),
         "gen_seconds": round(float(timing.get("gen_seconds", 0.0)), 2),
         "resumed": bool(timing.get("resumed", False)),
         "cpu_seconds": (round(float(timing["cpu_seconds"]), 2)
@@ -454,7 +489,7 @@ def run_experiment(
                                embedder=config.embedder,
                                model=model_for_eval, num=config.num,
                                num_buckets=config.num_buckets,
-                               out_dir=cell_dir / "eval")
+                               out_dir=cell_dir / "eval", label_column=config.label_column)
             metrics = json.loads(metrics_path.read_text())
             timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
             rows.append(_row(cell, config, metrics, timing))

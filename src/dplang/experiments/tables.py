@@ -150,6 +150,24 @@ def privacy_section(config: ExperimentConfig, sweep_rho: float, sweep_eps: float
     return lines
 
 
+def _has(rows: list[dict[str, Any]], key: str) -> bool:
+    return any(r.get(key) not in (None, "") for r in rows)
+
+
+def downstream_section(rows: list[dict[str, Any]]) -> list[str]:
+    """The downstream accuracy in the Table 2 layout, with the ceiling (the same classifier
+    trained on as many real texts); nothing when the sweep has no ``downstream`` metric."""
+    if not _has(rows, "downstream_accuracy"):
+        return []
+    ceiling = _mean([r.get("downstream_ceiling") for r in rows])
+    return ["## Downstream accuracy (%) — train on synthetic, test on real", "",
+            table2(rows, "downstream_accuracy"), "",
+            f"Ceiling (the same classifier trained on as many held-out real texts): "
+            f"{_fmt(ceiling, 1, 100.0)}. The public-only line is the floor. 95% bootstrap "
+            "intervals over the test texts are in `results.csv` and each cell's "
+            "`eval/downstream.md`.", ""]
+
+
 def write_results_md(rows: list[dict[str, Any]], path: Path, config: ExperimentConfig,
                      sweep_rho: float, sweep_eps: float, releases: int = 0,
                      dataset_total: Spend | None = None) -> None:
@@ -168,6 +186,7 @@ def write_results_md(rows: list[dict[str, Any]], path: Path, config: ExperimentC
         "",
         table12(rows),
         "",
+        *downstream_section(rows),
         "## Quality against compute",
         "",
         compute_table(rows),
@@ -176,7 +195,8 @@ def write_results_md(rows: list[dict[str, Any]], path: Path, config: ExperimentC
         "",
         *privacy_section(config, sweep_rho, sweep_eps, releases, dataset_total),
         "",
-        "Plots: `utility_vs_epsilon.png`, `utility_vs_compute.png`, `effective_k_vs_epsilon.png`.",
+        "Plots: `utility_vs_epsilon.png`, `utility_vs_compute.png`, `effective_k_vs_epsilon.png`"
+        + (", `downstream_vs_compute.png`." if _has(rows, "downstream_accuracy") else "."),
     ]
     write_atomic(path, "\n".join(parts) + "\n", private=True)
 
@@ -212,30 +232,10 @@ def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> None:
     _legend(ax)
     save(fig, "utility_vs_epsilon.png")
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    by_series: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
-    for r in priv:
-        by_series[(r["method"], float(r["epsilon"]))].append(r)
-    for (method, e), rs in sorted(by_series.items()):
-        rs = sorted(rs, key=lambda r: int(r["calls_per_token"]))
-        for ax, xkey in zip(axes, ("calls_per_token", "gen_seconds"), strict=True):
-            pts = [(float(r[xkey]), 100 * float(r["mauve"])) for r in rs
-                   if r.get("mauve") not in (None, "") and r.get(xkey) not in (None, "")]
-            if pts:
-                ax.plot(*zip(*pts, strict=True), "o-", label=f"{method} ε={e:g}")
-    for ax in axes:
-        if public is not None:
-            ax.axhline(100 * public, color="k", ls="--", label="public only")
-        ax.set(xscale="log")
-    calls = sorted({int(r["calls_per_token"]) for r in priv})
-    if calls:
-        axes[0].set_xticks(calls, [str(c) for c in calls])
-        axes[0].minorticks_off()
-    axes[0].set(xlabel="model calls per generated token", ylabel="MAUVE (%)",
-                title="Utility vs compute")
-    axes[1].set(xlabel="generation wall clock (s)", title="Utility vs time")
-    _legend(axes[0])
-    save(fig, "utility_vs_compute.png")
+    save(_compute_figure(plt, rows, "mauve", "MAUVE (%)"), "utility_vs_compute.png")
+    if _has(rows, "downstream_accuracy"):
+        save(_compute_figure(plt, rows, "downstream_accuracy", "downstream accuracy (%)",
+                             ceiling="downstream_ceiling"), "downstream_vs_compute.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ks = sorted({int(r["top_k"]) for r in priv if int(r["top_k"]) > 0})
@@ -249,3 +249,38 @@ def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> None:
            title="Top-k+ expansion vs ε")
     _legend(ax)
     save(fig, "effective_k_vs_epsilon.png")
+
+
+def _compute_figure(plt: Any, rows: list[dict[str, Any]], metric: str, ylabel: str,
+                    ceiling: str | None = None) -> Any:
+    """``metric`` (in %) against model calls per token and against generation wall clock,
+    one line per (method, ε); the public-only cells (and the ceiling, if any) as lines."""
+    priv = [r for r in rows if r["method"] != "public"]
+    public = _mean([r[metric] for r in rows if r["method"] == "public"])
+    top = _mean([r.get(ceiling) for r in rows]) if ceiling else None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    by_series: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
+    for r in priv:
+        by_series[(r["method"], float(r["epsilon"]))].append(r)
+    for (method, e), rs in sorted(by_series.items()):
+        rs = sorted(rs, key=lambda r: int(r["calls_per_token"]))
+        for ax, xkey in zip(axes, ("calls_per_token", "gen_seconds"), strict=True):
+            pts = [(float(r[xkey]), 100 * float(r[metric])) for r in rs
+                   if r.get(metric) not in (None, "") and r.get(xkey) not in (None, "")]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), "o-", label=f"{method} ε={e:g}")
+    for ax in axes:
+        if public is not None:
+            ax.axhline(100 * public, color="k", ls="--", label="public only")
+        if top is not None:
+            ax.axhline(100 * top, color="g", ls=":", label="real data (ceiling)")
+        ax.set(xscale="log")
+    calls = sorted({int(r["calls_per_token"]) for r in priv})
+    if calls:
+        axes[0].set_xticks(calls, [str(c) for c in calls])
+        axes[0].minorticks_off()
+    axes[0].set(xlabel="model calls per generated token", ylabel=ylabel,
+                title="Utility vs compute")
+    axes[1].set(xlabel="generation wall clock (s)", title="Utility vs time")
+    _legend(axes[0])
+    return fig

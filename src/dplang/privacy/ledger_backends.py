@@ -253,30 +253,6 @@ class SQLiteBackend(LedgerBackend):
         if not os.access(ancestor, os.W_OK | os.X_OK):
             raise LedgerError(f"ledger {p} cannot be created: {ancestor} is not writable")
 
-    def _check_no_ledger_elsewhere(self, db: Db) -> None:
-        """Before a new ledger is created in this login's current schema: refuse when another
-        schema of the database holds one. PostgreSQL's default ``search_path`` is ``"$user",
-        public``: an analyst with a schema of their own name would otherwise create, and
-        charge, a second ledger beside the team's — two budgets for one dataset."""
-        here = db.execute("SELECT current_schema()").fetchone()[0]
-        others = sorted({row[0] for row in db.execute(
-            "SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
-            "ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p') AND c.relname = ? "
-            "AND n.nspname IS DISTINCT FROM current_schema() AND EXISTS (SELECT 1 FROM "
-            "pg_catalog.pg_class c2 WHERE c2.relnamespace = n.oid AND c2.relname = ?)",
-            ("releases", "budgets")).fetchall()})
-        if here is None:
-            raise LedgerError(f"ledger {self.location}: no schema of this login's search_path "
-                              "exists; set one (e.g. ?options=-csearch_path%3Dpublic)")
-        if others:
-            names = ", ".join(others)
-            raise LedgerError(
-                f"ledger {self.location}: schema {names} of this database holds a dplang "
-                f"ledger, but this login's current schema is {here}, where a second, separate "
-                f"ledger (another budget) would be created; point the URL at it with "
-                f"?options=-csearch_path%3D{others[0]} (or use another database for a "
-                "separate ledger)")
-
     def prepare(self) -> None:
         self.check()
         try:

@@ -613,8 +613,37 @@ class _Worker:
     started_at: float = 0.0
 
 
+class _PooledExecutor:
+    """What the local and the Ray executor share: a pool of workers started by ``start``
+    (before the ledger is charged, when the run is driven by
+    :func:`executor_session`) or by :meth:`run` itself, and stopped by :meth:`close`."""
+
+    _pool: Any
+
+    def start(self, recipe: WorkerRecipe, groups: int | None = None) -> None:
+        raise NotImplementedError
+
+    def run(self, model: PromptModel, recipe: WorkerRecipe, table: LeaseTable,
+            on_step: Callable[[int], None] | None) -> None:
+        own = self._pool is None or self._pool.recipe is not recipe
+        try:
+            if own:
+                self.start(recipe, len(table))
+            assert self._pool is not None
+            self._pool.dispatch(table, on_step)
+        finally:
+            if own:
+                self.close()
+
+    def close(self) -> None:
+        """Stop the pool's workers (its ``close`` says how); a no-op when none runs."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+
 @dataclass
-class LocalExecutor:
+class LocalExecutor(_PooledExecutor):
     """``workers`` spawned processes on this machine, each loading the model once and decoding
     up to ``concurrent_groups`` groups at a time (see :func:`_worker_main`).
 
@@ -675,23 +704,6 @@ class LocalExecutor:
             self.close()
             raise
 
-    def run(self, model: PromptModel, recipe: WorkerRecipe, table: LeaseTable,
-            on_step: Callable[[int], None] | None) -> None:
-        own = self._pool is None or self._pool.recipe is not recipe
-        try:
-            if own:
-                self.start(recipe, len(table))
-            assert self._pool is not None
-            self._pool.dispatch(table, on_step)
-        finally:
-            if own:
-                self.close()
-
-    def close(self) -> None:
-        """Stop the workers (each is told to end, then killed if it has not within 5 s)."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
 
 
 class _LocalPool:

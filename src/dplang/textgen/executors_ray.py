@@ -32,7 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..models.base import PromptModel
 from .engine import GroupResult
 from .executors import (
     DEFAULT_MAX_RETRIES,
@@ -43,6 +42,7 @@ from .executors import (
     LeaseTable,
     WorkerRecipe,
     _IdentityPin,
+    _PooledExecutor,
     check_identity,
     check_stall_timeout,
     decode_tasks,
@@ -91,7 +91,7 @@ class _ActorBody:
 
 
 @dataclass
-class RayExecutor:
+class RayExecutor(_PooledExecutor):
     """``workers`` Ray actors, each with its own copy of the model (see the module docstring).
 
     :meth:`start` connects to Ray and starts the actors, each loading the model and passing
@@ -137,23 +137,6 @@ class RayExecutor:
                 self.close()
                 raise
 
-    def run(self, model: PromptModel, recipe: WorkerRecipe, table: LeaseTable,
-            on_step: Callable[[int], None] | None) -> None:
-        own = self._pool is None or self._pool.recipe is not recipe
-        try:
-            if own:
-                self.start(recipe, len(table))
-            assert self._pool is not None
-            self._pool.dispatch(table, on_step)
-        finally:
-            if own:
-                self.close()
-
-    def close(self) -> None:
-        """Kill the actors, and stop Ray if this executor started it."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
 
 
 class _RayPool:

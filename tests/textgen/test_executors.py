@@ -501,6 +501,57 @@ def test_a_worker_that_refuses_its_configuration_stops_the_run_before_the_charge
         "x.jsonl.ledger.sqlite"]
 
 
+SECOND_REFUSES_SOURCE = '''
+import os
+import time
+from dataclasses import dataclass
+
+from dplang.textgen.executors import ModelSource
+
+
+@dataclass(frozen=True)
+class SecondRefuses(ModelSource):
+    """The first worker to load starts; the second refuses (a second later)."""
+
+    marker: str = ""
+
+    def load(self):
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            time.sleep(1.0)
+            raise RuntimeError("simulated refusal") from None
+        return super().load()
+'''
+
+
+def test_one_of_two_workers_refusing_after_the_other_started_stops_the_run_before_the_charge(
+        tmp_path, monkeypatch):
+    import multiprocessing
+
+    import dplang.textgen.executors as ex
+
+    (tmp_path / "second_refuses.py").write_text(SECOND_REFUSES_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from second_refuses import SecondRefuses
+
+    real = ex.ModelSource.for_model.__func__
+    marker = str(tmp_path / "first-loaded")
+
+    def for_model(cls, model, spec, dtype):
+        return SecondRefuses(**vars(real(cls, model, spec, dtype)), marker=marker)
+
+    monkeypatch.setattr(ex.ModelSource, "for_model", classmethod(for_model))
+    plan = plan_for(tmp_path, MODEL, "x.jsonl", num=6)
+    with pytest.raises(ExecutorError, match=r"^worker [01] cannot start: RuntimeError: "
+                                            r"simulated refusal$"):
+        execute_plan(plan, executor=LocalExecutor(workers=2))
+    assert releases(plan) == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("x.")) == [
+        "x.jsonl.ledger.sqlite"]
+    assert multiprocessing.active_children() == []  # the worker that had started is stopped
+
+
 def test_workers_receive_no_ledger_location(tmp_path, monkeypatch):
     """A worker's recipe carries public parameters only: not the ledger's location (a
     PostgreSQL URL may hold a password; an SQLite path names the data holder's files)."""

@@ -319,3 +319,51 @@ def test_cli_evaluate_canaries(tmp_path: Path, monkeypatch, capsys) -> None:
     assert main(["evaluate", "--synthetic", str(data), "--out", str(tmp_path / "o4")]) == 2
     assert "missing option --real" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
+
+
+def _leaky_model():
+    """A toy model with a cross-batch leak (like a cache shared between groups): once it has
+    seen a canary, every later generation changes, those that read no canary included."""
+    from dplang.models import ToyModel
+
+    class Leaky(ToyModel):
+        leaked = False
+
+        def logits_for(self, prompt, prefix):
+            if "My neighbour" in prompt:
+                self.leaked = True
+            out = super().logits_for(prompt, prefix)
+            return out[::-1].copy() if self.leaked else out
+
+    return Leaky(vocab_size=40, eos_token_id=0, eos_after=None)
+
+
+def test_a_failed_coupling_check_is_reported_not_just_counted(tmp_path: Path,
+                                                             monkeypatch, capsys) -> None:
+    """Generations that read no canary but differ between the runs are a pipeline bug: the
+    comparison "without X" and both bounds rest on them; the run says so (result, table, and
+    the command's exit status) instead of printing a count next to bounds that do not hold."""
+    import dplang.models
+    from dplang.cli.app import main
+    from dplang.experiments.canary_run import CanaryRunSettings, render_canaries, run_canaries
+
+    data = _toy_data(tmp_path / "data.csv")
+    settings = CanaryRunSettings(data=data, epsilons=(1.0,), repeats=(1, 2), num=8,
+                                 batch_size=3, max_tokens=6, top_k=0, temperature=1.0, seed=3)
+    result = run_canaries(settings, load_model=lambda _spec: _leaky_model())
+    coupling = result["cells"][0]["coupling"]
+    assert coupling["identical"] < coupling["batches_without_canary"]
+    assert coupling["ok"] is False
+    assert "MISMATCH" in render_canaries(result)
+    good = run_canaries(settings, load_model=lambda _spec: _Recording().model)
+    assert good["cells"][0]["coupling"]["ok"] is True
+    assert "MISMATCH" not in render_canaries(good)
+
+    monkeypatch.setattr(dplang.models, "resolve_model", lambda _spec: _leaky_model())
+    out = tmp_path / "out"
+    code = main(["evaluate", "canaries", "--data", str(data), "--out", str(out), "--epsilon",
+                 "1", "--repeats", "1,2", "--num", "8", "-B", "3", "-T", "6", "--top-k", "0",
+                 "--seed", "3", "--quiet"])
+    err = capsys.readouterr().err
+    assert code != 0 and "coupling check failed" in err, err
+    assert (out / "canaries.json").exists()  # written, for the diagnosis

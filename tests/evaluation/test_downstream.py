@@ -261,3 +261,29 @@ def test_cli_downstream_goes_through_the_registry(tmp_path: Path,
     assert stat.S_IMODE((out / "downstream.json").stat().st_mode) == 0o600
     assert main([*args, "--label-column", "cat"]) != 0  # results exist: --overwrite needed
     assert "already exists" in capsys.readouterr().err
+
+
+def test_a_test_text_among_the_ceilings_is_refused_before_any_metric_runs(
+        tmp_path: Path) -> None:
+    """The held-out split (ceiling's n rows, test rows after them) is known in ``prepare``:
+    a test text that is also a ceiling text is refused there, before MAUVE (or any metric)
+    embeds anything, not after the other metrics have run."""
+    from dplang.evaluation.embedders import HashingEmbedder
+
+    data = informative(150, 7)
+    texts = list(data.texts)
+    texts[100] = texts[0]  # a test row repeats a ceiling row
+    real = _write_real(tmp_path / "real.csv", LabelledTexts.of("r", texts, data.labels))
+    syn = _write_run(tmp_path / "syn.jsonl", informative(40, 1))
+
+    class Counting(HashingEmbedder):
+        calls = 0
+
+        def embed(self, texts):
+            Counting.calls += 1
+            return super().embed(texts)
+
+    with pytest.raises(EvaluationError, match="ceiling's real training"):
+        evaluate_files(real, syn, metrics="mauve,downstream", label_column="cat",
+                       embedder=Counting())
+    assert Counting.calls == 0

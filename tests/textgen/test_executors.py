@@ -5,6 +5,7 @@ executor runs two spawned workers on the toy model, one of them SIGKILLed mid-ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -353,6 +354,48 @@ def test_a_slow_worker_that_makes_progress_is_not_stopped(tmp_path):
     assert not [n for n, _ in events if n in ("worker_stalled", "worker_lost")]
 
 
+def test_a_stopped_worker_that_does_not_read_its_pipe_is_still_stopped_and_replaced(tmp_path):
+    """A worker that stops reading its pipe (SIGSTOPped here; or hung holding the GIL, so its
+    reader thread never runs) while the driver sends it a chunk larger than the pipe's buffer:
+    the send must not block the driver, which would then never see the worker stall."""
+    import threading
+
+    data = tmp_path / "refs.csv"
+    data.write_text("text\n" + "".join(f"review {i}: {'x' * 30000}\n" for i in range(12)))
+    _, _, inline = run(tmp_path, MODEL, "inline.jsonl", max_reference_tokens=30000, num=4)
+    events: list[tuple[str, dict]] = []
+    pids: list[int] = []
+
+    def hook(name, fields):
+        events.append((name, fields))
+        if name == "worker_ready" and fields["worker"] == 0:
+            pids.append(fields["pid"])
+            os.kill(fields["pid"], signal.SIGSTOP)  # stops before its first chunk arrives
+
+    executor = LocalExecutor(workers=1, chunk_size=2, stall_timeout_s=1.0, events=hook)
+    outcome: list[object] = []
+
+    def target():
+        try:
+            outcome.append(run(tmp_path, MODEL, "local.jsonl", executor=executor,
+                               max_reference_tokens=30000, num=4))
+        except BaseException as exc:  # reported below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():  # the driver is blocked in its send: free it, then fail
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        thread.join(30)
+        pytest.fail("the driver blocked sending to a stopped worker; it was never stopped")
+    assert not isinstance(outcome[0], BaseException), outcome[0]
+    assert outcome[0][2] == inline
+    assert [f["worker"] for n, f in events if n == "worker_stalled"] == [0]
+
+
 def test_stall_timeout_must_be_positive_and_finite():
     for bad in (0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="stall_timeout_s must be a finite number"):
@@ -456,6 +499,57 @@ def test_a_worker_that_refuses_its_configuration_stops_the_run_before_the_charge
     assert releases(plan) == 0
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("x.")) == [
         "x.jsonl.ledger.sqlite"]
+
+
+SECOND_REFUSES_SOURCE = '''
+import os
+import time
+from dataclasses import dataclass
+
+from dplang.textgen.executors import ModelSource
+
+
+@dataclass(frozen=True)
+class SecondRefuses(ModelSource):
+    """The first worker to load starts; the second refuses (a second later)."""
+
+    marker: str = ""
+
+    def load(self):
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            time.sleep(1.0)
+            raise RuntimeError("simulated refusal") from None
+        return super().load()
+'''
+
+
+def test_one_of_two_workers_refusing_after_the_other_started_stops_the_run_before_the_charge(
+        tmp_path, monkeypatch):
+    import multiprocessing
+
+    import dplang.textgen.executors as ex
+
+    (tmp_path / "second_refuses.py").write_text(SECOND_REFUSES_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from second_refuses import SecondRefuses
+
+    real = ex.ModelSource.for_model.__func__
+    marker = str(tmp_path / "first-loaded")
+
+    def for_model(cls, model, spec, dtype):
+        return SecondRefuses(**vars(real(cls, model, spec, dtype)), marker=marker)
+
+    monkeypatch.setattr(ex.ModelSource, "for_model", classmethod(for_model))
+    plan = plan_for(tmp_path, MODEL, "x.jsonl", num=6)
+    with pytest.raises(ExecutorError, match=r"^worker [01] cannot start: RuntimeError: "
+                                            r"simulated refusal$"):
+        execute_plan(plan, executor=LocalExecutor(workers=2))
+    assert releases(plan) == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("x.")) == [
+        "x.jsonl.ledger.sqlite"]
+    assert multiprocessing.active_children() == []  # the worker that had started is stopped
 
 
 def test_workers_receive_no_ledger_location(tmp_path, monkeypatch):

@@ -226,6 +226,7 @@ def canaries(
         CanaryRunError,
         CanaryRunSettings,
         check_settings,
+        failed_coupling,
         render_canaries,
         run_canaries,
         write_canary_outputs,
@@ -286,3 +287,6 @@ def canaries(
     if not quiet:
         typer.echo(render_canaries(result))
         typer.echo(f"wrote {', '.join(str(p) for p in written)}")
+    failed = failed_coupling(result)
+    if failed is not None:
+        fail(f"{failed}; the results are in {out} for the diagnosis", code=1)

@@ -350,6 +350,8 @@ def _prepare(ctx: MetricContext) -> None:
     if test_num is not None and len(held.texts) - n < test_num:
         raise EvaluationError(f"--test-num {test_num}: only {len(held.texts) - n} held-out "
                               f"test texts after the ceiling's {n}")
+    # the split is known now: refuse a test text among the ceiling's before any metric runs
+    check_disjoint(held.texts[n:], held.texts[:n], what="ceiling's real training")
     ctx.shared[_SHARED] = {
         "runs": labelled,
         "floor": [_is_floor(run) for run in ctx.runs],

@@ -15,7 +15,9 @@ both runs (one fresh secret seed unless one is given), so that generation j of t
 differs only through its own batch. For each canary the table counts the generations that
 contain it verbatim or near-verbatim, with and without it, next to the bounds the guarantee
 implies (:func:`~dplang.evaluation.canaries.canary_table`), and checks the coupling: a
-generation whose batch holds no canary must come out identical in both runs.
+generation whose batch holds no canary must come out identical in both runs (``coupling.ok``;
+a mismatch is a pipeline bug, under which the comparison and the bounds do not hold:
+:func:`failed_coupling` names it, and ``dplang evaluate canaries`` exits with an error).
 
 Privacy contract: every generation is a release charged to a ledger (a throw-away one: the
 texts never leave the temporary folder, which is deleted); the seed is never written outside
@@ -52,6 +54,7 @@ __all__ = [
     "CanaryRunError",
     "CanaryRunSettings",
     "check_settings",
+    "failed_coupling",
     "plot_canaries",
     "render_canaries",
     "run_canaries",
@@ -237,9 +240,25 @@ def run_canaries(
             result["cells"].append({
                 "epsilon": eps, "rho": rho, "seconds": seconds,
                 "generations": len(outputs["with"]), "rows": rows,
-                "coupling": {"batches_without_canary": len(clean), "identical": same},
+                "coupling": {"batches_without_canary": len(clean), "identical": same,
+                             "ok": same == len(clean)},
             })
     return result
+
+
+def failed_coupling(result: dict[str, Any]) -> str | None:
+    """A one-line description of the cells whose coupling check failed, or ``None``."""
+    bad = [c for c in result["cells"]
+           if c["coupling"]["identical"] != c["coupling"]["batches_without_canary"]]
+    if not bad:
+        return None
+    parts = []
+    for c in bad:
+        clean, same = c["coupling"]["batches_without_canary"], c["coupling"]["identical"]
+        parts.append(f"at ε = {c['epsilon']:g}, {clean - same} of {clean} generations that "
+                     "read no canary differ between the runs")
+    return ("the coupling check failed: " + "; ".join(parts)
+            + " (a bug of the pipeline: the comparison and the bounds do not hold there)")
 
 
 def render_canaries(result: dict[str, Any]) -> str:
@@ -278,8 +297,13 @@ def render_canaries(result: dict[str, Any]) -> str:
               "in both runs:"]
     for cell in result["cells"]:
         c = cell["coupling"]
-        lines.append(f"- ε = {cell['epsilon']:g} (ρ = {cell['rho']:.4g}): "
-                     f"{c['identical']} of {c['batches_without_canary']}")
+        line = (f"- ε = {cell['epsilon']:g} (ρ = {cell['rho']:.4g}): "
+                f"{c['identical']} of {c['batches_without_canary']}")
+        if c["identical"] != c["batches_without_canary"]:
+            line += (" — MISMATCH: generations that read no canary differ between the runs, "
+                     "a bug of the pipeline; the comparison and the bounds at this ε do not "
+                     "hold")
+        lines.append(line)
     lines += ["", "Private: this file describes generations from the references (mode 600).",
               ""]
     return "\n".join(lines)

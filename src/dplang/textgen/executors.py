@@ -601,11 +601,54 @@ def _worker_main(conn: Connection, recipe: WorkerRecipe, number: int = 0) -> Non
             return
 
 
+_STOP_SENDING = object()
+
+
+class _Sender:
+    """The driver's sends to one worker, from a thread of their own.
+
+    A worker that stops reading its pipe (stopped, or hung while holding the GIL so that its
+    reader thread never runs) would block a send larger than the pipe's buffer, and a driver
+    blocked there would never see the worker stall. So messages are pickled here (a message
+    that cannot be pickled raises in the driver) and written by the thread; a write that
+    blocks holds only the thread, until the worker is killed (the write then fails and the
+    thread ends)."""
+
+    def __init__(self, conn: Connection, name: str) -> None:
+        self._conn = conn
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.failed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            payload = self._queue.get()
+            if payload is _STOP_SENDING:
+                return
+            try:
+                self._conn.send_bytes(payload)
+            except Exception:  # the worker is gone (or its pipe closed): nothing more to send
+                self.failed = True
+                return
+
+    def send(self, message: Any) -> None:
+        from multiprocessing.reduction import ForkingPickler
+
+        self._queue.put(bytes(ForkingPickler.dumps(message)))
+
+    def stop(self, timeout: float) -> None:
+        """Let the thread end (after what is queued; at once if its worker is dead)."""
+        self._queue.put(_STOP_SENDING)
+        self._thread.join(timeout)
+
+
 @dataclass
 class _Worker:
     number: int
     process: Any
     conn: Connection
+    sender: _Sender
     ready: bool = False
     pid: int | None = None
     #: When it last showed progress (a message, or a lease while it held nothing).
@@ -730,7 +773,9 @@ class _LocalPool:
         process.start()
         theirs.close()
         now = time.monotonic()
-        self.live[number] = _Worker(number, process, mine, last_progress=now, started_at=now)
+        self.live[number] = _Worker(number, process, mine,
+                                    _Sender(mine, f"dplang-send-{number}"),
+                                    last_progress=now, started_at=now)
         self.owner._emit("worker_started", worker=number, pid=process.pid)
         self.counter += 1
 
@@ -766,13 +811,16 @@ class _LocalPool:
                 message = worker.conn.recv()
                 if message[0] == "result":
                     self.handle(worker, message)
-        worker.conn.close()
         if worker.process.is_alive():  # hung (or ending): ask first, then force
             worker.process.terminate()
             worker.process.join(2)
         if worker.process.is_alive():
             worker.process.kill()
         worker.process.join(5)
+        # its pipe closes only now: a send blocked on a worker that stopped reading fails
+        # once the worker is gone, and the sender thread never writes to a reused descriptor
+        worker.sender.stop(2)
+        worker.conn.close()
         del self.live[worker.number]
         table = self.table
         requeued = table.lost(worker.number, reason) if table is not None else []
@@ -851,10 +899,9 @@ class _LocalPool:
                             break
                         if idle:  # its progress clock starts with its first groups
                             worker.last_progress = time.monotonic()
-                        try:
-                            worker.conn.send(tasks)
-                        except (OSError, ValueError):
-                            break  # it died: its sentinel fires in poll()
+                        # never blocks (a worker that stops reading is caught by its stall
+                        # timer); one that died is found by its sentinel in poll()
+                        worker.sender.send(tasks)
                         self.owner._emit("leased", worker=worker.number,
                                          groups=[t.index for t in tasks])
                 self.poll()
@@ -864,15 +911,16 @@ class _LocalPool:
     def close(self) -> None:
         for worker in list(self.live.values()):
             with contextlib.suppress(Exception):
-                worker.conn.send(None)
-            with contextlib.suppress(Exception):
-                worker.conn.close()
+                worker.sender.send(None)  # end (after what was sent)
         deadline = time.monotonic() + 5
         for worker in list(self.live.values()):
             worker.process.join(max(0.0, deadline - time.monotonic()))
             if worker.process.is_alive():
                 worker.process.kill()
                 worker.process.join(5)
+            worker.sender.stop(2)
+            with contextlib.suppress(Exception):
+                worker.conn.close()
         self.live.clear()
 
 

@@ -466,6 +466,25 @@ def test_sweep_with_the_downstream_metric(setup):
     assert spec["evaluation"]["label_column"] == "cat"
 
 
+def test_held_out_rows_the_downstream_metric_refuses_stop_the_sweep_before_any_cell(
+        setup, capsys):
+    """A test text that is also one of the ceiling's training texts (a natural duplicate in
+    the held-out rows) is refused before any cell is generated and charged, not when the first
+    cell is evaluated."""
+    tmp, calls = setup
+    texts = [f"review {i}: {'the pizza' if i % 2 else 'the hotel'} was fine" for i in range(100)]
+    texts[85] = texts[65]  # [data].real = [60, 100], num = 20: ceiling 60-79, test 80-99
+    rows = ["text,cat"] + [f"{t},{'food' if i % 2 else 'hotel'}" for i, t in enumerate(texts)]
+    (tmp / "data.csv").write_text("\n".join(rows) + "\n")
+    cfg = tmp / "exp.toml"
+    cfg.write_text(_edit(CONFIG, *DOWNSTREAM))
+    out = tmp / "out"
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "downstream metric" in err and "ceiling's real training" in err, err
+    assert not calls and not list(out.glob("cells/*/gen.jsonl"))
+
+
 def test_grouped_batches_are_checked_before_any_model_loads(setup, capsys):
     """With group_by each label group is cut into full batches: a cell whose num batches do
     not exist is refused by the preflight (from the public labels), before any model load."""

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from dplang.evaluation.data import EvaluationError, SyntheticRun
+from dplang.evaluation.data import EvaluationError, RealTexts, SyntheticRun, load_real
 from dplang.evaluation.embedders import Embedder, resolve_embedder
 from dplang.evaluation.registry import (
     MetricContext,
@@ -323,6 +323,35 @@ def _preflight(settings: Any) -> None:
     resolve_embedder(settings.embedder)
 
 
+def check_held_out(held: RealTexts, n: int, column: str, test_num: int | None = None) -> None:
+    """Refuse held-out rows the downstream metric cannot use: no more than ``n`` of them (the
+    ceiling trains on the first ``n``, the rest are the test set), a row without a label in
+    ``column``, fewer than ``test_num`` test rows, or a test text among the ceiling's training
+    texts. Raises :class:`EvaluationError`; reads nothing."""
+    if len(held.texts) <= n:
+        raise EvaluationError(f"{held.path}: {len(held.texts)} held-out real texts; the "
+                              f"downstream metric needs more than n = {n} (the ceiling's "
+                              "training set) plus a test set")
+    labels = held.labels[column]
+    missing = [i for i, label in zip(held.indices, labels, strict=True) if not label]
+    if missing:
+        raise EvaluationError(f"{held.path}: row {missing[0]} has no label in column "
+                              f"{column!r}")
+    if test_num is not None and len(held.texts) - n < test_num:
+        raise EvaluationError(f"--test-num {test_num}: only {len(held.texts) - n} held-out "
+                              f"test texts after the ceiling's {n}")
+    check_disjoint(held.texts[n:], held.texts[:n], what="ceiling's real training")
+
+
+def check_real_file(path: str | Path, n: int, column: str, *, text_column: str = "text") -> None:
+    """:func:`check_held_out` on a held-out file read as the metric will read it (the same
+    :func:`~dplang.evaluation.data.load_real` rules), so that a sweep can refuse a file the
+    metric would refuse before any cell is generated and charged. The file is the data
+    holder's; nothing is written."""
+    held = load_real(path, [], text_column=text_column, label_columns=[column])
+    check_held_out(held, n, column)
+
+
 def _prepare(ctx: MetricContext) -> None:
     """Check everything before any embedding: labels of every run, labelled held-out rows,
     enough of them for a test set."""
@@ -338,20 +367,8 @@ def _prepare(ctx: MetricContext) -> None:
     held = ctx.read_real(None if test_num is None else n + test_num, [column])
     if held.texts[:n] != list(ctx.real.texts):  # the same rules read the same rows
         raise RuntimeError("downstream: the held-out rows read again differ from the first n")
-    if len(held.texts) <= n:
-        raise EvaluationError(f"{held.path}: {len(held.texts)} held-out real texts; the "
-                              f"downstream metric needs more than n = {n} (the ceiling's "
-                              "training set) plus a test set")
+    check_held_out(held, n, column, test_num)
     labels = held.labels[column]
-    missing = [i for i, label in zip(held.indices, labels, strict=True) if not label]
-    if missing:
-        raise EvaluationError(f"{held.path}: row {missing[0]} has no label in column "
-                              f"{column!r}")
-    if test_num is not None and len(held.texts) - n < test_num:
-        raise EvaluationError(f"--test-num {test_num}: only {len(held.texts) - n} held-out "
-                              f"test texts after the ceiling's {n}")
-    # the split is known now: refuse a test text among the ceiling's before any metric runs
-    check_disjoint(held.texts[n:], held.texts[:n], what="ceiling's real training")
     ctx.shared[_SHARED] = {
         "runs": labelled,
         "floor": [_is_floor(run) for run in ctx.runs],

@@ -236,6 +236,21 @@ def _check_group_batches(config: ExperimentConfig) -> None:
                               "[data].references)") from None
 
 
+def _check_downstream_rows(real: Path, config: ExperimentConfig) -> None:
+    """With the downstream metric: refuse held-out rows it would refuse (too few, a row
+    without a label, a test text among the ceiling's) now, before any cell is generated and
+    charged, rather than when the first cell is evaluated."""
+    from ..evaluation.data import EvaluationError
+    from ..evaluation.downstream import check_real_file
+
+    assert config.label_column is not None
+    try:
+        check_real_file(real, config.num, config.label_column)
+    except EvaluationError as exc:
+        raise ConfigError(f"[data].real rows {config.real[0]}-{config.real[1]} for the "
+                          f"downstream metric: {str(exc).splitlines()[0]}") from None
+
+
 def preflight(config: ExperimentConfig, out_dir: Path, ledger: str | Path | None,
               dataset: str | None, check_model: Callable[[str], None] | None = None,
               overwrite: bool = False,
@@ -433,6 +448,8 @@ def run_experiment(
         name = dataset_name(config.data_path, dataset or config.dataset)
         out_dir.mkdir(parents=True, exist_ok=True)
         refs, real = (None, None) if report_only else split_data(config, out_dir, digest)
+        if real is not None and config.label_column is not None:
+            _check_downstream_rows(real, config)
         cache: dict[tuple[str, str], LogitsModel] = {}
 
         def cached(spec: str, dtype: str) -> LogitsModel:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import NoReturn
 
 import typer
@@ -22,3 +25,19 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 def echo_error(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
+
+
+@contextmanager
+def output_lock(out: str | Path) -> Iterator[None]:
+    """Hold ``out``'s :class:`~dplang.release.RunLock` for the block: a second process on the
+    same output is refused with a one-line error before anything is read or loaded."""
+    from ..release import ReleaseError, RunLock
+
+    try:
+        lock = RunLock(out).acquire()
+    except ReleaseError as exc:
+        fail(str(exc))
+    try:
+        yield
+    finally:
+        lock.release()

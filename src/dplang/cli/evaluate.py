@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from .errors import fail
+from .errors import fail, output_lock
 
 app = typer.Typer(
     help="Evaluate synthetic texts (MAUVE, perplexity/ΔPPL, lengths, Top-k+, downstream); "
@@ -79,7 +79,7 @@ def evaluate(
 ) -> None:
     """Evaluate synthetic texts: MAUVE, perplexity/ΔPPL, lengths, Top-k+ statistics,
     downstream utility. `dplang evaluate canaries --help`: the canary check."""
-    from dplang.release import ReleaseError, RunLock, check_output_path
+    from dplang.release import ReleaseError, check_output_path
 
     from .console import quiet_libraries
 
@@ -106,16 +106,9 @@ def evaluate(
     if existing and not overwrite:
         fail(f"{existing[0]} already exists; choose another --out, or --overwrite to replace "
              "the results")
-    with quiet_libraries(quiet):
-        try:
-            lock = RunLock(out).acquire()
-        except ReleaseError as exc:
-            fail(str(exc))
-        try:
-            _evaluate(real, synthetic, out, text_column, metrics, embedder, model, num,
-                      seed, num_buckets, exclude_references, quiet, label_column, test_num)
-        finally:
-            lock.release()
+    with quiet_libraries(quiet), output_lock(out):
+        _evaluate(real, synthetic, out, text_column, metrics, embedder, model, num,
+                  seed, num_buckets, exclude_references, quiet, label_column, test_num)
 
 
 #: Non-empty defaults of the evaluation's options (see the subcommand check above).
@@ -233,7 +226,7 @@ def canaries(
     )
     from dplang.io import ReferenceDataError
     from dplang.models.default import ModelSpecError, check_model_spec
-    from dplang.release import ReleaseError, RunLock, check_output_path
+    from dplang.release import ReleaseError, check_output_path
     from dplang.textgen.orchestration import GenerationError
 
     from .console import quiet_libraries
@@ -271,19 +264,14 @@ def canaries(
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, terminated)
-    with quiet_libraries(quiet):
-        try:
-            lock = RunLock(out).acquire()
-        except ReleaseError as exc:
-            fail(str(exc))
-        try:
+    try:
+        with quiet_libraries(quiet), output_lock(out):
             result = run_canaries(settings, progress=progress)
             written = write_canary_outputs(result, out)
-        except (CanaryRunError, GenerationError, ReferenceDataError, ModelSpecError) as exc:
-            fail(_one_line(exc))
-        finally:
-            lock.release()
-            signal.signal(signal.SIGTERM, previous)
+    except (CanaryRunError, GenerationError, ReferenceDataError, ModelSpecError) as exc:
+        fail(_one_line(exc))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if not quiet:
         typer.echo(render_canaries(result))
         typer.echo(f"wrote {', '.join(str(p) for p in written)}")

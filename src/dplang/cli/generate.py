@@ -23,7 +23,7 @@ from ..models.default import check_model_spec, resolve_prompt_side
 from ..models.devices import DeviceError, resolve_device
 from ..privacy.accounting import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
 from ..privacy.ledger import BudgetExceeded, LedgerError
-from ..release import ReleaseError, RunLock
+from ..release import ReleaseError
 from ..textgen.executors import ExecutorError, check_executor, make_executor
 from ..textgen.methods import all_methods
 from ..textgen.orchestration import (
@@ -36,7 +36,7 @@ from ..textgen.orchestration import (
 )
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, DEFAULT_TEMPLATE
 from .console import GenerationProgress, quiet_libraries, warn
-from .errors import fail
+from .errors import fail, output_lock
 from .ledger import LEDGER_HELP
 
 
@@ -233,15 +233,8 @@ def _checked_run(request: GenerationRequest, quiet: bool,
         check_request(request, _check_model)
     except GenerationError as exc:
         fail(str(exc))
-    lock = RunLock(out)
-    try:
-        lock.acquire()  # a second process on the same --out is refused before it loads
-    except ReleaseError as exc:
-        fail(str(exc))
-    try:
+    with output_lock(out):  # a second process on the same --out is refused before it loads
         _run_locked(request, quiet, console, execution)
-    finally:
-        lock.release()
 
 
 def _run_locked(request: GenerationRequest, quiet: bool, console: Console,

@@ -661,7 +661,20 @@ class _PooledExecutor:
     (before the ledger is charged, when the run is driven by
     :func:`executor_session`) or by :meth:`run` itself, and stopped by :meth:`close`."""
 
+    workers: int
+    stall_timeout_s: float
+    events: EventHook | None
     _pool: Any
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        check_stall_timeout(self.stall_timeout_s)
+        self._pool = None
+
+    def _emit(self, name: str, **fields: Any) -> None:
+        if self.events is not None:
+            self.events(name, fields)
 
     def start(self, recipe: WorkerRecipe, groups: int | None = None) -> None:
         raise NotImplementedError
@@ -715,16 +728,6 @@ class LocalExecutor(_PooledExecutor):
     start_timeout_s: float = 600.0
     #: Seconds a worker holding groups may report no progress before it is declared hung.
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
-
-    def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
-        check_stall_timeout(self.stall_timeout_s)
-        self._pool: _LocalPool | None = None
-
-    def _emit(self, name: str, **fields: Any) -> None:
-        if self.events is not None:
-            self.events(name, fields)
 
     def start(self, recipe: WorkerRecipe, groups: int | None = None) -> None:
         """Spawn ``min(workers, groups)`` workers and wait until every one is ready. Raises

@@ -44,7 +44,6 @@ from .executors import (
     _IdentityPin,
     _PooledExecutor,
     check_identity,
-    check_stall_timeout,
     decode_tasks,
 )
 
@@ -112,16 +111,6 @@ class RayExecutor(_PooledExecutor):
     max_restarts: int | None = None
     #: Seconds an actor holding calls may show no progress before it is declared hung.
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
-
-    def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
-        check_stall_timeout(self.stall_timeout_s)
-        self._pool: _RayPool | None = None
-
-    def _emit(self, name: str, **fields: Any) -> None:
-        if self.events is not None:
-            self.events(name, fields)
 
     def start(self, recipe: WorkerRecipe, groups: int | None = None) -> None:
         """Start the actors (all of ``workers``) and wait until each is ready; raises

@@ -1,9 +1,9 @@
 """The load-time check that a backend configuration is row-invariant (privacy-critical).
 
-See :mod:`dplang.models._rowwise` for why every row's logits must be a function of that row's
-own tokens, bit for bit, and how the transformers backend achieves it. This module verifies it
-on the machine and configuration at hand; the backend runs it at every load and refuses a
-configuration where it fails.
+Every row's logits must be a function of that row's own tokens, bit for bit; the transformers
+backend achieves it by construction (:mod:`dplang.models.exact`, :mod:`dplang.models.decoder`;
+docs/privacy.md). This module verifies it on the machine and configuration at hand, as the last
+line of defence: the backend runs it at load and refuses a configuration where it fails.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ __all__ = [
 #: Set to 1 to run the check at every load even when an earlier pass is on record.
 RECHECK_ENV = "DPLANG_RECHECK_INVARIANCE"
 #: The modules whose code decides the bits (their source is part of the record's key).
-_BACKEND_MODULES = ("invariance.py", "_rowwise.py", "_kernels.py", "transformers.py",
+_BACKEND_MODULES = ("invariance.py", "exact.py", "attention.py", "decoder.py", "transformers.py",
                     "prompt_side.py")
 
 
@@ -86,11 +86,11 @@ def check_row_invariance(model: TransformersModel) -> None:
             for j, i in enumerate(live):
                 seen[i].extend(v[j] for v in values)
             if drop_after is not None and s == drop_after:
-                # The dropped row's blocks are poisoned before they are freed: whoever
-                # gets them next must not see its old values, finite or not.
+                # The dropped row's slot is filled with huge values before it is freed:
+                # whoever gets it next must not see its old values.
                 dropped = state.caches[0]
                 assert state.cache is not None and dropped is not None
-                state.cache.fill(dropped.owned, float("nan"))
+                state.cache.poison(dropped.slot)
                 model.drop_rows(state, torch.arange(1, len(live)))
                 live = live[1:]
         return seen

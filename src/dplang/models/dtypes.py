@@ -12,8 +12,24 @@ __all__ = ["DTYPES", "available_cores", "resolve_dtype"]
 DTYPES = ("auto", "float32", "bfloat16")
 
 
+#: Environment variables that set the default thread count (first one set wins).
+THREAD_VARIABLES = ("DPLANG_THREADS", "OMP_NUM_THREADS")
+
+
 def available_cores() -> int:
-    """Number of CPU cores this process may run on."""
+    """Threads a model uses by default: ``$DPLANG_THREADS`` or ``$OMP_NUM_THREADS`` when set
+    (a positive integer), else the number of CPU cores this process may run on. The thread
+    count changes speed only, never a bit of the results."""
+    for name in THREAD_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value:
+            try:
+                count = int(value)
+            except ValueError:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
+            if count < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            return count
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux

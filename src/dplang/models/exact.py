@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dplang.models import cpu_kernels
+
 __all__ = [
     "LIMB",
     "ONE_LIMB_LEVELS",
@@ -47,6 +49,7 @@ __all__ = [
     "exact_products",
     "exp",
     "fixed_point_sum",
+    "gated",
     "gelu_tanh",
     "hadamard",
     "int8_kernel_is_exact",
@@ -90,17 +93,19 @@ def quantize_rows(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Ten
     """Round each row (last dimension) of float32 ``x`` to integers on its own scale.
 
     Returns ``(q, scale)``: ``q`` float32 with integer values in [-levels, levels] and
-    ``x ~ q * scale``; ``scale`` (``[..., 1]``) is ``max|row| / levels``, or 1 for a row of
-    zeros. Everything is a function of the row alone. Non-finite inputs give finite integers
-    (NaN → 0) so that a multiplication by zero elsewhere can never produce NaN."""
+    ``x ~ q * scale``; ``scale`` (``[..., 1]``) is ``max|row| / levels``. Everything is a
+    function of the row alone. A row whose scale is not a positive finite number (all zeros,
+    a NaN or an infinity in it, or too small to scale) becomes zeros with scale 1, so that a
+    multiplication by zero elsewhere can never produce NaN."""
+    if cpu_kernels.available(x) and x.numel():
+        return cpu_kernels.quantize(x, levels)
     amax = x.abs().amax(dim=-1, keepdim=True)
     scale = amax / levels
-    finite = torch.isfinite(scale) & (scale > 0)
-    scale = torch.where(finite, scale, torch.ones_like(scale))
-    q = torch.round(x / scale)
-    # |x / scale| <= levels * (1 + 2**-23) < levels + 0.5, so no clamp is needed for finite
-    # rows; non-finite rows are replaced by zeros.
-    return torch.nan_to_num_(q, nan=0.0, posinf=float(levels), neginf=-float(levels)), scale
+    usable = torch.isfinite(scale) & (scale > 0)
+    scale = torch.where(usable, scale, torch.ones_like(scale))
+    # For a usable row every |x / scale| <= levels * (1 + 2**-23) < levels + 0.5.
+    q = torch.where(usable, torch.round(x / scale), torch.zeros_like(x))
+    return q, scale
 
 
 def split_limbs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,6 +153,8 @@ def fixed_point_sum(values: torch.Tensor, max_terms: int) -> torch.Tensor:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x**2) + eps) * weight`` over the last dimension (``weight`` already in
     its final form, e.g. ``1 + w`` for Gemma), float32, with an order-free sum of squares."""
+    if cpu_kernels.available(x):
+        return cpu_kernels.rms_norm(x, weight, eps)
     mean = sum_of_squares(x) / x.shape[-1]
     inv = (1.0 / torch.sqrt(mean + eps)).float()
     return x * inv * weight
@@ -236,6 +243,17 @@ def relu(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(min=0.0)
 
 
+_GATED = {"gelu_tanh": gelu_tanh, "silu": silu, "relu": relu}
+
+
+def gated(kind: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``activation(gate) * up`` for a gated MLP (``kind``: gelu_tanh, silu or relu)."""
+    if kind != "relu" and cpu_kernels.available(gate):
+        fused = cpu_kernels.gelu_tanh_mul if kind == "gelu_tanh" else cpu_kernels.silu_mul
+        return fused(gate, up)
+    return _GATED[kind](gate) * up
+
+
 # ------------------------------------------------------------------------ integer products
 
 
@@ -294,6 +312,17 @@ def exact_products(left: torch.Tensor, right: torch.Tensor, kernel: str) -> torc
     if total is None:
         return left.new_zeros((left.shape[0], right.shape[1]), dtype=torch.int32)
     return total
+
+
+def prepare_rows(x: torch.Tensor) -> PreparedRows:
+    """The rows of float32 ``x [M, K]`` as two 8-bit limbs each (:func:`quantize_rows` to
+    :data:`TWO_LIMB_LEVELS`, then :func:`split_limbs`), high limbs first."""
+    if cpu_kernels.available(x):
+        limbs, scale = cpu_kernels.quantize_limbs(x, TWO_LIMB_LEVELS)
+        return PreparedRows(limbs, scale, x.shape[0])
+    q, scale = quantize_rows(x, TWO_LIMB_LEVELS)
+    hi, lo = split_limbs(q)
+    return PreparedRows(torch.cat([hi, lo]).to(torch.int8), scale, x.shape[0])
 
 
 @dataclass(frozen=True)
@@ -381,32 +410,44 @@ class IntegerLinear:
     # -- products -----------------------------------------------------------------------
 
     def _mm(self, left: torch.Tensor, limb: torch.Tensor) -> torch.Tensor:
-        """Exact int32 ``left @ limb^T`` as ``[M, N]`` for int8 ``left [M, K]``."""
+        """Exact int32 products of int8 ``left [M, K]`` with a weight limb: ``[M, N]`` for the
+        "kn" layout, ``[N, M]`` (the weight as the left operand) for "nk"."""
         if self.layout == "kn":
             return exact_products(left, limb, self.kernel)
-        # [N, K] weight: compute (limb @ left^T)^T, the weight as the left operand.
-        return exact_products(limb, left.t().contiguous(), self.kernel).t()
+        return exact_products(limb, left.t().contiguous(), self.kernel)
 
     def prepare(self, x: torch.Tensor) -> PreparedRows:
         """The rows of float32 ``x [M, K]`` as two-limb integers (shareable by every
         :class:`IntegerLinear` with the same input: q, k, v or gate, up)."""
-        q, scale = quantize_rows(x, TWO_LIMB_LEVELS)
-        hi, lo = split_limbs(q)
-        return PreparedRows(torch.cat([hi, lo]).to(torch.int8), scale, x.shape[0])
+        return prepare_rows(x)
 
-    def integer_parts(self, rows: PreparedRows) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(high, low)``: exact int32 ``[M, N]`` products with
-        ``x ~ (high * 2**s + low) * row_scale * col_scale`` (see the class docstring; ``s`` is
-        16 or 8)."""
+    def integer_parts(self, rows: PreparedRows
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(high, low, low2)``: exact int32 products with
+        ``x W^T ~ (high * 2**s + low + low2) * row_scale * col_scale`` (``s`` is 16 or 8;
+        ``low2`` only for 16-bit weights), ``[M, N]`` each, or ``[N, M]`` for the "nk"
+        layout."""
         first = self._mm(rows.limbs, self.limbs[0])
-        high, low = first[: rows.count], first[rows.count:]
+        if self.layout == "kn":
+            high, low = first[: rows.count], first[rows.count:]
+        else:
+            high, low = first[:, : rows.count], first[:, rows.count:]
+        low2 = None
         if self.weight_bits == 16:
-            low = low + self._mm(rows.limbs[: rows.count], self.limbs[1])
-        return high, low
+            low2 = self._mm(rows.limbs[: rows.count], self.limbs[1])
+        return high, low, low2
 
     def apply(self, rows: PreparedRows) -> torch.Tensor:
         """The outputs ``[M, N]`` for prepared rows."""
-        high, low = self.integer_parts(rows)
+        high, low, low2 = self.integer_parts(rows)
+        shift = float(LIMB) if self.weight_bits == 16 else 1.0
+        if cpu_kernels.available(high):
+            return cpu_kernels.combine(high, low, low2, rows.scale, self.col_scale, self.bias,
+                                       shift * LIMB, shift, transposed=self.layout == "nk")
+        if low2 is not None:
+            low = low + low2
+        if self.layout == "nk":
+            high, low = high.t(), low.t()
         return self.combine(high, low, rows.scale, self.col_scale, self.bias)
 
     def combine(self, high: torch.Tensor, low: torch.Tensor, row_scale: torch.Tensor,
@@ -433,8 +474,10 @@ class IntegerLinear:
         The integer dot products are float32 sums of at most :data:`_FLOAT32_CHUNK` limb
         products per chunk (exact), so they equal the full product's integers."""
         rows, width = ids.shape
-        q, scale = quantize_rows(x.float(), TWO_LIMB_LEVELS)
-        hi, lo = split_limbs(q)
+        prepared = prepare_rows(x.float())
+        hi = prepared.limbs[:rows].float()
+        lo = prepared.limbs[rows:].float()
+        scale = prepared.scale
         limbs = self.weight_rows(ids)  # [M, C, K] int8 each
         k = self.in_features
 

@@ -15,6 +15,7 @@ __all__ = [
     "find_eos_ids",
     "load_pretrained",
     "logit_postprocessing",
+    "model_files",
     "resolve_model_path",
     "strip_quantization",
     "weights_digest_of",
@@ -99,6 +100,14 @@ def find_eos_ids(model: Any, tokenizer: Any, vocab_size: int) -> frozenset[int]:
         if token in vocab:
             ids.add(int(vocab[token]))
     return frozenset(i for i in ids if 0 <= i < vocab_size)
+
+
+def model_files(path: Path, gguf_name: str | None) -> list[Path]:
+    """The files a model folder's weights and configuration are read from."""
+    if gguf_name is not None:
+        return [path / gguf_name]
+    files = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
+    return [*files, path / "config.json"]
 
 
 def weights_digest_of(path: Path | None, gguf_name: str | None, model: Any) -> str:

@@ -158,26 +158,105 @@ def check_row_invariance_cached(model: TransformersModel) -> bool:
     configuration on this machine; returns whether it was skipped.
 
     The record (a small file in dplang's cache folder, ``invariance/<key>.json``) is keyed by
-    everything that decides the bits: the weights digest and model configuration, the
-    backend's numerics (library versions, CPU capability, threads, dtype, block size and
-    whatever else :attr:`TransformersModel.numerics` lists), the CPU model and flags, the
-    Python and dplang versions, and the source of the backend's modules. Any change runs the
-    check again; a failure is never recorded (it raises). ``DPLANG_RECHECK_INVARIANCE=1``
-    runs it whatever is on record. The check is deterministic for a fixed key, so a recorded
-    pass is the same decision taken again, at a fraction of the start-up time."""
+    everything that could decide the bits: the weights digest and model configuration, the
+    backend's numerics (library versions, arithmetic, precision, block size, device), the CPU
+    model and flags, the Python and dplang versions, and the source of the backend's modules.
+    Any change runs the check again. ``DPLANG_RECHECK_INVARIANCE=1`` runs it whatever is on
+    record. The check is deterministic for a fixed key, so a recorded pass is the same
+    decision taken again, at a fraction of the start-up time.
+
+    If the check fails, it is run again with the backend's reference arithmetic (no fused
+    kernels, float32 products: the same bits by design, without the fast paths); if that
+    passes, the model keeps it (recorded, with a warning), else the refusal is recorded
+    (:func:`record_refusal`) so that the next attempt with the same configuration is refused
+    before any weight is loaded, and :class:`RowInvarianceError` is raised."""
     folder = _record_folder()
     record = folder / f"{_record_key(model)}.json"
-    if record.is_file() and os.environ.get(RECHECK_ENV, "") in ("", "0"):
+    recheck = os.environ.get(RECHECK_ENV, "") not in ("", "0")
+    if not recheck:
+        refused = refusal_on_record(model.refusal_key())
+        if refused:
+            raise RowInvarianceError(refused)
+    if record.is_file() and not recheck:
+        try:
+            info = json.loads(record.read_text())
+        except (OSError, ValueError):
+            info = {}
+        if info.get("arithmetic") == "reference":
+            model.use_reference_arithmetic()
         return True
-    check_row_invariance(model)
+    arithmetic = "fast"
+    try:
+        check_row_invariance(model)
+    except RowInvarianceError as first:
+        model.use_reference_arithmetic()
+        try:
+            check_row_invariance(model)
+        except RowInvarianceError as second:
+            message = (f"{second} (also with dplang's reference arithmetic; this is a defect "
+                       "of dplang or of this platform's floating point: please report it)")
+            record_refusal(model.refusal_key(), message)
+            raise RowInvarianceError(message) from first
+        import warnings
+
+        warnings.warn(f"{first}; using dplang's reference arithmetic instead (the same bits, "
+                      "slower)", stacklevel=2)
+        arithmetic = "reference"
+    _write_json(folder, record, {"model_id": model.model_id, "numerics": model.numerics,
+                                 "arithmetic": arithmetic})
+    return False
+
+
+def _write_json(folder: Path, path: Path, data: dict[str, Any]) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as fh:
-            json.dump({"model_id": model.model_id, "numerics": model.numerics}, fh)
-        os.replace(fh.name, record)
+            json.dump(data, fh)
+        os.replace(fh.name, path)
     except OSError:  # a read-only cache: the check simply runs again next time
         pass
-    return False
+
+
+def refusal_key(files: list[Path], numerics: dict[str, Any]) -> str:
+    """A key for a refusal record that needs no weights loaded: the model's files (path,
+    size, modification time), the numerics and what decides the code and machine."""
+    import dplang
+
+    parts = []
+    for file in sorted(files):
+        try:
+            stat = file.stat()
+        except OSError:
+            continue
+        parts.append([str(file.resolve()), stat.st_size, stat.st_mtime_ns])
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in _BACKEND_MODULES:
+        digest.update(name.encode() + b"\0" + (here / name).read_bytes())
+    blob = json.dumps({"files": parts, "numerics": numerics, "cpu": _cpu_identity(),
+                       "python": platform.python_version(), "dplang": dplang.__version__,
+                       "backend_source": digest.hexdigest()}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def record_refusal(key: str | None, message: str) -> None:
+    """Remember that the configuration ``key`` (:func:`refusal_key`) was refused."""
+    if key:
+        folder = _record_folder()
+        _write_json(folder, folder / f"{key}.refused.json", {"message": message})
+
+
+def refusal_on_record(key: str | None) -> str | None:
+    """The recorded refusal message of configuration ``key``, or ``None`` (also ``None`` when
+    ``DPLANG_RECHECK_INVARIANCE=1``: the check then runs again)."""
+    if not key or os.environ.get(RECHECK_ENV, "") not in ("", "0"):
+        return None
+    path = _record_folder() / f"{key}.refused.json"
+    try:
+        message = json.loads(path.read_text())["message"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return f"{message} [refused earlier on this machine; {RECHECK_ENV}=1 checks again]"
 
 
 def _record_folder() -> Path:

@@ -52,6 +52,7 @@ from dplang.models.hf_loading import (
     find_eos_ids,
     load_pretrained,
     logit_postprocessing,
+    model_files,
     resolve_model_path,
     weights_digest_of,
 )
@@ -196,6 +197,9 @@ class TransformersModel(TokenizerText):
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         torch.set_num_threads(self.threads)
+        from dplang.models import cpu_kernels
+
+        cpu_kernels.set_threads(self.threads)
         self.block_size = int(block_size)
         if not 1 <= self.block_size <= 64:
             raise ValueError(f"block size must be in 1..64, got {self.block_size}")
@@ -594,6 +598,25 @@ class TransformersModel(TokenizerText):
                 f"model's logits (max abs error {err:.3g} of {spread:.3g}); its architecture "
                 "computes something dplang does not know"
             )
+
+    def refusal_key(self) -> str | None:
+        """The key of this configuration's refusal record
+        (:func:`~dplang.models.invariance.refusal_key`), or ``None`` for an in-memory model."""
+        from dplang.models.invariance import refusal_key
+
+        if self._path is None:
+            return None
+        files = model_files(self._path, self._gguf_name)
+        return refusal_key(files, self.numerics)
+
+    def use_reference_arithmetic(self) -> None:
+        """Run without the fast paths from now on: float32 products instead of the int8
+        kernel, the torch definitions instead of the fused CPU kernels (the same bits by
+        design: the load-time check falls back to this if a fast path misbehaves)."""
+        from dplang.models import cpu_kernels
+
+        self._decoder.use_float_products()
+        cpu_kernels.disable()
 
     def check_row_invariance(self) -> None:
         """Verify this configuration is row-invariant here (see

@@ -1,0 +1,578 @@
+"""Fused CPU kernels for the exact arithmetic (numba; optional, same bits as without it).
+
+The definitions of the model's arithmetic are the torch functions of :mod:`dplang.models.exact`
+and :mod:`dplang.models.attention`. Each of them is a chain of elementwise passes; on a CPU
+with two cores a decode step spends most of its time starting those passes. This module runs
+the same chains as one compiled loop per row: the same IEEE operations on float32 (or float64
+where the definition uses it), in the same order, with the same constants rounded the same
+way, so every element gets the same bits as from the torch definition (the tests compare them
+bit for bit on random and extreme inputs). Loops never mix rows: each row is computed from
+its own values by the same code, in parallel over rows.
+
+Privacy contract: as for the torch definitions (row ``i`` of every output is a function of row
+``i`` of the inputs only); nothing here depends on the number of rows or the thread count.
+
+numba compiles the loops at first use (cached under dplang's cache folder). Without numba, or
+on another device, :func:`available` is false and the torch definitions run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+#: Largest magnitude of a two-limb integer (as dplang.models.exact.TWO_LIMB_LEVELS).
+TWO_LIMB = 127 * 256
+
+__all__ = ["attend_tokens", "available", "combine", "gelu_tanh_mul", "quantize_limbs", "rms_norm",
+           "silu_mul", "softmax_counts", "attention_output"]
+
+_NUMBA: Any = None
+
+
+def _load() -> Any:
+    global _NUMBA
+    if _NUMBA is None:
+        if os.environ.get("DPLANG_NO_KERNELS", "") not in ("", "0"):
+            _NUMBA = False
+            return _NUMBA
+        try:
+            from dplang.models.default import cache_dir
+
+            os.environ.setdefault("NUMBA_CACHE_DIR", str(cache_dir() / "numba"))
+            import numba
+        except ImportError:
+            _NUMBA = False
+        else:
+            _NUMBA = numba
+    return _NUMBA
+
+
+def disable() -> None:
+    """Use the torch definitions from now on in this process (the load-time check's fallback
+    if a kernel ever gave row-dependent results)."""
+    global _NUMBA
+    _NUMBA = False
+
+
+def available(tensor: torch.Tensor) -> bool:
+    """Whether the fused kernels run for ``tensor`` (a CPU tensor, numba installed, and
+    ``DPLANG_NO_KERNELS`` unset)."""
+    return tensor.device.type == "cpu" and bool(_load())
+
+
+_KERNELS: dict[str, Any] = {}
+
+
+def _kernels() -> dict[str, Any]:
+    if _KERNELS:
+        return _KERNELS
+    numba = _load()
+    njit, prange = numba.njit, numba.prange
+    f32 = np.float32
+    limb = f32(256.0)
+    limb_inv = f32(1.0 / 256.0)
+    half_limb = f32(128.0)
+    log2e = f32(1.4426950408889634)
+    ln2_hi = f32(0.693359375)
+    ln2_lo = f32(-2.12194440e-4)
+    c0, c1, c2, c3, c4, c5 = (f32(c) for c in (1.9875691500e-4, 1.3981999507e-3,
+                                                 8.3334519073e-3, 4.1665795894e-2,
+                                                 1.6666665459e-1, 5.0000001201e-1))
+    lo_clamp, hi_clamp, one = f32(-87.0), f32(88.0), f32(1.0)
+    gelu_a = f32(0.044715)
+    gelu_b = f32(2.0 * math.sqrt(2.0 / math.pi))
+    opts = {"cache": True, "fastmath": False, "error_model": "numpy"}
+
+    @njit(inline="always", **opts)
+    def exp32(x: Any) -> Any:  # dplang.models.exact.exp, element by element
+        if x < lo_clamp:
+            x = lo_clamp
+        elif x > hi_clamp:
+            x = hi_clamp
+        n = np.rint(x * log2e)
+        r = x - n * ln2_hi
+        r = r - n * ln2_lo
+        p = c0
+        p = p * r
+        p = p + c1
+        p = p * r
+        p = p + c2
+        p = p * r
+        p = p + c3
+        p = p * r
+        p = p + c4
+        p = p * r
+        p = p + c5
+        p = p * (r * r)
+        p = p + r
+        p = p + one
+        k = 0 if n != n else int(n)
+        return p * f32(math.ldexp(1.0, k))
+
+    @njit(parallel=True, **opts)
+    def quantize_limbs(x: Any, levels: Any, limbs: Any, scale: Any, as_float: Any) -> None:
+        rows, width = x.shape
+        lv = f32(levels)
+        for i in prange(rows):
+            top = f32(0.0)
+            nan = False
+            for j in range(width):
+                a = abs(x[i, j])
+                if a != a:
+                    nan = True
+                elif a > top:
+                    top = a
+            s = f32(np.nan) if nan else top / lv
+            usable = s > 0 and s < np.inf
+            if not usable:
+                s = one
+            scale[i] = s
+            for j in range(width):
+                q = np.rint(x[i, j] / s) if usable else f32(0.0)
+                hi = np.floor((q + half_limb) * limb_inv)
+                lo = q - hi * limb
+                if as_float:
+                    limbs[i, j] = hi
+                    limbs[rows + i, j] = lo
+                else:
+                    limbs[i, j] = np.int8(hi)
+                    limbs[rows + i, j] = np.int8(lo)
+
+    @njit(parallel=True, **opts)
+    def quantize(x: Any, levels: Any, q: Any, scale: Any) -> None:
+        rows, width = x.shape
+        lv = f32(levels)
+        for i in prange(rows):
+            top = f32(0.0)
+            nan = False
+            for j in range(width):
+                a = abs(x[i, j])
+                if a != a:
+                    nan = True
+                elif a > top:
+                    top = a
+            s = f32(np.nan) if nan else top / lv
+            usable = s > 0 and s < np.inf
+            if not usable:
+                s = one
+            scale[i] = s
+            for j in range(width):
+                q[i, j] = np.rint(x[i, j] / s) if usable else f32(0.0)
+
+    @njit(parallel=True, **opts)
+    def combine(high: Any, low: Any, low2: Any, row_scale: Any, col_scale: Any, bias: Any,
+                high_shift: Any, low_shift: Any, out: Any) -> None:
+        rows, cols = out.shape
+        two = low2.shape[0] > 0
+        has_bias = bias.shape[0] > 0
+        for i in prange(rows):
+            a = row_scale[i] * high_shift
+            b = row_scale[i] * low_shift
+            for j in range(cols):
+                lw = low[i, j] + low2[i, j] if two else low[i, j]
+                y = f32(high[i, j]) * a
+                y = y + f32(lw) * b
+                y = y * col_scale[j]
+                if has_bias:
+                    y = y + bias[j]
+                out[i, j] = y
+
+    @njit(parallel=True, **opts)
+    def combine_cols(high: Any, low: Any, low2: Any, row_scale: Any, col_scale: Any,
+                     bias: Any, high_shift: Any, low_shift: Any, out: Any) -> None:
+        # high/low/low2: [N, M] (the weight was the left operand); out: [M, N].
+        cols, rows = high.shape
+        two = low2.shape[0] > 0
+        has_bias = bias.shape[0] > 0
+        chunk = 4096
+        for c in prange((cols + chunk - 1) // chunk):
+            for i in range(rows):
+                a = row_scale[i] * high_shift
+                b = row_scale[i] * low_shift
+                for j in range(c * chunk, min(cols, (c + 1) * chunk)):
+                    lw = low[j, i] + low2[j, i] if two else low[j, i]
+                    y = f32(high[j, i]) * a
+                    y = y + f32(lw) * b
+                    y = y * col_scale[j]
+                    if has_bias:
+                        y = y + bias[j]
+                    out[i, j] = y
+
+    @njit(parallel=True, **opts)
+    def rms_norm(x: Any, weight: Any, eps: Any, headroom: Any, out: Any) -> None:
+        rows, width = x.shape
+        for i in prange(rows):
+            top = 0.0
+            nan = False
+            for j in range(width):
+                v = np.float64(x[i, j])
+                sq = v * v
+                if sq != sq:
+                    nan = True
+                elif sq > top:
+                    top = sq
+            if nan:
+                top = np.nan
+            if top > 0:
+                biased = math.frexp(top)[1] + 1022 if top < np.inf else 2047
+            else:
+                biased = 1023
+            shift = headroom - (biased - 1022)
+            shift = max(-1000, min(1000, shift))
+            grid = math.ldexp(1.0, shift)
+            total = 0.0
+            for j in range(width):
+                v = np.float64(x[i, j])
+                total += np.rint((v * v) * grid)
+            mean = (total / grid) / np.float64(width)
+            inv = f32(1.0 / math.sqrt(mean + eps))
+            for j in range(width):
+                out[i, j] = (x[i, j] * inv) * weight[j]
+
+    @njit(parallel=True, **opts)
+    def gelu_tanh_mul(gate: Any, up: Any, out: Any) -> None:
+        rows, width = gate.shape
+        for i in prange(rows):
+            for j in range(width):
+                x = gate[i, j]
+                inner = x * x
+                inner = inner * x
+                inner = inner * gelu_a
+                inner = inner + x
+                inner = inner * gelu_b
+                out[i, j] = (x / (exp32(-inner) + one)) * up[i, j]
+
+    @njit(parallel=True, **opts)
+    def silu_mul(gate: Any, up: Any, out: Any) -> None:
+        rows, width = gate.shape
+        for i in prange(rows):
+            for j in range(width):
+                x = gate[i, j]
+                out[i, j] = (x / (exp32(-x) + one)) * up[i, j]
+
+    @njit(parallel=True, **opts)
+    def softmax_counts(both: Any, q_scale: Any, key_scale: Any, value_scale: Any,
+                       visible: Any, scaling: Any, softcap: Any, inv_softcap: Any,
+                       levels: Any, headroom: Any, counts: Any, largest: Any,
+                       denominator: Any) -> None:
+        # both [B, 2*R, L] (high-limb scores, then low-limb scores); q_scale [B, R];
+        # key_scale/value_scale [B, L]; visible [B, R, L]; counts [B, R, L] out.
+        batch, rows2, length = both.shape
+        rows = rows2 // 2
+        capped = softcap > 0
+        for item in prange(batch * rows):
+            b = item // rows
+            r = item - b * rows
+            qs = q_scale[b, r]
+            top = -np.inf
+            nan = False
+            for p in range(length):
+                if visible[b, r, p]:
+                    s = both[b, r, p] * limb + both[b, rows + r, p]
+                    s = s * qs
+                    s = s * key_scale[b, p]
+                    s = s * scaling
+                    if capped:
+                        s = s * inv_softcap
+                        s = (f32(2.0) / (exp32(f32(-2.0) * s) + one) - one) * softcap
+                    counts[b, r, p] = s
+                    if s != s:
+                        nan = True
+                    elif s > top:
+                        top = s
+            if nan or not (top > -np.inf and top < np.inf):
+                top = f32(0.0)
+            top32 = f32(top)
+            wtop = 0.0
+            for p in range(length):
+                if visible[b, r, p]:
+                    w = exp32(counts[b, r, p] - top32)
+                    counts[b, r, p] = w
+                    if w > wtop or w != w:
+                        wtop = w if w == w else np.nan
+                else:
+                    counts[b, r, p] = f32(0.0)
+            # the denominator: exact fixed-point sum of the weights in float64
+            if wtop > 0:
+                biased = math.frexp(wtop)[1] + 1022 if wtop < np.inf else 2047
+            else:
+                biased = 1023
+            shift = max(-1000, min(1000, headroom - (biased - 1022)))
+            grid = math.ldexp(1.0, shift)
+            total = 0.0
+            mtop = f32(0.0)
+            mnan = False
+            for p in range(length):
+                w = counts[b, r, p]
+                total += np.rint(np.float64(w) * grid)
+                m = w * value_scale[b, p]
+                counts[b, r, p] = m
+                if m != m:
+                    mnan = True
+                elif m > mtop:
+                    mtop = m
+            denominator[b, r] = total / grid
+            if mnan or not mtop > 0:
+                mtop = one
+            largest[b, r] = mtop
+            factor = levels / mtop
+            for p in range(length):
+                counts[b, r, p] = np.rint(counts[b, r, p] * factor)
+
+    @njit(parallel=True, **opts)
+    def attention_output(total: Any, largest: Any, denominator: Any, levels: Any,
+                         out: Any) -> None:
+        rows, width = total.shape
+        for i in prange(rows):
+            f = np.float64(largest[i]) / levels
+            for j in range(width):
+                out[i, j] = f32((np.float64(total[i, j]) * f) / denominator[i])
+
+    @njit(parallel=True, **opts)
+    def attend_tokens(q_hi: Any, q_lo: Any, q_scale: Any, q_slot: Any, q_pos: Any, keys: Any,
+                      key_scale: Any, values: Any, value_scale: Any, window: Any,
+                      scaling: Any, softcap: Any, inv_softcap: Any, levels: Any,
+                      headroom: Any, out: Any) -> None:
+        # q_hi/q_lo [T, H, d] int32 limbs, q_scale [T, H]; keys/values [S, kvh, C, d];
+        # scales [S, kvh, C]; token t sees positions [pos - window + 1, pos] of its slot.
+        tokens, heads, dim = q_hi.shape
+        kv_heads = keys.shape[1]
+        group = heads // kv_heads
+        capped = softcap > 0
+        for item in prange(tokens * kv_heads):
+            t = item // kv_heads
+            kv = item - t * kv_heads
+            slot = q_slot[t]
+            pos = q_pos[t]
+            first = 0 if window <= 0 else max(0, pos - window + 1)
+            n = pos - first + 1
+            weights = np.empty((group, n), dtype=np.float32)
+            qk_hi = np.empty((group, dim), dtype=np.int32)
+            qk_lo = np.empty((group, dim), dtype=np.int32)
+            for j in range(group):
+                for c in range(dim):
+                    qk_hi[j, c] = q_hi[t, kv * group + j, c]
+                    qk_lo[j, c] = q_lo[t, kv * group + j, c]
+            # scores: exact integer dot products, then the float formula of `attend`
+            for p in range(n):
+                kvec = np.empty(dim, dtype=np.int32)
+                for c in range(dim):
+                    kvec[c] = np.int32(keys[slot, kv, first + p, c])
+                ks = key_scale[slot, kv, first + p]
+                for j in range(group):
+                    shi = 0
+                    slo = 0
+                    for c in range(dim):
+                        shi += qk_hi[j, c] * kvec[c]
+                        slo += qk_lo[j, c] * kvec[c]
+                    sc = f32(shi) * limb + f32(slo)
+                    sc = sc * q_scale[t, kv * group + j]
+                    sc = sc * ks
+                    sc = sc * scaling
+                    if capped:
+                        sc = sc * inv_softcap
+                        sc = (f32(2.0) / (exp32(f32(-2.0) * sc) + one) - one) * softcap
+                    weights[j, p] = sc
+            for j in range(group):
+                h = kv * group + j
+                top = -np.inf
+                nan = False
+                for p in range(n):
+                    sc = weights[j, p]
+                    if sc != sc:
+                        nan = True
+                    elif sc > top:
+                        top = sc
+                if nan or not (top > -np.inf and top < np.inf):
+                    top = f32(0.0)
+                top32 = f32(top)
+                wtop = 0.0
+                for p in range(n):
+                    w = exp32(weights[j, p] - top32)
+                    weights[j, p] = w
+                    if w != w:
+                        wtop = np.nan
+                    elif w > wtop:
+                        wtop = w
+                if wtop > 0:
+                    biased = math.frexp(wtop)[1] + 1022 if wtop < np.inf else 2047
+                else:
+                    biased = 1023
+                shift = max(-1000, min(1000, headroom - (biased - 1022)))
+                grid = math.ldexp(1.0, shift)
+                total = 0.0
+                mtop = f32(0.0)
+                mnan = False
+                for p in range(n):
+                    w = weights[j, p]
+                    total += np.rint(np.float64(w) * grid)
+                    m = w * value_scale[slot, kv, first + p]
+                    weights[j, p] = m
+                    if m != m:
+                        mnan = True
+                    elif m > mtop:
+                        mtop = m
+                denominator = total / grid
+                if mnan or not mtop > 0:
+                    mtop = one
+                factor = levels / mtop
+                acc = np.zeros(dim, dtype=np.float64)
+                for p in range(n):
+                    count = np.rint(weights[j, p] * factor)
+                    if count != 0:
+                        cnt = np.float64(count)
+                        for c in range(dim):
+                            acc[c] += cnt * np.float64(values[slot, kv, first + p, c])
+                f = np.float64(mtop) / np.float64(levels)
+                for c in range(dim):
+                    out[t, h, c] = f32((acc[c] * f) / denominator)
+
+    _KERNELS.update(attend_tokens=attend_tokens, quantize_limbs=quantize_limbs, quantize=quantize, combine=combine,
+                    combine_cols=combine_cols, rms_norm=rms_norm, gelu_tanh_mul=gelu_tanh_mul,
+                    silu_mul=silu_mul, softmax_counts=softmax_counts,
+                    attention_output=attention_output)
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    return _KERNELS
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().numpy()
+
+
+def set_threads(threads: int) -> None:
+    """Use ``threads`` threads in the kernels (changes speed only)."""
+    numba = _load()
+    if numba:
+        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+
+
+def quantize_limbs(x: torch.Tensor, levels: int, as_float: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(limbs [2M, K], scale [M, 1])`` of float32 ``x [M, K]``: the rows of
+    :func:`~dplang.models.exact.quantize_rows` split by
+    :func:`~dplang.models.exact.split_limbs`, high limbs first (int8, or float32)."""
+    x = x.contiguous()
+    rows, width = x.shape
+    limbs = torch.empty((2 * rows, width), dtype=torch.float32 if as_float else torch.int8)
+    scale = torch.empty((rows, 1), dtype=torch.float32)
+    _kernels()["quantize_limbs"](_np(x), levels, _np(limbs), _np(scale)[:, 0], as_float)
+    return limbs, scale
+
+
+def quantize(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~dplang.models.exact.quantize_rows` of float32 ``x [..., K]``."""
+    shape = x.shape
+    flat = x.reshape(-1, shape[-1]).contiguous()
+    q = torch.empty_like(flat)
+    scale = torch.empty((flat.shape[0], 1), dtype=torch.float32)
+    _kernels()["quantize"](_np(flat), levels, _np(q), _np(scale)[:, 0])
+    return q.view(shape), scale.view(*shape[:-1], 1)
+
+
+def combine(high: torch.Tensor, low: torch.Tensor, low2: torch.Tensor | None,
+            row_scale: torch.Tensor, col_scale: torch.Tensor, bias: torch.Tensor | None,
+            high_shift: float, low_shift: float, transposed: bool = False) -> torch.Tensor:
+    """:meth:`IntegerLinear.combine` with ``low + low2``; ``transposed``: ``high``/``low``
+    are ``[N, M]`` (the weight was the left operand) and the result is ``[M, N]``."""
+    empty_i = torch.empty((0, 0), dtype=torch.int32)
+    empty_f = torch.empty(0, dtype=torch.float32)
+    rows = high.shape[1] if transposed else high.shape[0]
+    cols = high.shape[0] if transposed else high.shape[1]
+    out = torch.empty((rows, cols), dtype=torch.float32)
+    name = "combine_cols" if transposed else "combine"
+    _kernels()[name](_np(high.contiguous()), _np(low.contiguous()),
+                     _np(low2.contiguous()) if low2 is not None else _np(empty_i),
+                     _np(row_scale.reshape(-1).contiguous()), _np(col_scale.contiguous()),
+                     _np(bias.contiguous()) if bias is not None else _np(empty_f),
+                     np.float32(high_shift), np.float32(low_shift), _np(out))
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`~dplang.models.exact.rms_norm` (float32, last dimension)."""
+    shape = x.shape
+    flat = x.reshape(-1, shape[-1]).contiguous()
+    out = torch.empty_like(flat)
+    headroom = 52 - max(1, math.ceil(math.log2(shape[-1])))
+    _kernels()["rms_norm"](_np(flat), _np(weight.contiguous()), float(eps), headroom,
+                           _np(out))
+    return out.view(shape)
+
+
+def _gated(name: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty_like(gate)
+    _kernels()[name](_np(gate.view(gate.shape[0], -1)), _np(up.view(up.shape[0], -1)),
+                     _np(out.view(out.shape[0], -1)))
+    return out
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``exact.gelu_tanh(gate) * up``."""
+    return _gated("gelu_tanh_mul", gate, up)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``exact.silu(gate) * up``."""
+    return _gated("silu_mul", gate, up)
+
+
+def softmax_counts(both: torch.Tensor, q_scale: torch.Tensor, key_scale: torch.Tensor,
+                   value_scale: torch.Tensor, visible: torch.Tensor, scaling: float,
+                   softcap: float | None, levels: int, max_terms: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The middle of :func:`~dplang.models.attention.attend`: from the exact two-limb scores
+    ``both [B, 2R, L]`` to ``(counts [B, R, L], largest [B, R], denominator [B, R])``."""
+    batch, rows2, length = both.shape
+    rows = rows2 // 2
+    counts = torch.empty((batch, rows, length), dtype=torch.float32)
+    largest = torch.empty((batch, rows), dtype=torch.float32)
+    denominator = torch.empty((batch, rows), dtype=torch.float64)
+    headroom = 52 - max(1, math.ceil(math.log2(max_terms)))
+    cap = float(softcap) if softcap else 0.0
+    _kernels()["softmax_counts"](
+        _np(both.contiguous()), _np(q_scale.contiguous()), _np(key_scale.contiguous()),
+        _np(value_scale.contiguous()), _np(visible.contiguous()), np.float32(scaling),
+        np.float32(cap), np.float32(1.0 / cap) if cap else np.float32(0.0),
+        np.float32(levels), headroom, _np(counts), _np(largest), _np(denominator))
+    return counts, largest, denominator
+
+
+def attend_tokens(q: torch.Tensor, q_slot: torch.Tensor, q_pos: torch.Tensor,
+                  keys: torch.Tensor, key_scale: torch.Tensor, values: torch.Tensor,
+                  value_scale: torch.Tensor, window: int | None, scaling: float,
+                  softcap: float | None, levels: int, max_terms: int) -> torch.Tensor:
+    """The whole of :func:`~dplang.models.attention.attend` for every token of a step, read
+    straight from the slot store: token ``t`` (float32 ``q [T, H, d]`` before rounding) sees
+    positions ``q_pos[t] - window + 1 .. q_pos[t]`` of slot ``q_slot[t]``. Every sum is an exact
+    integer (computed in int32 or float64 here, in float32 blocks by ``attend``), and every
+    other operation is the same as ``attend``'s: the same bits."""
+    tokens, heads, dim = q.shape
+    limbs, scale = quantize_limbs(q.reshape(tokens * heads, dim), TWO_LIMB, as_float=True)
+    q_hi = limbs[: tokens * heads].to(torch.int32).view(tokens, heads, dim)
+    q_lo = limbs[tokens * heads:].to(torch.int32).view(tokens, heads, dim)
+    out = torch.empty((tokens, heads, dim), dtype=torch.float32)
+    cap = float(softcap) if softcap else 0.0
+    headroom = 52 - max(1, math.ceil(math.log2(max_terms)))
+    _kernels()["attend_tokens"](
+        _np(q_hi), _np(q_lo), _np(scale.view(tokens, heads)), _np(q_slot.contiguous()),
+        _np(q_pos.contiguous()), _np(keys), _np(key_scale), _np(values), _np(value_scale),
+        int(window or 0), np.float32(scaling), np.float32(cap),
+        np.float32(1.0 / cap) if cap else np.float32(0.0), np.float32(levels), headroom,
+        _np(out))
+    return out
+
+
+def attention_output(total: torch.Tensor, largest: torch.Tensor, denominator: torch.Tensor,
+                     levels: int) -> torch.Tensor:
+    """The end of :func:`~dplang.models.attention.attend`: ``total [R, d]`` (int64) times
+    ``largest / levels`` over ``denominator`` (``[R]`` each), as float32."""
+    out = torch.empty(total.shape, dtype=torch.float32)
+    _kernels()["attention_output"](_np(total.contiguous()), _np(largest.contiguous()),
+                                   _np(denominator.contiguous()), float(levels), _np(out))
+    return out

@@ -1,0 +1,133 @@
+"""The fused CPU kernels give the bits of the torch definitions they replace, element by element
+(random, extreme and non-finite inputs), and so do whole models run with and without them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from dplang.models import attention, cpu_kernels, exact
+from dplang.models.invariance import bitwise_equal
+from dplang.models.transformers import RowDecodeState, TransformersModel
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(torch.zeros(1)),
+                                reason="numba is not installed")
+
+
+def _torch_path(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], object]) -> object:
+    with monkeypatch.context() as m:
+        m.setattr(cpu_kernels, "available", lambda tensor: False)
+        return fn()
+
+
+def _nasty(rows: int, width: int, seed: int) -> torch.Tensor:
+    """Rows of ordinary, huge, tiny, zero and non-finite values."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, width, generator=gen)
+    x[0] = 0.0
+    x[1] *= 1e30
+    x[2] *= 1e-38
+    x[3, 5] = float("nan")
+    x[4, 7] = float("inf")
+    x[5, :3] = torch.tensor([-0.0, 1e-45, -3e38])
+    x[6] *= torch.rand(width, generator=gen) ** 20 * 1e5  # outliers
+    return x
+
+
+def _same(a: object, b: object) -> None:
+    if isinstance(a, tuple):
+        assert isinstance(b, tuple)
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
+        return
+    assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+    assert a.shape == b.shape and a.dtype == b.dtype
+    assert bitwise_equal(a, b), float((a.double() - b.double()).abs().nan_to_num().max())
+
+
+@pytest.mark.parametrize("levels", [exact.TWO_LIMB_LEVELS, 127, 512])
+def test_quantize(monkeypatch: pytest.MonkeyPatch, levels: int) -> None:
+    x = _nasty(9, 70, 1)
+    _same(exact.quantize_rows(x, levels), _torch_path(monkeypatch,
+                                                      lambda: exact.quantize_rows(x, levels)))
+    fast = exact.prepare_rows(x)
+    slow = _torch_path(monkeypatch, lambda: exact.prepare_rows(x))
+    _same((fast.limbs, fast.scale), (slow.limbs, slow.scale))
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_integer_linear(monkeypatch: pytest.MonkeyPatch, bits: int, layout: str) -> None:
+    gen = torch.Generator().manual_seed(bits)
+    weight = torch.randn(300, 70, generator=gen)
+    bias = torch.randn(300, generator=gen)
+    lin = exact.IntegerLinear(weight, bias, weight_bits=bits, layout=layout)
+    x = _nasty(9, 70, 2)
+    _same(lin(x), _torch_path(monkeypatch, lambda: lin(x)))
+    if layout == "nk":  # the gathered head equals the dense head on its columns
+        ids = torch.randint(0, 300, (9, 11), generator=gen)
+        finite = torch.isfinite(lin(x)).all(dim=1)
+        _same(lin.gathered(x, ids)[finite], lin(x).gather(1, ids)[finite])
+
+
+def test_rms_norm(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = _nasty(9, 640, 3)
+    w = torch.randn(640)
+    _same(exact.rms_norm(x, w, 1e-6), _torch_path(monkeypatch,
+                                                  lambda: exact.rms_norm(x, w, 1e-6)))
+
+
+@pytest.mark.parametrize("kind", ["gelu_tanh", "silu"])
+def test_gated(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    gate = _nasty(9, 300, 4) * 10
+    gate[7] = torch.linspace(-100, 100, 300)
+    up = torch.randn(9, 300)
+    _same(exact.gated(kind, gate, up), _torch_path(monkeypatch,
+                                                   lambda: exact.gated(kind, gate, up)))
+
+
+@pytest.mark.parametrize("softcap", [None, 2.5])
+def test_attention(monkeypatch: pytest.MonkeyPatch, softcap: float | None) -> None:
+    gen = torch.Generator().manual_seed(5)
+    batch, kvh, nq, g, d, block = 3, 2, 5, 2, 16, 4
+    length = 3 * block
+    kmax, vmax = attention.key_levels(d), attention.value_levels(block)
+    q = torch.randint(-32512, 32513, (batch, kvh, nq, g, d), generator=gen).float()
+    q_scale = torch.rand(batch, kvh, nq, g, generator=gen)
+    keys = torch.randint(-kmax, kmax + 1, (batch, kvh, length, d), generator=gen).float()
+    values = torch.randint(-vmax, vmax + 1, (batch, kvh, length, d), generator=gen).float()
+    k_scale = torch.rand(batch, kvh, length, generator=gen) * 1e-3
+    v_scale = torch.rand(batch, kvh, length, generator=gen)
+    v_scale[0, 0, 3] = 1e30  # a finite poison at a hidden position
+    visible = torch.rand(batch, 1, nq, 1, length, generator=gen) > 0.4
+    visible[1, 0, 2] = False  # a query that sees nothing
+    visible[0, 0, :, :, 3] = False
+
+    def run() -> torch.Tensor:
+        return attention.attend(q, q_scale, keys, k_scale, values, v_scale, visible, 0.7,
+                                softcap, block)
+
+    _same(run(), _torch_path(monkeypatch, run))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_whole_model_with_and_without_kernels(monkeypatch: pytest.MonkeyPatch,
+                                              tiny_llama_dir: Path, tiny_gemma_dir: Path,
+                                              arch: str) -> None:
+    folder = tiny_llama_dir if arch == "llama" else tiny_gemma_dir
+    model = TransformersModel(folder, threads=2, block_size=4, check_invariance=False)
+    prompts = [[2, 5, 9, 11, 13, 17, 19, 23, 29], [2, 7], [2, 31, 37, 41, 43, 47]]
+
+    def decode() -> tuple[torch.Tensor, ...]:
+        state = RowDecodeState(prompts=[list(p) for p in prompts])
+        seen = []
+        hidden = model.next_hidden(state, None)
+        for step in range(3):
+            seen += [hidden, model.logits_from_hidden(hidden)]
+            hidden = model.next_hidden(state, torch.tensor([3 + step, 4, 5]))
+        return tuple(seen)
+
+    _same(decode(), _torch_path(monkeypatch, decode))

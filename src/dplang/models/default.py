@@ -241,7 +241,8 @@ def _has_weights(folder: Path) -> bool:
     return any(folder.glob("*.safetensors"))
 
 
-def check_refusal_on_record(spec: str, *, dtype: str = "float32", device: str = "cpu") -> None:
+def check_refusal_on_record(spec: str, *, dtype: str = "float32", device: str = "cpu",
+                            block_size: int | None = None) -> None:
     """Raise :class:`~dplang.models.invariance.RowInvarianceError` at once, before any weight
     is loaded, if this model configuration was refused on this machine before (a refusal is
     recorded by the load-time check; ``DPLANG_RECHECK_INVARIANCE=1`` checks again)."""
@@ -257,7 +258,8 @@ def check_refusal_on_record(spec: str, *, dtype: str = "float32", device: str = 
     else:
         folder, gguf = resolve_model_path(Path(spec).expanduser(), None)
     device_type = check_device(device).type
-    numerics = numerics_for(1, compute_dtype(dtype, device_type), BLOCK_SIZE, device_type)
+    numerics = numerics_for(1, compute_dtype(dtype, device_type), block_size or BLOCK_SIZE,
+                            device_type)
     message = refusal_on_record(refusal_key(model_files(folder, gguf), numerics))
     if message:
         raise RowInvarianceError(message)

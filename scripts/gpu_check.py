@@ -1,0 +1,208 @@
+"""One prepared check of dplang on a GPU: invariance, neighbours, GPU tests and throughput.
+
+    python scripts/gpu_check.py [--device cuda] [--groups 1,8,64,256] [--tokens 64]
+                                [--budget 420] [--quick]
+
+Made for a lent GPU machine as it is: no network, its own PyTorch and transformers, no numba,
+at most 64 MiB carried with the working tree. So the model is Gemma 3 270M's exact
+architecture (``scripts/gemma3_270m_config.json``) with random weights built on the device
+(same shapes, same speed, the same invariance question as the real weights), with a small
+tokenizer trained here on a few sentences; prompts are random words of the lengths of the
+Yelp prompts (about 135 tokens). dplang runs from ``src/`` on the machine's own PyTorch.
+
+Prints one line per step and, last, one JSON summary:
+
+1. the load-time row-invariance check in float32 and bfloat16 (verdict, seconds);
+2. a neighbour test: G groups decoded with InvisibleInk, then again with one reference of
+   group 0 replaced by the empty one: every other group's tokens must be identical;
+3. ``pytest -m gpu`` (if pytest is installed there);
+4. DP tokens/s at each G of ``--groups`` (B = 7, T tokens, EOS ignored) beside non-private
+   decoding of the same rows (one text per private prompt) measured in the same run, and the
+   DP cost multiple per token.
+
+``--budget`` seconds bounds the throughput part: larger G are skipped (and said so) once it is
+spent. ``--quick`` is a smoke test on any device (tiny sizes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+
+B, K, TAU, EPS, DELTA = 7, 50, 1.2, 10.0, 1e-6
+WORDS = ("the food was great and service friendly but pasta cold we waited an hour for "
+         "pizza dessert good staff rude clean place prices fair would come back again never "
+         "table order drinks menu tasty salad burger fries coffee tea breakfast lunch dinner").split()
+
+
+def tokenizer_dir() -> Path:
+    """A small BPE tokenizer (no download), saved to a temporary folder."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    folder = Path(tempfile.mkdtemp(prefix="dplang-gpu-check-"))
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<eos>", "<bos>",
+                                                                  "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    backend.train_from_iterator([" ".join(WORDS)] * 20, trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>",
+                                  eos_token="<eos>", bos_token="<bos>", unk_token="<unk>")
+    tok.save_pretrained(folder)
+    return folder
+
+
+def random_model(device: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**json.loads((ROOT / "scripts" / "gemma3_270m_config.json")
+                                               .read_text()))
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model
+
+
+def load(device: str, dtype: str, check: bool):
+    from transformers import AutoTokenizer
+
+    from dplang.models.transformers import TransformersModel
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir())
+    start = time.perf_counter()
+    model = TransformersModel(model=random_model(device), tokenizer=tok, device=device,
+                              dtype=dtype, check_invariance=check, verify=True,
+                              model_id=f"gemma-3-270m-architecture-random-{dtype}")
+    return model, time.perf_counter() - start
+
+
+def text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def jobs(model, groups: int, rng: random.Random, words: int):
+    from dplang.textgen.engine import GroupJob
+
+    out = []
+    for g in range(groups):
+        public = "Here is a review of a restaurant:\n"
+        private = tuple(f"Here is a review of a restaurant:\n{text(rng, words)}\n\n"
+                        "Here is another review of a restaurant:\n" for _ in range(B))
+        out.append(GroupJob(g, public, private, prefix="Here is a review of a restaurant:\n"))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--groups", default="1,8,64,256")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--budget", type=float, default=420.0)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    from dplang.privacy import RandomStreams, epsilon_to_rho
+    from dplang.textgen.engine import DecodingParams, run_plain
+    from dplang.textgen.methods.invisibleink import calibrate_clip, run_invisibleink
+
+    summary: dict = {"device": args.device, "torch": torch.__version__}
+    if args.device == "cuda":
+        summary["gpu"] = torch.cuda.get_device_name(0)
+    words = 8 if args.quick else 110
+    tokens = 4 if args.quick else args.tokens
+    groups = [1, 2] if args.quick else [int(g) for g in args.groups.split(",")]
+
+    # 1. the load-time check in both precisions
+    from dplang.models.invariance import RowInvarianceError
+
+    models = {}
+    for dtype in ("float32", "bfloat16"):
+        try:
+            models[dtype], secs = load(args.device, dtype, check=True)
+            summary[f"invariance_{dtype}"] = {"verdict": "pass", "seconds": round(secs, 1)}
+        except RowInvarianceError as exc:
+            summary[f"invariance_{dtype}"] = {"verdict": "refused", "message": str(exc)[:400]}
+        print(f"invariance {dtype}: {summary[f'invariance_{dtype}']}", flush=True)
+    if "float32" not in models:
+        models["float32"], _ = load(args.device, "float32", check=False)
+    model = models["float32"]
+    clip = calibrate_clip(epsilon_to_rho(EPS, DELTA), tokens, B, TAU)
+    params = DecodingParams(clip, B, TAU, K, tokens, sparse_head=True, stop_at_eos=False)
+
+    # 2. neighbours: null one reference of group 0; the other groups must not move
+    rng = random.Random(1)
+    base = jobs(model, 4, rng, words)
+    neighbour = list(base)
+    first = base[0]
+    neighbour[0] = type(first)(first.index, first.public_prompt,
+                               (first.public_prompt, *first.private_prompts[1:]), first.prefix)
+    runs = []
+    for dataset in (base, neighbour):
+        results = run_invisibleink(model, dataset, params, RandomStreams(7), concurrent_groups=4)
+        runs.append({r.index: r.token_ids for r in results})
+    same = all(runs[0][g] == runs[1][g] for g in (1, 2, 3))
+    summary["neighbours"] = {"other_groups_identical": same,
+                             "group_0_changed": runs[0][0] != runs[1][0]}
+    print(f"neighbours: {summary['neighbours']}", flush=True)
+
+    # 3. the GPU tests
+    try:
+        import pytest  # noqa: F401
+
+        done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p",
+                               "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=240, check=False,
+                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        summary["pytest_gpu"] = {"exit": done.returncode,
+                                 "tail": done.stdout.strip().splitlines()[-1:]}
+    except ImportError:
+        summary["pytest_gpu"] = {"exit": None, "tail": ["pytest is not installed here"]}
+    print(f"pytest -m gpu: {summary['pytest_gpu']}", flush=True)
+
+    # 4. throughput: DP beside non-private decoding of the same private prompts
+    rng = random.Random(2)
+    start = time.perf_counter()
+    rows = []
+    for g in groups:
+        if time.perf_counter() - start > args.budget:
+            rows.append({"G": g, "skipped": "budget spent"})
+            continue
+        batch = jobs(model, g, rng, words)
+        sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        run_invisibleink(model, batch, params, RandomStreams(3), concurrent_groups=g)
+        sync()
+        dp_s = time.perf_counter() - t0
+        prompts = [p for j in batch for p in j.private_prompts]
+        t0 = time.perf_counter()
+        run_plain(model, prompts, tokens, TAU, K, RandomStreams(4), stop_at_eos=False)
+        sync()
+        plain_s = time.perf_counter() - t0
+        dp_tps = g * tokens / dp_s
+        plain_tps = len(prompts) * tokens / plain_s
+        rows.append({"G": g, "dp_tokens_per_s": round(dp_tps, 1),
+                     "plain_tokens_per_s_same_prompts": round(plain_tps, 1),
+                     "dp_cost_per_token_vs_plain": round(plain_tps / dp_tps, 2),
+                     "dp_seconds": round(dp_s, 2), "plain_seconds": round(plain_s, 2)})
+        print(f"throughput: {rows[-1]}", flush=True)
+    summary["throughput"] = rows
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -42,9 +42,11 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 
 B, K, TAU, EPS, DELTA = 7, 50, 1.2, 10.0, 1e-6
-WORDS = ("the food was great and service friendly but pasta cold we waited an hour for "
-         "pizza dessert good staff rude clean place prices fair would come back again never "
-         "table order drinks menu tasty salad burger fries coffee tea breakfast lunch dinner").split()
+WORDS = ["the", "food", "was", "great", "and", "service", "friendly", "but", "pasta", "cold",
+         "we", "waited", "an", "hour", "for", "pizza", "dessert", "good", "staff", "rude",
+         "clean", "place", "prices", "fair", "would", "come", "back", "again", "never", "table",
+         "order", "drinks", "menu", "tasty", "salad", "burger", "fries", "coffee", "tea",
+         "breakfast", "lunch", "dinner"]
 
 
 def tokenizer_dir() -> Path:

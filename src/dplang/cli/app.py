@@ -14,6 +14,8 @@ import sys
 
 import typer
 
+from dplang.models.errors import ModelConfigurationError
+
 try:  # typer >= 0.20 vendors click as typer._click
     from typer._click import exceptions as click_exceptions
 except ImportError:  # pragma: no cover - older typer depends on click
@@ -93,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (LedgerError, ReleaseError) as exc:  # a ledger or output that cannot be used
         echo_error(_one_line(exc))
+        return 2
+    except ModelConfigurationError as exc:  # refused by the load-time check, or unsupported
+        echo_error(f"the model cannot be used: {_one_line(exc)}")
         return 2
     except Exception as exc:  # a bug: one line, not a traceback (unless asked for)
         if os.environ.get("DPLANG_TRACEBACK"):

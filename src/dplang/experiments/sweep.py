@@ -29,6 +29,7 @@ Size: a sweep's cell loop with its identity and resume rules, read together.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -439,78 +440,108 @@ def run_experiment(
     ``config.dataset``, else the data file's resolved path); its seed is fresh OS entropy kept
     in the cell's private side file unless the config writes seeds (then not secret: toy or
     public data only). ``results.md`` states the sweep's total charge."""
-    from ..evaluation import evaluate_files
-
     say = progress or (lambda _msg: None)
     with RunLock(out_dir):
         digest, specs, states = preflight(config, out_dir, ledger, dataset, check_model,
                                           overwrite)
         name = dataset_name(config.data_path, dataset or config.dataset)
         out_dir.mkdir(parents=True, exist_ok=True)
+        fresh_split = not (out_dir / "data" / "references.jsonl").exists()
         refs, real = (None, None) if report_only else split_data(config, out_dir, digest)
-        if real is not None and config.label_column is not None:
-            _check_downstream_rows(real, config)
-        cache: dict[tuple[str, str], LogitsModel] = {}
-
-        def cached(spec: str, dtype: str) -> LogitsModel:
-            if (spec, dtype) not in cache:
-                cache[(spec, dtype)] = load_model(spec, dtype)
-            return cache[(spec, dtype)]
-
-        def generation_model(spec: str) -> LogitsModel:
-            return cached(spec, config.dtype)
-
-        rows = []
-        for i, cell in enumerate(config.cells, 1):
-            tag = f"[{i}/{len(config.cells)}] {cell.key}"
-            cell_dir = out_dir / "cells" / cell.key
-            metrics_path = cell_dir / "eval" / "metrics.json"
-            timing_path = cell_dir / "timing.json"
-            state = states[cell.key]
-            if state == "same" and metrics_path.exists():
-                say(f"{tag}: done, skipped")
-            elif report_only:
-                say(f"{tag}: not finished" + (" (its evaluation settings changed)"
-                                              if state == "re-evaluate" else "")
-                    + ", left out of the report")
-                continue
-            else:
-                assert refs is not None and real is not None
-                new = state == "new"
-                if state in ("re-evaluate", "changed"):
-                    metrics_path.unlink(missing_ok=True)  # never a stale "done" marker
-                if state == "changed":
-                    timing_path.unlink(missing_ok=True)
-                    if cell.method == "public":  # no release: nothing to charge first
-                        (cell_dir / "gen.jsonl").unlink(missing_ok=True)
-                cell_dir.mkdir(parents=True, exist_ok=True)
-                write_json(cell_dir / CELL_SPEC, specs[cell.key], private=True)
-                say(f"{tag}: " + ("generating anew (--overwrite)" if state == "changed"
-                                   else "generating" if new
-                                   or not (cell_dir / "gen.jsonl").exists()
-                                   else "evaluation settings changed, re-evaluating"
-                                   if state == "re-evaluate" else "resuming"))
-                try:
-                    gen, timing = _generate(config, cell, refs, cell_dir, generation_model,
-                                            ledger, name, overwrite=state == "changed")
-                except BaseException:
-                    if new and not (cell_dir / "gen.jsonl").exists():
-                        _remove_empty_cell(cell_dir)  # a cell that never started leaves nothing
-                    raise
-                if not timing_path.exists():  # a duration: a side channel, so private
-                    write_json(timing_path, timing, private=True)
-                say(f"{tag}: evaluating")
-                model_for_eval = (cached(config.model, "float32")
-                                  if "perplexity" in config.metrics else config.model)
-                evaluate_files(real, gen, metrics=_cell_metrics(config, gen),
-                               embedder=config.embedder,
-                               model=model_for_eval, num=config.num,
-                               num_buckets=config.num_buckets,
-                               out_dir=cell_dir / "eval", label_column=config.label_column)
-            metrics = json.loads(metrics_path.read_text())
-            timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
-            rows.append(_row(cell, config, metrics, timing))
+        try:
+            rows = _run_cells(config, out_dir, load_model, say, report_only, ledger, name,
+                              specs, states, refs, real)
+        except BaseException:
+            if fresh_split and not report_only:
+                _remove_unused_split(out_dir)
+            raise
         write_results(rows, out_dir, config, ledger, name)
+    return rows
+
+
+def _remove_unused_split(out_dir: Path) -> None:
+    """A sweep that stops before any cell has generated leaves no copy of private rows: the
+    split it wrote this time is removed (a later run writes it again)."""
+    if any((out_dir / "cells").glob("*/gen.jsonl")):
+        return  # a generation may resume from these rows
+    data_dir = out_dir / "data"
+    for name in ("references.jsonl", "real.jsonl", "split.private.json", "references.tmp",
+                 "real.tmp"):
+        (data_dir / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        data_dir.rmdir()
+
+
+def _run_cells(config: ExperimentConfig, out_dir: Path,
+               load_model: Callable[[str, str], LogitsModel], say: Callable[[str], None],
+               report_only: bool, ledger: str | Path | None, name: str,
+               specs: dict[str, Any], states: dict[str, str], refs: Path | None,
+               real: Path | None) -> list[dict[str, Any]]:
+    """Generate and evaluate every cell not yet finished (see :func:`run_experiment`)."""
+    from ..evaluation import evaluate_files
+
+    if real is not None and config.label_column is not None:
+        _check_downstream_rows(real, config)
+    cache: dict[tuple[str, str], LogitsModel] = {}
+
+    def cached(spec: str, dtype: str) -> LogitsModel:
+        if (spec, dtype) not in cache:
+            cache[(spec, dtype)] = load_model(spec, dtype)
+        return cache[(spec, dtype)]
+
+    def generation_model(spec: str) -> LogitsModel:
+        return cached(spec, config.dtype)
+
+    rows = []
+    for i, cell in enumerate(config.cells, 1):
+        tag = f"[{i}/{len(config.cells)}] {cell.key}"
+        cell_dir = out_dir / "cells" / cell.key
+        metrics_path = cell_dir / "eval" / "metrics.json"
+        timing_path = cell_dir / "timing.json"
+        state = states[cell.key]
+        if state == "same" and metrics_path.exists():
+            say(f"{tag}: done, skipped")
+        elif report_only:
+            say(f"{tag}: not finished" + (" (its evaluation settings changed)"
+                                          if state == "re-evaluate" else "")
+                + ", left out of the report")
+            continue
+        else:
+            assert refs is not None and real is not None
+            new = state == "new"
+            if state in ("re-evaluate", "changed"):
+                metrics_path.unlink(missing_ok=True)  # never a stale "done" marker
+            if state == "changed":
+                timing_path.unlink(missing_ok=True)
+                if cell.method == "public":  # no release: nothing to charge first
+                    (cell_dir / "gen.jsonl").unlink(missing_ok=True)
+            cell_dir.mkdir(parents=True, exist_ok=True)
+            write_json(cell_dir / CELL_SPEC, specs[cell.key], private=True)
+            say(f"{tag}: " + ("generating anew (--overwrite)" if state == "changed"
+                               else "generating" if new
+                               or not (cell_dir / "gen.jsonl").exists()
+                               else "evaluation settings changed, re-evaluating"
+                               if state == "re-evaluate" else "resuming"))
+            try:
+                gen, timing = _generate(config, cell, refs, cell_dir, generation_model,
+                                        ledger, name, overwrite=state == "changed")
+            except BaseException:
+                if new and not (cell_dir / "gen.jsonl").exists():
+                    _remove_empty_cell(cell_dir)  # a cell that never started leaves nothing
+                raise
+            if not timing_path.exists():  # a duration: a side channel, so private
+                write_json(timing_path, timing, private=True)
+            say(f"{tag}: evaluating")
+            model_for_eval = (cached(config.model, "float32")
+                              if "perplexity" in config.metrics else config.model)
+            evaluate_files(real, gen, metrics=_cell_metrics(config, gen),
+                           embedder=config.embedder,
+                           model=model_for_eval, num=config.num,
+                           num_buckets=config.num_buckets,
+                           out_dir=cell_dir / "eval", label_column=config.label_column)
+        metrics = json.loads(metrics_path.read_text())
+        timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+        rows.append(_row(cell, config, metrics, timing))
     return rows
 
 

@@ -36,8 +36,8 @@ import torch
 from dplang.models import cpu_kernels
 from dplang.models.exact import TWO_LIMB_LEVELS, exp, fixed_point_sum, quantize_rows, split_limbs
 
-__all__ = ["BLOCK_SIZE", "MAX_POSITIONS", "TILE", "WEIGHT_LEVELS", "AttentionStep", "PromptTile", "SlotCache", "attend",
-           "key_levels", "value_levels"]
+__all__ = ["BLOCK_SIZE", "MAX_POSITIONS", "TILE", "WEIGHT_LEVELS", "AttentionStep", "PromptTile",
+           "SlotCache", "attend", "gather_queries", "key_levels", "prompt_tiles", "value_levels"]
 
 #: Weight of a query's high limb (queries are ``hi * LIMB_SCALE + lo``).
 LIMB_SCALE = 256

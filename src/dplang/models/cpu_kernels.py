@@ -28,8 +28,17 @@ import torch
 #: Largest magnitude of a two-limb integer (as dplang.models.exact.TWO_LIMB_LEVELS).
 TWO_LIMB = 127 * 256
 
-__all__ = ["attend_tokens", "available", "combine", "gelu_tanh_mul", "quantize_limbs", "rms_norm",
-           "silu_mul", "softmax_counts", "attention_output"]
+__all__ = [
+    "attend_tokens",
+    "attention_output",
+    "available",
+    "combine",
+    "gelu_tanh_mul",
+    "quantize_limbs",
+    "rms_norm",
+    "silu_mul",
+    "softmax_counts",
+]
 
 _NUMBA: Any = None
 
@@ -113,6 +122,13 @@ def _kernels() -> dict[str, Any]:
         p = p + one
         k = 0 if n != n else int(n)
         return p * f32(math.ldexp(1.0, k))
+
+    @njit(inline="always", **opts)
+    def grid_of(top: Any, headroom: Any) -> Any:  # dplang.models.exact.fixed_point_sum's grid
+        biased = 1023
+        if top > 0:
+            biased = math.frexp(top)[1] + 1022 if top < np.inf else 2047
+        return math.ldexp(1.0, max(-1000, min(1000, headroom - (biased - 1022))))
 
     @njit(parallel=True, **opts)
     def quantize_limbs(x: Any, levels: Any, limbs: Any, scale: Any, as_float: Any) -> None:
@@ -218,13 +234,7 @@ def _kernels() -> dict[str, Any]:
                     top = sq
             if nan:
                 top = np.nan
-            if top > 0:
-                biased = math.frexp(top)[1] + 1022 if top < np.inf else 2047
-            else:
-                biased = 1023
-            shift = headroom - (biased - 1022)
-            shift = max(-1000, min(1000, shift))
-            grid = math.ldexp(1.0, shift)
+            grid = grid_of(top, headroom)
             total = 0.0
             for j in range(width):
                 v = np.float64(x[i, j])
@@ -298,12 +308,7 @@ def _kernels() -> dict[str, Any]:
                 else:
                     counts[b, r, p] = f32(0.0)
             # the denominator: exact fixed-point sum of the weights in float64
-            if wtop > 0:
-                biased = math.frexp(wtop)[1] + 1022 if wtop < np.inf else 2047
-            else:
-                biased = 1023
-            shift = max(-1000, min(1000, headroom - (biased - 1022)))
-            grid = math.ldexp(1.0, shift)
+            grid = grid_of(wtop, headroom)
             total = 0.0
             mtop = f32(0.0)
             mnan = False
@@ -399,12 +404,7 @@ def _kernels() -> dict[str, Any]:
                         wtop = np.nan
                     elif w > wtop:
                         wtop = w
-                if wtop > 0:
-                    biased = math.frexp(wtop)[1] + 1022 if wtop < np.inf else 2047
-                else:
-                    biased = 1023
-                shift = max(-1000, min(1000, headroom - (biased - 1022)))
-                grid = math.ldexp(1.0, shift)
+                grid = grid_of(wtop, headroom)
                 total = 0.0
                 mtop = f32(0.0)
                 mnan = False
@@ -432,8 +432,9 @@ def _kernels() -> dict[str, Any]:
                 for c in range(dim):
                     out[t, h, c] = f32((acc[c] * f) / denominator)
 
-    _KERNELS.update(attend_tokens=attend_tokens, quantize_limbs=quantize_limbs, quantize=quantize, combine=combine,
-                    combine_cols=combine_cols, rms_norm=rms_norm, gelu_tanh_mul=gelu_tanh_mul,
+    _KERNELS.update(attend_tokens=attend_tokens, quantize_limbs=quantize_limbs,
+                    quantize=quantize, combine=combine, combine_cols=combine_cols,
+                    rms_norm=rms_norm, gelu_tanh_mul=gelu_tanh_mul,
                     silu_mul=silu_mul, softmax_counts=softmax_counts,
                     attention_output=attention_output)
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))

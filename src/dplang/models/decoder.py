@@ -29,8 +29,7 @@ from typing import Any
 
 import torch
 
-from dplang.models import exact
-from dplang.models import cpu_kernels
+from dplang.models import cpu_kernels, exact
 from dplang.models.attention import (
     MAX_POSITIONS,
     TILE,
@@ -41,6 +40,7 @@ from dplang.models.attention import (
     gather_queries,
     prompt_tiles,
 )
+from dplang.models.errors import UnsupportedModelError
 from dplang.models.exact import TWO_LIMB_LEVELS, IntegerLinear, hadamard, quantize_rows, rms_norm
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "ExactDecoder", "Norm"]
@@ -106,12 +106,12 @@ def activation_kind(module: Any) -> str:
     elif isinstance(module, torch.nn.ReLU):
         kind = "relu"
     if kind is None:
-        raise NotImplementedError(f"activation {name} has no exact implementation in dplang")
+        raise UnsupportedModelError(f"activation {name} has no exact implementation in dplang")
     x = torch.linspace(-9.0, 9.0, 1001)
     with torch.no_grad():
         want = module(x).float()
     if not torch.allclose(_ACTIVATIONS[kind](x), want, rtol=1e-5, atol=1e-6):
-        raise NotImplementedError(f"activation {name} does not behave as {kind}")
+        raise UnsupportedModelError(f"activation {name} does not behave as {kind}")
     return kind
 
 
@@ -126,7 +126,7 @@ def _norm(module: Any) -> Norm:
     for candidate in (Norm(weight.contiguous(), eps), Norm((1.0 + weight).contiguous(), eps)):
         if torch.allclose(candidate(x), want, rtol=1e-5, atol=1e-6):
             return candidate
-    raise NotImplementedError(f"norm {type(module).__name__} is not an RMS norm dplang knows")
+    raise UnsupportedModelError(f"norm {type(module).__name__} is not an RMS norm dplang knows")
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -156,7 +156,7 @@ class PositionTables:
             if inv_freq is None:
                 inv_freq = getattr(module, "inv_freq", None)
             if inv_freq is None:
-                raise NotImplementedError(f"rotary module {type(module).__name__} has no "
+                raise UnsupportedModelError(f"rotary module {type(module).__name__} has no "
                                           "inverse frequencies dplang can read")
             scaling = getattr(module, f"{prefix}attention_scaling",
                               getattr(module, "attention_scaling", 1.0))
@@ -168,7 +168,7 @@ class PositionTables:
             cos, sin = self._compute(key, positions)
             if not (torch.allclose(cos, want_cos[0].float(), atol=2e-6, rtol=0)
                     and torch.allclose(sin, want_sin[0].float(), atol=2e-6, rtol=0)):
-                raise NotImplementedError(
+                raise UnsupportedModelError(
                     f"rotary embedding {type(module).__name__} ({key}) is not one dplang knows")
 
     def _compute(self, key: str, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,7 +212,7 @@ class ExactDecoder:
         config = getattr(model.config, "text_config", None) or model.config
         model_type = str(getattr(config, "model_type", ""))
         if model_type not in SUPPORTED_MODEL_TYPES:
-            raise NotImplementedError(
+            raise UnsupportedModelError(
                 f"architecture {model_type or type(model).__name__} is not supported by dplang's "
                 f"exact decoder (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
         self.config = config

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dplang.models.errors import RowInvarianceError
+
 if TYPE_CHECKING:
     from dplang.models.transformers import TransformersModel
 
@@ -35,8 +37,6 @@ _BACKEND_MODULES = ("invariance.py", "exact.py", "attention.py", "decoder.py", "
                     "prompt_side.py")
 
 
-class RowInvarianceError(RuntimeError):
-    """This model configuration does not give bit-identical per-row results on this machine."""
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

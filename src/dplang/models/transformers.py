@@ -47,6 +47,7 @@ from dplang.models.attention import TILE, AttentionStep, PromptTile, SlotCache
 from dplang.models.base import DecodeState
 from dplang.models.decoder import ExactDecoder, logits_postprocess
 from dplang.models.dtypes import available_cores
+from dplang.models.errors import UnsupportedModelError
 from dplang.models.hf_loading import (
     find_body,
     find_eos_ids,
@@ -593,7 +594,7 @@ class TransformersModel(TokenizerText):
         tolerance = (3e-2 if self.dtype == torch.float32 else 6e-2) * spread
         err = float((ours - theirs).abs().max())
         if not err <= tolerance:
-            raise NotImplementedError(
+            raise UnsupportedModelError(
                 f"{type(self.model).__name__}: dplang's exact decoder does not reproduce the "
                 f"model's logits (max abs error {err:.3g} of {spread:.3g}); its architecture "
                 "computes something dplang does not know"

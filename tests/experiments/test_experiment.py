@@ -520,3 +520,26 @@ def test_the_downstream_config_for_issue_18_item_3_is_ready(tmp_path):
         pytest.skip("the Yelp data (../shared/data/yelp/dev.csv) is not beside this clone")
     _, _, states = preflight(config, tmp_path / "out", tmp_path / "ledger.sqlite", None)
     assert set(states.values()) == {"new"} and not (tmp_path / "out").exists()
+
+
+def test_a_refused_model_stops_the_sweep_in_one_line_and_leaves_no_private_rows(
+        setup, capsys, monkeypatch):
+    """A model refused at load (the row-invariance check) is reported like every command
+    reports it (exit 2, one line, not 'a bug'), and the copies of private rows the sweep
+    wrote before the first cell (data/references.jsonl, data/real.jsonl) are removed."""
+    from dplang.models.errors import RowInvarianceError
+
+    tmp, calls = setup
+
+    def refused(spec, dtype="float32"):
+        calls.append(spec)
+        raise RowInvarianceError("toy: a row decoded together with others differs")
+
+    monkeypatch.setattr(exp_cli, "_load_model", refused)
+    out = tmp / "out"
+    assert main(["experiment", str(tmp / "exp.toml"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: the model cannot be used: toy"), err
+    assert not any("Traceback" in line or "bug in dplang" in line for line in err), err
+    assert calls and not list(out.rglob("*.jsonl"))
+    assert not (out / "data").exists()

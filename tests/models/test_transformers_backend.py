@@ -291,9 +291,15 @@ def test_integer_linear_is_close_exact_and_row_invariant(bits: int) -> None:
     torch.testing.assert_close(got, want, rtol=0, atol=tol)
     for i in (0, 17, 36):
         assert _bitwise_equal(got[i], lin(x[i:i + 1])[0])
-    # The int8 kernel and the float32 chunks compute the same integers: the same bits.
+    # The int8 kernel and the float32 chunks compute the same integers: the same bits; so do
+    # both limbs multiplied in one call (stacked) and in two.
     lin.kernel = "float32"
     assert _bitwise_equal(lin(x), got)
+    for layout in ("kn", "nk"):
+        for stacked in (True, False):
+            other = exact.IntegerLinear(weight, bias, weight_bits=bits, layout=layout,
+                                        stacked=stacked)
+            assert _bitwise_equal(other(x), got)
 
 
 def test_integer_products_are_exact_on_extreme_limbs() -> None:

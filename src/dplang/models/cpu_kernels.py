@@ -486,8 +486,7 @@ def combine(high: torch.Tensor, low: torch.Tensor, low2: torch.Tensor | None,
     cols = high.shape[0] if transposed else high.shape[1]
     out = torch.empty((rows, cols), dtype=torch.float32)
     name = "combine_cols" if transposed else "combine"
-    _kernels()[name](_np(high.contiguous()), _np(low.contiguous()),
-                     _np(low2.contiguous()) if low2 is not None else _np(empty_i),
+    _kernels()[name](_np(high), _np(low), _np(low2) if low2 is not None else _np(empty_i),
                      _np(row_scale.reshape(-1).contiguous()), _np(col_scale.contiguous()),
                      _np(bias.contiguous()) if bias is not None else _np(empty_f),
                      np.float32(high_shift), np.float32(low_shift), _np(out))

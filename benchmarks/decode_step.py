@@ -1,0 +1,102 @@
+"""Where a DP decode step's time goes, and its peak memory (default model, G groups of B = 7).
+
+    .venv/bin/python benchmarks/decode_step.py [--groups 8] [--tokens 32] [--dtype float32]
+
+Runs InvisibleInk (k = 50, τ = 1.2, ε = 10) on G groups of Yelp references with EOS ignored,
+times every integer matrix product (:func:`dplang.models.exact.exact_products`), the attention
+kernel and the whole decode steps (after the first), and prints the step's time against its
+own matrix products (the target of issue 24: a step within 1.5x of its products), the prefill
+time and the process's peak resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import resource
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from dplang.io import load_references
+from dplang.models import cpu_kernels, exact
+from dplang.models.default import load_default_model
+from dplang.privacy import RandomStreams, epsilon_to_rho
+from dplang.textgen.engine import DecodingParams, GroupJob
+from dplang.textgen.methods.invisibleink import calibrate_clip, run_invisibleink
+from dplang.textgen.prompts import get_template
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "yelp" / "dev.csv"
+B, K, TAU, EPS, DELTA = 7, 50, 1.2, 10.0, 1e-6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    args = ap.parse_args()
+    spent: dict[str, float] = defaultdict(float)
+    marks: list[dict[str, float]] = []
+
+    def timed(name: str, fn):  # noqa: ANN001, ANN202
+        def wrapper(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name] += time.perf_counter() - start
+        return wrapper
+
+    exact.exact_products = timed("products", exact.exact_products)
+    cpu_kernels.attend_tokens = timed("attention", cpu_kernels.attend_tokens)
+    start = time.perf_counter()
+    model = load_default_model(dtype=args.dtype)
+    load_s = time.perf_counter() - start
+    records, _ = load_references(DATA, "text", ("label1", "label2"), limit=args.groups * B)
+    template = get_template("yelp", chat=False)
+    jobs = []
+    for g in range(args.groups):
+        chunk = records[g * B:(g + 1) * B]
+        labels = chunk[0].labels
+        public = model.render_prompt(template.render(None, labels), template.system)
+        private = tuple(model.render_prompt(
+            template.render(model.truncate_tokens(r.text or "", 256), labels), template.system)
+            for r in chunk)
+        jobs.append(GroupJob(g, public, private))
+    clip = calibrate_clip(epsilon_to_rho(EPS, DELTA), args.tokens, B, TAU)
+    params = DecodingParams(clip, B, TAU, K, args.tokens, sparse_head=True, stop_at_eos=False)
+    stamps: list[float] = []
+
+    def on_step(_n: int) -> None:
+        stamps.append(time.perf_counter())
+        marks.append(dict(spent))
+
+    start = time.perf_counter()
+    run_invisibleink(model, jobs, params, RandomStreams(0), concurrent_groups=args.groups,
+                     on_step=on_step)
+    total = time.perf_counter() - start
+    steps = [b - a for a, b in itertools.pairwise(stamps)]
+    per_step = {name: [b.get(name, 0.0) - a.get(name, 0.0)
+                       for a, b in itertools.pairwise(marks)] for name in ("products",
+                                                                          "attention")}
+    step = statistics.median(steps)
+    products = statistics.median(per_step["products"])
+    attention = statistics.median(per_step["attention"])
+    prefill = stamps[0] - start
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"default model ({args.dtype}) loaded in {load_s:.1f} s; {torch.get_num_threads()} "
+          f"threads; G = {args.groups}, B = {B}, T = {args.tokens}, EOS ignored")
+    print(f"whole run {total:.1f} s: {args.groups * args.tokens / total:.2f} DP tokens/s; "
+          f"prefill and first step {prefill:.1f} s")
+    print(f"decode step (median of {len(steps)}): {1e3 * step:.0f} ms; integer products "
+          f"{1e3 * products:.0f} ms; attention {1e3 * attention:.0f} ms; "
+          f"step / products = {step / products:.2f} (target <= 1.5)")
+    print(f"peak resident memory {rss:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -42,8 +42,8 @@ def main() -> None:
     spent: dict[str, float] = defaultdict(float)
     marks: list[dict[str, float]] = []
 
-    def timed(name: str, fn):  # noqa: ANN001, ANN202
-        def wrapper(*a, **k):  # noqa: ANN002, ANN003, ANN202
+    def timed(name: str, fn):
+        def wrapper(*a, **k):
             start = time.perf_counter()
             try:
                 return fn(*a, **k)

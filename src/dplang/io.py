@@ -338,9 +338,13 @@ def iter_delimited_rows(
     first line that holds a non-blank field (empty lines before it are not rows); after it,
     **every line is a row** -- an empty line is the row ``[]``, whose fields are all missing --
     except that the line ending of the file's last line does not start another row. Quoted
-    fields may span lines (RFC 4180). Bytes that are not UTF-8, a quoted field that is never
-    closed, or malformed CSV raise ``error`` (default :class:`ReferenceDataError`) with a
-    one-line message naming the file and line; a file without a header raises it too.
+    fields may span lines (RFC 4180). Quoting is read strictly: inside a quoted field a quote
+    is doubled (``""``) or ends the field, followed by the delimiter or the line's end; a
+    stray quote (``"a "quoted" word"``, or a field opened by mistake that a later quote
+    "closes" mid-field) is an error, never a silently merged or altered row. Bytes that are
+    not UTF-8, a quoted field that is never closed, or malformed CSV raise ``error`` (default
+    :class:`ReferenceDataError`) with a one-line message naming the file and line; a file
+    without a header raises it too.
 
     Privacy contract: which lines are rows depends on the file's layout only, never on a
     field's content, so blanking one value (replace-by-null) keeps every other row in place."""
@@ -366,18 +370,24 @@ def iter_delimited_rows(
                 yield prev[1] if prev[1].endswith(("\n", "\r")) else prev[1] + "\n"
             yield _EOF_MARKER + "\n"
 
-        reader = csv.reader(feed(), delimiter=delimiter)
+        # strict: a quote inside a quoted field must be doubled ("") or end the field; the
+        # csv module's lenient default reads '"a "quoted" word"' as 'a quoted" word"' and lets
+        # a stray quote merge rows (issue 26)
+        reader = csv.reader(feed(), delimiter=delimiter, strict=True)
         row_start = [1]
+
+        def unbalanced() -> Exception:
+            return fail(
+                f"{path}: line {row_start[0]}: a quoted field opened on this line is "
+                "never closed (unbalanced \"); it would swallow the rest of the file as "
+                'one value: fix the quoting (a literal " inside a quoted field is "")')
 
         def rows() -> Iterator[list[str]]:
             for row in reader:
                 if row == [_EOF_MARKER]:
                     return
                 if any(_EOF_MARKER in cell for cell in row):
-                    raise fail(
-                        f"{path}: line {row_start[0]}: a quoted field opened on this line is "
-                        "never closed (unbalanced \"); it would swallow the rest of the file as "
-                        'one value: fix the quoting (a literal " inside a quoted field is "")')
+                    raise unbalanced()
                 yield row
                 row_start[0] = current[0] + 1
 
@@ -394,7 +404,13 @@ def iter_delimited_rows(
             # an empty line, as many tools write a one-column CSV, must keep its place).
             yield from parsed
         except csv.Error as exc:
-            raise fail(f"{path}: line {current[0]}: malformed CSV ({exc})") from None
+            if "unexpected end of data" in str(exc):  # strict: end of file in a quoted field
+                raise unbalanced() from None
+            opened = (f" (in a quoted field opened on line {row_start[0]})"
+                      if row_start[0] < current[0] else "")
+            raise fail(
+                f"{path}: line {current[0]}: malformed CSV quoting{opened}: {exc}; a literal \" "
+                'inside a quoted field must be doubled ("")') from None
 
 
 def _rows_delimited(

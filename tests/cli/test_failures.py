@@ -154,6 +154,8 @@ CASES: list[tuple[str, T, str]] = [
      "cannot be created"),
     ("report --out exists", lambda w: report(w, "--epsilon", "1", out="rep"),
      "already exists"),
+    ("report --out an existing folder", lambda w: report(w, "--epsilon", "1", out="ledgerdir"),
+     "is an existing folder"),
     ("report --ledger not SQLite",
      lambda w: report(w, "--epsilon", "1", "--ledger", str(w["tmp"] / "notsqlite.db")),
      "not an SQLite"),

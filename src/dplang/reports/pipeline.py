@@ -217,6 +217,9 @@ def check_report(request: ReportRequest) -> None:
     if req.predicate == "entailment" and req.judge is None:
         raise ReportError("--predicate entailment needs --judge PATH (a local NLI model or "
                           "causal LM)")
+    if req.out.is_dir():  # OUT names files beside it (OUT.json, OUT.md): never a folder's
+        raise ReportError(f"--out {req.out} is an existing folder; --out names the report's "
+                          f"files (OUT.json, OUT.md): give e.g. --out {req.out / 'report'}")
     try:
         for path in req.outputs:
             check_output_path(path)

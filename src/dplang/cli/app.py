@@ -28,7 +28,8 @@ from .errors import CliError, echo_error
 app = typer.Typer(
     name="dplang",
     help="Differentially private language generation.",
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (README, "Shell completion")
+    context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,

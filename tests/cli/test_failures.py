@@ -52,6 +52,11 @@ def _world(tmp: Path) -> World:
     (tmp / "notsqlite.db").write_text("this is not a database\n")
     (tmp / "ledgerdir").mkdir()
     (tmp / "empty_model").mkdir()
+    splits = tmp / "splits"  # a DatasetDict saved with save_to_disk: one folder per split
+    (splits / "train").mkdir(parents=True)
+    (splits / "train" / "state.json").write_text('{"_data_files": []}')
+    (splits / "dataset_dict.json").write_text('{"splits": ["train"]}')
+    w["splits"], w["ledgerdir"] = splits, tmp / "ledgerdir"
     (tmp / "fake.gguf").write_text("not a gguf file")
     incomplete = tmp / "incomplete_model"
     incomplete.mkdir()
@@ -196,6 +201,9 @@ CASES: list[tuple[str, T, str]] = [
     ("sample data stray quote",
      lambda w: [*sample(w, "--epsilon", "1")[:2], str(w["tmp"] / "stray.csv"),
                 *sample(w, "--epsilon", "1")[3:]], "malformed CSV quoting"),
+    ("data a folder", lambda w: gen(w, *eps(), data="ledgerdir"), "not a data file"),
+    ("data a DatasetDict folder", lambda w: gen(w, *eps(), data="splits"),
+     "give one split's folder"),
     ("data unknown column", lambda w: gen(w, *eps("--text-column", "body")), "body"),
     ("data too few references", lambda w: gen(w, *eps("-B", "50")), "larger than"),
     ("yelp without labels", lambda w: gen(w, *eps("--prompt", "yelp")), "--prompt generic"),

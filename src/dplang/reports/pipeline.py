@@ -231,10 +231,10 @@ def check_report(request: ReportRequest) -> None:
     if existing and not req.overwrite:
         raise ReportError(f"{existing[0]} already exists; choose another --out, or --overwrite "
                           "to replace the report (after the new release is charged)")
-    if not req.data.exists():
-        raise ReportError(f"data file not found: {req.data}")
-    if not req.data.is_file():
-        raise ReportError(f"--data {req.data} is not a file")
+    problem = io.data_path_problem(req.data)  # a file, or a saved Hugging Face dataset
+    if problem is not None:
+        raise ReportError(problem if problem.startswith("data file not found")
+                          else f"--data {problem}")
     if req.task is not None:
         from ..models.default import ModelSpecError, check_model_spec
 

@@ -35,7 +35,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..io import ReadStats, ReferenceDataError, file_digest, load_references
+from ..io import (
+    ReadStats,
+    ReferenceDataError,
+    data_path_problem,
+    file_digest,
+    load_references,
+)
 from ..models.base import LogitsModel, PromptModel
 from ..models.dtypes import DTYPES
 from ..privacy.accounting import (
@@ -302,10 +308,10 @@ def check_request(
     Returns the calibrated method; raises :class:`GenerationError`."""
     _validate(req)
     made = _calibrate(req)
-    if not req.data.exists():
-        raise GenerationError(f"data file not found: {req.data}")
-    if not req.data.is_file():
-        raise GenerationError(f"--data {req.data} is not a file")
+    problem = data_path_problem(req.data)  # a file, or a saved Hugging Face dataset folder
+    if problem is not None:
+        raise GenerationError(problem if problem.startswith("data file not found")
+                              else f"--data {problem}")
     try:
         dataset_name(req.data, req.dataset)
         check_output_path(req.out)

@@ -94,7 +94,7 @@ def test_what_datasets_save_to_disk_writes(tmp_path):
     datasets = pytest.importorskip("datasets", reason="the optional extra dplang[hf]")
     ds = datasets.Dataset.from_dict({"text": ["a", None, "c", " ", "e"], "stars": [1, 2, 3, 4, 5]})
     ds.select([4, 0, 2]).save_to_disk(str(tmp_path / "selected"))
-    records, stats = load_references(tmp_path / "selected", columns=("stars",))
+    records, _stats = load_references(tmp_path / "selected", columns=("stars",))
     assert [(r.text, r.labels["stars"]) for r in records] == [("e", "5"), ("a", "1"), ("c", "3")]
     ds.save_to_disk(str(tmp_path / "all"), num_shards=2)
     assert _texts(tmp_path / "all") == ["a", None, "c", None, "e"]
@@ -118,7 +118,7 @@ def test_generate_and_sample_take_a_saved_dataset_folder(tmp_path, capsys, monke
     table = pa.table({"text": texts, "stars": stars})
     folder = _saved_dataset(tmp_path / "reviews", table, shards=3)
     csv_path = tmp_path / "reviews.csv"
-    csv_path.write_text("text,stars\n" + "".join(f"{t},{s}\n" for t, s in zip(texts, stars)))
+    csv_path.write_text("text,stars\n" + "".join(f"{t},{s}\n" for t, s in zip(texts, stars, strict=True)))
 
     def generate(data, out):
         code = main(["generate", "--data", str(data), "--out", str(out), "--epsilon", "5",

@@ -118,7 +118,8 @@ def test_generate_and_sample_take_a_saved_dataset_folder(tmp_path, capsys, monke
     table = pa.table({"text": texts, "stars": stars})
     folder = _saved_dataset(tmp_path / "reviews", table, shards=3)
     csv_path = tmp_path / "reviews.csv"
-    csv_path.write_text("text,stars\n" + "".join(f"{t},{s}\n" for t, s in zip(texts, stars, strict=True)))
+    csv_path.write_text("text,stars\n" + "".join(
+        f"{t},{s}\n" for t, s in zip(texts, stars, strict=True)))
 
     def generate(data, out):
         code = main(["generate", "--data", str(data), "--out", str(out), "--epsilon", "5",

@@ -52,6 +52,7 @@ from ..privacy.accounting import (
 from ..privacy.guarantees import Adjacency, Guarantee
 from ..privacy.ledger import LedgerError, check_ledger_path
 from ..release import (
+    Charge,
     Release,
     ReleaseError,
     RunLock,
@@ -496,6 +497,7 @@ def execute_plan(
     on_start: Callable[[int, int], None] | None = None,
     on_warning: Callable[[str], None] | None = None,
     executor: Executor | None = None,
+    on_charge: Callable[[Charge], None] | None = None,
 ) -> RunSummary:
     """Charge the ledger, write the private side file and the public manifest, and generate
     every group not yet in the output.
@@ -503,7 +505,9 @@ def execute_plan(
     ``on_start(total, already_done)`` is called once before decoding; ``on_result(record)``
     after each generation is persisted; ``on_step(n)`` after each decode step;
     ``on_warning(message)`` with the ledger's warnings for the data holder (a dataset name
-    whose content changed...), which must not be written to a public file.
+    whose content changed...), which must not be written to a public file; ``on_charge``
+    with the ledger's answer as soon as the release is charged (so that an interrupted run
+    can say what it cost).
 
     Privacy contract: the texts written satisfy ``plan.guarantee``; the release (public
     fingerprint, dataset name, data digest, seed) is in the ledger before anything is written
@@ -522,7 +526,8 @@ def execute_plan(
     workers, ``plan.model`` may be the prompt side only (no weights); the seed stays here and
     workers receive per-group stream states."""
     with RunLock(plan.request.out):
-        return _execute_locked(plan, on_result, on_step, on_start, on_warning, executor)
+        return _execute_locked(plan, on_result, on_step, on_start, on_warning, executor,
+                               on_charge)
 
 
 def _execute_locked(
@@ -532,6 +537,7 @@ def _execute_locked(
     on_start: Callable[[int, int], None] | None,
     on_warning: Callable[[str], None] | None,
     executor: Executor | None = None,
+    on_charge: Callable[[Charge], None] | None = None,
 ) -> RunSummary:
     req = plan.request
     fingerprint = _fingerprint(plan)
@@ -557,7 +563,9 @@ def _execute_locked(
     # Workers (local, ray) load the model and run its load-time checks now, before the charge:
     # a configuration they refuse stops the run with nothing charged or written.
     with executor_session(executor, recipe, len(pending)):
-        release.charge(on_warning)  # before any output (invariant 6); idempotent on resume
+        charge = release.charge(on_warning)  # before any output (invariant 6); idempotent
+        if on_charge is not None:
+            on_charge(charge)
         if req.overwrite:  # the earlier run's files go only now that the new run is charged
             for old in (req.out, plan.manifest_path, plan.private_path):
                 old.unlink(missing_ok=True)

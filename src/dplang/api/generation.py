@@ -231,6 +231,9 @@ def _run_locked(request: GenerationRequest, display: Display, execution: Executi
             plan = plan_generation(request, loader, check_model)
     except (GenerationError, ReferenceDataError) as exc:
         raise DPLangError(one_line(exc)) from None
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while reading the data or loading {what}: nothing "
+                          "was charged or written") from None
     display.info(plan_line(plan))
     display.info(plan.reference_usage())
     state = _RunState(plan, keep)
@@ -403,6 +406,9 @@ def generate(
     with the command line's message (``code`` 2, or 3 for the budget), nothing charged;
     Ctrl-C raises :class:`Interrupted` saying what was kept and charged. ``quiet=True``
     shows nothing (dplang's privacy warnings still go out as ``DPLangWarning``)."""
+    # the command line's types (3 and 3.0 would be two releases: the fingerprint is JSON)
+    epsilon, rho, clip = (None if v is None else float(v) for v in (epsilon, rho, clip))
+    delta = float(delta)
     groups = (group_by,) if isinstance(group_by, str) else tuple(group_by)
     groups = tuple(g.strip() for c in groups for g in c.split(",") if g.strip())
     spec, dtype, loader = _model_spec(model, dtype)
@@ -418,7 +424,7 @@ def generate(
             data=source.path, out=out_path,
             batch_size=DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
             max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-            temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
+            temperature=DEFAULT_TEMPERATURE if temperature is None else float(temperature),
             top_k=top_k, epsilon=epsilon, delta=delta, rho=rho, clip=clip,
             adjacency=adjacency, num=num, seed=seed,
             concurrent_groups=(DEFAULT_CONCURRENT_GROUPS if concurrent_groups is None

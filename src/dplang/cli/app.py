@@ -9,8 +9,10 @@ its traceback.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from typing import Any
 
 import typer
 
@@ -73,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and turns usage errors into one-line messages."""
     _current_generate()
     command = typer.main.get_command(app)
+    _report_interruptions(command)
     try:
         result = command.main(args=argv, prog_name="dplang", standalone_mode=False)
     except CliError as exc:
@@ -89,8 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         echo_error("aborted")
         return 130
-    except KeyboardInterrupt:
-        echo_error("interrupted; finished work was kept")
+    except _Interrupted as exc:
+        _interrupted(exc.interrupt)
+        return 130
+    except KeyboardInterrupt as exc:
+        _interrupted(exc)
         return 130
     except (LedgerError, ReleaseError) as exc:  # a ledger or output that cannot be used
         echo_error(_one_line(exc))
@@ -102,6 +108,41 @@ def main(argv: list[str] | None = None) -> int:
                    "DPLANG_TRACEBACK=1 shows the traceback)")
         return 1
     return result if isinstance(result, int) else 0
+
+
+def _interrupted(exc: KeyboardInterrupt) -> None:
+    """Ctrl-C: dplang.Interrupted says what was kept, what was charged and how to resume."""
+    echo_error(_one_line(exc) if str(exc).strip() else
+               "interrupted; finished work was kept, and a release is charged only right "
+               "before its first output is written (`dplang ledger show` lists the charges)")
+
+
+def _report_interruptions(command: Any) -> None:
+    """Wrap every command's callback so that a Ctrl-C reaches :func:`main` (typer would turn
+    it into a silent exit code 130) as a one-line error saying what was kept and charged."""
+    for sub in getattr(command, "commands", {}).values():
+        _report_interruptions(sub)
+    callback = getattr(command, "callback", None)
+    if callback is None or getattr(callback, "_dplang_interrupts", False):
+        return
+
+    @functools.wraps(callback)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return callback(*args, **kwargs)
+        except KeyboardInterrupt as exc:
+            raise _Interrupted(exc) from None
+
+    run._dplang_interrupts = True  # type: ignore[attr-defined]
+    command.callback = run
+
+
+class _Interrupted(Exception):
+    """A KeyboardInterrupt carried past typer (which would swallow it)."""
+
+    def __init__(self, interrupt: KeyboardInterrupt) -> None:
+        super().__init__(str(interrupt))
+        self.interrupt = interrupt
 
 
 def _one_line(exc: BaseException) -> str:

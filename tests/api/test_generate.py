@@ -73,7 +73,7 @@ def test_in_memory_data_needs_a_dataset_name(toy):
     assert info.value.code == 2
     with pytest.raises(dplang.DPLangError, match=r"data\[1\] is a int"):
         dplang.generate(["a", 1], epsilon=3, model=toy, dataset="x")
-    with pytest.raises(dplang.DPLangError, match="not a builtins.dict"):
+    with pytest.raises(dplang.DPLangError, match=r"not a builtins\.dict"):
         dplang.generate({"text": TEXTS}, epsilon=3, model=toy, dataset="x")
 
 
@@ -109,7 +109,7 @@ def test_out_writes_exactly_what_the_cli_writes(tmp_path, tiny_llama_dir, capsys
 
 def test_a_dataframe_grouped_by_a_label(toy):
     pd = pytest.importorskip("pandas")
-    frame = pd.DataFrame({"body": TEXTS + [None, "x"], "stars": ["1", "2"] * 7,
+    frame = pd.DataFrame({"body": [*TEXTS, None, "x"], "stars": ["1", "2"] * 7,
                           "unused": range(14)})
     result = dplang.generate(frame, text_column="body", group_by="stars", epsilon=3,
                              dataset="frame", model=toy, batch_size=3, max_tokens=3,

@@ -2,16 +2,18 @@
 
 ``data`` is a path (``str`` or :class:`~pathlib.Path`: a CSV, TSV, JSONL, Parquet, Arrow or
 text file, or a Hugging Face dataset saved with ``save_to_disk``), or data in memory: a list
-of strings (``None`` for a missing one), a pandas ``DataFrame`` or ``Series``, a
-``datasets.Dataset`` (the optional extra ``dplang[hf]``) or a ``pyarrow.Table``.
+of strings (``None`` for a missing one), a list of records (dicts), a pandas ``DataFrame`` or
+``Series``, a ``datasets.Dataset`` (the optional extra ``dplang[hf]``) or a ``pyarrow.Table``.
 
 In-memory data goes through exactly the reader a path goes through (:mod:`dplang.io`: the same
 skip rule, row positions, refusals): :func:`data_input` writes its rows as an Arrow file into
 a private temporary folder (mode 700, the file 600) for the duration of the call, and deletes
 it when the call returns. The file is named by its content, so the same data passed again is
 the same input (a run into the same ``out=`` resumes; the ledger sees the same content).
-Schema metadata (pandas' index description, a Dataset's fingerprint) is dropped: only the
-columns' names, types and values make the content.
+Schema metadata (pandas' index description, a Dataset's fingerprint) is dropped and text is
+always Arrow's ``string`` (pandas gives ``large_string``): only the columns' names, types and
+values make the content, so the same records as a list, a DataFrame or a Dataset are the same
+content.
 
 Privacy contract: in-memory data has no path to name its budget by, so ``dataset=`` is
 required; the temporary copy is readable by its owner only and outlives no call.
@@ -25,7 +27,7 @@ import hashlib
 import os
 import stat
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +85,13 @@ def _as_table(data: Any, text_column: str) -> Any:
     if isinstance(data, (bytes, bytearray)) or not isinstance(data, Sequence):
         raise DPLangError(f"data must be a list of strings, a pandas DataFrame, a "
                           f"datasets.Dataset or a path (str or Path), not a {_describe(data)}")
+    if data and all(isinstance(item, Mapping) for item in data):  # records
+        try:
+            return pa.Table.from_pylist([dict(item) for item in data])
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DPLangError(f"the records cannot be read as a table ({first}): give each "
+                              "key values of one type (missing values as None)") from None
     for i, item in enumerate(data):
         if item is not None and not isinstance(item, str):
             raise DPLangError(f"data[{i}] is a {type(item).__name__}: a list of texts holds "
@@ -90,14 +99,15 @@ def _as_table(data: Any, text_column: str) -> Any:
     return pa.table({text_column: pa.array(list(data), type=pa.string())})
 
 
-def _ipc_bytes(table: Any, columns: Sequence[str]) -> bytes:
-    """The table as Arrow IPC stream bytes: only ``columns`` when all of them exist (what the
-    run reads), else every column (so that the reader's error names the available ones);
-    schema metadata dropped."""
+def _ipc_bytes(table: Any) -> bytes:
+    """The table as Arrow IPC stream bytes (every column, as a file holds them; the run reads
+    the ones it needs), schema metadata dropped."""
     import pyarrow as pa
 
-    if columns and all(c in table.column_names for c in columns):
-        table = table.select(list(dict.fromkeys(columns)))
+    # one Arrow type per kind of value: pandas writes text as large_string, a list as string
+    table = table.cast(pa.schema([
+        pa.field(f.name, pa.string() if pa.types.is_large_string(f.type) else f.type)
+        for f in table.schema]))
     table = table.replace_schema_metadata(None)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -168,13 +178,12 @@ def _materialized(raw: bytes) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def data_input(data: Any, *, dataset: str | None, text_column: str = "text",
-               columns: Sequence[str] = ()) -> Iterator[DataInput]:
+def data_input(data: Any, *, dataset: str | None, text_column: str = "text"
+               ) -> Iterator[DataInput]:
     """The input a command reads for ``data`` (see the module docstring), for the block.
 
-    ``columns`` are the columns the run reads (text and labels): in-memory data keeps only
-    those. Raises :class:`DPLangError` for data of another kind, and for in-memory data
-    without ``dataset``."""
+    ``text_column`` names the column of a list of texts. Raises :class:`DPLangError` for data
+    of another kind, and for in-memory data without ``dataset``."""
     if isinstance(data, (str, os.PathLike)):
         yield DataInput(Path(data).expanduser(), dataset, False)
         return
@@ -183,5 +192,5 @@ def data_input(data: Any, *, dataset: str | None, text_column: str = "text",
         raise DPLangError("dataset= is required for data in memory (a list, a DataFrame, a "
                           "Dataset): the privacy ledger keeps the data's budget under that "
                           "name; give the same name each time you pass these records")
-    with _materialized(_ipc_bytes(table, columns)) as path:
+    with _materialized(_ipc_bytes(table)) as path:
         yield DataInput(path, dataset, True)

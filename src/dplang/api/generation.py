@@ -417,8 +417,7 @@ def generate(
                           "as 'default' or a path, not a loaded model")
     display: Display = Display() if quiet else TqdmDisplay()
     with (quiet_libraries(quiet),
-          data_input(data, dataset=dataset, text_column=text_column,
-                     columns=(text_column, *groups)) as source,
+          data_input(data, dataset=dataset, text_column=text_column) as source,
           _output(out, "generations.jsonl") as (out_path, keep)):
         request = GenerationRequest(
             data=source.path, out=out_path,

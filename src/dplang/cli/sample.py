@@ -7,24 +7,17 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..privacy.ledger import BudgetExceeded
-from ..release import RunLock
-from ..sampling.release import (
-    METHODS,
-    ReleaseRequest,
-    check_request,
-    execute_release,
-    plan_release,
-)
+from ..api.errors import DPLangError
+from ..api.sampling import run_sample
+from ..sampling.release import METHODS, ReleaseRequest
 from ..sampling.tabular import (
-    OUT_OF_DOMAIN,
     ColumnSpec,
     SamplingDataError,
     binary_column,
     load_schema,
     parse_column,
 )
-from .console import quiet_libraries, warn
+from .console import RichDisplay, quiet_libraries
 from .errors import fail
 from .ledger import LEDGER_HELP
 
@@ -110,54 +103,20 @@ def _sample(data: Path, columns: str, epsilon: float, out: Path, delta: float | 
             schema: Path | None, fallback: list[str] | None, out_of_domain: str, split: bool,
             alpha: float, force: bool, ledger: str | None, dataset: str | None,
             overwrite: bool, quiet: bool) -> None:
-    if out_of_domain not in OUT_OF_DOMAIN:
-        fail(f"--out-of-domain must be one of {', '.join(OUT_OF_DOMAIN)}, got {out_of_domain!r}")
     try:
         types = declared_types(domain or [], binary or [], schema, fallback or [])
-        request = ReleaseRequest(
-            data=data, columns=tuple(c.strip() for c in columns.split(",")), epsilon=epsilon,
-            out=out, delta=delta, num=num, method=method, seed=seed, types=types,
-            split=split, alpha=alpha, force=force, ledger=ledger, dataset=dataset,
-            out_of_domain=out_of_domain, overwrite=overwrite,
-        )
-        check_request(request)  # parameters and paths, before anything is read
-        lock = RunLock(out).acquire()  # a second process on the same --out is refused
     except SamplingDataError as exc:
         fail(str(exc).splitlines()[0])
-    except (ValueError, OSError) as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    try:
-        _release(request, quiet)
-    finally:
-        lock.release()
-
-
-def _release(request: ReleaseRequest, quiet: bool) -> None:
-    out, method, num = request.out, request.method, request.num
-    try:
-        plan = plan_release(request)
-    except SamplingDataError as exc:
-        fail(str(exc).splitlines()[0])
-    except (ValueError, OSError) as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-
-    for warning in plan.warnings:
-        warn(warning)
-    for name in plan.table.absent:
-        warn(f"column {name!r} occurs in no record of {request.data} (JSONL has no schema: not "
-             "refused, its neighbour with the key in one record would not be); every cell of "
-             "it took the fallback: check --columns")
-    for name, count in plan.table.mapped.items():
-        if count:
-            warn(f"{count} cell(s) of column {name!r} were outside its declared domain (or "
-                 "missing) and were mapped by the public rule; this count is private (it is "
-                 "kept in the private side file only)")
-    try:
-        execute_release(plan, on_warning=warn)
-    except BudgetExceeded as exc:
-        fail(str(exc), code=3)
-    except (SamplingDataError, ValueError) as exc:  # a ledger that cannot be written...
-        fail(str(exc).splitlines()[0])
+    request = ReleaseRequest(
+        data=data, columns=tuple(c.strip() for c in columns.split(",")), epsilon=epsilon,
+        out=out, delta=delta, num=num, method=method, seed=seed, types=types,
+        split=split, alpha=alpha, force=force, ledger=ledger, dataset=dataset,
+        out_of_domain=out_of_domain, overwrite=overwrite,
+    )
+    try:  # what dplang.sample runs, with the command line's display
+        plan, _manifest = run_sample(request, display=RichDisplay(quiet))
+    except DPLangError as exc:
+        fail(str(exc), exc.code)
     console = Console(quiet=quiet, highlight=False, soft_wrap=True)
     g = plan.guarantee
     console.print(

@@ -61,6 +61,7 @@ __all__ = [
     "ColumnSpec",
     "SamplingDataError",
     "binary_column",
+    "declare_column",
     "load_schema",
     "load_table",
     "parse_column",
@@ -243,17 +244,28 @@ def load_schema(path: str | Path) -> dict[str, ColumnSpec]:
     out: dict[str, ColumnSpec] = {}
     for name, decl in columns.items():
         fb = None if name not in fallbacks else str(fallbacks[name])
-        if decl == "binary":
-            out[name] = binary_column(name, fb)
-        elif isinstance(decl, str) and ".." in decl:
-            out[name] = parse_column(f"{name}={decl}", fb)
-        elif isinstance(decl, list):
-            out[name] = ColumnSpec(name, "categorical", _list_values(f"{name}=…", decl),
-                                   fb or "")
-        else:
+        try:
+            out[name] = declare_column(name, decl, fb)
+        except TypeError:
             raise SamplingDataError(f"--schema {path}: column {name!r} must be \"binary\", "
-                                    "\"lo..hi\" or a list of values")
+                                    "\"lo..hi\" or a list of values") from None
     return out
+
+
+def declare_column(name: str, decl: Any, fallback: str | None = None) -> ColumnSpec:
+    """A column declared as a schema declares it: ``"binary"``, ``"lo..hi"`` (an integer
+    range; also a Python ``range`` of step 1) or a list of categories. ``TypeError`` for any
+    other declaration; :class:`SamplingDataError` for a bad one of these kinds."""
+    if isinstance(decl, range) and decl.step == 1 and len(decl):
+        decl = f"{decl.start}..{decl.stop - 1}"
+    if decl == "binary":
+        return binary_column(name, fallback)
+    if isinstance(decl, str) and ".." in decl:
+        return parse_column(f"{name}={decl}", fallback)
+    if isinstance(decl, (list, tuple)):
+        return ColumnSpec(name, "categorical", _list_values(f"{name}=…", list(decl)),
+                          fallback or "")
+    raise TypeError(f"column {name!r}: a declaration is 'binary', 'lo..hi' or a list")
 
 
 def _cell_string(value: Any) -> str | None:

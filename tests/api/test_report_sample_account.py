@@ -88,5 +88,5 @@ def test_sample_from_records_and_a_dataframe(tmp_path):
     assert [json.loads(x) for x in out.read_text().splitlines()] == kept.samples
     with pytest.raises(dplang.DPLangError, match="dataset= is required"):
         dplang.sample(records, columns="stars", epsilon=1, domain={"stars": "1..5"})
-    with pytest.raises(dplang.DPLangError, match="'binary', 'lo..hi' or a list"):
+    with pytest.raises(dplang.DPLangError, match=r"'binary', 'lo\.\.hi' or a list"):
         dplang.sample(records, columns="stars", epsilon=1, domain={"stars": 5}, dataset="x")

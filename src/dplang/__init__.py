@@ -26,6 +26,11 @@ _API = ("generate", "report", "sample", "account", "DPLangError", "DPLangWarning
 __all__ = ["__version__", *_API]
 
 
+#: Subpackages reachable as attributes (``dplang.models.resolve_model``), imported on use.
+_SUBMODULES = ("api", "evaluation", "experiments", "formal", "io", "models", "privacy",
+               "release", "reports", "sampling", "textgen")
+
+
 def __getattr__(name: str) -> Any:  # PEP 562
     if name in _API:
         from . import api
@@ -33,4 +38,8 @@ def __getattr__(name: str) -> Any:  # PEP 562
         value = getattr(api, name)
         globals()[name] = value
         return value
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'dplang' has no attribute {name!r}")

@@ -46,3 +46,40 @@ def test_seed_help_names_the_private_side_file(capsys):
     assert main(["generate", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "kept in OUT.private.json" in text and "OUT.seed" not in text
+
+
+HEAVY = ("torch", "scipy.optimize", "scipy.stats", "transformers", "pandas", "pyarrow",
+         "sklearn", "matplotlib", "faiss", "sentence_transformers", "ray")
+
+
+def test_help_imports_no_heavy_library():
+    """Issue 26: `--help` took 5 s (torch, scipy, ... imported to build the commands). Every
+    command's help, and --version, must not import them (then it answers in well under 1 s)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import contextlib, io, json, sys\n"
+        "from dplang.cli.app import main\n"
+        f"for args in {[[*c, '-h'] for c in COMMANDS] + [['--version']]!r}:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        assert main(args) == 0, args\n"
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_the_command_list_is_each_commands_own_help():
+    from dplang.cli.app import COMMANDS, build_command
+
+    for name, (_module, _attr, line) in COMMANDS.items():
+        command = build_command(name)
+        assert command.help.strip().splitlines()[0] == line, name
+
+
+def test_sample_help_names_every_sampler():
+    from dplang.cli.sample import METHODS
+    from dplang.sampling.release import METHODS as SAMPLERS
+
+    assert METHODS == SAMPLERS

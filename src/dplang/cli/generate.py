@@ -5,22 +5,45 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from ..api.errors import DPLangError
-from ..api.generation import Execution, run_generation
-from ..models import resolve_model
-from ..models.default import check_model_spec, resolve_prompt_side
-from ..models.devices import DeviceError, resolve_device
 from ..privacy.accounting import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
+from ..textgen.defaults import DEFAULT_CONCURRENT_GROUPS
 from ..textgen.methods import all_methods
-from ..textgen.orchestration import DEFAULT_CONCURRENT_GROUPS, GenerationRequest
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, DEFAULT_TEMPLATE
 from .console import RichDisplay, quiet_libraries
 from .errors import fail
 from .ledger import LEDGER_HELP
+
+if TYPE_CHECKING:
+    from ..textgen.orchestration import GenerationRequest
+
+# The generation machinery (torch, the models) is imported when a run starts, not when the
+# command is built: `dplang generate --help` answers in well under a second.
+
+
+def resolve_model(spec: str, **kwargs: Any) -> Any:
+    """:func:`dplang.models.resolve_model` (imported on call)."""
+    from ..models import resolve_model as resolve
+
+    return resolve(spec, **kwargs)
+
+
+def resolve_prompt_side(spec: str, **kwargs: Any) -> Any:
+    """:func:`dplang.models.default.resolve_prompt_side` (imported on call)."""
+    from ..models.default import resolve_prompt_side as resolve
+
+    return resolve(spec, **kwargs)
+
+
+def check_model_spec(spec: str) -> None:
+    """:func:`dplang.models.default.check_model_spec` (imported on call)."""
+    from ..models.default import check_model_spec as check
+
+    check(spec)
 
 
 def _load_model(spec: str, dtype: str = "float32", device: str = "cpu", *,
@@ -116,6 +139,8 @@ def _generate(
         "identity."),
 ) -> None:
     """Generate private synthetic texts from references with InvisibleInk."""
+    from ..textgen.orchestration import GenerationRequest
+
     request = GenerationRequest(
         data=data, out=out, batch_size=batch_size, max_tokens=max_tokens,
         temperature=temperature, top_k=top_k, epsilon=epsilon, delta=delta, rho=rho, clip=clip,
@@ -206,6 +231,9 @@ def _checked_run(request: GenerationRequest, quiet: bool,
                  execution: _Execution | None = None) -> None:
     """The run through :func:`dplang.api.generation.run_generation` (the one dplang.generate
     uses) with the command line's display; its refusals become one-line errors."""
+    from ..api.generation import Execution, run_generation
+    from ..models.devices import DeviceError, resolve_device
+
     execution = execution or _Execution()
     try:
         device = resolve_device(execution.device)

@@ -3,29 +3,37 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 
 from ..api.errors import DPLangError
-from ..api.sampling import run_sample
-from ..sampling.release import METHODS, ReleaseRequest
-from ..sampling.tabular import (
-    ColumnSpec,
-    SamplingDataError,
-    binary_column,
-    load_schema,
-    parse_column,
-)
 from .console import RichDisplay, quiet_libraries
 from .errors import fail
 from .ledger import LEDGER_HELP
+
+if TYPE_CHECKING:
+    from ..sampling.tabular import ColumnSpec
+
+# The samplers (numpy, scipy) are imported when a release runs, not when the command is built
+# (`dplang sample --help` answers at once). Their names, for the help text (the same as
+# dplang.sampling.release.METHODS: tests/cli/test_habits.py checks):
+METHODS = ("discrete-laplace", "laplace", "reveal-or-obscure", "clipped-mean", "product",
+           "laplace-marginals", "gaussian-marginals")
 
 
 def declared_types(domain: list[str], binary: list[str], schema: Path | None,
                    fallback: list[str]) -> dict[str, ColumnSpec]:
     """The public column types from ``--schema``, ``--binary`` and ``--domain`` (each column
     declared once), with ``--fallback COL=VALUE`` applied. Reads no data."""
+    from ..sampling.tabular import (
+        ColumnSpec,
+        SamplingDataError,
+        binary_column,
+        load_schema,
+        parse_column,
+    )
+
     types: dict[str, ColumnSpec] = dict(load_schema(schema)) if schema is not None else {}
     declared = [binary_column(c.strip()) for spec in binary for c in spec.split(",")
                 if c.strip()]
@@ -103,6 +111,10 @@ def _sample(data: Path, columns: str, epsilon: float, out: Path, delta: float | 
             schema: Path | None, fallback: list[str] | None, out_of_domain: str, split: bool,
             alpha: float, force: bool, ledger: str | None, dataset: str | None,
             overwrite: bool, quiet: bool) -> None:
+    from ..api.sampling import run_sample
+    from ..sampling.release import ReleaseRequest
+    from ..sampling.tabular import SamplingDataError
+
     try:
         types = declared_types(domain or [], binary or [], schema, fallback or [])
     except SamplingDataError as exc:
@@ -117,6 +129,8 @@ def _sample(data: Path, columns: str, epsilon: float, out: Path, delta: float | 
         plan, _manifest = run_sample(request, display=RichDisplay(quiet))
     except DPLangError as exc:
         fail(str(exc), exc.code)
+    from rich.console import Console
+
     console = Console(quiet=quiet, highlight=False, soft_wrap=True)
     g = plan.guarantee
     console.print(

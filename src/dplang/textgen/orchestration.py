@@ -61,6 +61,7 @@ from ..release import (
     write_json,
 )
 from .batching import Batch, make_batches
+from .defaults import DEFAULT_CONCURRENT_GROUPS
 from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy
 from .errors import GenerationError
 from .executors import Executor, dispatch_plan, executor_session, plan_recipe
@@ -73,8 +74,6 @@ from .prompts import (
     get_template,
 )
 from .resume import check_existing, finished_groups, manifest_path_for, private_path_for
-
-DEFAULT_CONCURRENT_GROUPS = 8
 
 # Which methods exist, their adjacencies, budget forms and options: the method registry
 # (dplang.textgen.methods). No method offers add-remove at the data-set level: removing a row

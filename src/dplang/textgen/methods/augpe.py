@@ -69,12 +69,11 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...evaluation.embedders import Embedder, resolve_embedder
-from ...models.base import LogitsModel
 from ...privacy.accounting import epsilon_to_rho, rho_to_epsilon
 from ...privacy.guarantees import Adjacency, Guarantee
 from ...privacy.mechanisms import gaussian
@@ -87,6 +86,9 @@ from .registry import (
     at_least,
     register_method,
 )
+
+if TYPE_CHECKING:
+    from ...models.base import LogitsModel
 
 __all__ = [
     "ADJACENCY_SENSITIVITY",

@@ -250,3 +250,23 @@ def test_quiet_prints_nothing(toy, capfd):
                     quiet=True)
     captured = capfd.readouterr()
     assert captured.out == "" and captured.err == ""
+
+
+def test_the_model_loaders_bars_are_folded_into_the_status(tmp_path, monkeypatch, capsys):
+    """Issue 26: transformers' "Loading weights" bar appeared on every run, beside dplang's
+    own status line; it is off while the model loads (and restored after)."""
+    hf_logging = pytest.importorskip("transformers.utils.logging")
+    data = tmp_path / "d.csv"
+    data.write_text("text\n" + "\n".join(TEXTS) + "\n")
+    seen: list[bool] = []
+
+    def load(spec, dtype="float32"):
+        seen.append(hf_logging.is_progress_bar_enabled())
+        return ToyModel(vocab_size=30, eos_after=None)
+
+    monkeypatch.setattr(gen_cli, "_load_model", load)
+    hf_logging.enable_progress_bar()
+    assert main(["generate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"),
+                 "--epsilon", "3", "-B", "3", "-T", "2"]) == 0
+    assert seen == [False] and hf_logging.is_progress_bar_enabled()
+    assert "Loading weights" not in capsys.readouterr().err

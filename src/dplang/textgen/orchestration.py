@@ -562,6 +562,8 @@ def _execute_locked(
     # Workers (local, ray) load the model and run its load-time checks now, before the charge:
     # a configuration they refuse stops the run with nothing charged or written.
     with executor_session(executor, recipe, len(pending)):
+        if plan.method.spec.prepare is not None and pending:
+            plan.method.spec.prepare(plan.method.params)  # e.g. an embedder, before the charge
         charge = release.charge(on_warning)  # before any output (invariant 6); idempotent
         if on_charge is not None:
             on_charge(charge)

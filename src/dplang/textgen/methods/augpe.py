@@ -606,6 +606,17 @@ def _calibrate(inputs: MethodInputs, options: Mapping[str, Any]) -> AugPEParams:
         adjacency=str(inputs.adjacency))
 
 
+#: The embedder the registered method uses (``run_augpe``'s default; tests may use "hashing").
+EMBEDDER = "default"
+
+
+def _load_embedder(_params: AugPEParams) -> None:
+    """Load the sentence embedder now, before the charge (it is cached for the run): its first
+    use, on the private references, would otherwise load it after the charge. Embeds a fixed
+    public string only."""
+    resolve_embedder(EMBEDDER).embed(["a public warm-up text"])
+
+
 def run_population(
     params: AugPEParams, model: LogitsModel, references: Sequence[str | None], num_texts: int,
     public_prompt: str, system_prompt: str | None, seed: int,
@@ -621,7 +632,8 @@ def run_population(
 
     texts, _guarantee, stats = run_augpe(
         model, references, replace(params, num_texts=num_texts), seed % (2**63),
-        public_prompt=public_prompt, on_progress=progress, system_prompt=system_prompt)
+        public_prompt=public_prompt, on_progress=progress, system_prompt=system_prompt,
+        embedder=EMBEDDER)
     results = [GroupResult(i, [], text, "population", {}, token_count=model.count_tokens(text))
                for i, text in enumerate(texts)]
     return results, stats
@@ -638,5 +650,6 @@ SPEC = register_method(MethodSpec(
         MethodOption("variations", int, 7, "Variations L per selected text.", at_least(0)),
     ),
     run_population=run_population,
+    prepare=_load_embedder,
     calls_per_token=lambda _b, options: 1 + options["variations"] * options["iterations"],
 ))

@@ -41,6 +41,9 @@ def test_report_from_a_list_in_one_call(tmp_path):
     assert result.guarantee.epsilon == pytest.approx(2) and result.out is None
     assert result.document["guarantee"]["epsilon"] == pytest.approx(2)
     assert "Reviewers praise the soup" in result.markdown
+    # the statements' file is named, not its (temporary) folder
+    assert result.document["statements"]["path"] == "statements.txt"
+    assert "dplang-statements" not in json.dumps(result.document) + result.markdown
     assert list(result.to_pandas()["decision"]) == ["emit", "abstain"]
     assert len(_releases("reviews")) == 1
     # out= writes the command line's files; an existing folder is refused before the charge

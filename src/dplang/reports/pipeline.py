@@ -255,12 +255,15 @@ def _candidates(req: ReportRequest, load_model: LoadModel) -> tuple[list[Stateme
     """The raw candidates and a public description of their source (no data involved)."""
     from .proposers import LanguageModelProposer, ListProposer, load_schema
 
+    # a file by its name, not its folder (a path of the data holder's machine; for a list
+    # given to dplang.report, a temporary one): what determines the report, the candidates,
+    # is in the fingerprint's candidates_sha256
     if req.statements is not None:
         raw = ListProposer.from_file(req.statements).statements
-        return raw, {"source": "list", "path": str(req.statements), "proposed": len(raw)}
+        return raw, {"source": "list", "path": Path(req.statements).name, "proposed": len(raw)}
     if req.schema is not None:
         raw = load_schema(req.schema).enumerate()
-        return raw, {"source": "schema", "path": str(req.schema), "proposed": len(raw)}
+        return raw, {"source": "schema", "path": Path(req.schema).name, "proposed": len(raw)}
     assert req.task is not None
     try:
         model = load_model(req.proposer_model)

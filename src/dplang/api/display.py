@@ -28,10 +28,13 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..privacy.guarantees import Guarantee
 
 __all__ = ["DPLangWarning", "Display", "GenerationProgress", "TqdmDisplay",
-           "library_bars_off", "quiet_libraries"]
+           "library_bars_off", "quiet_libraries", "short_guarantee"]
 
 
 class DPLangWarning(UserWarning):
@@ -95,6 +98,13 @@ class GenerationProgress:
             return "" if self.finished else "all texts come at the end"
         eta = self.eta_seconds()
         return "ETA after the first group" if eta is None else f"ETA {_duration(eta)}"
+
+
+def short_guarantee(g: Guarantee) -> str:
+    """``ρ=0.185-zCDP, (ε=3, δ=1e-06)-DP, invisibleink, replace-by-null`` (one line)."""
+    rho = f"ρ={g.rho:.4g}-zCDP, " if g.rho is not None else ""
+    kind = "DP" if g.ex_ante else "data-dependent, NOT DP"
+    return f"{rho}(ε={g.epsilon:.4g}, δ={g.delta:g})-{kind}, {g.mechanism}, {g.adjacency}"
 
 
 class Display:

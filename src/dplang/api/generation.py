@@ -22,11 +22,8 @@ was charged and how to resume.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,8 +49,9 @@ from ..textgen.orchestration import (
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS
 from ..textgen.resume import manifest_path_for
 from .data import data_input
-from .display import Display, TqdmDisplay, library_bars_off, quiet_libraries
+from .display import Display, TqdmDisplay, library_bars_off, quiet_libraries, short_guarantee
 from .errors import BUDGET, DPLangError, Interrupted, one_line
+from .outputs import output_location
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -135,13 +133,6 @@ def plan_line(plan: GenerationPlan) -> str:
                f"(stopping target ε={g.epsilon:.4g}, δ={g.delta:g}: data-dependent, NOT a DP "
                "guarantee), ")
             + f"model {plan.model.model_id}")
-
-
-def short_guarantee(g: Guarantee) -> str:
-    """``ρ=0.185-zCDP, (ε=3, δ=1e-06)-DP, invisibleink, replace-by-null`` (one line)."""
-    rho = f"ρ={g.rho:.4g}-zCDP, " if g.rho is not None else ""
-    kind = "DP" if g.ex_ante else "data-dependent, NOT DP"
-    return f"{rho}(ε={g.epsilon:.4g}, δ={g.delta:g})-{kind}, {g.mechanism}, {g.adjacency}"
 
 
 class _RunState:
@@ -317,20 +308,6 @@ def _read_output(out: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return records, manifest
 
 
-@contextlib.contextmanager
-def _output(out: str | Path | None, name: str) -> Iterator[tuple[Path, bool]]:
-    """(the output path, whether it is kept): ``out``, or a file in a private temporary folder
-    (mode 700) removed with everything in it when the block ends."""
-    if out is not None:
-        yield Path(out).expanduser(), True
-        return
-    folder = Path(tempfile.mkdtemp(prefix="dplang-run-"))
-    try:
-        yield folder / name, False
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def _model_spec(model: Any, dtype: str) -> tuple[str, str, Callable[[str], Any] | None]:
     """(spec, dtype, loader) for ``model``: a spec string (``"default"``, a folder, a GGUF
     file), or an already loaded model (its own dtype; not reloaded)."""
@@ -418,7 +395,7 @@ def generate(
     display: Display = Display() if quiet else TqdmDisplay()
     with (quiet_libraries(quiet),
           data_input(data, dataset=dataset, text_column=text_column) as source,
-          _output(out, "generations.jsonl") as (out_path, keep)):
+          output_location(out, "generations.jsonl") as (out_path, keep)):
         request = GenerationRequest(
             data=source.path, out=out_path,
             batch_size=DEFAULT_BATCH_SIZE if batch_size is None else batch_size,

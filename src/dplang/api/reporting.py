@@ -26,9 +26,9 @@ from ..reports.mechanism import Certificate, ReportConfigError, calibrate
 from ..reports.pipeline import ReportError, ReportRequest, check_report, run_report
 from ..reports.pipeline import ReportResult as PipelineResult
 from .data import data_input
-from .display import Display, TqdmDisplay, quiet_libraries
+from .display import Display, TqdmDisplay, quiet_libraries, short_guarantee
 from .errors import BUDGET, DPLangError, Interrupted, one_line
-from .generation import _output, short_guarantee
+from .outputs import output_location
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -190,7 +190,7 @@ def report(
     with (quiet_libraries(quiet),
           data_input(data, dataset=dataset, text_column=text_column) as source,
           _statements_file(statements) as statements_path,
-          _output(out, "report") as (out_path, keep)):
+          output_location(out, "report") as (out_path, keep)):
         request = ReportRequest(
             data=source.path, out=out_path, epsilon=float(epsilon), threshold=float(threshold),
             beta=float(beta), statements=statements_path,

@@ -34,9 +34,9 @@ from ..sampling.tabular import (
     declare_column,
 )
 from .data import data_input
-from .display import Display, TqdmDisplay, quiet_libraries
+from .display import Display, TqdmDisplay, quiet_libraries, short_guarantee
 from .errors import BUDGET, DPLangError, Interrupted, one_line
-from .generation import _output, short_guarantee
+from .outputs import output_location
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -215,7 +215,7 @@ def sample(
     suffix = Path(out).suffix if out is not None else ".csv"
     with (quiet_libraries(quiet),
           data_input(data, dataset=dataset) as source,
-          _output(out, f"samples{suffix}") as (out_path, keep)):
+          output_location(out, f"samples{suffix}") as (out_path, keep)):
         request = ReleaseRequest(
             data=source.path, columns=names, epsilon=float(epsilon), out=out_path,
             delta=None if delta is None else float(delta), num=num, method=method, seed=seed,

@@ -9,7 +9,7 @@ demo:
 	@$(BIN)/python scripts/demo.py
 
 test:
-	@scripts/bootstrap.sh models,eval,test,distributed,postgres
+	@scripts/bootstrap.sh models,eval,test,distributed,postgres,hf
 	@scripts/ensure_postgresql.sh
 	@$(BIN)/ruff check src tests benchmarks scripts
 	@$(BIN)/python -m pytest -q

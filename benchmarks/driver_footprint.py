@@ -34,18 +34,18 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "yelp" / "dev.c
 CHILD = r"""
 import json, resource, sys, time
 t0 = float(sys.argv[1])
-import dplang.cli.generate as gen_cli
+import dplang.api.generation as gen_core
 from dplang.cli.app import main
 
 marks = {}
-real_plan = gen_cli.plan_generation
+real_plan = gen_core.plan_generation
 
 def plan(*a, **k):
     out = real_plan(*a, **k)
     marks["plan_s"] = time.time() - t0
     return out
 
-real_execute = gen_cli.execute_plan
+real_execute = gen_core.execute_plan
 
 def execute(plan, on_result=None, **k):
     def first(record):
@@ -55,8 +55,8 @@ def execute(plan, on_result=None, **k):
     return real_execute(plan, on_result=first, **k)
 
 if __name__ == "__main__":
-    gen_cli.plan_generation = plan
-    gen_cli.execute_plan = execute
+    gen_core.plan_generation = plan
+    gen_core.execute_plan = execute
     code = main(sys.argv[2:])
     marks["total_s"] = time.time() - t0
     marks["exit_code"] = code

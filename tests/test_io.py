@@ -378,3 +378,25 @@ def test_unbalanced_quote_is_refused(tmp_path: Path, ext: str, delim: str) -> No
         ok = tmp_path / f"ok{ext}"
         ok.write_text(f'text\nfine\n"quoted\nover lines"\nlast{tail}')
         assert [r.text for r in load_references(ok)[0]] == ["fine", "quoted\nover lines", "last"]
+
+
+@pytest.mark.parametrize("ext,delim", [(".csv", ","), (".tsv", "\t")])
+def test_a_stray_quote_is_refused_not_merged(tmp_path: Path, ext: str, delim: str) -> None:
+    """Issue 26: a stray quote on line 12 that a later quote "closes" mid-field merged two
+    rows (20 rows from 21 lines, raw ``""A""`` left inside), and ``"a "quoted" word"`` was read
+    as ``a quoted" word"``. Quoting is strict: both are errors naming the line."""
+    lines = ["text"] + [f"review {i}" for i in range(1, 11)]
+    lines += ['"never closed', '"Great ""A"" rating"'] + [f"more {i}" for i in range(8)]
+    path = tmp_path / f"stray{ext}"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ReferenceDataError, match="line 13: malformed CSV quoting") as info:
+        load_references(path)
+    assert "opened on line 12" in str(info.value) and "\n" not in str(info.value)
+    inner = tmp_path / f"inner{ext}"
+    inner.write_text('text\n"a "quoted" word"\nnext\n')
+    with pytest.raises(ReferenceDataError, match="line 2: malformed CSV quoting"):
+        load_references(inner)
+    # well-formed quotes still read as before: doubled quotes, and a quote in an unquoted field
+    ok = tmp_path / f"ok{ext}"
+    ok.write_text('text\n"a ""quoted"" word"\na "bare" quote\n')
+    assert [r.text for r in load_references(ok)[0]] == ['a "quoted" word', 'a "bare" quote']

@@ -1,4 +1,5 @@
-"""Read private references from CSV, TSV, JSONL, Parquet or plain text, streaming.
+"""Read private references from CSV, TSV, JSONL, Parquet, Arrow, saved Hugging Face datasets
+or plain text, streaming.
 
 (Over 500 lines on purpose: every command reads private rows through this one skip rule and
 row numbering — ``docs/privacy.md``, "Input domain" — so all formats stay together.)
@@ -15,6 +16,10 @@ extension          ``fmt``       how rows are read
                                  schema (a missing key is a missing value, see below)
 ``.ndjson``
 ``.parquet``       ``parquet``   :meth:`pyarrow.parquet.ParquetFile.iter_batches`
+``.arrow``         ``arrow``     an Arrow IPC file or stream (:mod:`dplang.arrow_sources`)
+``.feather``
+a folder           ``hf_dataset``  a ``datasets.Dataset`` saved with ``save_to_disk`` (its
+                                 Arrow shards in order; ``datasets`` is not needed)
 ``.txt``           ``txt``       one reference per line (its only column is ``text``;
                                  ``text_column`` is ignored); a blank line is a row whose
                                  text is blank, so the skip rule below applies to it
@@ -81,10 +86,12 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 __all__ = [
+    "DATASET_FOLDER",
     "FORMATS",
     "ReadStats",
     "Record",
     "ReferenceDataError",
+    "data_path_problem",
     "demo_corpus_path",
     "detect_format",
     "file_digest",
@@ -101,9 +108,13 @@ FORMATS: dict[str, str] = {
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
     ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".feather": "arrow",
     ".txt": "txt",
 }
-_FMT_NAMES = frozenset(FORMATS.values())
+#: The format of a folder: a Hugging Face dataset saved with ``save_to_disk``.
+DATASET_FOLDER = "hf_dataset"
+_FMT_NAMES = frozenset(FORMATS.values()) | {DATASET_FOLDER}
 
 #: Reasons a row's text is unusable (keys of ``ReadStats.skipped_by_reason``).
 REASONS = ("missing", "not_string", "blank")
@@ -189,6 +200,8 @@ def detect_format(path: str | Path, fmt: str | None = None) -> str:
                 f"unsupported format {fmt!r}; choose one of {', '.join(sorted(_FMT_NAMES))}"
             )
         return name
+    if Path(path).is_dir():
+        return DATASET_FOLDER
     suffix = Path(path).suffix.lower()
     if suffix not in FORMATS:
         raise ReferenceDataError(
@@ -296,9 +309,33 @@ def iter_json_objects(
             yield lineno, obj
 
 
+def data_path_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be a data input (one line), or None: it must be a file, or a folder
+    holding one ``datasets.Dataset`` saved with ``save_to_disk``. Reads no row."""
+    from .arrow_sources import dataset_folder_files
+
+    path = Path(path)
+    if not path.exists():
+        return f"data file not found: {path}"
+    if path.is_dir():
+        try:
+            dataset_folder_files(path, ReferenceDataError)
+        except ReferenceDataError as exc:
+            return str(exc)
+        return None
+    if not path.is_file():
+        return f"{path} is not a file"
+    return None
+
+
 def _ensure_nonempty(path: Path) -> None:
     if not path.exists():
         raise ReferenceDataError(f"{path}: no such file")
+    if path.is_dir():
+        problem = data_path_problem(path)
+        if problem is not None:
+            raise ReferenceDataError(problem)
+        return
     if not path.is_file():
         raise ReferenceDataError(f"{path}: not a regular file")
     if path.stat().st_size == 0:
@@ -338,9 +375,13 @@ def iter_delimited_rows(
     first line that holds a non-blank field (empty lines before it are not rows); after it,
     **every line is a row** -- an empty line is the row ``[]``, whose fields are all missing --
     except that the line ending of the file's last line does not start another row. Quoted
-    fields may span lines (RFC 4180). Bytes that are not UTF-8, a quoted field that is never
-    closed, or malformed CSV raise ``error`` (default :class:`ReferenceDataError`) with a
-    one-line message naming the file and line; a file without a header raises it too.
+    fields may span lines (RFC 4180). Quoting is read strictly: inside a quoted field a quote
+    is doubled (``""``) or ends the field, followed by the delimiter or the line's end; a
+    stray quote (``"a "quoted" word"``, or a field opened by mistake that a later quote
+    "closes" mid-field) is an error, never a silently merged or altered row. Bytes that are
+    not UTF-8, a quoted field that is never closed, or malformed CSV raise ``error`` (default
+    :class:`ReferenceDataError`) with a one-line message naming the file and line; a file
+    without a header raises it too.
 
     Privacy contract: which lines are rows depends on the file's layout only, never on a
     field's content, so blanking one value (replace-by-null) keeps every other row in place."""
@@ -366,18 +407,24 @@ def iter_delimited_rows(
                 yield prev[1] if prev[1].endswith(("\n", "\r")) else prev[1] + "\n"
             yield _EOF_MARKER + "\n"
 
-        reader = csv.reader(feed(), delimiter=delimiter)
+        # strict: a quote inside a quoted field must be doubled ("") or end the field; the
+        # csv module's lenient default reads '"a "quoted" word"' as 'a quoted" word"' and lets
+        # a stray quote merge rows (issue 26)
+        reader = csv.reader(feed(), delimiter=delimiter, strict=True)
         row_start = [1]
+
+        def unbalanced() -> Exception:
+            return fail(
+                f"{path}: line {row_start[0]}: a quoted field opened on this line is "
+                "never closed (unbalanced \"); it would swallow the rest of the file as "
+                'one value: fix the quoting (a literal " inside a quoted field is "")')
 
         def rows() -> Iterator[list[str]]:
             for row in reader:
                 if row == [_EOF_MARKER]:
                     return
                 if any(_EOF_MARKER in cell for cell in row):
-                    raise fail(
-                        f"{path}: line {row_start[0]}: a quoted field opened on this line is "
-                        "never closed (unbalanced \"); it would swallow the rest of the file as "
-                        'one value: fix the quoting (a literal " inside a quoted field is "")')
+                    raise unbalanced()
                 yield row
                 row_start[0] = current[0] + 1
 
@@ -394,7 +441,13 @@ def iter_delimited_rows(
             # an empty line, as many tools write a one-column CSV, must keep its place).
             yield from parsed
         except csv.Error as exc:
-            raise fail(f"{path}: line {current[0]}: malformed CSV ({exc})") from None
+            if "unexpected end of data" in str(exc):  # strict: end of file in a quoted field
+                raise unbalanced() from None
+            opened = (f" (in a quoted field opened on line {row_start[0]})"
+                      if row_start[0] < current[0] else "")
+            raise fail(
+                f"{path}: line {current[0]}: malformed CSV quoting{opened}: {exc}; a literal \" "
+                'inside a quoted field must be doubled ("")') from None
 
 
 def _rows_delimited(
@@ -454,20 +507,18 @@ def _rows_txt(path: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
             yield line.rstrip("\n").rstrip("\r"), {}
 
 
-def _rows_parquet(
-    path: Path, text_column: str, columns: Sequence[str], chunk_rows: int
+def _rows_arrow(
+    path: Path, fmt: str, text_column: str, columns: Sequence[str], chunk_rows: int
 ) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """Rows of a Parquet file, an Arrow IPC file or a saved Hugging Face dataset."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    try:
-        pfile = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ReferenceDataError(f"{path}: not a readable Parquet file ({first_line})") from None
-    names = list(pfile.schema_arrow.names)
+    from .arrow_sources import open_arrow_source
+
+    source = open_arrow_source(path, fmt, ReferenceDataError)
+    names = list(source.schema.names)
     _check_columns(path, names, text_column, columns)
-    text_type = pfile.schema_arrow.field(text_column).type
+    text_type = source.schema.field(text_column).type
     if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)
             or pa.types.is_binary(text_type) or pa.types.is_large_binary(text_type)
             or pa.types.is_null(text_type)):
@@ -479,7 +530,7 @@ def _rows_parquet(
     wanted = list(dict.fromkeys([text_column, *columns]))
     start = 0
     try:
-        for batch in pfile.iter_batches(batch_size=chunk_rows, columns=wanted):
+        for batch in source.iter_batches(wanted, chunk_rows):
             data = {}
             for name in wanted:
                 col = batch.column(batch.schema.get_field_index(name))
@@ -493,7 +544,7 @@ def _rows_parquet(
     except pa.ArrowException as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ReferenceDataError(
-            f"{path}: cannot read Parquet rows from row {start} ({first_line})"
+            f"{path}: cannot read rows from row {start} ({first_line})"
         ) from None
 
 
@@ -563,8 +614,8 @@ def _iterate(
         rows = _rows_delimited(path, "\t", text_column, columns)
     elif name == "jsonl":
         rows = _rows_jsonl(path, text_column, columns, stats)
-    elif name == "parquet":
-        rows = _rows_parquet(path, text_column, columns, chunk_rows)
+    elif name in ("parquet", "arrow", DATASET_FOLDER):
+        rows = _rows_arrow(path, name, text_column, columns, chunk_rows)
     else:
         if columns:
             raise ReferenceDataError(
@@ -637,13 +688,18 @@ def load_references(
 
 
 def file_digest(path: str | Path, chunk_size: int = 1 << 20) -> str:
-    """Hex SHA-256 of the file's bytes, read in chunks (for manifests)."""
+    """Hex SHA-256 of the file's bytes, read in chunks (the data's content identity in the
+    private side file and the ledger); of a saved Hugging Face dataset (a folder), the bytes of
+    its Arrow shards in row order."""
+    from .arrow_sources import source_files
+
     digest = hashlib.sha256()
     try:
-        with Path(path).open("rb") as handle:
-            while chunk := handle.read(chunk_size):
-                digest.update(chunk)
-    except FileNotFoundError:
+        for file in source_files(path):
+            with Path(file).open("rb") as handle:
+                while chunk := handle.read(chunk_size):
+                    digest.update(chunk)
+    except (FileNotFoundError, ValueError):
         raise ReferenceDataError(f"{path}: no such file") from None
     return digest.hexdigest()
 

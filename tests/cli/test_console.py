@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 
+from dplang.api.display import DPLangWarning
 from dplang.cli.console import GenerationProgress, quiet_libraries
 
 
@@ -45,7 +46,36 @@ def test_quiet_libraries_silences_and_restores():
     with quiet_libraries(True):
         assert os.environ["TQDM_DISABLE"] == "1"
         assert logging.getLogger("transformers").level == logging.ERROR
-        assert warnings.filters[0][0] == "ignore"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.warn("a library's advice", UserWarning, stacklevel=1)
+            warnings.warn("dplang's own", DPLangWarning, stacklevel=1)
+        assert [str(w.message) for w in caught] == ["dplang's own"]
     assert "TQDM_DISABLE" not in os.environ and logger.level == level
     with quiet_libraries(False):
         assert "TQDM_DISABLE" not in os.environ
+
+
+def test_quiet_drops_what_c_libraries_write_to_stderr(capfd):
+    """Issue 26: ``evaluate -q`` still printed faiss's clustering advice, which C++ writes to
+    the stderr descriptor; dplang's own lines (Python's sys.stderr) still go out."""
+    import sys
+
+    with quiet_libraries(True):
+        os.write(2, b"WARNING clustering 10 points to 5 centroids\n")
+        print("error: kept", file=sys.stderr)
+    os.write(2, b"after\n")
+    err = capfd.readouterr().err
+    assert "clustering" not in err and "error: kept" in err and "after" in err
+
+
+def test_population_methods_have_no_eta():
+    """Issue 26: Aug-PE's bar ended with "ETA after the first group" (its texts all come at
+    the end)."""
+    clock = Clock()
+    meter = GenerationProgress(pending=2, clock=clock, population=True)
+    clock.now += 5.0
+    meter.step(0)
+    assert meter.eta_seconds() is None and meter.eta_text() == "all texts come at the end"
+    meter.group_done(3)
+    meter.group_done(4)
+    assert meter.eta_text() == ""

@@ -41,10 +41,22 @@ def _world(tmp: Path) -> World:
     (tmp / "badutf8.csv").write_bytes(b"text\nfine\n\xff\xfe broken\n")
     (tmp / "bad.jsonl").write_text('{"text": "a"}\n{"text": \n')
     (tmp / "quote.csv").write_text('text\nfine\n"never closed\nmore\nlast\n')
+    # issue 26: a stray quote that a later quote "closes" mid-field merged two rows
+    (tmp / "stray.csv").write_text("text,stars\n" + "".join(
+        f"review number {i} was fine,{i % 5 + 1}\n" for i in range(10))
+        + '"never closed,1\n"Great ""A"" rating",2\n' + "".join(
+        f"review number {i} was fine,{i % 5 + 1}\n" for i in range(8)))
+    (tmp / "inner.csv").write_text('text,stars\n"a "quoted" word",1\n' + "".join(
+        f"review number {i} was fine,{i % 5 + 1}\n" for i in range(12)))
     (tmp / "st.txt").write_text("Reviews mention fine things\tfine\n")
     (tmp / "notsqlite.db").write_text("this is not a database\n")
     (tmp / "ledgerdir").mkdir()
     (tmp / "empty_model").mkdir()
+    splits = tmp / "splits"  # a DatasetDict saved with save_to_disk: one folder per split
+    (splits / "train").mkdir(parents=True)
+    (splits / "train" / "state.json").write_text('{"_data_files": []}')
+    (splits / "dataset_dict.json").write_text('{"splits": ["train"]}')
+    w["splits"], w["ledgerdir"] = splits, tmp / "ledgerdir"
     (tmp / "fake.gguf").write_text("not a gguf file")
     incomplete = tmp / "incomplete_model"
     incomplete.mkdir()
@@ -147,6 +159,8 @@ CASES: list[tuple[str, T, str]] = [
      "cannot be created"),
     ("report --out exists", lambda w: report(w, "--epsilon", "1", out="rep"),
      "already exists"),
+    ("report --out an existing folder", lambda w: report(w, "--epsilon", "1", out="ledgerdir"),
+     "is an existing folder"),
     ("report --ledger not SQLite",
      lambda w: report(w, "--epsilon", "1", "--ledger", str(w["tmp"] / "notsqlite.db")),
      "not an SQLite"),
@@ -177,6 +191,19 @@ CASES: list[tuple[str, T, str]] = [
     ("data bad UTF-8", lambda w: gen(w, *eps(), data="badutf8.csv"), "UTF-8"),
     ("data malformed JSONL", lambda w: gen(w, *eps(), data="bad.jsonl"), "invalid JSON"),
     ("data unbalanced quote", lambda w: gen(w, *eps(), data="quote.csv"), "unbalanced"),
+    ("data stray quote", lambda w: gen(w, *eps(), data="stray.csv"),
+     "line 13: malformed CSV quoting (in a quoted field opened on line 12)"),
+    ("data quote inside a quoted field", lambda w: gen(w, *eps(), data="inner.csv"),
+     "line 2: malformed CSV quoting"),
+    ("report data stray quote",
+     lambda w: [*report(w, "--epsilon", "1")[:2], str(w["tmp"] / "stray.csv"),
+                *report(w, "--epsilon", "1")[3:]], "malformed CSV quoting"),
+    ("sample data stray quote",
+     lambda w: [*sample(w, "--epsilon", "1")[:2], str(w["tmp"] / "stray.csv"),
+                *sample(w, "--epsilon", "1")[3:]], "malformed CSV quoting"),
+    ("data a folder", lambda w: gen(w, *eps(), data="ledgerdir"), "not a data file"),
+    ("data a DatasetDict folder", lambda w: gen(w, *eps(), data="splits"),
+     "give one split's folder"),
     ("data unknown column", lambda w: gen(w, *eps("--text-column", "body")), "body"),
     ("data too few references", lambda w: gen(w, *eps("-B", "50")), "larger than"),
     ("yelp without labels", lambda w: gen(w, *eps("--prompt", "yelp")), "--prompt generic"),

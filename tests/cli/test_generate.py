@@ -299,7 +299,9 @@ def test_baselines_through_the_cli(tmp_path, capsys, toy, method, extra, mechani
     assert manifest["guarantee"]["ex_ante"] is ex_ante
     if method == "amin":
         assert all(r["private_tokens"] <= 3 for r in recs)
+        assert f"C={manifest['clip']:.4g}, " in err  # the plan line states its clip norm
     else:
+        assert "C=" not in err  # issue 26: AdaPMixED has no clip norm (the line said C=0)
         # no exact per-record privacy cost in the output (it differs between neighbours)
         assert not any({"rdp_cost", "epsilon_spent"} & set(r) for r in recs)
         assert "DATA-DEPENDENT" in stdout and "does NOT satisfy differential privacy" in stdout
@@ -331,17 +333,39 @@ def test_add_remove_is_refused(tmp_path, capsys, toy, method):
 def test_augpe_through_the_cli(tmp_path, capsys, toy, monkeypatch):
     import dplang.textgen.methods.augpe as augpe_mod
 
-    real_run = augpe_mod.run_augpe
-    monkeypatch.setattr(augpe_mod, "run_augpe",
-                        lambda *a, **kw: real_run(*a, **{**kw, "embedder": "hashing"}))
+    monkeypatch.setattr(augpe_mod, "EMBEDDER", "hashing")
     data = write_csv(tmp_path / "d.csv", 9)
     out = tmp_path / "pe.jsonl"
     code, _, err = run(capsys, *base_args(data, out, "--method", "augpe", "--augpe-iterations",
-                                          "2", "--augpe-variations", "1"))
+                                          "2", "--augpe-variations", "1", quiet=False))
     assert code == 0, err
+    # issue 26: no "C=0" in the plan line, no "ETA after the first group" on the bar
+    assert "augpe: 3 generations" in err and "C=" not in err
+    assert "ETA after the first group" not in err
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(recs) == 3 and all(r["method"] == "augpe" for r in recs)
     manifest = json.loads(out.with_name("pe.manifest.json").read_text())
     g = manifest["guarantee"]
     assert g["mechanism"] == "augpe" and g["epsilon"] == pytest.approx(10, rel=1e-6)
     assert manifest["augpe"]["model_calls"] > 0
+
+
+def test_augpe_loads_its_embedder_before_the_charge(tmp_path, capsys, toy, monkeypatch):
+    """Issue 26: the charge is the last step before the first private computation; Aug-PE's
+    embedder loaded after it, so a Ctrl-C while it loaded had been charged."""
+    import dplang.textgen.methods.augpe as augpe_mod
+
+    data = write_csv(tmp_path / "d.csv", 9)
+    charged_at_load: list[int] = []
+
+    def interrupted_load(_spec="default"):
+        ledger = PrivacyLedger()
+        charged_at_load.append(sum(len(ledger.releases(d)) for d in ledger.datasets()))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(augpe_mod, "resolve_embedder", interrupted_load)
+    out = tmp_path / "pe.jsonl"
+    code, _, err = run(capsys, *base_args(data, out, "--method", "augpe"))
+    assert code == 130 and charged_at_load == [0]
+    assert "before the release was charged: nothing was charged" in err
+    assert not out.exists() and PrivacyLedger().spent(str(data.resolve())).releases == 0

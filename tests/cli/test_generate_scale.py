@@ -126,6 +126,7 @@ def test_local_driver_loads_only_the_tokenizer_and_writes_the_inline_release(
 
 DRIVER = textwrap.dedent("""
     import json, sys
+    import dplang.api.generation as api_gen
     import dplang.cli.generate as gen_cli
     import dplang.textgen.executors as ex
     from dplang.cli.app import main
@@ -144,7 +145,7 @@ DRIVER = textwrap.dedent("""
         return ex.make_executor(name, workers, **{**kw, "events": events})
 
     if __name__ == "__main__":  # spawned workers import this file again as __mp_main__
-        gen_cli.make_executor = make
+        api_gen.make_executor = make
         sys.exit(main(sys.argv[3:]))
 """)
 

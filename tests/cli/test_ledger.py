@@ -190,3 +190,18 @@ def test_views_and_a_generation_against_a_ledger_url_never_print_its_password(
     printed.append(captured.out + captured.err)
     assert code == 3 and not (tmp_path / "b.jsonl").exists()
     assert all(password not in text for text in printed)
+
+
+def test_a_pure_dp_spend_is_shown_with_delta_zero(tmp_path, capsys, default_ledger):
+    """Issue 26: one pure-DP release (δ = 0) was shown as a total with δ = 1e-06."""
+    ledger = PrivacyLedger()
+    ledger.charge("pure", "rep-1", Guarantee("report", "record", "replace-one", None, 1.5, 0.0),
+                  "dplang report → r")
+    code, out, _ = run(capsys, "show", "pure")
+    assert code == 0 and "total (ε = 1.5, δ = 0)" in out, out
+    doc = json.loads(run(capsys, "show", "pure", "--json")[1])["datasets"][0]
+    assert doc["dp"]["total_epsilon"] == 1.5 and doc["dp"]["total_delta"] == 0
+    # with a zCDP release the total is stated at the budget's (or the asked) δ, as before
+    ledger.charge("pure", "gen-1", _g(0.1), "dplang generate → a.jsonl")
+    doc = json.loads(run(capsys, "show", "pure", "--json", "--delta", "1e-5")[1])["datasets"][0]
+    assert doc["dp"]["total_delta"] == 1e-5

@@ -201,3 +201,22 @@ def test_two_processes_charging_at_once_never_exceed_the_budget(new_ledger):
     assert sorted(results.values()) == [False, True]  # exactly one wins
     spent = PrivacyLedger(path).spent("d")
     assert spent.releases == 1 and spent.epsilon_at(1e-6) <= budget
+
+
+def test_check_charge_is_the_charge_rule_without_recording(new_ledger):
+    """Issue 26: a command checks the budget before it reads data or loads a model, by the
+    charge's own rule and message, recording nothing."""
+    ledger = PrivacyLedger(new_ledger())
+    ledger.check_charge("data", _g(5.0))  # no budget: nothing refused
+    ledger.set_budget("data", epsilon=3.0, delta=1e-6)
+    ledger.check_charge("data", _g(0.1))
+    with pytest.raises(BudgetExceeded) as checked:
+        ledger.check_charge("data", _g(5.0))
+    with pytest.raises(BudgetExceeded) as charged:
+        ledger.charge("data", "run-1", _g(5.0))
+    assert str(checked.value) == str(charged.value)
+    data_dependent = Guarantee("adapmixed", "reference", "replace-by-null", None, 1.0, 1e-6,
+                               ex_ante=False)
+    with pytest.raises(BudgetExceeded, match="data-dependent"):
+        ledger.check_charge("data", data_dependent)
+    assert ledger.releases("data") == []

@@ -71,7 +71,7 @@ def test_report_end_to_end_with_keyword_predicate(tmp_path, capsys) -> None:
     assert doc["guarantee"]["epsilon"] == 4 and doc["guarantee"]["unit"] == "record"
     assert doc["guarantee"]["adjacency"] == "replace-one"
     assert doc["parameters"]["candidates"] == 4  # the duplicate was removed before the data
-    assert doc["statements"] == {"source": "list", "path": str(statements), "proposed": 5,
+    assert doc["statements"] == {"source": "list", "path": statements.name, "proposed": 5,
                                  "after_deduplication": 4}
     assert doc["parameters"]["n_records"] == 200  # blank rows count
     decisions = {c["statement"]: c["decision"] for c in doc["certificates"]}

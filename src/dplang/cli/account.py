@@ -3,55 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 
 import typer
 
-from ..privacy.accounting import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_TOKENS,
-    DEFAULT_TEMPERATURE,
-    BudgetLimitError,
-    check_budget_limit,
-    check_epsilon_limit,
-)
-from ..textgen.methods.invisibleink import invisibleink_budget
+from ..api.accounting import account as api_account
+from ..api.errors import DPLangError
+from ..privacy.accounting import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
 from .errors import fail
-
-ADJACENCY_CHOICES = ("replace-by-null", "zero-out")
-
-
-def validate_budget_flags(
-    epsilon: float | None, rho: float | None, clip: float | None, delta: float
-) -> None:
-    """Exactly one of --epsilon, --rho, --clip; each in range (a budget above
-    :data:`~dplang.privacy.accounting.MAX_EPSILON` is refused)."""
-    given = [name for name, v in (("--epsilon", epsilon), ("--rho", rho), ("--clip", clip))
-             if v is not None]
-    if len(given) != 1:
-        fail("give exactly one of --epsilon, --rho or --clip"
-             + (f" (got {', '.join(given)})" if given else ""))
-    if not 0 < delta < 1:
-        fail(f"--delta must be in (0, 1), got {delta}")
-    try:
-        check_budget_limit(epsilon, name="--epsilon")
-        check_budget_limit(rho, name="--rho", kind="rho", delta=delta)
-    except BudgetLimitError as exc:
-        fail(str(exc))
-    if clip is not None and not (clip > 0 and math.isfinite(clip)):
-        fail(f"--clip must be finite and > 0, got {clip}")
-
-
-def validate_generation_flags(tokens: int, batch_size: int, temperature: float,
-                              adjacency: str) -> None:
-    if tokens < 1:
-        fail(f"--tokens must be >= 1, got {tokens}")
-    if batch_size < 1:
-        fail(f"--batch-size must be >= 1, got {batch_size}")
-    if not (temperature > 0 and math.isfinite(temperature)):
-        fail(f"--temperature must be > 0, got {temperature}")
-    if adjacency not in ADJACENCY_CHOICES:
-        fail(f"--adjacency must be one of {', '.join(ADJACENCY_CHOICES)}, got {adjacency}")
 
 
 def account(
@@ -74,19 +32,11 @@ def account(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """InvisibleInk privacy calculation: ρ ↔ (ε, δ), the clip norm C, the Top-k+ margin."""
-    validate_budget_flags(epsilon, rho, clip, delta)
-    validate_generation_flags(tokens, batch_size, temperature, adjacency)
-    try:
-        r = invisibleink_budget(epsilon=epsilon, rho=rho, clip=clip, delta=delta,
-                                tokens=tokens, batch_size=batch_size, temperature=temperature,
-                                adjacency=adjacency)
-    except (ValueError, OverflowError):  # only a huge --clip gets here (ρ overflows)
-        r = {"epsilon": math.inf}
-    if clip is not None:
-        try:
-            check_epsilon_limit(float(r["epsilon"]), f"--clip {clip:g}", delta)
-        except BudgetLimitError as exc:
-            fail(str(exc))
+    try:  # dplang.account: the same checks and numbers
+        r = api_account(epsilon=epsilon, rho=rho, clip=clip, delta=delta, tokens=tokens,
+                        batch_size=batch_size, temperature=temperature, adjacency=adjacency)
+    except DPLangError as exc:
+        fail(str(exc), exc.code)
     if as_json:
         typer.echo(json.dumps(r))
         return

@@ -9,28 +9,96 @@ its traceback.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import sys
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from dplang.models.errors import ModelConfigurationError
 
 try:  # typer >= 0.20 vendors click as typer._click
     from typer._click import exceptions as click_exceptions
+    from typer._click.utils import make_default_short_help
 except ImportError:  # pragma: no cover - older typer depends on click
     from click import exceptions as click_exceptions
+    from click.utils import make_default_short_help
 
 from .. import __version__
-from ..privacy.ledger import LedgerError
-from ..release import ReleaseError
-from . import account, evaluate, experiment, formal, generate, ledger, report, sample
 from .errors import CliError, echo_error
+
+#: The commands, in the order ``dplang --help`` lists them: (module of dplang.cli, its command:
+#: a function, ``command()`` for generate's registry-built one, or ``app`` for a group, and
+#: the line ``dplang --help`` shows: the command's own first help line,
+#: tests/cli/test_habits.py checks). A command's module is imported only when it runs or shows
+#: its help, so ``dplang --help`` and ``dplang --version`` answer without the heavy libraries.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "account": ("account", "account", "InvisibleInk privacy calculation: ρ ↔ (ε, δ), the clip "
+                "norm C, the Top-k+ margin."),
+    "generate": ("generate", "command()", "Generate private synthetic texts from references "
+                 "with InvisibleInk."),
+    "experiment": ("experiment", "experiment", "Run (or resume) a sweep over method, ε, B, k, "
+                   "τ and replicate; write tables and plots."),
+    "report": ("report", "report", "Certify candidate statements about a private corpus, or "
+               "abstain, under DP."),
+    "sample": ("sample", "sample", "Release m differentially private samples of records (RSSS "
+               "NeurIPS 2021 samplers)."),
+    "evaluate": ("evaluate", "app", "Evaluate synthetic texts (MAUVE, perplexity/ΔPPL, lengths, "
+                 "Top-k+, downstream); `dplang evaluate canaries` runs the canary check."),
+    "ledger": ("ledger", "app", "The privacy ledger: datasets, budgets, spend and releases."),
+    "formal": ("formal", "app", "Formal-language lab: private identification and generation of "
+               "languages (papers 000, 001: docs/formal.md)."),
+}
+
+
+def build_command(name: str) -> Any:
+    """The click command ``name``, its module imported now (generate gets the flags of every
+    method registered now, a plugin's included)."""
+    module_name, attr, _help = COMMANDS[name]
+    module = importlib.import_module(f"{__package__}.{module_name}")
+    if attr == "app":
+        command = typer.main.get_command(module.app)
+    else:
+        function = module.command() if attr == "command()" else getattr(module, attr)
+        single = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
+                             rich_markup_mode=None)
+        single.command(name)(function)
+        command = typer.main.get_command(single)
+    command.name = name
+    _report_interruptions(command)
+    return command
+
+
+class _LazyGroup(TyperGroup):
+    """The root group: commands built on first use, listed from :data:`COMMANDS`."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in COMMANDS:
+            return None
+        if cmd_name not in self.commands:
+            self.commands[cmd_name] = build_command(cmd_name)
+        return self.commands[cmd_name]
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        rows = [(name, make_default_short_help(help_line, limit))
+                for name, (_m, _a, help_line) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
 
 app = typer.Typer(
     name="dplang",
     help="Differentially private language generation.",
-    add_completion=False,
+    cls=_LazyGroup,
+    add_completion=True,  # --install-completion / --show-completion (README, "Shell completion")
+    context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
@@ -52,27 +120,11 @@ def _root(
     """dplang: private text generation, reports and sampling with proven guarantees."""
 
 
-app.command("account")(account.account)
-app.command("generate")(generate.generate)
-app.add_typer(evaluate.app, name="evaluate")
-app.command("experiment")(experiment.experiment)
-app.add_typer(ledger.app, name="ledger")
-app.command("report")(report.report)
-app.command("sample")(sample.sample)
-app.add_typer(formal.app, name="formal")
-
-
-def _current_generate() -> None:
-    """Give ``generate`` the flags of every method registered now (a method registered after
-    this module was imported, e.g. a plugin, gets its ``--<method>-<option>`` flags too)."""
-    for info in app.registered_commands:
-        if info.name == "generate":
-            info.callback = generate.command()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and turns usage errors into one-line messages."""
-    _current_generate()
+    from ..privacy.ledger import LedgerError
+    from ..release import ReleaseError
+
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="dplang", standalone_mode=False)
@@ -90,8 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         echo_error("aborted")
         return 130
-    except KeyboardInterrupt:
-        echo_error("interrupted; finished work was kept")
+    except _Interrupted as exc:
+        _interrupted(exc.interrupt)
+        return 130
+    except KeyboardInterrupt as exc:
+        _interrupted(exc)
         return 130
     except (LedgerError, ReleaseError) as exc:  # a ledger or output that cannot be used
         echo_error(_one_line(exc))
@@ -106,6 +161,41 @@ def main(argv: list[str] | None = None) -> int:
                    "DPLANG_TRACEBACK=1 shows the traceback)")
         return 1
     return result if isinstance(result, int) else 0
+
+
+def _interrupted(exc: KeyboardInterrupt) -> None:
+    """Ctrl-C: dplang.Interrupted says what was kept, what was charged and how to resume."""
+    echo_error(_one_line(exc) if str(exc).strip() else
+               "interrupted; finished work was kept, and a release is charged only right "
+               "before its first output is written (`dplang ledger show` lists the charges)")
+
+
+def _report_interruptions(command: Any) -> None:
+    """Wrap every command's callback so that a Ctrl-C reaches :func:`main` (typer would turn
+    it into a silent exit code 130) as a one-line error saying what was kept and charged."""
+    for sub in getattr(command, "commands", {}).values():
+        _report_interruptions(sub)
+    callback = getattr(command, "callback", None)
+    if callback is None or getattr(callback, "_dplang_interrupts", False):
+        return
+
+    @functools.wraps(callback)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return callback(*args, **kwargs)
+        except KeyboardInterrupt as exc:
+            raise _Interrupted(exc) from None
+
+    run._dplang_interrupts = True  # type: ignore[attr-defined]
+    command.callback = run
+
+
+class _Interrupted(Exception):
+    """A KeyboardInterrupt carried past typer (which would swallow it)."""
+
+    def __init__(self, interrupt: KeyboardInterrupt) -> None:
+        super().__init__(str(interrupt))
+        self.interrupt = interrupt
 
 
 def _one_line(exc: BaseException) -> str:

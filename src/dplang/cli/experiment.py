@@ -6,24 +6,23 @@ from pathlib import Path
 
 import typer
 
-from ..experiments import ConfigError, load_config, run_experiment
-from ..experiments.config import missing_data_message
-from ..io import ReferenceDataError
-from ..models import resolve_model
-from ..models.default import check_model_spec
-from ..privacy.ledger import BudgetExceeded, LedgerError
-from ..release import ReleaseError
-from ..textgen.orchestration import GenerationError
 from .console import quiet_libraries
 from .errors import fail
 from .ledger import LEDGER_HELP
 
+# The sweep's machinery (torch, the models) is imported when it runs, not when the command is
+# built: `dplang experiment --help` answers at once.
+
 
 def _load_model(spec: str, dtype: str = "float32"):  # indirection: tests substitute a toy
+    from ..models import resolve_model
+
     return resolve_model(spec, dtype=dtype)
 
 
 def _check_model(spec: str) -> None:  # milliseconds: is [generation].model loadable at all?
+    from ..models.default import check_model_spec
+
     check_model_spec(spec)
 
 
@@ -52,6 +51,13 @@ def experiment(
     Every private cell is a release charged to the user's ledger under the dataset's name.
     The whole sweep is checked before any model loads; a cell that an earlier run generated
     with other settings is refused, one whose evaluation settings changed is re-evaluated."""
+    from ..experiments import ConfigError, load_config, run_experiment
+    from ..experiments.config import missing_data_message
+    from ..io import ReferenceDataError
+    from ..privacy.ledger import BudgetExceeded, LedgerError
+    from ..release import ReleaseError
+    from ..textgen.orchestration import GenerationError
+
     try:
         cfg = load_config(config, data=data)
     except ConfigError as exc:

@@ -5,39 +5,45 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
-from ..io import ReferenceDataError
-from ..models import resolve_model
-from ..models.default import check_model_spec, resolve_prompt_side
-from ..models.devices import DeviceError, resolve_device
+from ..api.errors import DPLangError
 from ..privacy.accounting import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
-from ..privacy.ledger import BudgetExceeded, LedgerError
-from ..release import ReleaseError
-from ..textgen.executors import ExecutorError, check_executor, make_executor
+from ..textgen.defaults import DEFAULT_CONCURRENT_GROUPS
 from ..textgen.methods import all_methods
-from ..textgen.orchestration import (
-    DEFAULT_CONCURRENT_GROUPS,
-    GenerationError,
-    GenerationRequest,
-    check_request,
-    execute_plan,
-    plan_generation,
-)
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, DEFAULT_TEMPLATE
-from .console import GenerationProgress, quiet_libraries, warn
-from .errors import fail, output_lock
+from .console import RichDisplay, quiet_libraries
+from .errors import fail
 from .ledger import LEDGER_HELP
+
+if TYPE_CHECKING:
+    from ..textgen.orchestration import GenerationRequest
+
+# The generation machinery (torch, the models) is imported when a run starts, not when the
+# command is built: `dplang generate --help` answers in well under a second.
+
+
+def resolve_model(spec: str, **kwargs: Any) -> Any:
+    """:func:`dplang.models.resolve_model` (imported on call)."""
+    from ..models import resolve_model as resolve
+
+    return resolve(spec, **kwargs)
+
+
+def resolve_prompt_side(spec: str, **kwargs: Any) -> Any:
+    """:func:`dplang.models.default.resolve_prompt_side` (imported on call)."""
+    from ..models.default import resolve_prompt_side as resolve
+
+    return resolve(spec, **kwargs)
+
+
+def check_model_spec(spec: str) -> None:
+    """:func:`dplang.models.default.check_model_spec` (imported on call)."""
+    from ..models.default import check_model_spec as check
+
+    check(spec)
 
 
 def _load_model(spec: str, dtype: str = "float32", device: str = "cpu", *,
@@ -77,7 +83,8 @@ def _generate(
     top_k: int = typer.Option(50, "--top-k", help="Top-k+ parameter k; 0 = full vocabulary."),
     num: int | None = typer.Option(None, "--num", "-n", help="Generations (default ⌊N/B⌋)."),
     seed: int | None = typer.Option(
-        None, "--seed", help="Secret seed (default: fresh OS entropy, kept in OUT.seed)."
+        None, "--seed",
+        help="Secret seed (default: fresh OS entropy, kept in OUT.private.json, mode 600)."
     ),
     concurrent_groups: int = typer.Option(
         DEFAULT_CONCURRENT_GROUPS, "--concurrent-groups", "-G", help="Groups decoded at once."
@@ -132,6 +139,8 @@ def _generate(
         "identity."),
 ) -> None:
     """Generate private synthetic texts from references with InvisibleInk."""
+    from ..textgen.orchestration import GenerationRequest
+
     request = GenerationRequest(
         data=data, out=out, batch_size=batch_size, max_tokens=max_tokens,
         temperature=temperature, top_k=top_k, epsilon=epsilon, delta=delta, rho=rho, clip=clip,
@@ -220,98 +229,36 @@ class _Execution:
 
 def _checked_run(request: GenerationRequest, quiet: bool,
                  execution: _Execution | None = None) -> None:
-    out = request.out
+    """The run through :func:`dplang.api.generation.run_generation` (the one dplang.generate
+    uses) with the command line's display; its refusals become one-line errors."""
+    from ..api.generation import Execution, run_generation
+    from ..models.devices import DeviceError, resolve_device
+
     execution = execution or _Execution()
-    console = Console(stderr=True, quiet=quiet, soft_wrap=True)
-    try:  # where it runs, then every flag and path, in milliseconds, before anything is read
-        execution.device = resolve_device(execution.device)
-        check_executor(execution.executor, execution.workers, request.method,
-                       execution.worker_timeout)
-    except (DeviceError, ValueError) as exc:
-        fail(str(exc))
     try:
-        check_request(request, _check_model)
-    except GenerationError as exc:
+        device = resolve_device(execution.device)
+    except DeviceError as exc:
         fail(str(exc))
-    with output_lock(out):  # a second process on the same --out is refused before it loads
-        _run_locked(request, quiet, console, execution)
-
-
-def _run_locked(request: GenerationRequest, quiet: bool, console: Console,
-                execution: _Execution) -> None:
-    out = request.out
-    device = execution.device
     # with workers (local, ray) the driver loads only the prompt side; each worker loads the
     # model and runs its load-time checks before anything is charged (docs/scaling.md)
-    workers = execution.executor != "inline"
     loader_kw: dict[str, Any] = {"device": device} if device != "cpu" else {}
-    if workers:
+    if execution.executor != "inline":
         loader_kw["weights"] = False
+    display = RichDisplay(quiet)
     try:
-        what = "the tokenizer" if workers else "the model"
-        with console.status(f"reading the data and loading {what}…"):
-            plan = plan_generation(
-                request, lambda spec: _load_model(spec, request.dtype, **loader_kw),
-                _check_model)
-    except (GenerationError, ReferenceDataError) as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    g = plan.guarantee
-    console.print(
-        f"[bold]{request.method}[/]: {len(plan.jobs)} generations, B={request.batch_size}, "
-        f"T={request.max_tokens}, k={request.top_k}, C={plan.params.clip:.4g}, "
-        + (f"ρ={g.rho:.4g} " if g.rho is not None else "")
-        + (f"(ε={g.epsilon:.4g}, δ={g.delta:g}), " if g.ex_ante else
-           f"(stopping target ε={g.epsilon:.4g}, δ={g.delta:g}: data-dependent, NOT a DP "
-           "guarantee), ")
-        + f"model {plan.model.model_id}", highlight=False,
-    )
-    console.print(plan.reference_usage(), markup=False, highlight=False)
-    progress = Progress(
-        TextColumn("[progress.description]{task.description}"), BarColumn(),
-        MofNCompleteColumn(), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-        TextColumn("{task.fields[eta]}"), console=console, transient=False,
-    )
-    task = progress.add_task("generations", total=len(plan.jobs), rate="", eta="")
-    meter = GenerationProgress(len(plan.jobs))
-
-    def refresh() -> None:
-        progress.update(task, rate=meter.rate_text(), eta=meter.eta_text())
-
-    def on_start(total: int, done: int) -> None:
-        nonlocal meter
-        meter = GenerationProgress(total - done)
-        progress.update(task, completed=done)
-        refresh()
-        if done:
-            console.print(f"resuming: {done} of {total} generations already in {out}")
-
-    def on_step(n: int) -> None:
-        meter.step(n)
-        refresh()
-
-    def on_result(record: dict) -> None:
-        meter.group_done(int(record.get("num_tokens") or 0))
-        progress.advance(task)
-        refresh()
-        if not quiet:
-            progress.console.print(f"[dim]#{record['group']}[/] {record['text'][:300]!r}")
-
-    try:
-        with progress:
-            summary = execute_plan(
-                plan, on_result=on_result, on_step=on_step, on_start=on_start,
-                on_warning=warn,
-                executor=make_executor(execution.executor, execution.workers,
-                                       ray_address=execution.ray_address,
-                                       stall_timeout_s=execution.worker_timeout))
-    except BudgetExceeded as exc:
-        fail(str(exc), code=3)
-    except (GenerationError, ReleaseError, LedgerError, ExecutorError) as exc:
-        fail(str(exc))
-    console.print(
+        run = run_generation(
+            request, display=display,
+            execution=Execution(execution.executor, execution.workers, execution.ray_address,
+                                device, execution.worker_timeout),
+            load_model=lambda spec: _load_model(spec, request.dtype, **loader_kw),
+            check_model=_check_model)
+    except DPLangError as exc:
+        fail(str(exc), exc.code)
+    plan, summary = run.plan, run.summary
+    display.console.print(
         f"wrote {summary.written} new generations ({summary.skipped_existing} already there) "
-        f"to {out}; public manifest {plan.manifest_path}, private side file "
+        f"to {request.out}; public manifest {plan.manifest_path}, private side file "
         f"{plan.private_path} (mode 600, never publish it)"
     )
     if not quiet:
-        typer.echo(g.summary())
+        typer.echo(plan.guarantee.summary())

@@ -73,6 +73,9 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
     at = delta if delta is not None else (budget[1] if budget else 1e-6)
     releases = book.releases(name)
     total = spent.epsilon_at(at) if spent.dp_releases else 0.0
+    # without zCDP releases the total is exactly (Σε, Σδ): a pure-DP spend has δ = 0, not the
+    # budget's δ (or 1e-6) it is compared at
+    total_delta = (spent.approx_delta if spent.rho == 0 and spent.approx_delta <= at else at)
     out: dict[str, Any] = {
         "dataset": name,
         "budget": None if budget is None else {"epsilon": budget[0], "delta": budget[1]},
@@ -87,7 +90,7 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
             "pure_or_approx_epsilon": spent.approx_epsilon,
             "pure_or_approx_delta": spent.approx_delta,
             "total_epsilon": None if math.isinf(total) else total,
-            "total_delta": at,
+            "total_delta": total_delta,
         },
         "data_dependent": {
             "releases": spent.data_dependent,

@@ -1,8 +1,9 @@
 """``dplang report``: an evidence-bearing report by proposal-and-filter (``docs/reports.md``).
 
 The command parses its flags into a :class:`~dplang.reports.pipeline.ReportRequest`, calls
-:func:`~dplang.reports.pipeline.run_report` (which checks, plans, charges the ledger and writes,
-in the order the privacy argument needs) and prints the certificates and the guarantee.
+:func:`~dplang.api.reporting.run_report_checked` (what ``dplang.report`` calls: it checks the
+budget, then plans, charges the ledger and writes, in the order the privacy argument needs)
+and prints the certificates and the guarantee.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
 
 from .errors import fail
 from .ledger import LEDGER_HELP
@@ -87,19 +87,18 @@ def report(
 
 
 def _report(request: ReportRequest, quiet: bool) -> None:
-    from ..privacy.ledger import BudgetExceeded
-    from ..reports.pipeline import ReportError, run_report
+    from ..api.errors import DPLangError
+    from ..api.reporting import run_report_checked
     from ..reports.render import certificate_line
+    from .console import RichDisplay
 
-    console = Console(stderr=True, quiet=quiet, soft_wrap=True)
+    display = RichDisplay(quiet)
+    console = display.console
     try:
-        result = run_report(request, load_model=lambda spec: _load_model(spec),
-                            on_warning=lambda w: typer.echo(f"warning: {w}", err=True),
-                            status=console.status)
-    except ReportError as exc:
-        fail(str(exc))
-    except BudgetExceeded as exc:
-        fail(str(exc), code=3)
+        result = run_report_checked(request, display=display,
+                                    load_model=lambda spec: _load_model(spec))
+    except DPLangError as exc:
+        fail(str(exc), exc.code)
     report = result.report
     for c in sorted(report.certificates, key=lambda c: c.decision != "emit"):
         console.print(certificate_line(c), markup=False, highlight=False)

@@ -3,36 +3,37 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 
-from ..privacy.ledger import BudgetExceeded
-from ..release import RunLock
-from ..sampling.release import (
-    METHODS,
-    ReleaseRequest,
-    check_request,
-    execute_release,
-    plan_release,
-)
-from ..sampling.tabular import (
-    OUT_OF_DOMAIN,
-    ColumnSpec,
-    SamplingDataError,
-    binary_column,
-    load_schema,
-    parse_column,
-)
-from .console import quiet_libraries, warn
+from ..api.errors import DPLangError
+from .console import RichDisplay, quiet_libraries
 from .errors import fail
 from .ledger import LEDGER_HELP
+
+if TYPE_CHECKING:
+    from ..sampling.tabular import ColumnSpec
+
+# The samplers (numpy, scipy) are imported when a release runs, not when the command is built
+# (`dplang sample --help` answers at once). Their names, for the help text (the same as
+# dplang.sampling.release.METHODS: tests/cli/test_habits.py checks):
+METHODS = ("discrete-laplace", "laplace", "reveal-or-obscure", "clipped-mean", "product",
+           "laplace-marginals", "gaussian-marginals")
 
 
 def declared_types(domain: list[str], binary: list[str], schema: Path | None,
                    fallback: list[str]) -> dict[str, ColumnSpec]:
     """The public column types from ``--schema``, ``--binary`` and ``--domain`` (each column
     declared once), with ``--fallback COL=VALUE`` applied. Reads no data."""
+    from ..sampling.tabular import (
+        ColumnSpec,
+        SamplingDataError,
+        binary_column,
+        load_schema,
+        parse_column,
+    )
+
     types: dict[str, ColumnSpec] = dict(load_schema(schema)) if schema is not None else {}
     declared = [binary_column(c.strip()) for spec in binary for c in spec.split(",")
                 if c.strip()]
@@ -110,54 +111,26 @@ def _sample(data: Path, columns: str, epsilon: float, out: Path, delta: float | 
             schema: Path | None, fallback: list[str] | None, out_of_domain: str, split: bool,
             alpha: float, force: bool, ledger: str | None, dataset: str | None,
             overwrite: bool, quiet: bool) -> None:
-    if out_of_domain not in OUT_OF_DOMAIN:
-        fail(f"--out-of-domain must be one of {', '.join(OUT_OF_DOMAIN)}, got {out_of_domain!r}")
+    from ..api.sampling import run_sample
+    from ..sampling.release import ReleaseRequest
+    from ..sampling.tabular import SamplingDataError
+
     try:
         types = declared_types(domain or [], binary or [], schema, fallback or [])
-        request = ReleaseRequest(
-            data=data, columns=tuple(c.strip() for c in columns.split(",")), epsilon=epsilon,
-            out=out, delta=delta, num=num, method=method, seed=seed, types=types,
-            split=split, alpha=alpha, force=force, ledger=ledger, dataset=dataset,
-            out_of_domain=out_of_domain, overwrite=overwrite,
-        )
-        check_request(request)  # parameters and paths, before anything is read
-        lock = RunLock(out).acquire()  # a second process on the same --out is refused
     except SamplingDataError as exc:
         fail(str(exc).splitlines()[0])
-    except (ValueError, OSError) as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    try:
-        _release(request, quiet)
-    finally:
-        lock.release()
+    request = ReleaseRequest(
+        data=data, columns=tuple(c.strip() for c in columns.split(",")), epsilon=epsilon,
+        out=out, delta=delta, num=num, method=method, seed=seed, types=types,
+        split=split, alpha=alpha, force=force, ledger=ledger, dataset=dataset,
+        out_of_domain=out_of_domain, overwrite=overwrite,
+    )
+    try:  # what dplang.sample runs, with the command line's display
+        plan, _manifest = run_sample(request, display=RichDisplay(quiet))
+    except DPLangError as exc:
+        fail(str(exc), exc.code)
+    from rich.console import Console
 
-
-def _release(request: ReleaseRequest, quiet: bool) -> None:
-    out, method, num = request.out, request.method, request.num
-    try:
-        plan = plan_release(request)
-    except SamplingDataError as exc:
-        fail(str(exc).splitlines()[0])
-    except (ValueError, OSError) as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-
-    for warning in plan.warnings:
-        warn(warning)
-    for name in plan.table.absent:
-        warn(f"column {name!r} occurs in no record of {request.data} (JSONL has no schema: not "
-             "refused, its neighbour with the key in one record would not be); every cell of "
-             "it took the fallback: check --columns")
-    for name, count in plan.table.mapped.items():
-        if count:
-            warn(f"{count} cell(s) of column {name!r} were outside its declared domain (or "
-                 "missing) and were mapped by the public rule; this count is private (it is "
-                 "kept in the private side file only)")
-    try:
-        execute_release(plan, on_warning=warn)
-    except BudgetExceeded as exc:
-        fail(str(exc), code=3)
-    except (SamplingDataError, ValueError) as exc:  # a ledger that cannot be written...
-        fail(str(exc).splitlines()[0])
     console = Console(quiet=quiet, highlight=False, soft_wrap=True)
     g = plan.guarantee
     console.print(

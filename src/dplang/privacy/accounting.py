@@ -25,8 +25,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from scipy.optimize import brentq
-
 from .guarantees import Guarantee
 
 _BISECTION_STEPS = 200
@@ -141,6 +139,8 @@ def rho_to_delta(rho: float, epsilon: float) -> float:
     hi = (epsilon + 1.0) / (2.0 * rho) + 2.0
     while derivative(hi) <= 0:  # pragma: no cover - the bound above always suffices
         hi *= 2.0
+    from scipy.optimize import brentq  # here: `import dplang.privacy` stays light
+
     alpha = brentq(derivative, lo, hi, xtol=1e-14, rtol=1e-14, maxiter=500)
     log_delta = _log_delta_objective(alpha, rho, epsilon)
     return min(1.0, math.exp(log_delta))

@@ -399,28 +399,7 @@ class PrivacyLedger:
             ).fetchone()
             if exists:
                 return False
-            budget = db.execute(
-                "SELECT epsilon, delta FROM budgets WHERE dataset = ?", (dataset,)
-            ).fetchone()
-            if budget is not None and not guarantee.ex_ante:
-                raise BudgetExceeded(
-                    f"release refused: dataset {dataset} has a differential-privacy "
-                    f"budget and this {guarantee.mechanism} release has only a "
-                    "data-dependent bound (not differential privacy), which no DP budget "
-                    "can account for"
-                )
-            if budget is not None:
-                before = self._spent(db, dataset)
-                after = before.plus(guarantee)
-                total = after.epsilon_at(budget[1])
-                if total > budget[0] * (1 + 1e-12):
-                    mixed = ("" if len(after.by_adjacency) < 2 else
-                             f" under {after.adjacency} adjacency (its releases mix "
-                             "adjacencies: the others count by group privacy)")
-                    raise BudgetExceeded(
-                        f"release refused: dataset {dataset} would spend ε={total:.4g} at "
-                        f"δ={budget[1]:g}{mixed}, over its budget ε={budget[0]:g}"
-                    )
+            self._refuse_over_budget(db, dataset, guarantee)
             # DO NOTHING: the same release id committed meanwhile under another dataset's
             # lock (PostgreSQL locks per dataset) is a resumed release, not a new charge.
             inserted = db.execute(
@@ -433,6 +412,38 @@ class PrivacyLedger:
                  int(bool(guarantee.ex_ante)), data_digest),
             ).rowcount
             return inserted == 1
+
+    def check_charge(self, dataset: str, guarantee: Guarantee) -> None:
+        """Raise :class:`BudgetExceeded` when a new release of ``guarantee`` would be refused
+        now, by :meth:`charge`'s own rule and message; records nothing. A command checks this
+        before it reads data or loads a model (a refusal then costs milliseconds); the charge
+        itself checks again, atomically, at the last moment."""
+        with self._connect() as db:
+            self._refuse_over_budget(db, dataset, guarantee)
+
+    def _refuse_over_budget(self, db: Db, dataset: str, guarantee: Guarantee) -> None:
+        budget = db.execute(
+            "SELECT epsilon, delta FROM budgets WHERE dataset = ?", (dataset,)
+        ).fetchone()
+        if budget is not None and not guarantee.ex_ante:
+            raise BudgetExceeded(
+                f"release refused: dataset {dataset} has a differential-privacy "
+                f"budget and this {guarantee.mechanism} release has only a "
+                "data-dependent bound (not differential privacy), which no DP budget "
+                "can account for"
+            )
+        if budget is not None:
+            before = self._spent(db, dataset)
+            after = before.plus(guarantee)
+            total = after.epsilon_at(budget[1])
+            if total > budget[0] * (1 + 1e-12):
+                mixed = ("" if len(after.by_adjacency) < 2 else
+                         f" under {after.adjacency} adjacency (its releases mix "
+                         "adjacencies: the others count by group privacy)")
+                raise BudgetExceeded(
+                    f"release refused: dataset {dataset} would spend ε={total:.4g} at "
+                    f"δ={budget[1]:g}{mixed}, over its budget ε={budget[0]:g}"
+                )
 
     def datasets(self) -> list[str]:
         """Every dataset name with a budget or a release, sorted."""

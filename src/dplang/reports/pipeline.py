@@ -217,6 +217,9 @@ def check_report(request: ReportRequest) -> None:
     if req.predicate == "entailment" and req.judge is None:
         raise ReportError("--predicate entailment needs --judge PATH (a local NLI model or "
                           "causal LM)")
+    if req.out.is_dir():  # OUT names files beside it (OUT.json, OUT.md): never a folder's
+        raise ReportError(f"--out {req.out} is an existing folder; --out names the report's "
+                          f"files (OUT.json, OUT.md): give e.g. --out {req.out / 'report'}")
     try:
         for path in req.outputs:
             check_output_path(path)
@@ -228,10 +231,10 @@ def check_report(request: ReportRequest) -> None:
     if existing and not req.overwrite:
         raise ReportError(f"{existing[0]} already exists; choose another --out, or --overwrite "
                           "to replace the report (after the new release is charged)")
-    if not req.data.exists():
-        raise ReportError(f"data file not found: {req.data}")
-    if not req.data.is_file():
-        raise ReportError(f"--data {req.data} is not a file")
+    problem = io.data_path_problem(req.data)  # a file, or a saved Hugging Face dataset
+    if problem is not None:
+        raise ReportError(problem if problem.startswith("data file not found")
+                          else f"--data {problem}")
     if req.task is not None:
         from ..models.default import ModelSpecError, check_model_spec
 
@@ -252,12 +255,15 @@ def _candidates(req: ReportRequest, load_model: LoadModel) -> tuple[list[Stateme
     """The raw candidates and a public description of their source (no data involved)."""
     from .proposers import LanguageModelProposer, ListProposer, load_schema
 
+    # a file by its name, not its folder (a path of the data holder's machine; for a list
+    # given to dplang.report, a temporary one): what determines the report, the candidates,
+    # is in the fingerprint's candidates_sha256
     if req.statements is not None:
         raw = ListProposer.from_file(req.statements).statements
-        return raw, {"source": "list", "path": str(req.statements), "proposed": len(raw)}
+        return raw, {"source": "list", "path": Path(req.statements).name, "proposed": len(raw)}
     if req.schema is not None:
         raw = load_schema(req.schema).enumerate()
-        return raw, {"source": "schema", "path": str(req.schema), "proposed": len(raw)}
+        return raw, {"source": "schema", "path": Path(req.schema).name, "proposed": len(raw)}
     assert req.task is not None
     try:
         model = load_model(req.proposer_model)

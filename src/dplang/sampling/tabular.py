@@ -6,8 +6,9 @@ after the header **every line is a row**, an empty line being a row whose cells 
 (they take the fallback below), so blanking a row never removes it; JSONL line by line with
 :mod:`json` (values keep their JSON types; JSONL has no schema: a missing key is a missing cell,
 and a column is never refused because of which keys records hold, even one that occurs in no
-record — the command warns the data holder instead); Parquet through pyarrow (its schema is
-public). A record is the tuple of the selected columns of one row.
+record — the command warns the data holder instead); Parquet, Arrow files and Hugging Face
+datasets saved with ``save_to_disk`` through pyarrow (:mod:`dplang.arrow_sources`; the schema
+is public). A record is the tuple of the selected columns of one row.
 
 Column types are declared, never inferred. A sampler over records needs the *universe* of
 possible records, and the privacy guarantee holds only if that universe is public: if the
@@ -60,6 +61,7 @@ __all__ = [
     "ColumnSpec",
     "SamplingDataError",
     "binary_column",
+    "declare_column",
     "load_schema",
     "load_table",
     "parse_column",
@@ -71,7 +73,7 @@ BINARY_FALSE = frozenset({"0", "false", "0.0"})
 KINDS = ("binary", "categorical", "integer")
 OUT_OF_DOMAIN = ("map", "refuse")
 _FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
-            ".parquet": "parquet"}
+            ".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow"}
 _MAX_RANGE = 10**6
 
 
@@ -242,17 +244,28 @@ def load_schema(path: str | Path) -> dict[str, ColumnSpec]:
     out: dict[str, ColumnSpec] = {}
     for name, decl in columns.items():
         fb = None if name not in fallbacks else str(fallbacks[name])
-        if decl == "binary":
-            out[name] = binary_column(name, fb)
-        elif isinstance(decl, str) and ".." in decl:
-            out[name] = parse_column(f"{name}={decl}", fb)
-        elif isinstance(decl, list):
-            out[name] = ColumnSpec(name, "categorical", _list_values(f"{name}=…", decl),
-                                   fb or "")
-        else:
+        try:
+            out[name] = declare_column(name, decl, fb)
+        except TypeError:
             raise SamplingDataError(f"--schema {path}: column {name!r} must be \"binary\", "
-                                    "\"lo..hi\" or a list of values")
+                                    "\"lo..hi\" or a list of values") from None
     return out
+
+
+def declare_column(name: str, decl: Any, fallback: str | None = None) -> ColumnSpec:
+    """A column declared as a schema declares it: ``"binary"``, ``"lo..hi"`` (an integer
+    range; also a Python ``range`` of step 1) or a list of categories. ``TypeError`` for any
+    other declaration; :class:`SamplingDataError` for a bad one of these kinds."""
+    if isinstance(decl, range) and decl.step == 1 and len(decl):
+        decl = f"{decl.start}..{decl.stop - 1}"
+    if decl == "binary":
+        return binary_column(name, fallback)
+    if isinstance(decl, str) and ".." in decl:
+        return parse_column(f"{name}={decl}", fallback)
+    if isinstance(decl, (list, tuple)):
+        return ColumnSpec(name, "categorical", _list_values(f"{name}=…", list(decl)),
+                          fallback or "")
+    raise TypeError(f"column {name!r}: a declaration is 'binary', 'lo..hi' or a list")
 
 
 def _cell_string(value: Any) -> str | None:
@@ -281,13 +294,13 @@ def _read_columns(path: Path, columns: Sequence[str]
     cell is a string ("NA" stays "NA"). JSONL has no schema: a missing key is a missing cell,
     and the presence of a key in the data never decides a refusal. Parquet: the schema's
     columns (public)."""
-    fmt = _FORMATS.get(path.suffix.lower())
+    fmt = "hf_dataset" if path.is_dir() else _FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise SamplingDataError(f"{path}: unsupported extension {path.suffix or '(none)'!r}; "
                                 f"use one of {', '.join(_FORMATS)}")
     if not path.exists():
         raise SamplingDataError(f"{path}: no such file")
-    if path.stat().st_size == 0:
+    if fmt != "hf_dataset" and path.stat().st_size == 0:
         raise SamplingDataError(f"{path}: empty file")
     if fmt in ("csv", "tsv"):
         rows_iter = iter_delimited_rows(path, "," if fmt == "csv" else "\t", SamplingDataError)
@@ -312,15 +325,16 @@ def _read_columns(path: Path, columns: Sequence[str]
             rows += 1
         return data, rows, tuple(c for c in columns if c not in seen) if rows else ()
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
+    from ..arrow_sources import open_arrow_source
+
+    source = open_arrow_source(path, fmt, SamplingDataError)  # Parquet, Arrow, saved dataset
+    _check_known(path, list(source.schema.names), columns)
     try:
-        pfile = pq.ParquetFile(path)
+        table = source.read(list(columns))
     except (pa.ArrowException, OSError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise SamplingDataError(f"{path}: not a readable Parquet file ({first})") from None
-    _check_known(path, list(pfile.schema_arrow.names), columns)
-    table = pfile.read(columns=list(columns))
+        raise SamplingDataError(f"{path}: cannot read its rows ({first})") from None
     return {c: table.column(c).to_pylist() for c in columns}, table.num_rows, ()
 
 

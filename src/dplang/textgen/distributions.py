@@ -8,7 +8,10 @@ below float32's resolution; computing them here once keeps the two consistent.
 from __future__ import annotations
 
 import numpy as np
-import torch
+
+from .._lazy import lazy_module
+
+torch = lazy_module("torch")
 
 __all__ = ["softmax64"]
 

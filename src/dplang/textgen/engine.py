@@ -24,14 +24,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import torch
 
-from ..models.base import LogitsModel
+from .._lazy import lazy_module
 from ..privacy.mechanisms import exponential_mechanism
 from ..privacy.randomness import RandomStreams, StreamSource
+
+if TYPE_CHECKING:
+    from ..models.base import LogitsModel
+
+torch = lazy_module("torch")  # imported on first use: declaring methods needs no torch
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..io import ReadStats, ReferenceDataError, file_digest, load_references
+from ..io import (
+    ReadStats,
+    ReferenceDataError,
+    data_path_problem,
+    file_digest,
+    load_references,
+)
 from ..models.base import LogitsModel, PromptModel
 from ..models.dtypes import DTYPES
 from ..privacy.accounting import (
@@ -46,6 +52,7 @@ from ..privacy.accounting import (
 from ..privacy.guarantees import Adjacency, Guarantee
 from ..privacy.ledger import LedgerError, check_ledger_path
 from ..release import (
+    Charge,
     Release,
     ReleaseError,
     RunLock,
@@ -54,6 +61,7 @@ from ..release import (
     write_json,
 )
 from .batching import Batch, make_batches
+from .defaults import DEFAULT_CONCURRENT_GROUPS
 from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy
 from .errors import GenerationError
 from .executors import Executor, dispatch_plan, executor_session, plan_recipe
@@ -66,8 +74,6 @@ from .prompts import (
     get_template,
 )
 from .resume import check_existing, finished_groups, manifest_path_for, private_path_for
-
-DEFAULT_CONCURRENT_GROUPS = 8
 
 # Which methods exist, their adjacencies, budget forms and options: the method registry
 # (dplang.textgen.methods). No method offers add-remove at the data-set level: removing a row
@@ -302,10 +308,10 @@ def check_request(
     Returns the calibrated method; raises :class:`GenerationError`."""
     _validate(req)
     made = _calibrate(req)
-    if not req.data.exists():
-        raise GenerationError(f"data file not found: {req.data}")
-    if not req.data.is_file():
-        raise GenerationError(f"--data {req.data} is not a file")
+    problem = data_path_problem(req.data)  # a file, or a saved Hugging Face dataset folder
+    if problem is not None:
+        raise GenerationError(problem if problem.startswith("data file not found")
+                              else f"--data {problem}")
     try:
         dataset_name(req.data, req.dataset)
         check_output_path(req.out)
@@ -490,6 +496,7 @@ def execute_plan(
     on_start: Callable[[int, int], None] | None = None,
     on_warning: Callable[[str], None] | None = None,
     executor: Executor | None = None,
+    on_charge: Callable[[Charge], None] | None = None,
 ) -> RunSummary:
     """Charge the ledger, write the private side file and the public manifest, and generate
     every group not yet in the output.
@@ -497,7 +504,9 @@ def execute_plan(
     ``on_start(total, already_done)`` is called once before decoding; ``on_result(record)``
     after each generation is persisted; ``on_step(n)`` after each decode step;
     ``on_warning(message)`` with the ledger's warnings for the data holder (a dataset name
-    whose content changed...), which must not be written to a public file.
+    whose content changed...), which must not be written to a public file; ``on_charge``
+    with the ledger's answer as soon as the release is charged (so that an interrupted run
+    can say what it cost).
 
     Privacy contract: the texts written satisfy ``plan.guarantee``; the release (public
     fingerprint, dataset name, data digest, seed) is in the ledger before anything is written
@@ -516,7 +525,8 @@ def execute_plan(
     workers, ``plan.model`` may be the prompt side only (no weights); the seed stays here and
     workers receive per-group stream states."""
     with RunLock(plan.request.out):
-        return _execute_locked(plan, on_result, on_step, on_start, on_warning, executor)
+        return _execute_locked(plan, on_result, on_step, on_start, on_warning, executor,
+                               on_charge)
 
 
 def _execute_locked(
@@ -526,6 +536,7 @@ def _execute_locked(
     on_start: Callable[[int, int], None] | None,
     on_warning: Callable[[str], None] | None,
     executor: Executor | None = None,
+    on_charge: Callable[[Charge], None] | None = None,
 ) -> RunSummary:
     req = plan.request
     fingerprint = _fingerprint(plan)
@@ -551,7 +562,11 @@ def _execute_locked(
     # Workers (local, ray) load the model and run its load-time checks now, before the charge:
     # a configuration they refuse stops the run with nothing charged or written.
     with executor_session(executor, recipe, len(pending)):
-        release.charge(on_warning)  # before any output (invariant 6); idempotent on resume
+        if plan.method.spec.prepare is not None and pending:
+            plan.method.spec.prepare(plan.method.params)  # e.g. an embedder, before the charge
+        charge = release.charge(on_warning)  # before any output (invariant 6); idempotent
+        if on_charge is not None:
+            on_charge(charge)
         if req.overwrite:  # the earlier run's files go only now that the new run is charged
             for old in (req.out, plan.manifest_path, plan.private_path):
                 old.unlink(missing_ok=True)

@@ -37,14 +37,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
-from scipy.optimize import brentq
 
+from ..._lazy import lazy_module
 from ...privacy.guarantees import Adjacency, Guarantee
 from ...privacy.mechanisms import gaussian
 from ..distributions import softmax64
 from ..engine import GroupJob, StepPolicy
 from .registry import MethodInputs, MethodSpec, register_method
+
+torch = lazy_module("torch")  # imported on first use (`dplang generate --help` needs none)
 
 ADJACENCIES = ("add-remove", "replace-by-null")
 
@@ -109,6 +110,8 @@ def mixing_weight(p_pub: np.ndarray, p_i: np.ndarray, alpha: float, beta: float)
         f_lo, f_hi = f(lo), f(hi)
         if not (np.isfinite(f_lo) and np.isfinite(f_hi)) or f_lo * f_hi > 0:
             return 0.0 if f_lo > 0 else (hi if f_hi < 0 else 0.0)
+        from scipy.optimize import brentq
+
         return float(brentq(f, lo, hi, xtol=1e-6))
     except (ValueError, FloatingPointError):
         return 0.0

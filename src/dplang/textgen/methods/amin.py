@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
+from ..._lazy import lazy_module
 from ...privacy.accounting import epsilon_to_rho, rho_to_epsilon
 from ...privacy.guarantees import Adjacency, Guarantee
 from ...privacy.mechanisms import exponential_mechanism, laplace
@@ -50,6 +50,8 @@ from .registry import (
     positive,
     register_method,
 )
+
+torch = lazy_module("torch")  # imported on first use (`dplang generate --help` needs none)
 
 CONVENTIONS = ("correct", "paper")
 

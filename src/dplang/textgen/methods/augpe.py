@@ -69,12 +69,11 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...evaluation.embedders import Embedder, resolve_embedder
-from ...models.base import LogitsModel
 from ...privacy.accounting import epsilon_to_rho, rho_to_epsilon
 from ...privacy.guarantees import Adjacency, Guarantee
 from ...privacy.mechanisms import gaussian
@@ -87,6 +86,9 @@ from .registry import (
     at_least,
     register_method,
 )
+
+if TYPE_CHECKING:
+    from ...models.base import LogitsModel
 
 __all__ = [
     "ADJACENCY_SENSITIVITY",
@@ -604,6 +606,17 @@ def _calibrate(inputs: MethodInputs, options: Mapping[str, Any]) -> AugPEParams:
         adjacency=str(inputs.adjacency))
 
 
+#: The embedder the registered method uses (``run_augpe``'s default; tests may use "hashing").
+EMBEDDER = "default"
+
+
+def _load_embedder(_params: AugPEParams) -> None:
+    """Load the sentence embedder now, before the charge (it is cached for the run): its first
+    use, on the private references, would otherwise load it after the charge. Embeds a fixed
+    public string only."""
+    resolve_embedder(EMBEDDER).embed(["a public warm-up text"])
+
+
 def run_population(
     params: AugPEParams, model: LogitsModel, references: Sequence[str | None], num_texts: int,
     public_prompt: str, system_prompt: str | None, seed: int,
@@ -619,7 +632,8 @@ def run_population(
 
     texts, _guarantee, stats = run_augpe(
         model, references, replace(params, num_texts=num_texts), seed % (2**63),
-        public_prompt=public_prompt, on_progress=progress, system_prompt=system_prompt)
+        public_prompt=public_prompt, on_progress=progress, system_prompt=system_prompt,
+        embedder=EMBEDDER)
     results = [GroupResult(i, [], text, "population", {}, token_count=model.count_tokens(text))
                for i, text in enumerate(texts)]
     return results, stats
@@ -636,5 +650,6 @@ SPEC = register_method(MethodSpec(
         MethodOption("variations", int, 7, "Variations L per selected text.", at_least(0)),
     ),
     run_population=run_population,
+    prepare=_load_embedder,
     calls_per_token=lambda _b, options: 1 + options["variations"] * options["iterations"],
 ))

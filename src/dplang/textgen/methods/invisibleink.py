@@ -46,18 +46,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from ...models.base import LogitsModel
+from ..._lazy import lazy_module
 from ...privacy.accounting import epsilon_to_rho, exponential_mechanism_rho, rho_to_epsilon
 from ...privacy.guarantees import Adjacency, Guarantee
 from ...privacy.mechanisms import exponential_mechanism
 from ...privacy.randomness import RandomStreams
 from ..engine import DecodingParams, GroupJob, GroupResult, StepPolicy, run_groups
 from .registry import MethodInputs, MethodSpec, register_method
+
+if TYPE_CHECKING:
+    from ...models.base import LogitsModel
+
+torch = lazy_module("torch")  # imported on first use (`dplang generate --help` needs none)
 
 #: Called by :meth:`InvisibleInkPolicy.choose` just before sampling, with the candidate token
 #: ids, their float64 scores and the temperature: the exact next-token law is

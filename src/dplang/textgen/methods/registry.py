@@ -149,6 +149,11 @@ class MethodSpec:
     #: methods; a population method states its own).
     calls_per_token: Callable[[int, Mapping[str, Any]], int] = field(
         default=lambda batch_size, _options: batch_size + 1)
+    #: Loads what the method needs besides the language model (Aug-PE's sentence embedder)
+    #: before the ledger is charged, so that the charge is the last step before the first
+    #: computation on the private references: a failure or a Ctrl-C while loading costs
+    #: nothing. Called with the calibrated params; reads no private data.
+    prepare: Callable[[Any], None] | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.budget_forms) - set(BUDGET_FORMS)

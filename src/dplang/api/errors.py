@@ -1,0 +1,47 @@
+"""The one exception type of the Python API, and the interruption it reports.
+
+Every refusal of :func:`dplang.generate`, :func:`dplang.report`, :func:`dplang.sample` and
+:func:`dplang.account` is a :class:`DPLangError` whose message is the line the command line
+prints after ``error:`` and whose :attr:`~DPLangError.code` is its exit code: 2 for input that
+cannot run (nothing was charged or written), 3 for a release refused by the privacy budget
+(nothing was charged or written either). A Ctrl-C (``KeyboardInterrupt``) during a run becomes
+:class:`Interrupted`, a ``KeyboardInterrupt`` whose message says what was kept, what was
+charged and how to resume (the command line prints it and exits with 130).
+"""
+
+from __future__ import annotations
+
+__all__ = ["BUDGET", "INPUT", "INTERRUPTED", "DPLangError", "Interrupted"]
+
+#: Exit codes (and :attr:`DPLangError.code`).
+INPUT = 2
+BUDGET = 3
+INTERRUPTED = 130
+
+
+class DPLangError(Exception):
+    """A run refused as asked, with the command line's one-line message; ``code`` is 2 (bad
+    input: nothing charged or written) or 3 (over the privacy budget: nothing charged or
+    written)."""
+
+    def __init__(self, message: str, code: int = INPUT) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def budget_exceeded(self) -> bool:
+        """Whether the privacy ledger refused the release (exit code 3)."""
+        return self.code == BUDGET
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C; ``str()`` says what was kept, what was charged and how to
+    resume (one line)."""
+
+    code = INTERRUPTED
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,422 @@
+"""Private text generation as one call: :func:`generate`, and the run both it and
+``dplang generate`` go through (:func:`run_generation`).
+
+Order of work (the command line's, which is the privacy argument's; ``docs/api.md``):
+
+1. the device, the executor and every parameter, path, the ledger and the model spec are
+   checked (milliseconds, nothing read or created: :func:`~dplang.textgen.orchestration.
+   check_request`);
+2. the dataset's budget is checked against the release's guarantee (fixed by the parameters
+   alone) before any data is read or model loaded, so an over-budget run is refused in
+   milliseconds; a run that may repeat a release already in the ledger (its output holds a
+   run to resume, or the seed is given) is checked only by the charge, which knows;
+3. under the output's lock: the data is read, the batches formed, the output compared with
+   what it holds, the model loaded (its loaders' own bars folded into the status line);
+4. :func:`~dplang.textgen.orchestration.execute_plan`: the charge, at the last moment before the
+   first computation on the private references (after the workers loaded and checked their
+   model), then the private side file, the manifest, and each generation as it is finished.
+
+A Ctrl-C becomes :class:`~dplang.api.errors.Interrupted`, whose message says what was kept, what
+was charged and how to resume.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..io import ReferenceDataError
+from ..models.devices import DeviceError, resolve_device
+from ..privacy.accounting import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
+from ..privacy.guarantees import Guarantee
+from ..privacy.ledger import BudgetExceeded, LedgerError, PrivacyLedger
+from ..privacy.ledger_backends import is_ledger_url, ledger_location
+from ..release import Charge, ReleaseError, RunLock, dataset_name
+from ..textgen.executors import ExecutorError, check_executor, make_executor
+from ..textgen.orchestration import (
+    DEFAULT_CONCURRENT_GROUPS,
+    GenerationError,
+    GenerationPlan,
+    GenerationRequest,
+    RunSummary,
+    check_request,
+    execute_plan,
+    plan_generation,
+)
+from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS
+from ..textgen.resume import manifest_path_for
+from .data import data_input
+from .display import Display, TqdmDisplay, library_bars_off, quiet_libraries, short_guarantee
+from .errors import BUDGET, DPLangError, Interrupted, one_line
+from .outputs import output_location
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..models.base import PromptModel
+
+__all__ = ["Execution", "GenerationResult", "GenerationRun", "generate", "run_generation"]
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Where a run decodes (not part of its identity, except the device type)."""
+
+    executor: str = "inline"
+    workers: int = 1
+    ray_address: str | None = None
+    device: str = "cpu"
+    #: Seconds without progress before a worker is declared hung (local, ray).
+    worker_timeout: float | None = None
+
+
+@dataclass
+class GenerationRun:
+    """A finished run: its plan (request, guarantee, batches, model) and what it wrote."""
+
+    plan: GenerationPlan
+    summary: RunSummary
+
+
+def model_loader(dtype: str, device: str, *, weights: bool = True
+                 ) -> Callable[[str], PromptModel]:
+    """The driver's model loader: the whole model, or with ``weights=False`` only its prompt
+    side (tokenizer, chat template, identity), when workers load the model."""
+
+    def load(spec: str) -> PromptModel:
+        from ..models import resolve_model
+        from ..models.default import resolve_prompt_side
+
+        device_kw = {"device": device} if device != "cpu" else {}
+        if not weights:
+            return resolve_prompt_side(spec, dtype=dtype, **device_kw)
+        return resolve_model(spec, dtype=dtype, **device_kw)
+
+    return load
+
+
+def _check_model(spec: str) -> None:  # milliseconds: is the model spec loadable at all?
+    from ..models.default import check_model_spec
+
+    check_model_spec(spec)
+
+
+def _check_budget_early(request: GenerationRequest, guarantee: Guarantee) -> None:
+    """Refuse (code 3) a new release the dataset's budget cannot take, before anything is read
+    or loaded. Skipped where the release may already be in the ledger (a run in ``out`` to
+    resume, or a given seed: the same release is charged nothing new); the charge decides."""
+    if request.seed is not None or (manifest_path_for(request.out).exists()
+                                    and not request.overwrite):
+        return
+    where = ledger_location(request.ledger)
+    if not is_ledger_url(str(where)) and not Path(where).exists():
+        return  # no ledger yet: no budget (and nothing is created before the charge)
+    try:
+        PrivacyLedger(where).check_charge(dataset_name(request.data, request.dataset),
+                                          guarantee)
+    except BudgetExceeded as exc:
+        raise DPLangError(str(exc), BUDGET) from None
+
+
+def plan_line(plan: GenerationPlan) -> str:
+    """The run's plan in one line (method, n, B, T, k, C when the method has a clip norm, the
+    guarantee, the model)."""
+    req, g = plan.request, plan.guarantee
+    clip = f"C={plan.params.clip:.4g}, " if plan.params.clip > 0 else ""
+    return (f"{req.method}: {len(plan.jobs)} generations, B={req.batch_size}, "
+            f"T={req.max_tokens}, k={req.top_k}, {clip}"
+            + (f"ρ={g.rho:.4g} " if g.rho is not None else "")
+            + (f"(ε={g.epsilon:.4g}, δ={g.delta:g}), " if g.ex_ante else
+               f"(stopping target ε={g.epsilon:.4g}, δ={g.delta:g}: data-dependent, NOT a DP "
+               "guarantee), ")
+            + f"model {plan.model.model_id}")
+
+
+class _RunState:
+    """What an interrupted run had done: charged or not, and how many generations it kept."""
+
+    def __init__(self, plan: GenerationPlan, keep: bool) -> None:
+        self.plan, self.keep = plan, keep
+        self.charge: Charge | None = None
+        self.total = len(plan.jobs)
+        self.done_before = 0
+        self.written = 0
+
+    def interrupted(self) -> str:
+        plan = self.plan
+        out = plan.request.out
+        if self.charge is None:
+            return ("interrupted before the release was charged: nothing was charged"
+                    + (f" and nothing written to {out}" if self.keep else ""))
+        level = short_guarantee(plan.guarantee)
+        charged = (f"the release was charged to dataset {plan.dataset!r} ({level})"
+                   if self.charge.recorded else
+                   f"nothing new was charged to dataset {plan.dataset!r} (the release was "
+                   "already in the ledger)")
+        if not self.keep:
+            return (f"interrupted: {charged}; its {self.written} finished generation(s) were "
+                    "not kept (no out=); calling again draws a new seed, a new charge: pass "
+                    "out= to make a run resumable")
+        if plan.method.spec.run_population is not None:
+            return (f"interrupted: {charged}; --method {plan.request.method} writes its texts "
+                    f"only at the end, so none were kept; run the same command again to start "
+                    f"it over with the same seed (kept in {plan.private_path}): no new charge")
+        kept = self.done_before + self.written
+        return (f"interrupted: {kept} of {self.total} generations are kept in {out}; {charged}; "
+                f"run the same command again to resume (the seed is kept in "
+                f"{plan.private_path}): resuming charges nothing new")
+
+
+def run_generation(request: GenerationRequest, *, display: Display,
+                   execution: Execution | None = None,
+                   load_model: Callable[[str], PromptModel] | None = None,
+                   check_model: Callable[[str], None] | None = _check_model,
+                   keep: bool = True) -> GenerationRun:
+    """One whole generation run into ``request.out`` (see the module docstring for the order).
+
+    ``load_model(spec)`` loads the driver's model (default :func:`model_loader` for the
+    request's dtype and device: the prompt side only when workers decode); ``keep=False``
+    says the output is temporary (the interruption message then does not offer a resume).
+
+    Privacy contract: that of :func:`~dplang.textgen.orchestration.execute_plan`: the texts
+    written satisfy the plan's guarantee, charged to the ledger under the request's dataset
+    name before anything is written and before the first computation on the private
+    references; the manifest is public, the seed, digest and counts go to the private side
+    file (mode 600). Raises :class:`DPLangError` (code 2: nothing charged or written; code 3:
+    refused by the budget, nothing charged or written) and :class:`Interrupted`."""
+    execution = execution or Execution()
+    try:  # where it runs, then every flag and path, in milliseconds, before anything is read
+        device = resolve_device(execution.device)
+        check_executor(execution.executor, execution.workers, request.method,
+                       execution.worker_timeout)
+    except (DeviceError, ValueError) as exc:
+        raise DPLangError(one_line(exc)) from None
+    try:
+        made = check_request(request, check_model)
+    except GenerationError as exc:
+        raise DPLangError(one_line(exc)) from None
+    _check_budget_early(request, made.guarantee)
+    workers = execution.executor != "inline"
+    loader = load_model or model_loader(request.dtype, device, weights=not workers)
+    try:  # a second process on the same output is refused before anything loads
+        lock = RunLock(request.out).acquire()
+    except ReleaseError as exc:
+        raise DPLangError(one_line(exc)) from None
+    try:
+        return _run_locked(request, display, Execution(
+            execution.executor, execution.workers, execution.ray_address, device,
+            execution.worker_timeout), loader, check_model, keep)
+    finally:
+        lock.release()
+
+
+def _run_locked(request: GenerationRequest, display: Display, execution: Execution,
+                loader: Callable[[str], PromptModel], check_model: Callable[[str], None] | None,
+                keep: bool) -> GenerationRun:
+    what = "the tokenizer" if execution.executor != "inline" else "the model"
+    try:
+        with display.status(f"reading the data and loading {what}…"), library_bars_off():
+            plan = plan_generation(request, loader, check_model)
+    except (GenerationError, ReferenceDataError) as exc:
+        raise DPLangError(one_line(exc)) from None
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while reading the data or loading {what}: nothing "
+                          "was charged or written") from None
+    display.info(plan_line(plan))
+    display.info(plan.reference_usage())
+    state = _RunState(plan, keep)
+    population = plan.method.spec.run_population is not None
+
+    def on_charge(charge: Charge) -> None:
+        state.charge = charge
+
+    def on_start(total: int, done: int) -> None:
+        state.total, state.done_before = total, done
+        display.start(total, done, population=population)
+        if done:
+            display.info(f"resuming: {done} of {total} generations already in {request.out}")
+
+    def on_result(record: dict[str, Any]) -> None:
+        state.written += 1
+        display.result(record)
+
+    try:
+        summary = execute_plan(
+            plan, on_result=on_result, on_step=display.step, on_start=on_start,
+            on_warning=display.warning, on_charge=on_charge,
+            executor=make_executor(execution.executor, execution.workers,
+                                   ray_address=execution.ray_address,
+                                   stall_timeout_s=execution.worker_timeout))
+    except BudgetExceeded as exc:
+        raise DPLangError(str(exc), BUDGET) from None
+    except (GenerationError, ReleaseError, LedgerError, ExecutorError) as exc:
+        raise DPLangError(one_line(exc)) from None
+    except KeyboardInterrupt:
+        raise Interrupted(state.interrupted()) from None
+    finally:
+        display.finish()
+    return GenerationRun(plan, summary)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Python API
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """What :func:`generate` released: the texts in group order (with their labels when the
+    run was grouped), the guarantee they satisfy, and the public manifest.
+
+    ``records`` are the output file's records (text, labels, tokens, reference row positions,
+    Top-k+ statistics); ``out`` the output file, or None when nothing was kept."""
+
+    texts: list[str]
+    labels: list[dict[str, str]]
+    guarantee: Guarantee
+    manifest: dict[str, Any]
+    records: list[dict[str, Any]] = field(repr=False)
+    out: Path | None = None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __repr__(self) -> str:
+        return (f"GenerationResult({len(self.texts)} texts, {short_guarantee(self.guarantee)}"
+                + (f", out={str(self.out)!r}" if self.out else "") + ")")
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per text: ``text``, one column per label, ``num_tokens``, ``stopped`` and
+        ``group`` (pandas is a dependency of dplang)."""
+        import pandas as pd
+
+        label_names = list(dict.fromkeys(k for labels in self.labels for k in labels))
+        rows = [{"text": r["text"], **{k: r.get("labels", {}).get(k) for k in label_names},
+                 "num_tokens": r.get("num_tokens"), "stopped": r.get("stopped"),
+                 "group": r.get("group")} for r in self.records]
+        return pd.DataFrame(rows, columns=["text", *label_names, "num_tokens", "stopped",
+                                           "group"])
+
+
+def _read_output(out: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()
+               if line.strip()]
+    records.sort(key=lambda r: int(r["group"]))
+    manifest = json.loads(manifest_path_for(out).read_text(encoding="utf-8"))
+    return records, manifest
+
+
+def _model_spec(model: Any, dtype: str) -> tuple[str, str, Callable[[str], Any] | None]:
+    """(spec, dtype, loader) for ``model``: a spec string (``"default"``, a folder, a GGUF
+    file), or an already loaded model (its own dtype; not reloaded)."""
+    from ..models.dtypes import DTYPES
+
+    if isinstance(model, (str, Path)):
+        return str(model), dtype, None
+    if not hasattr(model, "model_id") or not hasattr(model, "render_prompt"):
+        raise DPLangError("model must be 'default', a path (a Hugging Face folder or a GGUF "
+                          "file) or a model from dplang.models.resolve_model, not a "
+                          f"{type(model).__name__}")
+    own = str(getattr(model, "dtype", "float32")).replace("torch.", "")
+    return str(model.model_id), own if own in DTYPES else dtype, lambda _spec: model
+
+
+def generate(
+    data: Any,
+    *,
+    epsilon: float | None = None,
+    rho: float | None = None,
+    clip: float | None = None,
+    delta: float = 1e-6,
+    model: Any = "default",
+    method: str = "invisibleink",
+    dataset: str | None = None,
+    ledger: str | Path | None = None,
+    out: str | Path | None = None,
+    text_column: str = "text",
+    group_by: str | Sequence[str] = (),
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    top_k: int = 50,
+    num: int | None = None,
+    seed: int | None = None,
+    prompt: str | Path = "generic",
+    system: str | None = None,
+    adjacency: str = "replace-by-null",
+    max_reference_tokens: int | None = None,
+    dense: bool = False,
+    dtype: str = "float32",
+    device: str = "cpu",
+    executor: str = "inline",
+    workers: int = 1,
+    concurrent_groups: int | None = None,
+    overwrite: bool = False,
+    quiet: bool = False,
+    **method_options: Any,
+) -> GenerationResult:
+    """Private synthetic texts from ``data`` in one call: ``dplang generate`` as a function.
+
+    ``data``: a list of texts, a pandas DataFrame (``text_column``), a ``datasets.Dataset``,
+    or a path (a data file, or a dataset saved with ``save_to_disk``). ``epsilon`` (with
+    ``delta``), ``rho`` or ``clip``: exactly one. ``model``: ``"default"`` (Gemma 3 270M), a
+    path, or a model already loaded with :func:`dplang.models.resolve_model` (not reloaded).
+    ``method``: ``invisibleink`` (default), ``amin``, ``adapmixed`` or ``augpe``; the method's
+    own options as keywords (``generate(..., method="amin", sigma=0.3)``). The other
+    parameters are the command's flags (``docs/generation.md``; defaults B = 7, T = 64,
+    τ = 1.2, k = 50).
+
+    With ``out=`` the call writes exactly what ``dplang generate --out`` writes (the JSONL,
+    the public manifest, the private side file with the seed) and resumes a run that ``out``
+    holds; without it nothing is written but the ledger entry (the run's files live in a
+    private temporary folder for the call).
+
+    Privacy contract: the returned texts satisfy ``result.guarantee`` (ρ-zCDP, hence
+    (ε, δ)-DP, with respect to replacing one reference by the empty one), charged to the
+    privacy ledger (``ledger``, default ``$DPLANG_LEDGER``) under ``dataset`` — the data
+    file's resolved path by default, **required** for data in memory — before the first
+    computation on the references; a run the dataset's budget cannot take is refused before
+    anything is read or loaded. The seed is fresh OS entropy unless given (a given seed must
+    stay secret), kept only in the private side file. Refusals raise :class:`DPLangError`
+    with the command line's message (``code`` 2, or 3 for the budget), nothing charged;
+    Ctrl-C raises :class:`Interrupted` saying what was kept and charged. ``quiet=True``
+    shows nothing (dplang's privacy warnings still go out as ``DPLangWarning``)."""
+    # the command line's types (3 and 3.0 would be two releases: the fingerprint is JSON)
+    epsilon, rho, clip = (None if v is None else float(v) for v in (epsilon, rho, clip))
+    delta = float(delta)
+    groups = (group_by,) if isinstance(group_by, str) else tuple(group_by)
+    groups = tuple(g.strip() for c in groups for g in c.split(",") if g.strip())
+    spec, dtype, loader = _model_spec(model, dtype)
+    if loader is not None and executor != "inline":
+        raise DPLangError(f"executor={executor!r} loads the model in each worker: give model "
+                          "as 'default' or a path, not a loaded model")
+    display: Display = Display() if quiet else TqdmDisplay()
+    with (quiet_libraries(quiet),
+          data_input(data, dataset=dataset, text_column=text_column) as source,
+          output_location(out, "generations.jsonl") as (out_path, keep)):
+        request = GenerationRequest(
+            data=source.path, out=out_path,
+            batch_size=DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
+            max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+            temperature=DEFAULT_TEMPERATURE if temperature is None else float(temperature),
+            top_k=top_k, epsilon=epsilon, delta=delta, rho=rho, clip=clip,
+            adjacency=adjacency, num=num, seed=seed,
+            concurrent_groups=(DEFAULT_CONCURRENT_GROUPS if concurrent_groups is None
+                               else concurrent_groups),
+            prompt=str(prompt), system=system, text_column=text_column, group_by=groups,
+            model=spec,
+            max_reference_tokens=(DEFAULT_MAX_REFERENCE_TOKENS if max_reference_tokens is None
+                                  else max_reference_tokens),
+            sparse_head=not dense, ledger=ledger, dataset=source.dataset, method=method,
+            method_options=method_options, dtype=dtype, overwrite=overwrite)
+        run = run_generation(request, display=display,
+                             execution=Execution(executor, workers, device=device),
+                             load_model=loader, check_model=None if loader else _check_model,
+                             keep=keep)
+        records, manifest = _read_output(out_path)
+    return GenerationResult(
+        texts=[r["text"] for r in records], labels=[dict(r.get("labels") or {}) for r in records],
+        guarantee=run.plan.guarantee, manifest=manifest, records=records,
+        out=out_path if keep else None)

@@ -1,0 +1,272 @@
+"""``dplang.generate`` (issue 26): one call from texts in memory, a DataFrame, a Dataset or a
+path to texts and a guarantee, under the command line's privacy rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import dplang
+import dplang.cli.generate as gen_cli
+from dplang.cli.app import main
+from dplang.models import ToyModel
+from dplang.privacy.ledger import PrivacyLedger
+from dplang.release import TIMESTAMP_FIELDS
+
+TEXTS = [f"review number {i} was fine" for i in range(12)]
+
+
+class Interrupting(ToyModel):
+    """A toy model whose decoding is interrupted (Ctrl-C) at its ``after``-th step."""
+
+    def __init__(self, after: int, **kw) -> None:
+        super().__init__(**kw)
+        self.after, self.calls = after, 0
+
+    def next_hidden(self, *args, **kw):
+        self.calls += 1
+        if self.calls == self.after:
+            raise KeyboardInterrupt
+        return super().next_hidden(*args, **kw)
+
+
+@pytest.fixture
+def toy():
+    return ToyModel(vocab_size=30, eos_after=None)
+
+
+def _releases(dataset: str) -> list[dict]:
+    return PrivacyLedger().releases(dataset) if dataset in PrivacyLedger().datasets() else []
+
+
+def _in_memory_folders() -> list[Path]:
+    base = Path(tempfile.gettempdir()) / f"dplang-{os.getuid()}"
+    return list(base.iterdir()) if base.exists() else []
+
+
+def test_texts_in_memory_in_one_call(toy, capsys):
+    result = dplang.generate(TEXTS, epsilon=3, dataset="reviews", model=toy, batch_size=3,
+                             max_tokens=4)
+    assert len(result.texts) == 4 and all(isinstance(t, str) for t in result.texts)
+    assert result.labels == [{}] * 4 and result.out is None
+    assert result.guarantee.epsilon == pytest.approx(3) and result.guarantee.ex_ante
+    assert result.manifest["guarantee"] == result.guarantee.to_dict()
+    assert result.manifest["status"] == "complete"
+    # charged once, under the name given; nothing else left behind
+    [release] = _releases("reviews")
+    assert release["guarantee"]["epsilon"] == pytest.approx(3)
+    assert not _in_memory_folders()
+    frame = result.to_pandas()
+    assert list(frame.columns) == ["text", "num_tokens", "stopped", "group"]
+    assert frame["text"].tolist() == result.texts
+    err = capsys.readouterr().err
+    assert "invisibleink: 4 generations" in err and "generations" in err
+
+
+def test_in_memory_data_needs_a_dataset_name(toy):
+    with pytest.raises(dplang.DPLangError, match="dataset= is required") as info:
+        dplang.generate(TEXTS, epsilon=3, model=toy)
+    assert info.value.code == 2
+    with pytest.raises(dplang.DPLangError, match=r"data\[1\] is a int"):
+        dplang.generate(["a", 1], epsilon=3, model=toy, dataset="x")
+    with pytest.raises(dplang.DPLangError, match=r"not a builtins\.dict"):
+        dplang.generate({"text": TEXTS}, epsilon=3, model=toy, dataset="x")
+
+
+def test_out_writes_exactly_what_the_cli_writes(tmp_path, tiny_llama_dir, capsys):
+    data = tmp_path / "reviews.csv"
+    data.write_text("text\n" + "\n".join(TEXTS) + "\n")
+    cli_out = tmp_path / "cli" / "x.jsonl"
+    assert main(["generate", "--data", str(data), "--out", str(cli_out), "--epsilon", "3",
+                 "-B", "3", "-T", "4", "--seed", "11", "--model", str(tiny_llama_dir),
+                 "-q"]) == 0, capsys.readouterr().err
+    api_out = tmp_path / "api" / "x.jsonl"
+    result = dplang.generate(str(data), epsilon=3, batch_size=3, max_tokens=4, seed=11,
+                             out=api_out, model=tiny_llama_dir, quiet=True)
+    assert api_out.read_bytes() == cli_out.read_bytes()
+    assert result.out == api_out
+    assert [json.loads(line)["text"] for line in api_out.read_text().splitlines()] == \
+        result.texts
+
+    def public(path):
+        manifest = json.loads(path.with_name("x.manifest.json").read_text())
+        return {k: v for k, v in manifest.items() if k not in TIMESTAMP_FIELDS}
+
+    assert public(api_out) == public(cli_out)
+    assert {k: v for k, v in result.manifest.items() if k not in TIMESTAMP_FIELDS} == \
+        public(api_out)
+    private_path = api_out.with_name("x.private.json")
+    assert oct(private_path.stat().st_mode & 0o777) == "0o600"
+    private = json.loads(private_path.read_text())
+    assert private["seed"] == 11 and private["dataset"] == str(data.resolve())
+    # the same seed, data and parameters: the same release as the CLI's, charged once
+    assert len(_releases(str(data.resolve()))) == 1
+
+
+def test_a_dataframe_grouped_by_a_label(toy):
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"body": [*TEXTS, None, "x"], "stars": ["1", "2"] * 7,
+                          "unused": range(14)})
+    result = dplang.generate(frame, text_column="body", group_by="stars", epsilon=3,
+                             dataset="frame", model=toy, batch_size=3, max_tokens=3,
+                             quiet=True, seed=3)
+    assert result.labels == [{"stars": "1"}] * 2 + [{"stars": "2"}] * 2
+    assert [r["group"] for r in result.records] == [0, 1, 2, 3]
+    table = result.to_pandas()
+    assert list(table.columns) == ["text", "stars", "num_tokens", "stopped", "group"]
+    # the same rows again (another process, another order of calls): the same content, so
+    # the same release under the same seed (charged once)
+    again = dplang.generate(frame, text_column="body", group_by="stars", epsilon=3,
+                            dataset="frame", model=toy, batch_size=3, max_tokens=3,
+                            quiet=True, seed=3)
+    assert again.texts == result.texts and len(_releases("frame")) == 1
+
+
+def test_a_huggingface_dataset(toy):
+    datasets = pytest.importorskip("datasets", reason="the optional extra dplang[hf]")
+    ds = datasets.Dataset.from_dict({"text": TEXTS, "stars": ["1", "2"] * 6})
+    result = dplang.generate(ds.select(range(6)), epsilon=3, dataset="hf", model=toy,
+                             batch_size=3, max_tokens=3, quiet=True, seed=1)
+    same = dplang.generate(TEXTS[:6], epsilon=3, dataset="hf-list", model=toy, batch_size=3,
+                           max_tokens=3, quiet=True, seed=1)
+    assert result.texts == same.texts and len(result) == 2
+    with pytest.raises(dplang.DPLangError, match="DatasetDict"):
+        dplang.generate(datasets.DatasetDict({"train": ds}), epsilon=3, dataset="d",
+                        model=toy)
+
+
+def test_refusals_carry_the_cli_message_and_charge_nothing(tmp_path, toy, capsys,
+                                                           monkeypatch):
+    data = tmp_path / "d.csv"
+    data.write_text("text\n" + "\n".join(TEXTS) + "\n")
+    monkeypatch.setattr(gen_cli, "_load_model", lambda spec, dtype="float32": toy)
+    for flags, kwargs in [
+        (["--epsilon", "3", "-B", "50"], {"epsilon": 3, "batch_size": 50}),
+        (["--epsilon", "3", "--rho", "1"], {"epsilon": 3, "rho": 1}),
+        (["--epsilon", "1e9"], {"epsilon": 1e9}),
+        (["--epsilon", "3", "--text-column", "body"], {"epsilon": 3, "text_column": "body"}),
+    ]:
+        assert main(["generate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"),
+                     *flags]) == 2
+        cli = capsys.readouterr().err.removeprefix("error: ").strip()
+        with pytest.raises(dplang.DPLangError) as info:
+            dplang.generate(data, model=toy, quiet=True, **kwargs)
+        assert str(info.value) == cli and info.value.code == 2
+    assert not _releases(str(data.resolve()))
+    with pytest.raises(dplang.DPLangError, match="has no option 'sigmaa'"):
+        dplang.generate(data, epsilon=3, model=toy, method="amin", sigmaa=1.0)
+
+
+def test_over_budget_is_refused_before_anything_is_read_or_loaded(tmp_path, capsys,
+                                                                  monkeypatch):
+    """Issue 26: the budget was checked only after the model loaded (20-45 s)."""
+    data = tmp_path / "d.csv"
+    data.write_text("text\n" + "\n".join(TEXTS) + "\n")
+    PrivacyLedger().set_budget(str(data.resolve()), 2.0, 1e-6)
+    loads: list[str] = []
+
+    def load(spec, dtype="float32"):
+        loads.append(spec)
+        raise AssertionError("the model must not load")
+
+    monkeypatch.setattr(gen_cli, "_load_model", load)
+    import dplang.api.generation as core
+
+    def no_plan(*_a, **_k):
+        raise AssertionError("the data must not be read")
+
+    monkeypatch.setattr(core, "plan_generation", no_plan)
+    out = tmp_path / "o.jsonl"
+    assert main(["generate", "--data", str(data), "--out", str(out), "--epsilon", "3"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("error: release refused") and "over its budget ε=2" in err
+    with pytest.raises(dplang.DPLangError, match="over its budget") as info:
+        dplang.generate(data, epsilon=3, quiet=True)
+    assert info.value.code == 3 and info.value.budget_exceeded
+    assert not loads and not out.exists() and not _releases(str(data.resolve()))
+
+
+def test_ctrl_c_while_the_model_loads_charges_nothing(tmp_path, capsys, monkeypatch):
+    data = tmp_path / "d.csv"
+    data.write_text("text\n" + "\n".join(TEXTS) + "\n")
+
+    def load(spec, dtype="float32"):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gen_cli, "_load_model", load)
+    out = tmp_path / "o.jsonl"
+    assert main(["generate", "--data", str(data), "--out", str(out), "--epsilon", "3"]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("error: interrupted") and err.count("\n") == 1
+    assert not _releases(str(data.resolve())) and not list(tmp_path.glob("o*"))
+
+
+def test_ctrl_c_mid_run_says_what_was_kept_and_charged_and_resumes(tmp_path, capsys,
+                                                                    monkeypatch):
+    data = tmp_path / "d.csv"
+    data.write_text("text\n" + "\n".join(TEXTS) + "\n")
+    full = dplang.generate(data, epsilon=3, batch_size=3, max_tokens=4, seed=5,
+                           concurrent_groups=1, model=ToyModel(vocab_size=30, eos_after=None),
+                           out=tmp_path / "full.jsonl", quiet=True)
+    model = Interrupting(after=10, vocab_size=30, eos_after=None)  # in the third group
+    monkeypatch.setattr(gen_cli, "_load_model", lambda spec, dtype="float32": model)
+    out = tmp_path / "part.jsonl"
+    args = ["generate", "--data", str(data), "--out", str(out), "--epsilon", "3", "-B", "3",
+            "-T", "4", "-G", "1", "-q"]
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("error: interrupted: 2 of 4 generations are kept in") and \
+        err.count("\n") == 1, err
+    assert "the release was charged to dataset" in err and "ε=3" in err
+    assert "run the same command again to resume" in err and "part.private.json" in err
+    assert len(out.read_text().splitlines()) == 2
+    model.after = 0  # no more interruptions: the rerun resumes, charged nothing new
+    assert main(args) == 0
+    capsys.readouterr()
+    private = json.loads(out.with_name("part.private.json").read_text())
+    assert len(_releases(str(data.resolve()))) == 2  # the full run's and this one's
+    again = dplang.generate(data, epsilon=3, batch_size=3, max_tokens=4,
+                            seed=private["seed"], concurrent_groups=1,
+                            model=ToyModel(vocab_size=30, eos_after=None), quiet=True)
+    assert [json.loads(x)["text"] for x in out.read_text().splitlines()] == again.texts
+    assert len(full) == 4
+
+
+def test_ctrl_c_in_the_api_raises_interrupted(toy):
+    model = Interrupting(after=3, vocab_size=30, eos_after=None)
+    with pytest.raises(dplang.Interrupted, match="not kept \\(no out=\\)") as info:
+        dplang.generate(TEXTS, epsilon=3, dataset="ctrl-c", model=model, batch_size=3,
+                        max_tokens=4, quiet=True)
+    assert isinstance(info.value, KeyboardInterrupt)
+    assert len(_releases("ctrl-c")) == 1 and not _in_memory_folders()
+
+
+def test_quiet_prints_nothing(toy, capfd):
+    dplang.generate(TEXTS, epsilon=3, dataset="q", model=toy, batch_size=3, max_tokens=2,
+                    quiet=True)
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err == ""
+
+
+def test_the_model_loaders_bars_are_folded_into_the_status(tmp_path, monkeypatch, capsys):
+    """Issue 26: transformers' "Loading weights" bar appeared on every run, beside dplang's
+    own status line; it is off while the model loads (and restored after)."""
+    hf_logging = pytest.importorskip("transformers.utils.logging")
+    data = tmp_path / "d.csv"
+    data.write_text("text\n" + "\n".join(TEXTS) + "\n")
+    seen: list[bool] = []
+
+    def load(spec, dtype="float32"):
+        seen.append(hf_logging.is_progress_bar_enabled())
+        return ToyModel(vocab_size=30, eos_after=None)
+
+    monkeypatch.setattr(gen_cli, "_load_model", load)
+    hf_logging.enable_progress_bar()
+    assert main(["generate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"),
+                 "--epsilon", "3", "-B", "3", "-T", "2"]) == 0
+    assert seen == [False] and hf_logging.is_progress_bar_enabled()
+    assert "Loading weights" not in capsys.readouterr().err

@@ -18,8 +18,6 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from dplang.models.errors import ModelConfigurationError
-
 try:  # typer >= 0.20 vendors click as typer._click
     from typer._click import exceptions as click_exceptions
     from typer._click.utils import make_default_short_help
@@ -122,6 +120,7 @@ def _root(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and turns usage errors into one-line messages."""
+    from ..models.errors import ModelConfigurationError
     from ..privacy.ledger import LedgerError
     from ..release import ReleaseError
 

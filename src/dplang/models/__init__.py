@@ -1,18 +1,18 @@
 """Language models behind one small protocol (:class:`LogitsModel`).
 
-``import dplang.models`` is cheap: the ``transformers``-based backends are imported on first use.
+``import dplang.models`` is cheap (no PyTorch): every name below is imported on first use, so
+that ``dplang.models.errors`` can be read by the command line without loading the backends.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dplang.models.base import DecodeState, LogitsModel
-from dplang.models.toy import ToyModel, make_tiny_hf_model
-
 if TYPE_CHECKING:
+    from dplang.models.base import DecodeState, LogitsModel
     from dplang.models.default import load_default_model, resolve_model, resolve_prompt_side
     from dplang.models.prompt_side import PromptSide
+    from dplang.models.toy import ToyModel, make_tiny_hf_model
     from dplang.models.transformers import TransformersModel
 
 __all__ = [
@@ -28,6 +28,10 @@ __all__ = [
 ]
 
 _LAZY = {
+    "DecodeState": "dplang.models.base",
+    "LogitsModel": "dplang.models.base",
+    "ToyModel": "dplang.models.toy",
+    "make_tiny_hf_model": "dplang.models.toy",
     "TransformersModel": "dplang.models.transformers",
     "load_default_model": "dplang.models.default",
     "resolve_model": "dplang.models.default",

@@ -230,25 +230,30 @@ def test_embedding_support_is_a_function_of_the_record_alone() -> None:
     assert alone == sims.tolist()  # σ compares exactly the similarities
 
 
-def test_private_chunks_are_embedded_one_per_call() -> None:
+def test_encoder_calls_never_mix_records() -> None:
     """A batch-dependent encoder (each row shifted by its batch's longest text) cannot move a
-    record's similarity: private chunks go one per encoder call; the public statements are
-    still batched."""
-    calls: list[int] = []
+    record's similarity: every encoder call holds the chunks of one record (at most
+    batch_size of them) or public statements only (a custom encoder gets them all at once)."""
+    calls: list[list[str]] = []
 
     def encoder(texts: list[str]) -> np.ndarray:
-        calls.append(len(texts))
+        calls.append(list(texts))
         width = max(len(t) for t in texts)
         return np.array([[len(t) + 1e-3 * width, 1.0, (hash(t) % 7) / 7] for t in texts])
 
-    pred = EmbeddingPredicate(0.5, encoder=encoder, encoder_id="test")
-    statements = ["short", "a longer statement"]
-    rec = "the soup was warm"
+    pred = EmbeddingPredicate(0.5, encoder=encoder, encoder_id="test", batch_size=2)
+    statements = ["short", "a longer statement", "third"]
+    rec = "the soup was warm. the staff were kind! parking was easy? yes."
     alone = pred.similarities(statements, [rec])[:, 0]
-    crowd = [rec, "x " * 300, "y"]
-    together = pred.similarities(statements, crowd)[:, 0]
+    crowd = ["x " * 300, rec, "y", "one. two. three."]
+    calls.clear()
+    together = pred.similarities(statements, crowd)[:, 1]
     assert np.array_equal(alone, together)
-    assert max(calls) > 1  # the public statements are still batched
+    chunk_sets = [set(chunk_text(r, pred.max_words, pack=False)) for r in crowd]
+    for texts in calls:  # public statements together, or at most 2 chunks of one record
+        assert set(texts) <= set(statements) or (
+            len(texts) <= 2 and any(set(texts) <= c for c in chunk_sets))
+    assert [len(t) for t in calls if set(t) <= chunk_sets[1]] == [2, 2]  # 4 chunks of rec
 
 
 def test_integer_cosines_are_exact_and_order_free() -> None:

@@ -28,12 +28,14 @@ reports"): a record's σ must be a function of that record alone, bit for bit, w
 records exist, how many there are and how they are batched (the sensitivity of a support count
 is 1 only then). It holds by construction, never because a kernel happened to be invariant:
 
-* **Models run one record per call.** Every private chunk is embedded, and every (chunk,
-  statement) pair judged, in a model call that contains nothing else, its shape a function of
-  that chunk (one sequence, no padding). The call cannot see another record, so its bits cannot
-  depend on one. (Batching would break it: sentence-transformers sorts texts by length and pads
-  each batch, which moved a MiniLM cosine by ~6e-8 with its batch-mates.) Only the public
-  statements are batched. A custom ``encoder`` receives one chunk per call for the same reason.
+* **Models never see two records in one call.** A record's chunks are embedded, and its
+  (chunk, statement) pairs judged, in model calls that hold that record's texts only (at most
+  ``batch_size`` consecutive ones, with the public statements): which texts a call holds, how
+  many, and how they are padded are functions of that record alone. The call cannot see
+  another record, so its bits cannot depend on one. (A batch across records would break it:
+  sentence-transformers sorts texts by length and pads each batch, which moved a MiniLM cosine
+  by ~6e-8 with its batch-mates.) Only the public statements are batched freely. A custom
+  ``encoder`` receives one record's chunks per call for the same reason.
 * **Similarities are exact integer arithmetic.** A float32 product ``statements @ chunks.T``
   over all private chunks rounds each entry in an order the BLAS chooses by the number of
   chunks (measured: one sentence's cosine moved by one ulp when another review was blanked,
@@ -241,8 +243,11 @@ class _ChunkedPredicate(SupportPredicate):
         return chunks, np.asarray(owner, dtype=np.int64)
 
     @abstractmethod
-    def _chunk_scores(self, statements: list[Statement], chunks: list[str]) -> np.ndarray:
-        """Boolean ``[m, num_chunks]``: does chunk c support statement s?"""
+    def _chunk_scores(self, statements: list[Statement], chunks: list[str], owner: np.ndarray
+                      ) -> np.ndarray:
+        """Boolean ``[m, num_chunks]``: does chunk c support statement s? ``owner[c]`` is the
+        record of chunk c (each record's chunks are consecutive): a model call may hold chunks
+        of one record only (:func:`_record_runs`)."""
 
     def matrix(self, statements: Sequence[Statement | str], records: Sequence[Record]
                ) -> np.ndarray:
@@ -251,10 +256,19 @@ class _ChunkedPredicate(SupportPredicate):
         out = np.zeros((len(stmts), len(records)), dtype=bool)
         if not chunks or not stmts:
             return out
-        hits = self._chunk_scores(stmts, chunks)
+        hits = self._chunk_scores(stmts, chunks, owner)
         for j in range(len(stmts)):
             np.logical_or.at(out[j], owner, hits[j])  # max over the chunks of each record
         return out
+
+
+def _record_runs(owner: np.ndarray) -> list[slice]:
+    """The consecutive runs of equal ``owner``: one slice of the chunk list per record."""
+    if owner.size == 0:
+        return []
+    starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+    stops = np.r_[starts[1:], owner.size]
+    return [slice(int(a), int(b)) for a, b in zip(starts, stops, strict=True)]
 
 
 # -------------------------------------------------------------------------------- embedding
@@ -372,10 +386,12 @@ class EmbeddingPredicate(_ChunkedPredicate):
     with one sentence at a time, which a sentence embedder does best.
 
     ``encoder`` maps a list of texts to an array of embeddings (any scale: the cosine does not
-    depend on it); by default the bundled MiniLM model. Private chunks are passed to it one per
-    call. Chunk embeddings of the last corpus are cached, so scoring more statements against the
-    same records (e.g. a report's candidates and a baseline's parsed claims) embeds the records
-    once.
+    depend on it); by default the bundled MiniLM model. Each call holds the chunks of one
+    record only (at most ``batch_size`` consecutive ones), never two records' chunks, so a
+    chunk's embedding depends on its own record alone; the public statements are batched by
+    ``batch_size``. Chunk embeddings of the last corpus are cached, so scoring more statements
+    against the same records (e.g. a report's candidates and a baseline's parsed claims) embeds
+    the records once.
 
     Privacy contract: fixed function of (statement, record) — the threshold, chunk rule and
     frozen model are set before any data is read — and a record's σ is the same bits whatever
@@ -399,7 +415,7 @@ class EmbeddingPredicate(_ChunkedPredicate):
             raise PredicateError(f"the similarity threshold must be in [-1, 1], got {threshold}")
         if batch_size < 1:
             raise PredicateError("batch_size must be >= 1")
-        #: Batch size for the public statements only (private chunks go one per call).
+        #: Most texts per encoder call: statements (public), or chunks of one record.
         self.threshold, self.batch_size = float(threshold), batch_size
         self._encoder = encoder
         self.encoder_id = encoder_id or (
@@ -425,16 +441,23 @@ class EmbeddingPredicate(_ChunkedPredicate):
             return np.concatenate([_normalised(self._encode([t], 1)) for t in texts])
         return _normalised(self._encode(texts, self.batch_size))
 
-    def vectors(self, texts: list[str], *, private: bool) -> IntegerVectors:
-        """The texts' embeddings rounded to integers (:func:`integer_vectors`). ``private``
-        texts are embedded one per model call; public ones in batches of ``batch_size``."""
+    def vectors(self, texts: list[str]) -> IntegerVectors:
+        """Public texts' (statements') embeddings rounded to integers (:func:`integer_vectors`),
+        in batches of ``batch_size``."""
         if not texts:
             return integer_vectors(np.zeros((0, 1), dtype=np.float32))
-        if private:
-            emb = np.concatenate([self._encode([t], 1) for t in texts])
-        else:
-            emb = self._encode(texts, self.batch_size)
-        return integer_vectors(emb)
+        return integer_vectors(self._encode(texts, self.batch_size))
+
+    def record_vectors(self, chunks: list[str]) -> IntegerVectors:
+        """The rounded embeddings of the chunks of ONE record, in calls of at most
+        ``batch_size`` consecutive chunks of that record: every call's texts, their number and
+        their padding are functions of this record alone."""
+        if not chunks:
+            return integer_vectors(np.zeros((0, 1), dtype=np.float32))
+        size = self.batch_size
+        parts = [chunks[i:i + size] for i in range(0, len(chunks), size)]
+        return integer_vectors(np.concatenate([self._encode(part, len(part))
+                                               for part in parts]))
 
     def _encode(self, texts: list[str], batch_size: int) -> np.ndarray:
         if self._encoder is None:
@@ -445,19 +468,21 @@ class EmbeddingPredicate(_ChunkedPredicate):
             emb = self._encoder(texts)
         return np.asarray(emb, dtype=np.float32).reshape(len(texts), -1)
 
-    def _chunk_vectors(self, chunks: list[str]) -> IntegerVectors:
-        key = hashlib.sha256("\x00".join(chunks).encode()).hexdigest()
+    def _chunk_vectors(self, chunks: list[str], owner: np.ndarray) -> IntegerVectors:
+        key = hashlib.sha256(("\x00".join(chunks) + "\x01"
+                              + owner.astype("<i8").tobytes().hex()).encode()).hexdigest()
         if self._cache is None or self._cache[0] != key:
-            self._cache = (key, self.vectors(chunks, private=True))
+            per_record = [self.record_vectors(chunks[run]) for run in _record_runs(owner)]
+            self._cache = (key, IntegerVectors(np.concatenate([v.q for v in per_record]),
+                                               np.concatenate([v.norms2 for v in per_record])))
         return self._cache[1]
 
-    def chunk_similarities(self, statements: Sequence[Statement | str], chunks: list[str]
-                           ) -> np.ndarray:
+    def _cosines(self, statements: list[Statement], chunks: list[str], owner: np.ndarray
+                 ) -> np.ndarray:
         """The cosines ``[m, len(chunks)]`` (float64) that decide σ: entry (j, c) is a function
-        of statement j and chunk c alone, bit for bit. PRIVATE when the chunks are."""
-        stmts = [_as_statement(s) for s in statements]
-        return integer_cosines(self.vectors([s.text for s in stmts], private=False),
-                               self._chunk_vectors(chunks))
+        of statement j (public) and the record owning chunk c alone, bit for bit."""
+        return integer_cosines(self.vectors([s.text for s in statements]),
+                               self._chunk_vectors(chunks, owner))
 
     def similarities(self, statements: Sequence[Statement | str], records: Sequence[Record]
                      ) -> np.ndarray:
@@ -470,13 +495,14 @@ class EmbeddingPredicate(_ChunkedPredicate):
         out = np.full((len(stmts), len(records)), -1.0, dtype=np.float64)
         if not chunks or not stmts:
             return out
-        sims = self.chunk_similarities(stmts, chunks)
+        sims = self._cosines(stmts, chunks, owner)
         for j in range(len(stmts)):
             np.maximum.at(out[j], owner, sims[j])  # a maximum: exact in any order
         return out
 
-    def _chunk_scores(self, statements: list[Statement], chunks: list[str]) -> np.ndarray:
-        return self.chunk_similarities(statements, chunks) >= self.threshold
+    def _chunk_scores(self, statements: list[Statement], chunks: list[str], owner: np.ndarray
+                      ) -> np.ndarray:
+        return self._cosines(statements, chunks, owner) >= self.threshold
 
 
 def _normalised(emb: np.ndarray) -> np.ndarray:
@@ -509,7 +535,9 @@ class EntailmentPredicate(_ChunkedPredicate):
       model's chat template if it has one) and σ = 1 iff the next-token logit of " yes" exceeds
       that of " no" (first token of each).
 
-    Privacy contract: fixed function of (statement, record); the judge is frozen and public."""
+    Privacy contract: fixed function of (statement, record); the judge is frozen and public, and
+    each judge call holds pairs of one record only (at most ``batch_size``), so a record's
+    verdicts are the same bits whatever other records are judged beside it."""
 
     kind = "entailment"
 
@@ -524,8 +552,13 @@ class EntailmentPredicate(_ChunkedPredicate):
         pack: bool = True,
         prompt: str = _JUDGE_PROMPT,
         max_length: int = 512,
+        batch_size: int = 16,
     ) -> None:
         super().__init__(max_words, max_chunks, pack)
+        if batch_size < 1:
+            raise PredicateError("batch_size must be >= 1")
+        #: Most (chunk, statement) pairs per judge call, all of one record.
+        self.batch_size = batch_size
         if judge not in ("auto", "nli", "causal-lm"):
             raise PredicateError(f"judge must be auto, nli or causal-lm, got {judge!r}")
         if p_min is not None and not 0 < p_min < 1:
@@ -599,37 +632,44 @@ class EntailmentPredicate(_ChunkedPredicate):
             d["prompt"] = self.prompt
         return {**d, **self._chunk_rule()}
 
-    def _chunk_scores(self, statements: list[Statement], chunks: list[str]) -> np.ndarray:
+    def _chunk_scores(self, statements: list[Statement], chunks: list[str], owner: np.ndarray
+                      ) -> np.ndarray:
         out = np.zeros((len(statements), len(chunks)), dtype=bool)
-        # One (chunk, statement) pair per model call, one sequence without padding: the call
-        # holds nothing of another record, so a verdict cannot depend on one (a padded batch
-        # would let it depend on its batch-mates; module docstring, "Row invariance").
         judge = self._judge_nli if self.judge == "nli" else self._judge_lm
-        for c, chunk in enumerate(chunks):
-            for j, statement in enumerate(statements):
-                out[j, c] = judge(chunk, statement.text)
+        # Each model call holds (chunk, statement) pairs of ONE record only: at most batch_size
+        # consecutive pairs of that record's list, so its rows, their number and their padding
+        # are functions of that record (and the public statements) alone (module docstring,
+        # "Row invariance"). A batch across records would let a verdict depend on others.
+        for run in _record_runs(owner):
+            pairs = [(c, j) for c in range(run.start, run.stop) for j in range(len(statements))]
+            for i in range(0, len(pairs), self.batch_size):
+                block = pairs[i:i + self.batch_size]
+                verdicts = judge([chunks[c] for c, _ in block],
+                                 [statements[j].text for _, j in block])
+                for (c, j), v in zip(block, verdicts, strict=True):
+                    out[j, c] = v
         return out
 
-    def _judge_nli(self, premise: str, hypothesis: str) -> bool:
-        """The NLI verdict for one pair, in a call of its own: one sequence (the pair's
-        tokens, truncated by a rule of the pair alone), no padding; the decision is taken on
-        this row's logits only (argmax, or a float64 softmax over its labels)."""
+    def _judge_nli(self, premises: list[str], hyps: list[str]) -> list[bool]:
+        """NLI verdicts for pairs of one record: each row's decision is taken on its own
+        logits only (argmax, or a float64 softmax over its labels)."""
         import torch
 
         assert self._nli is not None
         tok, model, entail = self._nli
-        enc = tok([premise], [hypothesis], return_tensors="pt", padding=False, truncation=True,
+        enc = tok(premises, hyps, return_tensors="pt", padding=True, truncation=True,
                   max_length=self.max_length)
         with torch.inference_mode():
-            logits = model(**enc).logits.to(torch.float64)[0]
+            logits = model(**enc).logits.to(torch.float64)
         if self.p_min is None:
-            return bool(int(logits.argmax()) == entail)
-        return bool(torch.softmax(logits, dim=-1)[entail] >= self.p_min)
+            return (logits.argmax(dim=-1) == entail).tolist()
+        return (torch.softmax(logits, dim=-1)[:, entail] >= self.p_min).tolist()
 
-    def _judge_lm(self, premise: str, hypothesis: str) -> bool:
-        """The causal-LM verdict for one pair: its prompt is the only row of the model call."""
+    def _judge_lm(self, premises: list[str], hyps: list[str]) -> list[bool]:
+        """Causal-LM verdicts for pairs of one record (one prompt per row)."""
         assert self._lm is not None
         model, yes, no = self._lm
-        prompt = model.render_prompt(self.prompt.format(premise=premise, hypothesis=hypothesis))
-        logits = model.next_logits(model.encode_prompts([prompt]), None)[0]
-        return bool(logits[yes] > logits[no])
+        prompts = [model.render_prompt(self.prompt.format(premise=p, hypothesis=h))
+                   for p, h in zip(premises, hyps, strict=True)]
+        logits = model.next_logits(model.encode_prompts(prompts), None)
+        return (logits[:, yes] > logits[:, no]).tolist()

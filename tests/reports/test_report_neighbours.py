@@ -1,0 +1,145 @@
+"""``dplang report`` on neighbouring corpora, through the CLI (issue 24: a record's σ must be a
+function of that record alone, bit for bit, for every predicate).
+
+With the same seed the noise is the same, so each lower bound L = (C + Z − τ_c)/n moves by
+exactly (C − C')/n between neighbours: the support counts C may differ by at most the
+sensitivity 1. Every public file and stdout must be identical except for what the mechanism
+releases (decisions and bounds) and the timestamp.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from dplang.cli.app import main
+from dplang.release import TIMESTAMP_FIELDS
+
+#: The Yelp development file, read in place (never copied into the repository).
+YELP = Path(__file__).resolve().parents[3] / "shared" / "data" / "yelp" / "dev.csv"
+
+
+def _write(path: Path, texts: list[str | None]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text"])
+        for t in texts:
+            writer.writerow(["" if t is None else t])
+    return path
+
+
+def _yelp_rows(n: int) -> list[str]:
+    if not YELP.is_file():
+        pytest.skip(f"the Yelp data ({YELP}) is not beside this clone")
+    rows: list[str] = []
+    with YELP.open(newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            if len(rows) == n:
+                break
+            rows.append(row["text"])
+    return rows
+
+
+_BOUND = re.compile(r"\d\.\d{4}")
+
+
+def _masked(text: str) -> str:
+    """Released bounds (four decimals) masked; everything else must match."""
+    return _BOUND.sub("L", text)
+
+
+def _public_json(path: Path) -> str:
+    doc = json.loads(path.read_text())
+    for key in (*TIMESTAMP_FIELDS, "summary"):
+        doc.pop(key, None)
+    for c in doc["certificates"]:
+        del c["decision"], c["lower_bound"], c["simultaneous_lower_bound"]
+    return json.dumps(doc, sort_keys=True)
+
+
+def run_neighbours(tmp_path: Path, capsys, monkeypatch, corpus: list[str | None], blank: int,
+                   *args: str) -> tuple[dict, dict]:
+    """Run the same report on ``corpus`` and on it with record ``blank`` blanked (a replace-one
+    neighbour), each from its own folder with the same relative paths; check the public
+    outputs are equal up to the released values; return the two public JSON documents."""
+    neighbour = list(corpus)
+    neighbour[blank] = None
+    outputs = []
+    for name, texts in (("x", corpus), ("y", neighbour)):
+        folder = tmp_path / name
+        _write(folder / "reviews.csv", texts)
+        monkeypatch.chdir(folder)
+        code = main(["report", "--data", "reviews.csv", "--out", "rep/report",
+                     "--release-abstained-bounds", "--seed", "1", *args])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        outputs.append((folder / "rep", captured.out))
+    (x, out_x), (y, out_y) = outputs
+    assert sorted(p.name for p in x.iterdir()) == sorted(p.name for p in y.iterdir()) == [
+        "report.json", "report.md", "report.private.json"]
+    assert _public_json(x / "report.json") == _public_json(y / "report.json")
+    assert _masked((x / "report.md").read_text()) == _masked((y / "report.md").read_text())
+    assert _masked(out_x) == _masked(out_y)
+    docs = tuple(json.loads((d / "report.json").read_text()) for d in (x, y))
+    return docs[0], docs[1]
+
+
+def count_moves(doc_x: dict, doc_y: dict) -> list[int]:
+    """C − C' for every candidate, from the released bounds (same seed, so the same noise)."""
+    n = doc_x["parameters"]["n_records"]
+    assert doc_y["parameters"]["n_records"] == n
+    moves = []
+    for cx, cy in zip(doc_x["certificates"], doc_y["certificates"], strict=True):
+        assert cx["statement"] == cy["statement"]
+        for key in ("lower_bound", "simultaneous_lower_bound"):
+            d = (cx[key] - cy[key]) * n
+            assert d == pytest.approx(round(d), abs=1e-6)
+        moves.append(round((cx["lower_bound"] - cy["lower_bound"]) * n))
+    return moves
+
+
+@pytest.mark.parametrize("similarity", [
+    0.09265393763780594,  # the issue's threshold (found on another CPU)
+    0.09265386313199997,  # the same sentence's cosine on this project's CPU under the old code
+])
+def test_embedding_report_on_yelp_neighbours(tmp_path, capsys, monkeypatch, similarity) -> None:
+    """Issue 24's example: the first 22 Yelp rows against the same rows with row 21 blanked.
+    The old float32 product over all chunks rounded row 20's cosine with "The service was
+    slow." by one ulp differently for the two chunk counts, and the support count moved by 2
+    (L·n 18 vs 16 on this project's CPU). Now it moves by at most 1."""
+    statements = tmp_path / "statements.txt"
+    statements.write_text("The service was slow.\nReviewers praise the food\n",
+                          encoding="utf-8")
+    doc_x, doc_y = run_neighbours(
+        tmp_path, capsys, monkeypatch, list(_yelp_rows(22)), 21,
+        "--statements", str(statements), "--predicate", "embedding",
+        "--similarity", repr(similarity), "--epsilon", "2", "--threshold", "0.5")
+    assert doc_x["predicate"]["kind"] == "embedding"
+    moves = count_moves(doc_x, doc_y)
+    assert all(abs(m) <= 1 for m in moves), moves
+
+
+def test_entailment_report_on_neighbours(tmp_path, capsys, monkeypatch, tiny_nli) -> None:
+    """The entailment predicate (a local NLI judge, one pair per call) through the CLI:
+    blanking one record moves each support count by at most 1 and nothing public but the
+    released values."""
+    corpus: list[str | None] = [
+        "The pasta was great. The staff were friendly.", "Slow service and cold food.",
+        "Great coffee, but the service was slow.", "Friendly staff, great desserts.",
+        "The parking lot was full.", None, "Great food, great staff, great prices.",
+        "The waiter was friendly and the soup was great.",
+    ] * 2
+    statements = tmp_path / "statements.txt"
+    statements.write_text("The food was great.\nThe service was slow.\nStaff are friendly.\n",
+                          encoding="utf-8")
+    doc_x, doc_y = run_neighbours(
+        tmp_path, capsys, monkeypatch, corpus, 3, "--statements", str(statements),
+        "--predicate", "entailment", "--judge", str(tiny_nli), "--chunk-words", "6",
+        "--epsilon", "3", "--threshold", "0.3")
+    assert doc_x["predicate"]["kind"] == "entailment"
+    assert all(abs(m) <= 1 for m in count_moves(doc_x, doc_y))

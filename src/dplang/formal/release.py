@@ -43,6 +43,9 @@ __all__ = ["FormalDataError", "ReleaseOutcome", "custom_collection", "read_eleme
            "release_on_data"]
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 class FormalDataError(ValueError):
     """Bad ``--data`` or ``--collection`` input (one-line message)."""
 
@@ -178,8 +181,8 @@ def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path
         rows.append({"output": _describe(w), "subset": format(subset, "b"),
                      "closure": u.describe()})
     else:
-        arr = (np.asarray(elements, dtype=np.int64) if all(isinstance(e, int)
-                                                             for e in elements)
+        arr = (np.asarray(elements, dtype=np.int64) if all(
+            isinstance(e, int) and _INT64_MIN <= e <= _INT64_MAX for e in elements)
                else np.asarray(elements, dtype=object))
         sel = alg.run(arr, collection, rng)
         rows.append({"index": sel.index, "output": _describe(sel.output),

@@ -352,20 +352,18 @@ def fresh_seed() -> int:
 
 def dataset_key(name: str) -> str:
     """The ledger key of a dataset named by the user (``--dataset NAME``, ``dplang ledger
-    budget NAME``, ``[data].dataset``): a NAME that is an existing file means that file, keyed
-    by its resolved path (the default key of a dataset read from that file); any other NAME is
-    the key itself (surrounding spaces removed).
+    budget NAME``, ``[data].dataset``): the name as written (surrounding spaces removed),
+    always. A name is never re-keyed to a path, not even when a file of that name exists: that
+    would charge the same records to another key (a fresh budget) depending on what the
+    current folder holds. (A data file used *without* ``--dataset`` is keyed by its resolved
+    path: :func:`dataset_name`; ``dplang ledger budget --data FILE`` budgets that key.)
 
-    The one resolution rule of dplang: every command that charges or budgets a dataset goes
-    through it, so ``dplang ledger budget reviews.csv`` and ``--dataset reviews.csv`` (from the
-    same folder) key the same budget. (Privacy contract: none needed; the name is a public
-    input of the data holder, kept in the ledger and the private side file only.)"""
+    The one naming rule of dplang: every command that charges or budgets a dataset goes
+    through it. (Privacy contract: none needed; the name is a public input of the data holder,
+    kept in the ledger and the private side file only.)"""
     key = name.strip()
     if not key:
         raise ReleaseError("--dataset must not be empty")
-    path = Path(key)
-    if path.is_file():
-        return str(path.resolve())
     return key
 
 

@@ -10,7 +10,7 @@ budget. The SHA-256 of the content used by each release is kept in the ledger on
 :meth:`PrivacyLedger.content_warnings` can tell the data holder when a name's content changed
 or when the same bytes were already charged under another name. A copy with other bytes charged
 under another name (its own path, by default) gets a fresh budget without any warning: only
-one name per dataset protects it (names are resolved by :func:`dplang.release.dataset_key`).
+one name per dataset protects it (a name is a name: :func:`dplang.release.dataset_key`).
 
 Each dataset may carry a total (ε, δ) budget. Every release is written to the ledger *before* its
 output is written (``docs/privacy.md`` invariant 6); a release that would take the

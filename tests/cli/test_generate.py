@@ -171,31 +171,65 @@ def _public(path):
     return json.dumps(doc, sort_keys=True)
 
 
-def test_public_files_of_neighbouring_datasets_are_equal(tmp_path, capsys, toy):
+def _without_released(doc):
+    """A public manifest without the fields it lists as released DP statistics (outputs of
+    the mechanism, covered by its guarantee, like the texts)."""
+    doc = json.loads(json.dumps(doc))
+    for dotted in doc.get("released_statistics", []):
+        node = doc
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node[key]
+        del node[leaf]
+    return doc
+
+
+@pytest.mark.parametrize("method", ["invisibleink", "augpe"])
+def test_public_files_of_neighbouring_datasets_are_equal(tmp_path, capsys, toy, monkeypatch,
+                                                         method):
     """Replace-by-null neighbours (one reference blanked): every public file but the released
-    texts is byte-equal up to timestamps; the differences are in the private side file only."""
+    texts is byte-equal up to timestamps and the fields the manifest itself lists as released
+    DP statistics (Aug-PE's noisy-count sums...); the differences are in the private side file
+    only."""
+    import dplang.textgen.methods.augpe as augpe_mod
+
+    real_run = augpe_mod.run_augpe
+    monkeypatch.setattr(augpe_mod, "run_augpe",
+                        lambda *a, **kw: real_run(*a, **{**kw, "embedder": "hashing"}))
     t = str(custom_template(tmp_path))
     (tmp_path / "x").mkdir()
     (tmp_path / "y").mkdir()
     data = write_csv(tmp_path / "x" / "d.csv", 11)
     neighbour = write_csv(tmp_path / "y" / "d.csv", 11, blank_at=(4,))
+    extra = (["--augpe-iterations", "2", "--augpe-variations", "1"] if method == "augpe"
+             else [])
     files = {}
     for d in (data, neighbour):
         out = d.parent / "out" / "gen.jsonl"
         code, _, err = run(capsys, *base_args(d, out, "--prompt", t, "--seed", "9",
-                                              "--max-reference-tokens", "3"))
+                                              "--max-reference-tokens", "3",
+                                              "--method", method, *extra))
         assert code == 0, err
         files[d] = sorted(p.name for p in out.parent.iterdir())
     assert files[data] == files[neighbour] == ["gen.jsonl", "gen.manifest.json",
                                               "gen.private.json"]
     x, y = data.parent / "out", neighbour.parent / "out"
-    assert _public(x / "gen.manifest.json") == _public(y / "gen.manifest.json")
+    mx, my = (json.loads(_public(p / "gen.manifest.json")) for p in (x, y))
+    assert _without_released(mx) == _without_released(my)
+    if method == "augpe":
+        assert mx["released_statistics"] == my["released_statistics"]
+        assert "augpe.noisy_count_sums" in mx["released_statistics"]
+        assert "augpe.model_calls" not in mx["released_statistics"]  # public: compared
+        assert mx["augpe"]["model_calls"] == my["augpe"]["model_calls"] > 0
+    else:
+        assert mx == my and "released_statistics" not in mx
     assert (x / "gen.private.json").read_text() != (y / "gen.private.json").read_text()
     px = json.loads((x / "gen.private.json").read_text())
     py = json.loads((y / "gen.private.json").read_text())
     assert px["data"]["read"]["unusable_by_reason"] == {}
     assert py["data"]["read"]["unusable_by_reason"] == {"blank": 1}
-    assert px["data"]["truncated_references"] > py["data"]["truncated_references"]
+    if method == "invisibleink":
+        assert px["data"]["truncated_references"] > py["data"]["truncated_references"]
 
 
 def test_rerun_with_outputs_moved_away_is_a_new_charge(tmp_path, capsys, toy):

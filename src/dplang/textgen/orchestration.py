@@ -620,6 +620,11 @@ def _execute_locked(
                             persist(res)
                         stats.pop("wall_clock_seconds", None)  # a duration: never public
                         manifest[plan.method.spec.name] = stats
+                        # which of them are DP outputs (docs/privacy.md, "Public and private
+                        # files"): the rest must be functions of public inputs
+                        manifest["released_statistics"] = [
+                            f"{plan.method.spec.name}.{key}"
+                            for key in plan.method.spec.released_statistics if key in stats]
                     status = "complete"
                     return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                                       time.time() - start, tokens)

@@ -149,6 +149,11 @@ class MethodSpec:
     #: methods; a population method states its own).
     calls_per_token: Callable[[int, Mapping[str, Any]], int] = field(
         default=lambda batch_size, _options: batch_size + 1)
+    #: Keys of a population method's run statistics that are *released DP statistics*:
+    #: computed from its noisy releases only (post-processing), covered by its guarantee like
+    #: the texts, so they may differ between neighbouring datasets. Every other key of the
+    #: statistics written into the public manifest must be a function of public inputs.
+    released_statistics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = set(self.budget_forms) - set(BUDGET_FORMS)

@@ -31,7 +31,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -545,9 +545,10 @@ def _execute_locked(
                               "model; use --executor inline")
     recipe = (None if population is not None
               else plan_recipe(executor, plan,
-                              # workers rebuild the policies from public parameters: no
-                              # ledger location (a PostgreSQL URL may hold a password)
-                              functools.partial(policy_factory, replace(req, ledger=None))))
+                              # workers rebuild the policies from the calibrated public
+                              # parameters alone: never the request (its seed, dataset name,
+                              # data and output paths, ledger location)
+                              functools.partial(params_policy_factory, plan.method.params)))
     # Workers (local, ray) load the model and run its load-time checks now, before the charge:
     # a configuration they refuse stops the run with nothing charged or written.
     with executor_session(executor, recipe, len(pending)):
@@ -643,13 +644,14 @@ def _execute_locked(
                           time.time() - start, tokens)
 
 
-def policy_factory(req: GenerationRequest, vocab: int) -> Callable[[GroupJob], StepPolicy]:
-    """``plan.make_policy`` rebuilt from the request alone (public parameters), so that an
-    executor's workers build the same step policies as the driver."""
-    factory = _calibrate(req).policy_factory(vocab)
-    if factory is None:
-        raise GenerationError(f"--method {req.method} is a population method: it has no "
-                              "per-group step policy")
+def params_policy_factory(params: MethodParams, vocab: int
+                          ) -> Callable[[GroupJob], StepPolicy]:
+    """The per-group step policies of a token method from its calibrated parameters alone
+    (what an executor's workers receive: public, picklable; no seed, no dataset name, no
+    path)."""
+    factory = params.policy_factory(vocab)  # type: ignore[attr-defined]
+    if factory is None:  # pragma: no cover - population methods have no recipe
+        raise GenerationError("a population method has no per-group step policy")
     return factory
 
 

@@ -6,7 +6,11 @@ invariants 6 and 8; "Public and private files (the release pipeline)")::
     plan        the command validates its parameters and reads the data; writes nothing
     Release     fixes the dataset name (ledger key), the content digest, the seed and the
                 release id = H(command, public fingerprint, dataset name, content digest, seed)
-    charge()    records the release in the ledger BEFORE any output; refuses over budget
+    streams     the release's random streams are rooted at H(seed, release id)
+                (:attr:`Release.stream_seed`): fresh noise for every release, whatever seed
+                is passed, so two releases never share (and cancel) their noise
+    charge()    records the release in the ledger BEFORE any output; refuses over budget, and
+                refuses a seed already used for another release of the dataset
     outputs     the private side file (mode 600 from creation), the public manifest and the
                 released content, each written atomically (temporary file, fsync, rename,
                 directory fsync) or appended line by line with fsync (resumable outputs)
@@ -24,7 +28,11 @@ What is public and what is private (``docs/privacy.md``, "Public and private fil
 A release is identified by what determines its output: the public fingerprint, the dataset
 name, the content digest and the seed. The same command with the same seed on the same data is
 the same release (charged once: its output is identical); a new seed is a new release and a new
-charge (or a refusal when over budget).
+charge (or a refusal when over budget). A fixed seed makes a release reproducible, nothing more:
+its noise is drawn from streams rooted at H(seed, release id), so a seed reused for another
+release (other parameters, other statements, edited data) gives independent noise — and the
+ledger refuses such a reuse for the same dataset anyway
+(:class:`~dplang.privacy.ledger.SeedReused`).
 
 Library use::
 
@@ -56,7 +64,7 @@ from typing import Any, ClassVar
 from . import __version__
 from .io import file_digest
 from .privacy.guarantees import Guarantee
-from .privacy.ledger import BudgetExceeded, PrivacyLedger
+from .privacy.ledger import BudgetExceeded, PrivacyLedger, SeedReused
 from .privacy.ledger_backends import ledger_location
 
 __all__ = [
@@ -71,6 +79,7 @@ __all__ = [
     "ReleaseError",
     "RunLock",
     "RunLocked",
+    "SeedReused",
     "check_output_path",
     "dataset_key",
     "dataset_name",
@@ -78,6 +87,8 @@ __all__ = [
     "fsync_dir",
     "lock_path_for",
     "make_release_id",
+    "make_seed_tag",
+    "make_stream_seed",
     "write_atomic",
     "write_json",
 ]
@@ -375,6 +386,31 @@ def dataset_name(data: str | Path, given: str | None = None) -> str:
     return str(Path(data).resolve())
 
 
+def make_stream_seed(seed: int, release_id: str | None, coupling: str | None = None) -> int:
+    """The root of a release's random streams: H(seed, release id) as a 256-bit integer.
+
+    Every release draws fresh noise whatever seed it is given: two releases with one seed but
+    anything else different (parameters, statements, data) have different release ids, hence
+    independent streams, so differencing their outputs cancels nothing. (The root is a hash of
+    the seed: secret like it; workers only ever receive per-unit stream states.)
+
+    ``coupling`` (audits only: :attr:`Release.coupling`) replaces the release id: runs on
+    neighbouring datasets that share the seed and the coupling key draw the same noise, which
+    a coupled privacy audit needs and a release must never have (such runs are toy runs)."""
+    key = f"coupled:{coupling}" if coupling is not None else f"release:{release_id}"
+    blob = json.dumps({"purpose": "dplang random streams", "seed": str(int(seed)), "key": key},
+                      sort_keys=True)
+    return int.from_bytes(hashlib.sha256(blob.encode("utf-8")).digest(), "big")
+
+
+def make_seed_tag(dataset: str, seed: int) -> str:
+    """H(dataset, seed): what the ledger keeps of a release's seed to refuse its reuse for
+    another release of the same dataset (a hash of the seed: private, like the ledger)."""
+    blob = json.dumps({"purpose": "dplang seed tag", "dataset": dataset, "seed": str(int(seed))},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
 def make_release_id(command: str, fingerprint: Mapping[str, Any], dataset: str,
                     data_digest: str, seed: int) -> str:
     """H(command, public fingerprint, dataset name, content digest, seed): the same inputs
@@ -423,6 +459,10 @@ class Release:
     #: Wall-clock time when the release was opened, before its computation on the private
     #: rows: the public manifest's ``created`` (see :data:`TIMESTAMP_FIELDS`).
     opened: float = field(default_factory=time.time)
+    #: Audits only: a key that replaces the release id in :attr:`stream_seed`, so that runs on
+    #: neighbouring datasets sharing the seed and the key draw the same noise (a coupled
+    #: audit). Only for toy runs (``guarantee.public_seed``): refused otherwise.
+    coupling: str | None = None
     _charge: Charge | None = field(default=None, repr=False)
 
     @classmethod
@@ -430,22 +470,41 @@ class Release:
              fingerprint: Mapping[str, Any], dataset: str | None = None,
              seed: int | None = None, ledger: str | Path | None = None,
              description: str = "", data_digest: str | None = None,
-             seed_source: str | None = None) -> Release:
+             seed_source: str | None = None, coupling: str | None = None) -> Release:
         """Fix a release: ``dataset`` defaults to the resolved data path, ``seed`` to fresh OS
-        entropy; ``data_digest`` (SHA-256 of the data file) is computed when not given."""
+        entropy; ``data_digest`` (SHA-256 of the data file) is computed when not given.
+        ``coupling`` (audits): see :attr:`coupling`."""
         data = Path(data)
         if seed is not None and seed < 0:
             raise ReleaseError(f"--seed must be >= 0, got {seed}")
+        if coupling is not None and not guarantee.public_seed:
+            raise ReleaseError("coupled random streams are for audits (toy runs) only: a "
+                               "release's noise is never shared with another release")
         source = seed_source or ("given" if seed is not None else "fresh OS entropy")
         return cls(command, guarantee, dict(fingerprint), data, dataset_name(data, dataset),
                    data_digest if data_digest is not None else file_digest(data),
                    fresh_seed() if seed is None else int(seed), source,
-                   None if ledger is None else ledger_location(ledger), description)
+                   None if ledger is None else ledger_location(ledger), description,
+                   coupling=coupling)
 
     @property
     def release_id(self) -> str:
         return make_release_id(self.command, self.fingerprint, self.dataset, self.data_digest,
                                self.seed)
+
+    @property
+    def stream_seed(self) -> int:
+        """The root of every random stream of this release: H(seed, release id)
+        (:func:`make_stream_seed`). Commands draw all their noise from
+        ``RandomStreams(release.stream_seed)``, never from the seed itself. Secret."""
+        return make_stream_seed(self.seed, self.release_id, self.coupling)
+
+    @property
+    def seed_tag(self) -> str | None:
+        """What the ledger keeps of the seed to refuse its reuse for another release of the
+        dataset (:func:`make_seed_tag`); None for a toy run (its seed is public: it voids the
+        guarantee whether reused or not)."""
+        return None if self.guarantee.public_seed else make_seed_tag(self.dataset, self.seed)
 
     @property
     def charged(self) -> Charge | None:
@@ -454,7 +513,9 @@ class Release:
     def charge(self, on_warning: Callable[[str], None] | None = None) -> Charge:
         """Record the release in the ledger (idempotent per release id). Must come before any
         output. Raises :class:`BudgetExceeded` (nothing recorded, nothing written) when the
-        dataset's budget would be exceeded or a data-dependent release meets a budget.
+        dataset's budget would be exceeded or a release that is not DP (data-dependent, toy)
+        meets a budget, and its subclass :class:`SeedReused` when the seed was already used
+        for another release of the dataset.
 
         Privacy contract: the charge is the release's guarantee, fixed ex ante; the ledger is
         private to the data holder (it stores the content digest to warn when a name's content
@@ -469,7 +530,7 @@ class Release:
                 on_warning(w)
         description = self.description or f"dplang {self.command}"
         recorded = ledger.charge(self.dataset, self.release_id, self.guarantee, description,
-                                 data_digest=self.data_digest)
+                                 data_digest=self.data_digest, seed_tag=self.seed_tag)
         self._charge = Charge(self.release_id, ledger.location, recorded, warnings)
         return self._charge
 
@@ -518,6 +579,9 @@ class Release:
                                  "release (seed, data digest, counts, paths)",
             "created": self.opened,  # before the private computation: no timing side channel
         }
+        if g.public_seed:
+            manifest["toy_run"] = ("the seed of this release is public (written in a "
+                                   "configuration file): it has NO privacy guarantee")
         manifest.update(fields)
         return manifest
 

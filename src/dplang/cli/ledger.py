@@ -111,6 +111,11 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
             "nominal_delta": spent.data_dependent_delta,
             "note": "no differential-privacy guarantee; not part of the DP total",
         },
+        "toy": {
+            "releases": spent.toy,
+            "note": "toy runs: their seed is public (written in a configuration file), so "
+                    "they have no privacy guarantee at all; not part of the DP total",
+        },
         "distinct_contents": len({r["data_digest"] for r in releases if r["data_digest"]}),
         "releases": [
             {"release_id": r["release_id"], "created": r["created"],
@@ -118,7 +123,8 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
              "unit": r["guarantee"].get("unit"), "adjacency": r["guarantee"].get("adjacency"),
              "rho": r["guarantee"].get("rho"),
              "epsilon": r["guarantee"].get("epsilon"), "delta": r["guarantee"].get("delta"),
-             "ex_ante": r["ex_ante"], "description": r["description"]}
+             "ex_ante": r["ex_ante"], "toy": bool(r["guarantee"].get("public_seed")),
+             "description": r["description"]}
             for r in releases
         ],
     }
@@ -196,13 +202,19 @@ def show(
                 f"bound (nominal ε = {dd['nominal_epsilon']:.4g} in all): NOT differential "
                 "privacy and not in the total above; while they exist the dataset as a whole "
                 "has no DP guarantee")
+        if s["toy"]["releases"]:
+            lines.append(
+                f"  TOY RUNS        {s['toy']['releases']} release(s) with a public seed "
+                "(written in a configuration file): NO privacy guarantee, not in the total "
+                "above; use such seeds on toy or public data only")
         if s["distinct_contents"] > 1:
             lines.append(f"  contents        charged with {s['distinct_contents']} different "
                          "file contents under this name")
         if releases:
             lines.append(f"  releases ({len(s['releases'])}):")
             for r in s["releases"]:
-                kind = "DP" if r["ex_ante"] else "DATA-DEPENDENT (not DP)"
+                kind = ("TOY RUN (public seed, not DP)" if r["toy"] else
+                        "DP" if r["ex_ante"] else "DATA-DEPENDENT (not DP)")
                 lines.append(f"    {_fmt_time(r['created'])}  {r['mechanism']:<20} "
                              f"{_level(r):<34} {r['adjacency'] or '?':<15} {kind}  "
                              f"{r['description']}  [{r['release_id'][:12]}]")
@@ -240,6 +252,9 @@ def budget(
     if s["data_dependent"]["releases"]:
         typer.echo(f"warning: {key} already has {s['data_dependent']['releases']} "
                    "data-dependent release(s), which no DP budget covers", err=True)
+    if s["toy"]["releases"]:
+        typer.echo(f"warning: {key} already has {s['toy']['releases']} toy run(s) (a public "
+                   "seed), which no DP budget covers", err=True)
 
 
 app.command("show")(show)

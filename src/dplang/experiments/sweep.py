@@ -42,7 +42,7 @@ from typing import Any
 from ..io import Record, file_digest, iter_json_objects, read_records
 from ..models.base import LogitsModel
 from ..privacy.accounting import rho_to_epsilon
-from ..privacy.ledger import LedgerError, PrivacyLedger, check_ledger_path
+from ..privacy.ledger import BudgetExceeded, LedgerError, PrivacyLedger, check_ledger_path
 from ..release import (
     PRIVATE_MODE,
     ReleaseError,
@@ -263,10 +263,19 @@ def preflight(config: ExperimentConfig, out_dir: Path, ledger: str | Path | None
     Raises :class:`ConfigError`, :class:`GenerationError` or ``ReferenceDataError``."""
     try:
         check_output_path(out_dir, what="--out", directory=True)
-        check_ledger_path(ledger)
-        dataset_name(config.data_path, dataset or config.dataset)
+        where = check_ledger_path(ledger)
+        name = dataset_name(config.data_path, dataset or config.dataset)
     except (ReleaseError, LedgerError) as exc:
         raise ConfigError(str(exc)) from None
+    toys = [c.key for c in config.cells if c.method != "public" and c.seed is not None]
+    if toys and not (isinstance(where, Path) and not where.exists()) \
+            and PrivacyLedger(ledger).budget(name) is not None:
+        # the ledger would refuse the first toy cell at its charge: refuse the sweep now
+        raise BudgetExceeded(
+            f"dataset {name} has a differential-privacy budget and this configuration writes "
+            f"its seeds ([sweep].seeds): its cells ({', '.join(toys[:3])}"
+            f"{', ...' if len(toys) > 3 else ''}) would be toy runs with no privacy guarantee; "
+            "remove the seeds (each cell then gets a fresh secret seed)")
     if check_model is not None:
         try:
             check_model(config.model)
@@ -342,6 +351,7 @@ def _request(config: ExperimentConfig, cell: Cell, data: Path, out: Path,
         data=data, out=out, batch_size=cell.batch_size, max_tokens=config.max_tokens,
         temperature=cell.temperature, top_k=cell.top_k, epsilon=cell.epsilon,
         delta=config.delta, num=config.num, seed=cell.seed,
+        public_seed=cell.seed is not None,  # a seed written in the config: a toy run
         concurrent_groups=config.concurrent_groups, prompt=config.prompt,
         group_by=config.group_by, model=config.model, ledger=ledger, dataset=dataset,
         method=cell.method,
@@ -528,14 +538,15 @@ def _remove_empty_cell(cell_dir: Path) -> None:
 
 def sweep_spend(ledger_path: str | Path | None, release_ids: list[str], delta: float
                 ) -> tuple[float, float, int]:
-    """(Σρ, ε at δ, number of releases) of the given releases as recorded in the ledger
-    (sequential composition: every cell reads the same references)."""
+    """(Σρ, ε at δ, number of releases) of the given DP releases as recorded in the ledger
+    (sequential composition: every cell reads the same references). Toy runs (a seed written
+    in the config) are not DP releases and are left out."""
     book = PrivacyLedger(ledger_path)
     rho = 0.0
     found = 0
     for rid in dict.fromkeys(release_ids):
         rec = book.release(rid)
-        if rec is None:
+        if rec is None or rec["guarantee"].get("public_seed"):
             continue
         found += 1
         rho += float(rec["guarantee"].get("rho") or 0.0)

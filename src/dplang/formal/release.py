@@ -167,7 +167,7 @@ def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path
                            fingerprint=fingerprint, dataset=dataset, seed=seed, ledger=ledger,
                            description=f"dplang formal run {alg.name} → {out}")
     release.charge(on_warning)  # before anything is written (DESIGN invariant 6)
-    rng = RandomStreams(release.seed).generator(0)
+    rng = RandomStreams(release.stream_seed).generator(0)  # fresh for every release
     rows: list[dict[str, Any]] = []
     if stream_alg:
         stream = ExplicitStream(elements, collection.universe, name="data")

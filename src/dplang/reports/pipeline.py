@@ -363,7 +363,7 @@ def _execute_locked(plan: ReportPlan, on_warning: Callable[[str], None] | None,
     n, m = len(plan.texts), len(plan.candidates)
     with (status or _no_status)(f"evaluating {m} statements on {n} records…"):
         report = proposal_and_filter(plan.candidates, plan.texts, plan.predicate, plan.config,
-                                     seed=release.seed)
+                                     seed=release.stream_seed)
     try:  # the charge comes before anything is written
         charge = release.charge(on_warning)
     except LedgerError as exc:

@@ -352,7 +352,7 @@ def _execute_locked(plan: ReleasePlan,
         dataset=plan.dataset, seed=req.seed, ledger=req.ledger,
         description=f"dplang sample ({req.method}, {req.num} draw(s)) → {req.out}")
     release.charge(on_warning)  # before anything is written
-    streams = RandomStreams(release.seed)
+    streams = RandomStreams(release.stream_seed)  # fresh for every release
     result = sample_repeated(plan.sampler, plan.records, req.num, streams, split=req.split,
                              delta=req.delta)
     if req.method in KARY_METHODS:

@@ -112,6 +112,13 @@ class GenerationRequest:
     #: Replace what ``out`` holds (another run, or a stale private side file) with a new run.
     #: The old files are removed only once the new release has been charged.
     overwrite: bool = False
+    #: The seed is public (written in a configuration file): a *toy run*, whose guarantee is
+    #: void; it is labelled so in the public manifest and the ledger (``Guarantee.public_seed``).
+    public_seed: bool = False
+    #: Audits only (a toy run): draw the noise from streams rooted at (seed, this key) instead
+    #: of (seed, release id), so that runs on neighbouring datasets sharing seed and key are
+    #: coupled (:attr:`dplang.release.Release.coupling`).
+    coupling: str | None = None
 
 
 @dataclass
@@ -203,6 +210,7 @@ def _validate(req: GenerationRequest) -> None:
         (req.top_k >= 0, f"--top-k must be >= 0 (0 = full vocabulary), got {req.top_k}"),
         (req.num is None or req.num >= 1, f"--num must be >= 1, got {req.num}"),
         (req.seed is None or req.seed >= 0, f"--seed must be >= 0, got {req.seed}"),
+        (req.coupling is None or req.seed is not None, "coupled streams need a seed"),
         (req.concurrent_groups >= 1,
          f"--concurrent-groups must be >= 1, got {req.concurrent_groups}"),
         (req.max_reference_tokens >= 1,
@@ -360,7 +368,10 @@ def plan_generation(
     params = DecodingParams(method.clip, req.batch_size, req.temperature, req.top_k,
                             req.max_tokens, req.sparse_head)
     vocab = getattr(model, "vocab_size", None)
-    plan = GenerationPlan(req, model, template, batches, stats, digest, method.guarantee,
+    guarantee = method.guarantee
+    if req.public_seed or req.coupling is not None:  # a toy run: its seed voids the guarantee
+        guarantee = guarantee.as_toy()
+    plan = GenerationPlan(req, model, template, batches, stats, digest, guarantee,
                           params, method.policy_factory(vocab) if vocab is not None else None,
                           method, dataset=dataset)
     plan.jobs = [_job(plan, b) for b in batches]
@@ -420,7 +431,7 @@ def _shared_prefix(plan: GenerationPlan, labels: dict[str, str], public: str) ->
 #: the dataset name (private side file), concurrency (does not change the output) and
 #: ``overwrite`` (what to do with an earlier run, not what this run is).
 _NOT_FINGERPRINTED = ("seed", "ledger", "out", "concurrent_groups", "data", "dataset",
-                      "overwrite")
+                      "overwrite", "public_seed", "coupling")
 
 
 def _public_parameters(req: GenerationRequest, method: CalibratedMethod) -> dict[str, Any]:
@@ -536,6 +547,7 @@ def _execute_locked(
         dataset=plan.dataset, seed=seed, ledger=req.ledger, data_digest=plan.data_digest,
         description=f"dplang generate ({req.method}) → {req.out}",
         seed_source="resumed from the private side file" if resuming else None,
+        coupling=req.coupling,
     )
     done = set() if req.overwrite else finished_groups(req.out)
     pending = [j for j in plan.jobs if j.index not in done]
@@ -616,7 +628,7 @@ def _execute_locked(
                             [ref for b in plan.batches for ref in b.references],
                             len(plan.batches),
                             plan.template.render(None, labels), plan.template.system,
-                            release.seed, on_step)
+                            release.stream_seed, on_step)
                         for res in results:
                             persist(res)
                         stats.pop("wall_clock_seconds", None)  # a duration: never public
@@ -630,7 +642,8 @@ def _execute_locked(
                     return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                                       time.time() - start, tokens)
                 assert recipe is not None
-                dispatch_plan(executor, plan, pending, release.seed, recipe, persist, on_step)
+                dispatch_plan(executor, plan, pending, release.stream_seed, recipe, persist,
+                              on_step)
                 status = "complete"
             finally:
                 manifest["status"] = status

@@ -11,9 +11,10 @@ invariants 6 and 8; "Public and private files (the release pipeline)")::
                 is passed, so two releases never share (and cancel) their noise
     charge()    records the release in the ledger BEFORE any output; refuses over budget, and
                 refuses a seed already used for another release of the dataset
-    outputs     the private side file (mode 600 from creation), the public manifest and the
-                released content, each written atomically (temporary file, fsync, rename,
-                directory fsync) or appended line by line with fsync (resumable outputs)
+    outputs     the private side file (mode 600 from creation, in a folder only its owner can
+                enter: :data:`PRIVATE_DIR`), the public manifest and the released content,
+                each written atomically (temporary file, fsync, rename, directory fsync) or
+                appended line by line with fsync (resumable outputs)
 
 What is public and what is private (``docs/privacy.md``, "Public and private files"):
 
@@ -23,7 +24,12 @@ What is public and what is private (``docs/privacy.md``, "Public and private fil
   truncated / unusable rows, no per-record cost, no data path, no dataset name, no seed.
 * the **private side file** (``Release.private_record``, written with mode 600 from creation)
   holds what the data holder needs and nobody else may see: the seed where a run must be
-  resumable, the content digest, the dataset name, counts, paths, the release id.
+  resumable, the content digest, the dataset name, counts, paths, the release id. It lives in
+  the folder :data:`PRIVATE_DIR` beside the output, mode 700 from creation: a mode-600 file in
+  a folder others may search still shows its size (and times) to ``stat``, and the size of a
+  side file tells neighbouring datasets apart (a count of blank rows has more digits, a reason
+  appears only when a row has it). In a folder only the owner can enter, nothing about it is
+  visible (:func:`private_dir`).
 
 A release is identified by what determines its output: the public fingerprint, the dataset
 name, the content digest and the seed. The same command with the same seed on the same data is
@@ -54,6 +60,7 @@ import hashlib
 import json
 import os
 import secrets
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -69,9 +76,12 @@ from .privacy.ledger_backends import ledger_location
 
 __all__ = [
     "MANIFEST_FORMAT",
+    "PRIVATE_DIR",
+    "PRIVATE_DIR_MODE",
     "PRIVATE_FORMAT",
     "PRIVATE_MODE",
     "TIMESTAMP_FIELDS",
+    "adopt_legacy_private",
     "AppendLog",
     "BudgetExceeded",
     "Charge",
@@ -83,12 +93,16 @@ __all__ = [
     "check_output_path",
     "dataset_key",
     "dataset_name",
+    "find_private",
     "fresh_seed",
     "fsync_dir",
+    "legacy_private_path",
     "lock_path_for",
     "make_release_id",
     "make_seed_tag",
     "make_stream_seed",
+    "private_dir",
+    "private_side_path",
     "write_atomic",
     "write_json",
 ]
@@ -97,6 +111,11 @@ MANIFEST_FORMAT = "dplang.manifest/1"
 PRIVATE_FORMAT = "dplang.private/1"
 #: Mode of every private file (side files, copies of references), set at creation.
 PRIVATE_MODE = 0o600
+#: Mode of every folder that holds private files: only its owner may list it or ``stat``
+#: anything in it (a mode-600 file's size is visible to anyone who may search its folder).
+PRIVATE_DIR_MODE = 0o700
+#: The folder, beside an output, that holds its private side files (mode 700 from creation).
+PRIVATE_DIR = ".dplang-private"
 #: Public-manifest fields that hold wall-clock times (the only fields allowed to differ between
 #: runs on neighbouring datasets besides the released content). Each is taken *before* the
 #: release's computation on the private data (when the :class:`Release` is opened, or when a
@@ -131,15 +150,82 @@ def fsync_dir(directory: str | Path) -> None:
         os.close(fd)
 
 
+def private_dir(folder: str | Path) -> Path:
+    """``folder`` as a folder only its owner can enter: created with mode 700 (parents as
+    usual), or, when it exists, checked to be a real folder of this user and tightened to 700.
+    Raises :class:`ReleaseError` for a file, a symbolic link or another user's folder (whoever
+    owns it could read what is put there).
+
+    Privacy contract: another user can neither list the folder nor ``stat`` anything in it,
+    so the size, times and existence of the private files it holds say nothing to them."""
+    folder = Path(folder)
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(folder, PRIVATE_DIR_MODE)  # the umask can only remove bits
+        except FileExistsError:
+            pass
+        fsync_dir(folder.parent)
+        st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ReleaseError(f"{folder} must be a folder for private files, not a file or link")
+    if st.st_uid != os.geteuid():
+        raise ReleaseError(f"{folder} belongs to another user: private files cannot be kept "
+                           "there")
+    if stat.S_IMODE(st.st_mode) != PRIVATE_DIR_MODE:
+        os.chmod(folder, PRIVATE_DIR_MODE)
+    return folder
+
+
+def private_side_path(output: str | Path, name: str) -> Path:
+    """Where the private file ``name`` of ``output`` lives: ``runs/x.jsonl`` and
+    ``x.private.json`` → ``runs/.dplang-private/x.private.json`` (:data:`PRIVATE_DIR`)."""
+    return Path(output).parent / PRIVATE_DIR / name
+
+
+def legacy_private_path(path: str | Path) -> Path:
+    """Where an older dplang kept the private file ``path`` (of :func:`private_side_path`):
+    beside its output, in a folder others could search."""
+    path = Path(path)
+    return path.parent.parent / path.name if path.parent.name == PRIVATE_DIR else path
+
+
+def find_private(path: str | Path) -> Path:
+    """``path``, or its legacy location (:func:`legacy_private_path`) when only that exists
+    (a run written by an older dplang)."""
+    path = Path(path)
+    legacy = legacy_private_path(path)
+    return legacy if not path.exists() and legacy != path and legacy.exists() else path
+
+
+def adopt_legacy_private(path: str | Path) -> None:
+    """Move a private file that an older dplang left at its legacy location (beside its
+    output) into its private folder (a resumed run keeps its side file)."""
+    path = Path(path)
+    legacy = legacy_private_path(path)
+    if legacy != path and legacy.exists() and not path.exists():
+        private_dir(path.parent)
+        os.replace(legacy, path)
+        fsync_dir(path.parent)
+        fsync_dir(legacy.parent)
+
+
 def write_atomic(path: str | Path, data: str | bytes, *, private: bool = False) -> None:
     """Write ``data`` to ``path`` atomically: a temporary file in the same directory (mode 600
     from creation when ``private``), flushed and fsynced, renamed over ``path``, then the
-    directory fsynced. A reader sees the old file or the new one, never a torn one.
+    directory fsynced. A reader sees the old file or the new one, never a torn one. A private
+    file whose folder is a :data:`PRIVATE_DIR` gets that folder as :func:`private_dir` makes
+    it (mode 700).
 
     Privacy contract: none by itself; ``private=True`` guarantees the bytes are never readable
     by others at any moment (the mode is set by ``os.open``, not by a later chmod)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if private and path.parent.name == PRIVATE_DIR:
+        private_dir(path.parent)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_MODE if private else 0o666)
@@ -610,9 +696,14 @@ class Release:
         return record
 
     def write_private(self, path: str | Path, record: Mapping[str, Any]) -> None:
-        """Write the private side file atomically with mode 600 from creation."""
+        """Write the private side file atomically with mode 600 from creation, in its private
+        folder (:func:`private_side_path`: mode 700); a side file an older dplang left beside
+        the output (visible to ``stat``) is removed."""
         self._require_charge()
         write_json(path, record, private=True)
+        legacy = legacy_private_path(path)
+        if legacy != Path(path):
+            legacy.unlink(missing_ok=True)
 
     def write_manifest(self, path: str | Path, manifest: Mapping[str, Any]) -> None:
         """Write the public manifest atomically (after the charge)."""

@@ -258,7 +258,8 @@ def test_overwrite_replaces_another_run_after_the_charge(tmp_path, capsys, toy):
     assert out.read_text() != first
     manifest = json.loads(out.with_name("x.manifest.json").read_text())
     assert manifest["fingerprint"]["parameters"]["epsilon"] == 4.0
-    assert json.loads(out.with_name("x.private.json").read_text())["seed"] == 2
+    assert json.loads((out.parent / ".dplang-private" / "x.private.json").read_text()
+                      )["seed"] == 2
     assert not any(p.name.endswith(".lock") for p in out.parent.iterdir())
     # over budget: the refused run leaves the earlier one untouched
     ledger = PrivacyLedger()

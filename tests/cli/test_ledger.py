@@ -190,7 +190,7 @@ def test_views_and_a_generation_against_a_ledger_url_never_print_its_password(
     captured = capsys.readouterr()
     printed.append(captured.out + captured.err)
     assert code == 0, captured.err
-    private = json.loads((tmp_path / "a.private.json").read_text())
+    private = json.loads((tmp_path / ".dplang-private" / "a.private.json").read_text())
     assert private["ledger"] == masked
     for f in tmp_path.iterdir():
         if f.is_file():

@@ -87,7 +87,7 @@ def test_sweep_runs_resumes_and_writes_tables(setup, capsys):
     seeds = set()
     for r in inv:
         key = f"invisibleink_eps{float(r['epsilon']):g}_B2_k{r['top_k']}_t1_r0"
-        side = out / "cells" / key / "gen.private.json"
+        side = out / "cells" / key / ".dplang-private" / "gen.private.json"
         assert oct(side.stat().st_mode & 0o777) == "0o600"
         seed = json.loads(side.read_text())["seed"]
         seeds.add(seed)
@@ -223,7 +223,7 @@ def test_written_seeds_are_toy_runs_everywhere(setup, capsys):
     md = (out / "results.md").read_text()
     assert "No privacy guarantee" in md and "toy runs" in md
     cell = out / "cells" / "invisibleink_eps1_B2_k3_t1_s7"
-    side = json.loads((cell / "gen.private.json").read_text())
+    side = json.loads((cell / ".dplang-private" / "gen.private.json").read_text())
     assert side["seed"] == 7 and side["dataset"] == "toy-corpus"
     manifest = json.loads((cell / "gen.manifest.json").read_text())
     assert manifest["guarantee"]["public_seed"] is True and "toy_run" in manifest

@@ -129,7 +129,7 @@ def test_data_run_is_a_charged_release(capsys, tmp_path, sample_file):
     text = json.dumps(manifest)
     assert "seed" not in json.dumps(manifest["fingerprint"]) and str(sample_file) not in text
     assert manifest["n"] == 375 and manifest["guarantee"]["unit"] == "record"
-    private = out_dir / "formal.private.json"
+    private = out_dir / ".dplang-private" / "formal.private.json"
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
     assert json.loads(private.read_text())["data"]["sha256"]
     # the same seed is the same release: not charged twice; a new seed is a new charge

@@ -110,4 +110,5 @@ def test_over_budget_raises_budget_exceeded_and_writes_nothing(tmp_path) -> None
     run_report(_request(tmp_path, dataset="corpus", out=tmp_path / "a"))
     with pytest.raises(BudgetExceeded):
         run_report(_request(tmp_path, dataset="corpus", out=tmp_path / "b", seed=8))
-    assert not any((tmp_path / f"b{s}").exists() for s in (".json", ".md", ".private.json"))
+    assert not any((tmp_path / f"b{s}").exists() for s in (".json", ".md"))
+    assert not (tmp_path / ".dplang-private" / "b.private.json").exists()

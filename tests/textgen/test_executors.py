@@ -431,7 +431,8 @@ class RefusingSource(ModelSource):
 
 
 def private(tmp_path, name):
-    return json.loads((tmp_path / name.replace(".jsonl", ".private.json")).read_text())
+    return json.loads((tmp_path / ".dplang-private" / name.replace(".jsonl", ".private.json"))
+                      .read_text())
 
 
 def manifest(tmp_path, name):

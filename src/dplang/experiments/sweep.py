@@ -6,7 +6,7 @@ Layout of the output directory::
                                                      config (split by position only), mode 600
     DIR/cells/<key>/gen.jsonl, gen.manifest.json     generations of one cell (the release) and
                                                      their public manifest
-    DIR/cells/<key>/gen.private.json                 PRIVATE: the cell's secret seed, data
+    DIR/cells/<key>/.dplang-private/gen.private.json PRIVATE: the cell's secret seed, data
                                                      digest, counts (mode 600)
     DIR/cells/<key>/eval/metrics.json                PRIVATE: its evaluation (the cell's "done"
                                                      marker), report.md and plots (mode 600)
@@ -19,7 +19,10 @@ rows of the same data: MAUVE, perplexity and the other results are statistics of
 rows, not differentially private releases, and the timings are durations of computations on
 private data (a side channel). Every such file is therefore written with mode 600 from
 creation; publish them (``chmod``) only when the held-out data is public and the timings may be
-known. The only world-readable files are the releases and their public manifests.
+known. The only world-readable files are the releases and their public manifests, and DIR itself
+is mode 700 (only its owner can enter it: a mode-600 file's size and times are visible to
+anyone who may search its folder, and they differ between neighbouring datasets): publish a
+cell by copying its release and manifest out.
 
 A finished cell (its ``eval/metrics.json`` exists) is skipped on rerun; an interrupted cell
 resumes its generation where it stopped (with the seed kept in its private side file).
@@ -49,7 +52,9 @@ from ..release import (
     RunLock,
     check_output_path,
     dataset_name,
+    find_private,
     fsync_dir,
+    private_dir,
     write_atomic,
     write_json,
 )
@@ -456,7 +461,11 @@ def run_experiment(
         digest, specs, states = preflight(config, out_dir, ledger, dataset, check_model,
                                           overwrite)
         name = dataset_name(config.data_path, dataset or config.dataset)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        # the sweep's folder is private as a whole (mode 700, an older one tightened): it holds
+        # copies of private rows, side files, evaluations and timings, whose sizes and times
+        # another user could otherwise read with stat; publish a cell by copying its gen.jsonl
+        # and gen.manifest.json out
+        private_dir(out_dir)
         refs, real = (None, None) if report_only else split_data(config, out_dir, digest)
         if real is not None and config.label_column is not None:
             _check_downstream_rows(real, config)
@@ -556,7 +565,7 @@ def sweep_spend(ledger_path: str | Path | None, release_ids: list[str], delta: f
 def _cell_release_ids(out_dir: Path, config: ExperimentConfig) -> list[str]:
     ids = []
     for cell in config.cells:
-        side = private_path_for(out_dir / "cells" / cell.key / "gen.jsonl")
+        side = find_private(private_path_for(out_dir / "cells" / cell.key / "gen.jsonl"))
         if cell.method != "public" and side.exists():
             try:
                 ids.append(str(json.loads(side.read_text(encoding="utf-8"))["release_id"]))

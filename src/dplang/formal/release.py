@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..privacy.randomness import RandomStreams
-from ..release import Release, ReleaseError
+from ..release import Release, ReleaseError, private_side_path
 from .collections import Collection, finite_collection
 from .languages import DFALanguage, dfa_language
 from .limit import (
@@ -191,7 +191,7 @@ def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path
 
     out.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out / "results.csv", "manifest": out / "manifest.json",
-             "private": out / "formal.private.json"}
+             "private": private_side_path(out / "results.csv", "formal.private.json")}
     release.write_private(paths["private"], release.private_record(keep_seed=False,
                                                                    data={"elements": n}))
     manifest = release.public_manifest(algorithm=alg.name, parameters=parameters,

@@ -43,7 +43,15 @@ from typing import Any
 from .. import io
 from ..privacy.guarantees import Guarantee
 from ..privacy.ledger import LedgerError, check_ledger_path
-from ..release import Charge, Release, ReleaseError, RunLock, check_output_path, dataset_name
+from ..release import (
+    Charge,
+    Release,
+    ReleaseError,
+    RunLock,
+    check_output_path,
+    dataset_name,
+    legacy_private_path,
+)
 from .mechanism import FilterConfig, Report, ReportConfigError, calibrate, proposal_and_filter
 from .noise import SupportTest
 from .predicates import PredicateError, SupportPredicate
@@ -224,7 +232,7 @@ def check_report(request: ReportRequest) -> None:
         dataset_name(req.data, req.dataset)
     except (ReleaseError, LedgerError) as exc:
         raise ReportError(str(exc)) from None
-    existing = [p for p in req.outputs if p.exists()]
+    existing = [p for p in (*req.outputs, legacy_private_path(req.private_path)) if p.exists()]
     if existing and not req.overwrite:
         raise ReportError(f"{existing[0]} already exists; choose another --out, or --overwrite "
                           "to replace the report (after the new release is charged)")
@@ -349,7 +357,7 @@ def execute_report(plan: ReportPlan, *, on_warning: Callable[[str], None] | None
 def _execute_locked(plan: ReportPlan, on_warning: Callable[[str], None] | None,
                     status: Status | None) -> ReportResult:
     req = plan.request
-    existing = [p for p in req.outputs if p.exists()]
+    existing = [p for p in (*req.outputs, legacy_private_path(req.private_path)) if p.exists()]
     if existing and not req.overwrite:
         raise ReportError(f"{existing[0]} already exists; choose another --out, or --overwrite "
                           "to replace the report (after the new release is charged)")

@@ -49,8 +49,10 @@ from ..release import (
     Release,
     ReleaseError,
     RunLock,
+    adopt_legacy_private,
     check_output_path,
     dataset_name,
+    legacy_private_path,
     write_json,
 )
 from .batching import Batch, make_batches
@@ -566,8 +568,11 @@ def _execute_locked(
     with executor_session(executor, recipe, len(pending)):
         release.charge(on_warning)  # before any output (invariant 6); idempotent on resume
         if req.overwrite:  # the earlier run's files go only now that the new run is charged
-            for old in (req.out, plan.manifest_path, plan.private_path):
+            for old in (req.out, plan.manifest_path, plan.private_path,
+                        legacy_private_path(plan.private_path)):
                 old.unlink(missing_ok=True)
+        if resuming:  # a run of an older dplang: its side file moves into the private folder
+            adopt_legacy_private(plan.private_path)
         if plan.read_stats.absent_columns and on_warning is not None:
             # JSONL has no schema: a column in no record is not refused (its neighbour with the
             # key in one record would not be); the data holder is told.

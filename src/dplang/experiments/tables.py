@@ -145,7 +145,8 @@ def privacy_section(config: ExperimentConfig, sweep_rho: float, sweep_eps: float
                   "every DP total (a dataset with a budget refuses them)."]
     else:
         lines += ["", "Each private cell drew a fresh secret seed from the operating system, "
-                  "kept in its private side file `cells/<key>/gen.private.json` (mode 600)."]
+                  "kept in its private side file `cells/<key>/.dplang-private/gen.private.json` "
+                  "(mode 600)."]
     lines += ["", "The utility figures (MAUVE, perplexity) are computed against held-out real "
               "rows of the same data: they are statistics of private data, not differentially "
               "private; publish them only when the held-out rows are public."]

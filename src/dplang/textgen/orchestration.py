@@ -2,8 +2,9 @@
 
 ``plan_generation`` validates everything (hyperparameters, data, prompt template, model) and
 writes nothing; ``execute_plan`` goes through the release pipeline (:mod:`dplang.release`):
-it charges the privacy ledger, writes the private side file ``OUT.private.json`` (mode 600:
-seed, data path and digest, dataset name, read counts) and the public manifest
+it charges the privacy ledger, writes the private side file ``OUT.private.json`` (mode 600,
+in the mode-700 folder ``.dplang-private`` beside the output: seed, data path and digest,
+dataset name, read counts) and the public manifest
 ``OUT.manifest.json`` (parameters, guarantee, model: nothing computed from the private rows),
 and appends each finished generation to the output at once (flushed and fsynced), so a crash
 or Ctrl-C loses no finished generation. Rerunning the same command continues after the

@@ -1,7 +1,8 @@
 """What an output folder already holds, and whether a run may continue it (resume rules).
 
-A run's output ``OUT.jsonl`` sits beside its public manifest ``OUT.manifest.json`` and its
-private side file ``OUT.private.json`` (mode 600: the secret seed, data path and digest).
+A run's output ``OUT.jsonl`` sits beside its public manifest ``OUT.manifest.json`` and the
+folder ``.dplang-private`` (mode 700) that holds its private side file ``OUT.private.json``
+(mode 600: the secret seed, data path and digest).
 :func:`check_existing` decides, before anything is charged or written, whether a request is
 the same run (resume with the stored seed), a new one (nothing there) or a different one
 (refused, naming what differs, unless ``--overwrite``); :func:`finished_groups` reads which

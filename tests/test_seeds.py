@@ -181,3 +181,48 @@ def test_stream_seed_depends_on_the_release_and_the_ledger_tags_seeds(tmp_path):
     assert ledger.charge("other", "r3", g, seed_tag="t")  # tags are per dataset
     assert ledger.charge("d", "r4", g)  # no tag (a toy run): nothing to compare
 
+
+
+EXPERIMENT = """
+name = "seeded"
+[data]
+path = "d.csv"
+references = [0, 12]
+real = [12, 24]
+prompt = "t.toml"
+[generation]
+model = "toy"
+max_tokens = 4
+num = 4
+[sweep]
+methods = ["invisibleink"]
+epsilon = [5]
+batch_size = [3]
+top_k = [3, 5]
+temperature = [1.0]
+seeds = [42]
+public_baseline = false
+[evaluation]
+metrics = ["topk"]
+embedder = "hashing"
+"""
+
+
+def test_experiment_cells_with_one_written_seed_draw_independent_noise(tmp_path, capsys,
+                                                                      monkeypatch, roots):
+    """`seeds = [42]` gives every cell the seed 42; each cell is its own release, so each
+    draws from its own streams (and the cells are toy runs: tests/experiments)."""
+    import dplang.cli.experiment as exp_cli
+
+    model = ToyModel(vocab_size=30, eos_after=None)
+    monkeypatch.setattr(exp_cli, "_load_model", lambda spec, dtype="float32": model)
+    monkeypatch.setattr(exp_cli, "_check_model", lambda spec: None)
+    (tmp_path / "d.csv").write_text("text\n" + "".join(f"review {i} of the soup\n"
+                                                       for i in range(30)))
+    (tmp_path / "t.toml").write_text('private = "Here: {reference}\\nAnother:"\n'
+                                     'public = "Another:"\n')
+    (tmp_path / "exp.toml").write_text(EXPERIMENT)
+    assert main(["experiment", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "o"),
+                 "-q"]) == 0, capsys.readouterr().err
+    generation_roots = [r for r in roots if r != 42]
+    assert 42 not in roots and len(set(generation_roots)) >= 2

@@ -204,6 +204,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/textgen/test_amin.py",),
     ),
     Mutation(
+        "stream-root-is-the-seed",
+        "a release's random streams are rooted at its seed instead of H(seed, release id): two "
+        "releases made with one seed share their noise",
+        (("src/dplang/release.py",
+          "        return make_stream_seed(self.seed, self.release_id, self.coupling)",
+          "        return self.seed"),),
+        ("tests/test_seeds.py",),
+    ),
+    Mutation(
+        "side-file-beside-output",
+        "private side files are written beside their output again, where anyone who may "
+        "search the folder can stat their size",
+        (("src/dplang/release.py",
+          "    return Path(output).parent / PRIVATE_DIR / name",
+          "    return Path(output).parent / name"),),
+        ("tests/test_private_files.py",),
+    ),
+    Mutation(
         "data-dependent-says-dp",
         "a data-dependent guarantee is printed as '(ε, δ)-differential privacy'",
         (("src/dplang/privacy/guarantees.py",

@@ -55,6 +55,7 @@ one ordered protocol every command follows.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -81,7 +82,6 @@ __all__ = [
     "PRIVATE_FORMAT",
     "PRIVATE_MODE",
     "TIMESTAMP_FIELDS",
-    "adopt_legacy_private",
     "AppendLog",
     "BudgetExceeded",
     "Charge",
@@ -90,6 +90,7 @@ __all__ = [
     "RunLock",
     "RunLocked",
     "SeedReused",
+    "adopt_legacy_private",
     "check_output_path",
     "dataset_key",
     "dataset_name",
@@ -163,10 +164,8 @@ def private_dir(folder: str | Path) -> Path:
         st = os.lstat(folder)
     except FileNotFoundError:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        try:
+        with contextlib.suppress(FileExistsError):  # made meanwhile: checked below
             os.mkdir(folder, PRIVATE_DIR_MODE)  # the umask can only remove bits
-        except FileExistsError:
-            pass
         fsync_dir(folder.parent)
         st = os.lstat(folder)
     if not stat.S_ISDIR(st.st_mode):

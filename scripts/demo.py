@@ -49,7 +49,8 @@ def run() -> int:
     print(f"rho={manifest['rho']:.4g} epsilon={manifest['epsilon']:.4g} "
           f"delta={manifest['delta']:g} clip={manifest['clip']:.4g}")
     print(f"\nfiles: {out}, {OUT_DIR / 'demo.manifest.json'} (public); "
-          f"{OUT_DIR / 'demo.private.json'} (private, mode 600: seed, data digest, counts)")
+          f"{OUT_DIR / '.dplang-private' / 'demo.private.json'} (private, mode 600 in a folder "
+          "only you can enter: seed, data digest, counts)")
     return 0
 
 

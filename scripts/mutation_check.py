@@ -179,6 +179,49 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/cli/test_generate.py",),
     ),
     Mutation(
+        "amin-svt-query-noise-sigma",
+        "Amin et al.'s sparse vector test draws its query noise from Lap(σ) instead of Lap(2σ)",
+        (("src/dplang/textgen/methods/amin.py",
+          "distance + float(laplace(2.0 * self.sigma, rng))",
+          "distance + float(laplace(self.sigma, rng))"),),
+        ("tests/textgen/test_amin.py",),
+    ),
+    Mutation(
+        "augpe-sigma-one-iteration",
+        "Aug-PE's histograms get noise σ/√T (calibrated for one of its T iterations)",
+        (("src/dplang/textgen/methods/augpe.py",
+          "    sigma = params.sigma\n",
+          "    sigma = params.sigma / math.sqrt(params.iterations)\n"),),
+        ("tests/textgen/test_augpe.py",),
+    ),
+    Mutation(
+        "amin-float-margin",
+        "Amin et al.'s fixed-point clip limit is rounded up past C·2^q (the float64 aggregate "
+        "exceeds 2C/B)",
+        (("src/dplang/textgen/methods/amin.py",
+          "limit = float(max(math.floor(math.ldexp(clip, q)) - 1, 0))",
+          "limit = float(max(math.ceil(math.ldexp(clip, q)) + 1, 0))"),),
+        ("tests/textgen/test_amin.py",),
+    ),
+    Mutation(
+        "stream-root-is-the-seed",
+        "a release's random streams are rooted at its seed instead of H(seed, release id): two "
+        "releases made with one seed share their noise",
+        (("src/dplang/release.py",
+          "        return make_stream_seed(self.seed, self.release_id, self.coupling)",
+          "        return self.seed"),),
+        ("tests/test_seeds.py",),
+    ),
+    Mutation(
+        "side-file-beside-output",
+        "private side files are written beside their output again, where anyone who may "
+        "search the folder can stat their size",
+        (("src/dplang/release.py",
+          "    return Path(output).parent / PRIVATE_DIR / name",
+          "    return Path(output).parent / name"),),
+        ("tests/test_private_files.py",),
+    ),
+    Mutation(
         "data-dependent-says-dp",
         "a data-dependent guarantee is printed as '(ε, δ)-differential privacy'",
         (("src/dplang/privacy/guarantees.py",

@@ -6,10 +6,15 @@ invariants 6 and 8; "Public and private files (the release pipeline)")::
     plan        the command validates its parameters and reads the data; writes nothing
     Release     fixes the dataset name (ledger key), the content digest, the seed and the
                 release id = H(command, public fingerprint, dataset name, content digest, seed)
-    charge()    records the release in the ledger BEFORE any output; refuses over budget
-    outputs     the private side file (mode 600 from creation), the public manifest and the
-                released content, each written atomically (temporary file, fsync, rename,
-                directory fsync) or appended line by line with fsync (resumable outputs)
+    streams     the release's random streams are rooted at H(seed, release id)
+                (:attr:`Release.stream_seed`): fresh noise for every release, whatever seed
+                is passed, so two releases never share (and cancel) their noise
+    charge()    records the release in the ledger BEFORE any output; refuses over budget, and
+                refuses a seed already used for another release of the dataset
+    outputs     the private side file (mode 600 from creation, in a folder only its owner can
+                enter: :data:`PRIVATE_DIR`), the public manifest and the released content,
+                each written atomically (temporary file, fsync, rename, directory fsync) or
+                appended line by line with fsync (resumable outputs)
 
 What is public and what is private (``docs/privacy.md``, "Public and private files"):
 
@@ -19,12 +24,21 @@ What is public and what is private (``docs/privacy.md``, "Public and private fil
   truncated / unusable rows, no per-record cost, no data path, no dataset name, no seed.
 * the **private side file** (``Release.private_record``, written with mode 600 from creation)
   holds what the data holder needs and nobody else may see: the seed where a run must be
-  resumable, the content digest, the dataset name, counts, paths, the release id.
+  resumable, the content digest, the dataset name, counts, paths, the release id. It lives in
+  the folder :data:`PRIVATE_DIR` beside the output, mode 700 from creation: a mode-600 file in
+  a folder others may search still shows its size (and times) to ``stat``, and the size of a
+  side file tells neighbouring datasets apart (a count of blank rows has more digits, a reason
+  appears only when a row has it). In a folder only the owner can enter, nothing about it is
+  visible (:func:`private_dir`).
 
 A release is identified by what determines its output: the public fingerprint, the dataset
 name, the content digest and the seed. The same command with the same seed on the same data is
 the same release (charged once: its output is identical); a new seed is a new release and a new
-charge (or a refusal when over budget).
+charge (or a refusal when over budget). A fixed seed makes a release reproducible, nothing more:
+its noise is drawn from streams rooted at H(seed, release id), so a seed reused for another
+release (other parameters, other statements, edited data) gives independent noise — and the
+ledger refuses such a reuse for the same dataset anyway
+(:class:`~dplang.privacy.ledger.SeedReused`).
 
 Library use::
 
@@ -41,11 +55,13 @@ one ordered protocol every command follows.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import secrets
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -56,11 +72,13 @@ from typing import Any, ClassVar
 from . import __version__
 from .io import file_digest
 from .privacy.guarantees import Guarantee
-from .privacy.ledger import BudgetExceeded, PrivacyLedger
+from .privacy.ledger import BudgetExceeded, PrivacyLedger, SeedReused
 from .privacy.ledger_backends import ledger_location
 
 __all__ = [
     "MANIFEST_FORMAT",
+    "PRIVATE_DIR",
+    "PRIVATE_DIR_MODE",
     "PRIVATE_FORMAT",
     "PRIVATE_MODE",
     "TIMESTAMP_FIELDS",
@@ -71,13 +89,21 @@ __all__ = [
     "ReleaseError",
     "RunLock",
     "RunLocked",
+    "SeedReused",
+    "adopt_legacy_private",
     "check_output_path",
     "dataset_key",
     "dataset_name",
+    "find_private",
     "fresh_seed",
     "fsync_dir",
+    "legacy_private_path",
     "lock_path_for",
     "make_release_id",
+    "make_seed_tag",
+    "make_stream_seed",
+    "private_dir",
+    "private_side_path",
     "write_atomic",
     "write_json",
 ]
@@ -86,6 +112,11 @@ MANIFEST_FORMAT = "dplang.manifest/1"
 PRIVATE_FORMAT = "dplang.private/1"
 #: Mode of every private file (side files, copies of references), set at creation.
 PRIVATE_MODE = 0o600
+#: Mode of every folder that holds private files: only its owner may list it or ``stat``
+#: anything in it (a mode-600 file's size is visible to anyone who may search its folder).
+PRIVATE_DIR_MODE = 0o700
+#: The folder, beside an output, that holds its private side files (mode 700 from creation).
+PRIVATE_DIR = ".dplang-private"
 #: Public-manifest fields that hold wall-clock times (the only fields allowed to differ between
 #: runs on neighbouring datasets besides the released content). Each is taken *before* the
 #: release's computation on the private data (when the :class:`Release` is opened, or when a
@@ -120,15 +151,80 @@ def fsync_dir(directory: str | Path) -> None:
         os.close(fd)
 
 
+def private_dir(folder: str | Path) -> Path:
+    """``folder`` as a folder only its owner can enter: created with mode 700 (parents as
+    usual), or, when it exists, checked to be a real folder of this user and tightened to 700.
+    Raises :class:`ReleaseError` for a file, a symbolic link or another user's folder (whoever
+    owns it could read what is put there).
+
+    Privacy contract: another user can neither list the folder nor ``stat`` anything in it,
+    so the size, times and existence of the private files it holds say nothing to them."""
+    folder = Path(folder)
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # made meanwhile: checked below
+            os.mkdir(folder, PRIVATE_DIR_MODE)  # the umask can only remove bits
+        fsync_dir(folder.parent)
+        st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ReleaseError(f"{folder} must be a folder for private files, not a file or link")
+    if st.st_uid != os.geteuid():
+        raise ReleaseError(f"{folder} belongs to another user: private files cannot be kept "
+                           "there")
+    if stat.S_IMODE(st.st_mode) != PRIVATE_DIR_MODE:
+        os.chmod(folder, PRIVATE_DIR_MODE)
+    return folder
+
+
+def private_side_path(output: str | Path, name: str) -> Path:
+    """Where the private file ``name`` of ``output`` lives: ``runs/x.jsonl`` and
+    ``x.private.json`` → ``runs/.dplang-private/x.private.json`` (:data:`PRIVATE_DIR`)."""
+    return Path(output).parent / PRIVATE_DIR / name
+
+
+def legacy_private_path(path: str | Path) -> Path:
+    """Where an older dplang kept the private file ``path`` (of :func:`private_side_path`):
+    beside its output, in a folder others could search."""
+    path = Path(path)
+    return path.parent.parent / path.name if path.parent.name == PRIVATE_DIR else path
+
+
+def find_private(path: str | Path) -> Path:
+    """``path``, or its legacy location (:func:`legacy_private_path`) when only that exists
+    (a run written by an older dplang)."""
+    path = Path(path)
+    legacy = legacy_private_path(path)
+    return legacy if not path.exists() and legacy != path and legacy.exists() else path
+
+
+def adopt_legacy_private(path: str | Path) -> None:
+    """Move a private file that an older dplang left at its legacy location (beside its
+    output) into its private folder (a resumed run keeps its side file)."""
+    path = Path(path)
+    legacy = legacy_private_path(path)
+    if legacy != path and legacy.exists() and not path.exists():
+        private_dir(path.parent)
+        os.replace(legacy, path)
+        fsync_dir(path.parent)
+        fsync_dir(legacy.parent)
+
+
 def write_atomic(path: str | Path, data: str | bytes, *, private: bool = False) -> None:
     """Write ``data`` to ``path`` atomically: a temporary file in the same directory (mode 600
     from creation when ``private``), flushed and fsynced, renamed over ``path``, then the
-    directory fsynced. A reader sees the old file or the new one, never a torn one.
+    directory fsynced. A reader sees the old file or the new one, never a torn one. A private
+    file whose folder is a :data:`PRIVATE_DIR` gets that folder as :func:`private_dir` makes
+    it (mode 700).
 
     Privacy contract: none by itself; ``private=True`` guarantees the bytes are never readable
     by others at any moment (the mode is set by ``os.open``, not by a later chmod)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if private and path.parent.name == PRIVATE_DIR:
+        private_dir(path.parent)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_MODE if private else 0o666)
@@ -352,20 +448,18 @@ def fresh_seed() -> int:
 
 def dataset_key(name: str) -> str:
     """The ledger key of a dataset named by the user (``--dataset NAME``, ``dplang ledger
-    budget NAME``, ``[data].dataset``): a NAME that is an existing file means that file, keyed
-    by its resolved path (the default key of a dataset read from that file); any other NAME is
-    the key itself (surrounding spaces removed).
+    budget NAME``, ``[data].dataset``): the name as written (surrounding spaces removed),
+    always. A name is never re-keyed to a path, not even when a file of that name exists: that
+    would charge the same records to another key (a fresh budget) depending on what the
+    current folder holds. (A data file used *without* ``--dataset`` is keyed by its resolved
+    path: :func:`dataset_name`; ``dplang ledger budget --data FILE`` budgets that key.)
 
-    The one resolution rule of dplang: every command that charges or budgets a dataset goes
-    through it, so ``dplang ledger budget reviews.csv`` and ``--dataset reviews.csv`` (from the
-    same folder) key the same budget. (Privacy contract: none needed; the name is a public
-    input of the data holder, kept in the ledger and the private side file only.)"""
+    The one naming rule of dplang: every command that charges or budgets a dataset goes
+    through it. (Privacy contract: none needed; the name is a public input of the data holder,
+    kept in the ledger and the private side file only.)"""
     key = name.strip()
     if not key:
         raise ReleaseError("--dataset must not be empty")
-    path = Path(key)
-    if path.is_file():
-        return str(path.resolve())
     return key
 
 
@@ -375,6 +469,31 @@ def dataset_name(data: str | Path, given: str | None = None) -> str:
     if given is not None:
         return dataset_key(given)
     return str(Path(data).resolve())
+
+
+def make_stream_seed(seed: int, release_id: str | None, coupling: str | None = None) -> int:
+    """The root of a release's random streams: H(seed, release id) as a 256-bit integer.
+
+    Every release draws fresh noise whatever seed it is given: two releases with one seed but
+    anything else different (parameters, statements, data) have different release ids, hence
+    independent streams, so differencing their outputs cancels nothing. (The root is a hash of
+    the seed: secret like it; workers only ever receive per-unit stream states.)
+
+    ``coupling`` (audits only: :attr:`Release.coupling`) replaces the release id: runs on
+    neighbouring datasets that share the seed and the coupling key draw the same noise, which
+    a coupled privacy audit needs and a release must never have (such runs are toy runs)."""
+    key = f"coupled:{coupling}" if coupling is not None else f"release:{release_id}"
+    blob = json.dumps({"purpose": "dplang random streams", "seed": str(int(seed)), "key": key},
+                      sort_keys=True)
+    return int.from_bytes(hashlib.sha256(blob.encode("utf-8")).digest(), "big")
+
+
+def make_seed_tag(dataset: str, seed: int) -> str:
+    """H(dataset, seed): what the ledger keeps of a release's seed to refuse its reuse for
+    another release of the same dataset (a hash of the seed: private, like the ledger)."""
+    blob = json.dumps({"purpose": "dplang seed tag", "dataset": dataset, "seed": str(int(seed))},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
 def make_release_id(command: str, fingerprint: Mapping[str, Any], dataset: str,
@@ -425,6 +544,10 @@ class Release:
     #: Wall-clock time when the release was opened, before its computation on the private
     #: rows: the public manifest's ``created`` (see :data:`TIMESTAMP_FIELDS`).
     opened: float = field(default_factory=time.time)
+    #: Audits only: a key that replaces the release id in :attr:`stream_seed`, so that runs on
+    #: neighbouring datasets sharing the seed and the key draw the same noise (a coupled
+    #: audit). Only for toy runs (``guarantee.public_seed``): refused otherwise.
+    coupling: str | None = None
     _charge: Charge | None = field(default=None, repr=False)
 
     @classmethod
@@ -432,22 +555,41 @@ class Release:
              fingerprint: Mapping[str, Any], dataset: str | None = None,
              seed: int | None = None, ledger: str | Path | None = None,
              description: str = "", data_digest: str | None = None,
-             seed_source: str | None = None) -> Release:
+             seed_source: str | None = None, coupling: str | None = None) -> Release:
         """Fix a release: ``dataset`` defaults to the resolved data path, ``seed`` to fresh OS
-        entropy; ``data_digest`` (SHA-256 of the data file) is computed when not given."""
+        entropy; ``data_digest`` (SHA-256 of the data file) is computed when not given.
+        ``coupling`` (audits): see :attr:`coupling`."""
         data = Path(data)
         if seed is not None and seed < 0:
             raise ReleaseError(f"--seed must be >= 0, got {seed}")
+        if coupling is not None and not guarantee.public_seed:
+            raise ReleaseError("coupled random streams are for audits (toy runs) only: a "
+                               "release's noise is never shared with another release")
         source = seed_source or ("given" if seed is not None else "fresh OS entropy")
         return cls(command, guarantee, dict(fingerprint), data, dataset_name(data, dataset),
                    data_digest if data_digest is not None else file_digest(data),
                    fresh_seed() if seed is None else int(seed), source,
-                   None if ledger is None else ledger_location(ledger), description)
+                   None if ledger is None else ledger_location(ledger), description,
+                   coupling=coupling)
 
     @property
     def release_id(self) -> str:
         return make_release_id(self.command, self.fingerprint, self.dataset, self.data_digest,
                                self.seed)
+
+    @property
+    def stream_seed(self) -> int:
+        """The root of every random stream of this release: H(seed, release id)
+        (:func:`make_stream_seed`). Commands draw all their noise from
+        ``RandomStreams(release.stream_seed)``, never from the seed itself. Secret."""
+        return make_stream_seed(self.seed, self.release_id, self.coupling)
+
+    @property
+    def seed_tag(self) -> str | None:
+        """What the ledger keeps of the seed to refuse its reuse for another release of the
+        dataset (:func:`make_seed_tag`); None for a toy run (its seed is public: it voids the
+        guarantee whether reused or not)."""
+        return None if self.guarantee.public_seed else make_seed_tag(self.dataset, self.seed)
 
     @property
     def charged(self) -> Charge | None:
@@ -456,7 +598,9 @@ class Release:
     def charge(self, on_warning: Callable[[str], None] | None = None) -> Charge:
         """Record the release in the ledger (idempotent per release id). Must come before any
         output. Raises :class:`BudgetExceeded` (nothing recorded, nothing written) when the
-        dataset's budget would be exceeded or a data-dependent release meets a budget.
+        dataset's budget would be exceeded or a release that is not DP (data-dependent, toy)
+        meets a budget, and its subclass :class:`SeedReused` when the seed was already used
+        for another release of the dataset.
 
         Privacy contract: the charge is the release's guarantee, fixed ex ante; the ledger is
         private to the data holder (it stores the content digest to warn when a name's content
@@ -471,7 +615,7 @@ class Release:
                 on_warning(w)
         description = self.description or f"dplang {self.command}"
         recorded = ledger.charge(self.dataset, self.release_id, self.guarantee, description,
-                                 data_digest=self.data_digest)
+                                 data_digest=self.data_digest, seed_tag=self.seed_tag)
         self._charge = Charge(self.release_id, ledger.location, recorded, warnings)
         return self._charge
 
@@ -520,6 +664,9 @@ class Release:
                                  "release (seed, data digest, counts, paths)",
             "created": self.opened,  # before the private computation: no timing side channel
         }
+        if g.public_seed:
+            manifest["toy_run"] = ("the seed of this release is public (written in a "
+                                   "configuration file): it has NO privacy guarantee")
         manifest.update(fields)
         return manifest
 
@@ -548,9 +695,14 @@ class Release:
         return record
 
     def write_private(self, path: str | Path, record: Mapping[str, Any]) -> None:
-        """Write the private side file atomically with mode 600 from creation."""
+        """Write the private side file atomically with mode 600 from creation, in its private
+        folder (:func:`private_side_path`: mode 700); a side file an older dplang left beside
+        the output (visible to ``stat``) is removed."""
         self._require_charge()
         write_json(path, record, private=True)
+        legacy = legacy_private_path(path)
+        if legacy != Path(path):
+            legacy.unlink(missing_ok=True)
 
     def write_manifest(self, path: str | Path, manifest: Mapping[str, Any]) -> None:
         """Write the public manifest atomically (after the charge)."""

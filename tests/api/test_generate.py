@@ -99,7 +99,7 @@ def test_out_writes_exactly_what_the_cli_writes(tmp_path, tiny_llama_dir, capsys
     assert public(api_out) == public(cli_out)
     assert {k: v for k, v in result.manifest.items() if k not in TIMESTAMP_FIELDS} == \
         public(api_out)
-    private_path = api_out.with_name("x.private.json")
+    private_path = api_out.parent / ".dplang-private" / "x.private.json"
     assert oct(private_path.stat().st_mode & 0o777) == "0o600"
     private = json.loads(private_path.read_text())
     assert private["seed"] == 11 and private["dataset"] == str(data.resolve())
@@ -128,10 +128,12 @@ def test_a_dataframe_grouped_by_a_label(toy):
 
 def test_a_huggingface_dataset(toy):
     datasets = pytest.importorskip("datasets", reason="the optional extra dplang[hf]")
-    ds = datasets.Dataset.from_dict({"text": TEXTS, "stars": ["1", "2"] * 6})
-    result = dplang.generate(ds.select(range(6)), epsilon=3, dataset="hf", model=toy,
+    ds = datasets.Dataset.from_dict({"text": TEXTS})
+    result = dplang.generate(datasets.Dataset.from_dict({"text": TEXTS[:6]}), epsilon=3, dataset="hf", model=toy,
                              batch_size=3, max_tokens=3, quiet=True, seed=1)
-    same = dplang.generate(TEXTS[:6], epsilon=3, dataset="hf-list", model=toy, batch_size=3,
+    # the same records, seed and parameters under the same name: the same release (a seed
+    # reused for another release of a dataset is refused; each release draws its own noise)
+    same = dplang.generate(TEXTS[:6], epsilon=3, dataset="hf", model=toy, batch_size=3,
                            max_tokens=3, quiet=True, seed=1)
     assert result.texts == same.texts and len(result) == 2
     with pytest.raises(dplang.DPLangError, match="DatasetDict"):
@@ -227,12 +229,17 @@ def test_ctrl_c_mid_run_says_what_was_kept_and_charged_and_resumes(tmp_path, cap
     model.after = 0  # no more interruptions: the rerun resumes, charged nothing new
     assert main(args) == 0
     capsys.readouterr()
-    private = json.loads(out.with_name("part.private.json").read_text())
+    private = json.loads((out.parent / ".dplang-private" / "part.private.json").read_text())
     assert len(_releases(str(data.resolve()))) == 2  # the full run's and this one's
-    again = dplang.generate(data, epsilon=3, batch_size=3, max_tokens=4,
-                            seed=private["seed"], concurrent_groups=1,
-                            model=ToyModel(vocab_size=30, eos_after=None), quiet=True)
-    assert [json.loads(x)["text"] for x in out.read_text().splitlines()] == again.texts
+    # the resumed file is what one uninterrupted run with the same seed writes (the same
+    # release: its noise is drawn from H(seed, release id); another ledger, or the seed would
+    # be refused as reused)
+    whole = tmp_path / "whole.jsonl"
+    model.after, model.calls = 0, 0
+    assert main(["generate", "--data", str(data), "--out", str(whole), "--epsilon", "3", "-B",
+                 "3", "-T", "4", "-G", "1", "-q", "--seed", str(private["seed"]),
+                 "--ledger", str(tmp_path / "another-ledger.sqlite")]) == 0
+    assert out.read_text() == whole.read_text()
     assert len(full) == 4
 
 

@@ -285,7 +285,8 @@ def test_overwrite_replaces_another_run_after_the_charge(tmp_path, capsys, toy):
     assert out.read_text() != first
     manifest = json.loads(out.with_name("x.manifest.json").read_text())
     assert manifest["fingerprint"]["parameters"]["epsilon"] == 4.0
-    assert json.loads(out.with_name("x.private.json").read_text())["seed"] == 2
+    assert json.loads((out.parent / ".dplang-private" / "x.private.json").read_text()
+                      )["seed"] == 2
     assert not any(p.name.endswith(".lock") for p in out.parent.iterdir())
     # over budget: the refused run leaves the earlier one untouched
     ledger = PrivacyLedger()
@@ -306,7 +307,8 @@ def test_quiet_prints_nothing_and_the_unused_references_are_explained(tmp_path, 
     err = capsys.readouterr().err
     # 12 rows, B = 3: all used; with B = 5, 2 are left and the reason is given
     assert "4 generations × B = 3 use 12 references: all 12 rows" in err
-    assert main(gen(world, *eps("-B", "5"), out="out/z.jsonl")) == 0
+    # (another release of the dataset: another seed, a reused one is refused)
+    assert main(gen(world, *eps("-B", "5", "--seed", "2"), out="out/z.jsonl")) == 0
     err = capsys.readouterr().err
     assert "2 left unused" in err and "last N mod B = 2 rows do not fill one" in err
     assert "ETA" in err and "tok/s" in err

@@ -10,6 +10,9 @@ from dplang.models import ToyModel
 from dplang.privacy.ledger import PrivacyLedger
 from dplang.release import TIMESTAMP_FIELDS
 
+#: Private side files live in this folder beside the output (mode 700; dplang.release).
+PRIVATE = ".dplang-private"
+
 
 @pytest.fixture
 def toy(monkeypatch):
@@ -74,7 +77,7 @@ def test_generate_writes_records_and_manifest(tmp_path, capsys, toy):
     assert "data" not in manifest and "ledger" not in manifest
     assert "unusable" not in text and "truncated_references" not in text
     # ... those live in the private side file, mode 600
-    private_file = tmp_path / "runs" / "x.private.json"
+    private_file = tmp_path / "runs" / PRIVATE / "x.private.json"
     assert oct(private_file.stat().st_mode & 0o777) == "0o600"
     private = json.loads(private_file.read_text())
     assert private["data"]["sha256"] == file_digest(data)
@@ -159,7 +162,8 @@ def test_budget_refusal(tmp_path, capsys, toy, monkeypatch):
     code, _, err = run(capsys, *base_args(data, tmp_path / "b.jsonl", "--prompt", t),
                        "--ledger", str(ledger))
     assert code == 3 and "budget" in err
-    assert not (tmp_path / "b.jsonl").exists() and not (tmp_path / "b.private.json").exists()
+    assert not (tmp_path / "b.jsonl").exists()
+    assert not (tmp_path / PRIVATE / "b.private.json").exists()
     assert not (tmp_path / "b.manifest.json").exists()
 
 
@@ -171,31 +175,63 @@ def _public(path):
     return json.dumps(doc, sort_keys=True)
 
 
-def test_public_files_of_neighbouring_datasets_are_equal(tmp_path, capsys, toy):
+def _without_released(doc):
+    """A public manifest without the fields it lists as released DP statistics (outputs of
+    the mechanism, covered by its guarantee, like the texts)."""
+    doc = json.loads(json.dumps(doc))
+    for dotted in doc.get("released_statistics", []):
+        node = doc
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node[key]
+        del node[leaf]
+    return doc
+
+
+@pytest.mark.parametrize("method", ["invisibleink", "augpe"])
+def test_public_files_of_neighbouring_datasets_are_equal(tmp_path, capsys, toy, monkeypatch,
+                                                         method):
     """Replace-by-null neighbours (one reference blanked): every public file but the released
-    texts is byte-equal up to timestamps; the differences are in the private side file only."""
+    texts is byte-equal up to timestamps and the fields the manifest itself lists as released
+    DP statistics (Aug-PE's noisy-count sums...); the differences are in the private side file
+    only."""
+    import dplang.textgen.methods.augpe as augpe_mod
+
+    real_run = augpe_mod.run_augpe
+    monkeypatch.setattr(augpe_mod, "run_augpe",
+                        lambda *a, **kw: real_run(*a, **{**kw, "embedder": "hashing"}))
     t = str(custom_template(tmp_path))
     (tmp_path / "x").mkdir()
     (tmp_path / "y").mkdir()
     data = write_csv(tmp_path / "x" / "d.csv", 11)
     neighbour = write_csv(tmp_path / "y" / "d.csv", 11, blank_at=(4,))
+    extra = (["--augpe-iterations", "2", "--augpe-variations", "1"] if method == "augpe"
+             else [])
     files = {}
     for d in (data, neighbour):
         out = d.parent / "out" / "gen.jsonl"
         code, _, err = run(capsys, *base_args(d, out, "--prompt", t, "--seed", "9",
-                                              "--max-reference-tokens", "3"))
+                                              "--max-reference-tokens", "3",
+                                              "--method", method, *extra))
         assert code == 0, err
         files[d] = sorted(p.name for p in out.parent.iterdir())
-    assert files[data] == files[neighbour] == ["gen.jsonl", "gen.manifest.json",
-                                              "gen.private.json"]
+    assert files[data] == files[neighbour] == [PRIVATE, "gen.jsonl", "gen.manifest.json"]
     x, y = data.parent / "out", neighbour.parent / "out"
-    assert _public(x / "gen.manifest.json") == _public(y / "gen.manifest.json")
-    assert (x / "gen.private.json").read_text() != (y / "gen.private.json").read_text()
-    px = json.loads((x / "gen.private.json").read_text())
-    py = json.loads((y / "gen.private.json").read_text())
+    mx, my = (json.loads(_public(p / "gen.manifest.json")) for p in (x, y))
+    assert _without_released(mx) == _without_released(my)
+    if method == "augpe":
+        assert mx["released_statistics"] == my["released_statistics"]
+        assert "augpe.noisy_count_sums" in mx["released_statistics"]
+        assert "augpe.model_calls" not in mx["released_statistics"]  # public: compared
+        assert mx["augpe"]["model_calls"] == my["augpe"]["model_calls"] > 0
+    else:
+        assert mx == my and "released_statistics" not in mx
+    px, py = (json.loads((d / PRIVATE / "gen.private.json").read_text()) for d in (x, y))
+    assert px != py
     assert px["data"]["read"]["unusable_by_reason"] == {}
     assert py["data"]["read"]["unusable_by_reason"] == {"blank": 1}
-    assert px["data"]["truncated_references"] > py["data"]["truncated_references"]
+    if method == "invisibleink":
+        assert px["data"]["truncated_references"] > py["data"]["truncated_references"]
 
 
 def test_rerun_with_outputs_moved_away_is_a_new_charge(tmp_path, capsys, toy):
@@ -206,22 +242,23 @@ def test_rerun_with_outputs_moved_away_is_a_new_charge(tmp_path, capsys, toy):
     assert run(capsys, *args)[0] == 0  # no --seed: fresh OS entropy
     ledger = PrivacyLedger()
     name = str(data.resolve())
-    first = json.loads((tmp_path / "a.private.json").read_text())
+    first = json.loads((tmp_path / PRIVATE / "a.private.json").read_text())
     moved = tmp_path / "moved"
     moved.mkdir()
-    for f in ("a.jsonl", "a.manifest.json", "a.private.json"):
-        (tmp_path / f).rename(moved / f)
+    for f in ("a.jsonl", "a.manifest.json", f"{PRIVATE}/a.private.json"):
+        (tmp_path / f).rename(moved / f.split("/")[-1])
     assert run(capsys, *args)[0] == 0
-    second = json.loads((tmp_path / "a.private.json").read_text())
+    second = json.loads((tmp_path / PRIVATE / "a.private.json").read_text())
     assert second["seed"] != first["seed"] and second["release_id"] != first["release_id"]
     assert ledger.spent(name).releases == 2
     # over budget: the third run is refused before anything is written
     ledger.set_budget(name, ledger.spent(name).epsilon_at(1e-6) + 0.1, 1e-6)
-    for f in ("a.jsonl", "a.manifest.json", "a.private.json"):
+    for f in ("a.jsonl", "a.manifest.json", f"{PRIVATE}/a.private.json"):
         (tmp_path / f).unlink()
     code, _, err = run(capsys, *args)
     assert code == 3 and "budget" in err
-    assert not (tmp_path / "a.jsonl").exists() and not (tmp_path / "a.private.json").exists()
+    assert not (tmp_path / "a.jsonl").exists()
+    assert not (tmp_path / PRIVATE / "a.private.json").exists()
     assert ledger.spent(name).releases == 2
 
 
@@ -232,16 +269,16 @@ def test_stale_private_file_is_refused(tmp_path, capsys, toy):
     assert run(capsys, *args)[0] == 0
     out.unlink()
     (tmp_path / "a.manifest.json").unlink()
-    private = (tmp_path / "a.private.json").read_text()
+    private = (tmp_path / PRIVATE / "a.private.json").read_text()
     code, _, err = run(capsys, *args)
     assert code == 2 and err.startswith("error:") and err.count("\n") == 1
     assert "a.private.json" in err and "outputs are gone" in err
-    assert not out.exists() and (tmp_path / "a.private.json").read_text() == private
+    assert not out.exists() and (tmp_path / PRIVATE / "a.private.json").read_text() == private
     # a run whose side file is gone cannot be resumed either
     assert run(capsys, *args)[0] == 2
-    (tmp_path / "a.private.json").unlink()
+    (tmp_path / PRIVATE / "a.private.json").unlink()
     assert run(capsys, *args)[0] == 0
-    (tmp_path / "a.private.json").unlink()
+    (tmp_path / PRIVATE / "a.private.json").unlink()
     code, _, err = run(capsys, *args)
     assert code == 2 and "private side file" in err and err.count("\n") == 1
 

@@ -45,7 +45,7 @@ def test_shell_completion_script_and_completions(capsys, monkeypatch):
 def test_seed_help_names_the_private_side_file(capsys):
     assert main(["generate", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "kept in OUT.private.json" in text and "OUT.seed" not in text
+    assert ".dplang-private/OUT.private.json" in text and "OUT.seed" not in text
 
 
 HEAVY = ("torch", "scipy.optimize", "scipy.stats", "transformers", "pandas", "pyarrow",

@@ -35,7 +35,8 @@ def _g(rho):
 def test_budget_and_show(tmp_path, capsys, default_ledger):
     data = tmp_path / "d.csv"
     data.write_text("text\na\n")
-    code, out, err = run(capsys, "budget", str(data), "--epsilon", "10", "--delta", "1e-6")
+    code, out, err = run(capsys, "budget", "--data", str(data), "--epsilon", "10",
+                         "--delta", "1e-6")
     assert code == 0, err
     name = str(data.resolve())  # a data file is named as --dataset's default names it
     ledger = PrivacyLedger()
@@ -65,7 +66,7 @@ def test_budget_and_show(tmp_path, capsys, default_ledger):
     assert doc["dp"]["releases"] == 0 and doc["dp"]["total_epsilon"] == 0
     assert doc["data_dependent"]["releases"] == 1
     assert doc["releases"][0]["ex_ante"] is False
-    code, out, _ = run(capsys, "show", str(data), "--json")
+    code, out, _ = run(capsys, "show", "--data", str(data), "--json")
     doc = json.loads(out)["datasets"][0]
     assert doc["dp"]["total_epsilon"] == pytest.approx(total)
     assert doc["dp"]["adjacency"] == "replace-one"
@@ -109,35 +110,55 @@ def test_data_dependent_generation_is_shown_apart_and_refused_under_a_budget(
     assert not (tmp_path / "ada2.jsonl").exists()
 
 
-def test_one_resolution_rule_and_a_warning_when_the_file_budget_is_not_charged(
+def test_a_dataset_name_is_a_name_even_where_a_file_of_that_name_exists(
         tmp_path, capsys, monkeypatch, default_ledger):
-    """`ledger budget FILE` and `--dataset FILE` key the same budget (the file's resolved
-    path); a charge to another name while the data file itself has a budget is warned about."""
+    """`--dataset reviews` keys the budget "reviews" whether or not a file ./reviews exists:
+    a name is never re-keyed to a path (which would give the data a fresh budget). `ledger
+    budget NAME` is a name too; `ledger budget --data FILE` budgets the key a release of FILE
+    without --dataset is charged to (its resolved path), and a charge to another name while
+    that budget exists is warned about."""
     monkeypatch.setattr(gen_cli, "_load_model",
                         lambda spec, dtype="float32": ToyModel(vocab_size=30, eos_after=None))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "d.csv").write_text("text\n" + "".join(f"review {i}\n" for i in range(6)))
+    rows = "text\n" + "".join(f"review {i}\n" for i in range(6))
+    (tmp_path / "d.csv").write_text(rows)
     t = tmp_path / "t.toml"
     t.write_text('private = "Here: {reference}\\nAnother:"\npublic = "Another:"\n')
-    assert run(capsys, "budget", "d.csv", "--epsilon", "2.5", "--delta", "1e-6")[0] == 0
-    resolved = str((tmp_path / "d.csv").resolve())
-    assert PrivacyLedger().budget(resolved) == (2.5, 1e-6)
 
     def generate(out, *extra):
-        code = main(["generate", "--data", "d.csv", "--out", out, "--epsilon", "2",
+        code = main(["generate", "--data", "d.csv", "--out", out, "--epsilon", "1",
                      "--batch-size", "3", "--max-tokens", "3", "--prompt", str(t), "-q",
                      *extra])
         return code, capsys.readouterr().err
 
-    code, err = generate("a.jsonl", "--dataset", "./d.csv")  # the same file: the same key
-    assert code == 0 and "budget" not in err
+    assert run(capsys, "budget", "reviews", "--epsilon", "1", "--delta", "1e-6")[0] == 0
+    assert PrivacyLedger().budget("reviews") == (1.0, 1e-6)
+    assert generate("a.jsonl", "--dataset", "reviews")[0] == 0
+    (tmp_path / "reviews").write_text(rows)  # a file named like the dataset appears
+    code, err = generate("b.jsonl", "--dataset", "reviews")  # still the exhausted budget
+    assert code == 3 and not (tmp_path / "b.jsonl").exists()
+    assert PrivacyLedger().datasets() == ["reviews"]
+    # the ledger's NAME is a name as well, even where it is a file
+    code, _, err = run(capsys, "budget", "reviews", "--epsilon", "3", "--delta", "1e-6")
+    assert code == 0 and PrivacyLedger().budget("reviews") == (3.0, 1e-6)
+    assert "--data" in err  # the data holder is told how to budget the file's default key
+    code, out, _ = run(capsys, "show", "reviews", "--json")
+    assert json.loads(out)["datasets"][0]["dataset"] == "reviews"
+    # the default key of a file used without --dataset: `ledger budget --data FILE`
+    resolved = str((tmp_path / "d.csv").resolve())
+    assert run(capsys, "budget", "--data", "d.csv", "--epsilon", "2.5",
+               "--delta", "1e-6")[0] == 0
+    assert PrivacyLedger().budget(resolved) == (2.5, 1e-6)
+    assert generate("c.jsonl")[0] == 0
     assert PrivacyLedger().spent(resolved).releases == 1
-    code, err = generate("b.jsonl", "--dataset", "other-name")
+    code, out, _ = run(capsys, "show", "--data", "d.csv", "--json")
+    assert json.loads(out)["datasets"][0]["dataset"] == resolved
+    code, err = generate("e.jsonl", "--dataset", "other-name")
     assert code == 0
     assert "has its own budget" in err and "'other-name'" in err
-    assert PrivacyLedger().spent("other-name").releases == 1
-    code, err = generate("c.jsonl", "--dataset", "d.csv")  # over the file's budget: refused
-    assert code == 3 and not (tmp_path / "c.jsonl").exists()
+    code, _, err = run(capsys, "budget", "x", "--data", "d.csv", "--epsilon", "1",
+                       "--delta", "1e-6")
+    assert code == 2 and "not both" in err
 
 
 def test_views_and_a_generation_against_a_ledger_url_never_print_its_password(
@@ -169,7 +190,7 @@ def test_views_and_a_generation_against_a_ledger_url_never_print_its_password(
     captured = capsys.readouterr()
     printed.append(captured.out + captured.err)
     assert code == 0, captured.err
-    private = json.loads((tmp_path / "a.private.json").read_text())
+    private = json.loads((tmp_path / ".dplang-private" / "a.private.json").read_text())
     assert private["ledger"] == masked
     for f in tmp_path.iterdir():
         if f.is_file():

@@ -61,8 +61,23 @@ def test_generate_one_column_csv_neighbours_have_equal_manifests(tmp_path, capsy
         groups.append({json.loads(line)["group"]: json.loads(line)["text"]
                        for line in out.read_text().splitlines()})
     assert manifests[0]["fingerprint"] == manifests[1]["fingerprint"]
-    # reference 1 lies in group 0: groups 1 and 2 must not change
-    assert groups[0][1] == groups[1][1] and groups[0][2] == groups[1][2]
+    # each release draws fresh noise (its streams are rooted at H(seed, release id)), so the
+    # texts are compared under coupled noise, as an audit does: with one coupling key both
+    # runs draw the same noise, and reference 1 lies in group 0: groups 1 and 2 must not change
+    from dplang.textgen.orchestration import GenerationRequest, execute_plan, plan_generation
+
+    coupled = []
+    for side in ("x", "y"):
+        d = tmp_path / side
+        req = GenerationRequest(data=d / "d.csv", out=d / "coupled.jsonl", batch_size=3,
+                                max_tokens=4, temperature=1.0, top_k=0, epsilon=5.0, seed=7,
+                                prompt=str(_template(d)), coupling="neighbours",
+                                public_seed=True, ledger=d / "audit.sqlite")
+        execute_plan(plan_generation(req, lambda _spec: toy))
+        coupled.append({json.loads(line)["group"]: json.loads(line)["text"]
+                        for line in req.out.read_text().splitlines()})
+    assert coupled[0][1] == coupled[1][1] and coupled[0][2] == coupled[1][2]
+    assert len(groups[0]) == len(groups[1]) == 3
 
 
 def test_dataset_given_as_the_file_name_meets_its_budget(tmp_path, capsys, toy, monkeypatch):

@@ -87,7 +87,7 @@ def test_sweep_runs_resumes_and_writes_tables(setup, capsys):
     seeds = set()
     for r in inv:
         key = f"invisibleink_eps{float(r['epsilon']):g}_B2_k{r['top_k']}_t1_r0"
-        side = out / "cells" / key / "gen.private.json"
+        side = out / "cells" / key / ".dplang-private" / "gen.private.json"
         assert oct(side.stat().st_mode & 0o777) == "0o600"
         seed = json.loads(side.read_text())["seed"]
         seeds.add(seed)
@@ -203,9 +203,12 @@ def test_baseline_cells_are_evaluated_without_topk(setup):
     assert float(rows["invisibleink"]["effective_k"]) >= 3
 
 
-def test_written_seeds_are_flagged_and_charge_a_named_budget(setup, capsys):
-    """Seeds written in the config are not secret: the run warns and results.md says the cells
-    carry no guarantee; the charges go to the --dataset name, and a budget refuses the rest."""
+def test_written_seeds_are_toy_runs_everywhere(setup, capsys):
+    """Seeds written in the config are not secret: its cells are toy runs, and say so
+    everywhere — the terminal, results.md, every cell's public manifest (``toy_run``, the
+    guarantee's ``public_seed`` and a summary that promises nothing) and the ledger (recorded
+    as toy runs, outside every DP total) — and a dataset with a budget refuses the sweep
+    before anything is generated."""
     tmp, _calls = setup
     cfg = tmp / "exp.toml"
     cfg.write_text(CONFIG.replace("public_baseline = true", "seeds = [7]\npublic_baseline = false")
@@ -216,18 +219,28 @@ def test_written_seeds_are_flagged_and_charge_a_named_budget(setup, capsys):
     out = tmp / "out"
     assert main(["experiment", str(cfg), "--out", str(out), "--dataset", "toy-corpus"]) == 0
     err = capsys.readouterr().err
-    assert "warning: this configuration writes its seeds" in err
+    assert "warning: this configuration writes its seeds" in err and "toy runs" in err
     md = (out / "results.md").read_text()
-    assert "No privacy guarantee" in md
-    side = json.loads((out / "cells" / "invisibleink_eps1_B2_k3_t1_s7" / "gen.private.json")
-                      .read_text())
+    assert "No privacy guarantee" in md and "toy runs" in md
+    cell = out / "cells" / "invisibleink_eps1_B2_k3_t1_s7"
+    side = json.loads((cell / ".dplang-private" / "gen.private.json").read_text())
     assert side["seed"] == 7 and side["dataset"] == "toy-corpus"
-    assert ledger.spent("toy-corpus").releases == 2
+    manifest = json.loads((cell / "gen.manifest.json").read_text())
+    assert manifest["guarantee"]["public_seed"] is True and "toy_run" in manifest
+    assert manifest["guarantee_summary"].startswith("TOY RUN")
+    assert "NO privacy guarantee" in manifest["guarantee_summary"]
+    spent = ledger.spent("toy-corpus")
+    assert spent.releases == 2 and spent.toy == 2 and spent.dp_releases == 0
+    assert spent.rho == 0  # not summed into any DP total
+    assert all(r["guarantee"]["public_seed"] for r in ledger.releases("toy-corpus"))
+    assert main(["ledger", "show", "toy-corpus"]) == 0
+    shown = capsys.readouterr().out
+    assert "TOY RUNS        2 release(s)" in shown and "TOY RUN (public seed, not DP)" in shown
+    # a dataset with a budget refuses toy runs: the whole sweep, before any cell runs
     ledger.set_budget("other", 1.5, 1e-6)
-    cfg.write_text(cfg.read_text().replace("epsilon = [1]", "epsilon = [1, 2]"))
     code = main(["experiment", str(cfg), "--out", str(tmp / "o2"), "--dataset", "other", "-q"])
-    assert code == 3 and "budget" in capsys.readouterr().err
-    assert ledger.spent("other").releases == 2  # the two ε = 1 cells fit; ε = 2 does not
+    assert code == 3 and "toy runs" in capsys.readouterr().err
+    assert ledger.spent("other").releases == 0 and not (tmp / "o2" / "cells").exists()
 
 
 def test_seeds_and_replicates(tmp_path):

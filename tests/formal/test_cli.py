@@ -129,7 +129,7 @@ def test_data_run_is_a_charged_release(capsys, tmp_path, sample_file):
     text = json.dumps(manifest)
     assert "seed" not in json.dumps(manifest["fingerprint"]) and str(sample_file) not in text
     assert manifest["n"] == 375 and manifest["guarantee"]["unit"] == "record"
-    private = out_dir / "formal.private.json"
+    private = out_dir / ".dplang-private" / "formal.private.json"
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
     assert json.loads(private.read_text())["data"]["sha256"]
     # the same seed is the same release: not charged twice; a new seed is a new charge
@@ -152,6 +152,34 @@ def test_neighbouring_data_give_the_same_public_files(capsys, tmp_path, sample_f
     for m in (ma, mb):
         m.pop("created")
     assert ma == mb
+
+
+@pytest.mark.parametrize("algorithm, instance", [
+    ("prefix-count", "remark-5.7"),  # statistical (000): the sample as an array
+    ("approximate-intersection", "thresholds"),  # limit (001): the file as a stream
+    ("uniform-private", "nat-pair"),  # one-shot generator over a finite collection
+])
+def test_data_run_accepts_every_natural_of_the_domain(capsys, tmp_path, sample_file,
+                                                      algorithm, instance):
+    """Any natural is in ℕ₀, 2^63 and 2^70 included: a file holding one runs like its
+    neighbour with 2 on that line (exit 0, one release, equal public manifests), never
+    crashing after the charge."""
+    lines = sample_file.read_text().splitlines()
+    files = {}
+    for name, value in (("small", 2), ("huge", 2**63), ("huger", 2**70)):
+        files[name] = tmp_path / f"{name}.txt"
+        files[name].write_text("\n".join([*lines[:3], str(value), *lines[4:]]) + "\n")
+    manifests = []
+    for name, path in files.items():
+        out_dir = tmp_path / f"out-{name}"
+        code, _, err = run(capsys, "run", algorithm, "--instance", instance, "--epsilon", "1",
+                           "--data", str(path), "--out", str(out_dir), "--dataset", name)
+        assert code == 0, err
+        assert len(PrivacyLedger().releases(name)) == 1
+        manifest = json.loads((out_dir / "manifest.json").read_text())
+        manifest.pop("created")
+        manifests.append(manifest)
+    assert manifests[0] == manifests[1] == manifests[2]
 
 
 def test_budget_exceeded_exit_3_nothing_written(capsys, tmp_path, sample_file):

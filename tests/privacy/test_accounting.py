@@ -3,7 +3,7 @@ import math
 import dp_accounting
 import opendp.prelude as dp
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from dplang.privacy import (
@@ -60,17 +60,58 @@ def test_agrees_with_opendp(rho, delta):
     assert rho_to_epsilon(rho, delta) == pytest.approx(profile.epsilon(delta), rel=1e-6)
 
 
-@settings(max_examples=40, deadline=None)
+def _exact_log_delta(rho: float, epsilon: float) -> float:
+    """An independent reference for the tight zCDP → (ε, δ) conversion, in 30-digit
+    arithmetic: log δ(ε) with δ(ε) = inf_{α>1} exp((α−1)(αρ−ε))/(α−1)·(1−1/α)^α (CKS 2020),
+    capped at δ = 1, minimised by golden-section search over log(α − 1) (no derivative)."""
+    mpmath = pytest.importorskip("mpmath")
+    mp = mpmath.mp
+    mp.dps = 30
+    r, eps = mp.mpf(rho), mp.mpf(epsilon)
+
+    def f(u):  # u = log(α − 1)
+        a = 1 + mp.exp(u)
+        return (a - 1) * (a * r - eps) - mp.log(a - 1) + a * mp.log(1 - 1 / a)
+
+    lo, hi = mp.mpf(-40), mp.log(eps / r + 10) + 5
+    g = (mp.sqrt(5) - 1) / 2
+    x1, x2 = hi - g * (hi - lo), lo + g * (hi - lo)
+    f1, f2 = f(x1), f(x2)
+    for _ in range(150):
+        if f1 < f2:
+            hi, x2, f2 = x2, x1, f1
+            x1 = hi - g * (hi - lo)
+            f1 = f(x1)
+        else:
+            lo, x1, f1 = x1, x2, f2
+            x2 = lo + g * (hi - lo)
+            f2 = f(x2)
+    return float(min(f1, f2, mp.mpf(0)))
+
+
+# Deterministic: the same examples on every run (derandomized, no example database), plus the
+# case that made an earlier, randomized version of this test fail (ρ = δ = 3.96e-4, where
+# dp-accounting's ε is 6.7 % above the tight one).
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
 @given(rho=rhos, delta=deltas)
+@example(rho=3.96e-4, delta=3.96e-4)
+@example(rho=1e-4, delta=0.1)
+@example(rho=20.0, delta=1e-12)
 def test_agrees_with_dp_accounting(rho, delta):
+    """dplang's ε is the tight one, checked against an exact reference: it is sound (the exact
+    δ at ε is at most δ) and tight (at ε·(1 − 1e-9) − 1e-12 the exact δ exceeds δ); and it is
+    never looser than dp-accounting's RDP accountant, which optimises over a finite grid of
+    orders and can be several percent loose for small ρ (so only that direction is checked)."""
     acc = dp_accounting.rdp.RdpAccountant()
     acc.compose(dp_accounting.ZCDpEvent(rho))
     theirs = acc.get_epsilon(delta)
     ours = rho_to_epsilon(rho, delta)
-    # dp-accounting optimises over a finite grid of orders: never tighter than the infimum,
-    # and close to it.
+    log_delta = math.log(delta)
+    assert _exact_log_delta(rho, ours) <= log_delta + 1e-12
+    below = ours * (1 - 1e-9) - 1e-12
+    if below > 0:
+        assert _exact_log_delta(rho, below) > log_delta
     assert ours <= theirs + 1e-9
-    assert ours >= theirs * (1 - 0.05) - 1e-3
 
 
 @settings(max_examples=60, deadline=None)

@@ -16,6 +16,9 @@ from dplang.models import ToyModel
 from dplang.privacy.ledger import PrivacyLedger
 from dplang.release import TIMESTAMP_FIELDS
 
+#: Private side files live in this folder beside the output (mode 700; dplang.release).
+PRIVATE = ".dplang-private"
+
 REVIEWS = [
     "The pasta was great and the staff were friendly.",
     "Great coffee, but the service was slow.",
@@ -90,7 +93,7 @@ def test_report_end_to_end_with_keyword_predicate(tmp_path, capsys) -> None:
         assert str(data) not in public and "ledger" not in public
     # ... they are in the private side file (mode 600), and the ledger holds the release
     # under the dataset's name (default: the data file's resolved path)
-    side = tmp_path / "out" / "rep.private.json"
+    side = tmp_path / "out" / PRIVATE / "rep.private.json"
     assert oct(side.stat().st_mode & 0o777) == "0o600"
     private = json.loads(side.read_text())
     assert private["data"]["sha256"] == file_digest(data) and private["seed"] is None
@@ -143,12 +146,12 @@ def test_public_files_of_neighbouring_datasets_are_equal(tmp_path, capsys) -> No
         outs.append(out.parent)
     x, y = outs
     assert sorted(p.name for p in x.iterdir()) == sorted(p.name for p in y.iterdir()) == [
-        "report.json", "report.md", "report.private.json"]
+        PRIVATE, "report.json", "report.md"]
     assert _public(x / "report.json") == _public(y / "report.json")
     md_x, md_y = (x / "report.md").read_text(), (y / "report.md").read_text()
     assert md_x != md_y and _masked(md_x) == _masked(md_y)
-    px = json.loads((x / "report.private.json").read_text())
-    py = json.loads((y / "report.private.json").read_text())
+    px = json.loads((x / PRIVATE / "report.private.json").read_text())
+    py = json.loads((y / PRIVATE / "report.private.json").read_text())
     assert px["data"]["sha256"] != py["data"]["sha256"]
     assert px["data"]["read"] != py["data"]["read"]
 
@@ -207,7 +210,7 @@ def test_budget_exceeded_is_refused_before_writing(tmp_path, capsys) -> None:
     code, _, err = run(capsys, *args, "--epsilon", "3", "--out", str(tmp_path / "b"))
     assert code == 3 and err.startswith("error: ") and "budget" in err
     assert not (tmp_path / "b.json").exists() and not (tmp_path / "b.md").exists()
-    assert not (tmp_path / "b.private.json").exists()
+    assert not (tmp_path / PRIVATE / "b.private.json").exists()
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -11,6 +11,7 @@ import pytest
 
 from dplang.io import load_references
 from dplang.privacy.ledger import BudgetExceeded, PrivacyLedger
+from dplang.release import make_stream_seed
 from dplang.reports import (
     KeywordPredicate,
     ReportError,
@@ -69,8 +70,11 @@ def test_run_report_releases_what_the_mechanism_computes(tmp_path) -> None:
     doc = json.loads(result.json_path.read_text())
     records, _ = load_references(request.data)
     statements = deduplicate(read_statements_file(request.statements))
+    # the mechanism's noise is rooted at H(seed, release id), never at the seed itself
+    root = make_stream_seed(7, result.charge.release_id)
+    assert root != 7
     direct = proposal_and_filter(statements, [r.text for r in records], KeywordPredicate(),
-                                 request.config, seed=7)
+                                 request.config, seed=root)
     assert doc["certificates"] == [c.to_dict() for c in direct.certificates]
     assert result.report.certificates == direct.certificates
     assert oct(result.private_path.stat().st_mode & 0o777) == "0o600"
@@ -106,4 +110,5 @@ def test_over_budget_raises_budget_exceeded_and_writes_nothing(tmp_path) -> None
     run_report(_request(tmp_path, dataset="corpus", out=tmp_path / "a"))
     with pytest.raises(BudgetExceeded):
         run_report(_request(tmp_path, dataset="corpus", out=tmp_path / "b", seed=8))
-    assert not any((tmp_path / f"b{s}").exists() for s in (".json", ".md", ".private.json"))
+    assert not any((tmp_path / f"b{s}").exists() for s in (".json", ".md"))
+    assert not (tmp_path / ".dplang-private" / "b.private.json").exists()

@@ -11,6 +11,9 @@ from dplang.io import file_digest
 from dplang.privacy.ledger import PrivacyLedger
 from dplang.release import TIMESTAMP_FIELDS
 
+#: Private side files live in this folder beside the output (mode 700; dplang.release).
+PRIVATE = ".dplang-private"
+
 
 def run(capsys, *args):
     code = main(["sample", *args])
@@ -57,7 +60,7 @@ def test_end_to_end_categorical_csv(tmp_path, capsys, table):
     assert "ledger" not in manifest and "seed" not in manifest
     # ... the private side file (mode 600) has them; the ledger holds the release under the
     # dataset's name (default: the data file's resolved path)
-    side = tmp_path / "o" / "s.csv.private.json"
+    side = tmp_path / "o" / PRIVATE / "s.csv.private.json"
     assert oct(side.stat().st_mode & 0o777) == "0o600"
     private = json.loads(side.read_text())
     assert private["data"]["sha256"] == file_digest(table) and private["seed"] is None
@@ -108,7 +111,7 @@ def test_budget_is_charged_before_writing(tmp_path, capsys, table):
                        "--epsilon", "1", "--out", str(out))
     assert code == 3 and "budget" in err
     assert not out.exists() and not (tmp_path / "s.csv.manifest.json").exists()
-    assert not (tmp_path / "s.csv.private.json").exists()
+    assert not (tmp_path / PRIVATE / "s.csv.private.json").exists()
 
 
 def _refused(capsys, table, tmp_path, *args):
@@ -236,10 +239,10 @@ def test_public_files_of_neighbouring_datasets_are_equal(tmp_path, capsys, metho
         outs.append(out.parent)
     x, y = outs
     assert sorted(p.name for p in x.iterdir()) == sorted(p.name for p in y.iterdir()) == [
-        "s.jsonl", "s.jsonl.manifest.json", "s.jsonl.private.json"]
+        PRIVATE, "s.jsonl", "s.jsonl.manifest.json"]
     assert _public(x / "s.jsonl.manifest.json") == _public(y / "s.jsonl.manifest.json")
-    px = json.loads((x / "s.jsonl.private.json").read_text())
-    py = json.loads((y / "s.jsonl.private.json").read_text())
+    px = json.loads((x / PRIVATE / "s.jsonl.private.json").read_text())
+    py = json.loads((y / PRIVATE / "s.jsonl.private.json").read_text())
     assert px["data"]["out_of_domain_cells_mapped"] == {"flag": 0, "other": 0}
     assert py["data"]["out_of_domain_cells_mapped"] == {"flag": 1, "other": 0}
     assert px["data"]["sha256"] != py["data"]["sha256"]
@@ -279,7 +282,7 @@ def test_schema_file_and_fallback(tmp_path, capsys):
     manifest = json.loads((tmp_path / "s.jsonl.manifest.json").read_text())
     assert [c["fallback"] for c in manifest["columns"]] == ["west", "3", "0"]
     assert manifest["universe_size"] == 4 * 5 * 2
-    private = json.loads((tmp_path / "s.jsonl.private.json").read_text())
+    private = json.loads((tmp_path / PRIVATE / "s.jsonl.private.json").read_text())
     # "mars" → west; 12 → 5 (clipped); None → 3 (fallback); "yes" → 0 (fallback)
     assert private["data"]["out_of_domain_cells_mapped"] == {"region": 20, "band": 40,
                                                             "smoker": 20}

@@ -46,9 +46,8 @@ def test_calibration_spends_the_budget(convention):
 
 
 def _agg(rows, public, clip, b):
-    nulls = b - rows.shape[0]
-    total = amin.clip_amin(rows, clip).sum(0) + nulls * amin.clip_amin(public[None], clip)[0]
-    return total / b
+    """The policy's aggregate (the scores its private tokens are sampled from)."""
+    return torch.from_numpy(amin.aggregate(rows, public, clip, b))
 
 
 @settings(max_examples=50, deadline=None)
@@ -101,3 +100,87 @@ def test_policy_caps_private_tokens():
     assert toks[0] is not None and toks[1] is not None and toks[2] is None
     assert pol.stats()["private_tokens"] == 2
     assert math.isfinite(budget.rho)
+
+
+# ------------------------------------------------------------------ release-path checks
+
+
+def _policy_scores(monkeypatch, rows, public, clip, b):
+    """The scores the policy's private-token exponential mechanism actually receives (the SVT
+    is forced to answer "private")."""
+    seen = []
+
+    def record(scores, temperature, rng):
+        seen.append(np.array(scores, dtype=np.float64))
+        return 0
+
+    monkeypatch.setattr(amin, "exponential_mechanism", record)
+    budget = amin.AminBudget(clip, 1.0, 0.5, 0.5, 10, "correct")
+    policy = amin.AminPolicy(budget, b, 1.0, threshold=-1e9)
+    policy.choose(public, rows, None, np.random.default_rng(0))
+    assert len(seen) == 1
+    return seen[0]
+
+
+def _exact_gap(a, b):
+    from fractions import Fraction
+
+    return max(abs(Fraction(float(x)) - Fraction(float(y))) for x, y in zip(a, b, strict=True))
+
+
+def test_the_sampled_aggregate_is_within_2c_over_b_exactly(monkeypatch):
+    """The aggregate the policy samples from moves by at most Δ = 2C/B when one reference is
+    replaced by the empty one — in exact arithmetic on the float64 values the sampler gets, for
+    float32 logits at 20–40 (where a float32 aggregate exceeds 2C/B by ~3e-6), extreme and
+    non-finite private logits included."""
+    from fractions import Fraction
+
+    g = torch.Generator().manual_seed(0)
+    c, b = 0.05, 7
+    bound = Fraction(2) * Fraction(c) / b
+    for trial in range(300):
+        public = (20 + 20 * torch.rand(64, generator=g)).to(torch.float32)
+        rows = (public + 3 * torch.randn(b, 64, generator=g)).to(torch.float32)
+        if trial % 10 == 0:  # extreme private logits: the clip still holds
+            rows[0, :4] = torch.tensor([math.nan, math.inf, -math.inf, 3.0e38])
+        j = trial % b
+        full = _policy_scores(monkeypatch, rows, public, c, b)
+        nulled = _policy_scores(monkeypatch, torch.cat([rows[:j], rows[j + 1:]]), public, c, b)
+        assert np.isfinite(full).all()
+        assert _exact_gap(full, nulled) <= bound
+    # worst cases in exact arithmetic: a reference whose top token is the public prompt's
+    # bottom one (+C against −C on both), for clip norms whose grid rounding goes up
+    for c in (0.05, 0.3, 1.0, 3.0, 7.7):
+        for b in (1, 2, 7):
+            public = torch.tensor([0.0, -100.0, -50.0, 1.0])
+            rows = torch.tensor([[-100.0, 0.0, 1.0, -100.0]] * b)
+            full = _policy_scores(monkeypatch, rows, public, c, b)
+            nulled = _policy_scores(monkeypatch, rows[1:], public, c, b)
+            assert _exact_gap(full, nulled) <= Fraction(2) * Fraction(c) / b
+
+
+def test_svt_noise_drawn_is_what_the_guarantee_charges(monkeypatch):
+    """The sparse vector test's noise as the policy draws it — threshold Lap(b₁), queries
+    Lap(b₂) — must be paid for by the charged ε_SVT: AboveThreshold with sensitivity Δ_d is
+    (Δ_d/b₁ + 2Δ_d/b₂)-DP per above-threshold answer, which must be ≤ ε_SVT = √(2ρ_SVT)."""
+    scales = []
+    real = amin.laplace
+
+    def record(scale, rng, *args, **kwargs):
+        scales.append(float(scale))
+        return real(scale, rng, *args, **kwargs)
+
+    monkeypatch.setattr(amin, "laplace", record)
+    for sigma, b in ((0.3, 8), (1.0, 3)):
+        scales.clear()
+        budget = amin.calibrate(5.0, 1e-6, b, 1.0, sigma, 10, "correct")
+        policy = amin.AminPolicy(budget, b, 1.0, threshold=1e9, sigma=sigma)  # never private
+        rng = np.random.default_rng(1)
+        public = torch.randn(12, dtype=torch.float64)
+        for _ in range(5):
+            policy.choose(public, torch.randn(b, 12, dtype=torch.float64), None, rng)
+        threshold_scale, query_scales = scales[0], scales[1:]
+        assert len(query_scales) == 5 and len(set(query_scales)) == 1
+        d_sens = amin.svt_query_sensitivity(budget.clip, b, "correct")
+        spent = d_sens / threshold_scale + 2 * d_sens / query_scales[0]
+        assert spent <= math.sqrt(2 * budget.rho_svt) * (1 + 1e-12)

@@ -322,3 +322,33 @@ def test_style_slot_and_all_null_references():
     assert not any("{style}" in p for p in model.prompts)
     assert any("Rephrase in" in p or "Rephrase with" in p or "Rephrase briefly" in p
                for p in model.prompts)
+
+
+def test_release_path_noise_pays_for_the_printed_rho(monkeypatch):
+    """The Gaussian noise Aug-PE actually adds — one N(0, σ_t²) per iteration, recorded where
+    the run draws it, through the registered method's path (``run_population``) — must pay for
+    the printed guarantee: Σ_t Δ²/(2σ_t²) ≤ ρ with Δ the histogram's true sensitivity."""
+    from dplang.privacy.guarantees import Adjacency
+    from dplang.textgen.methods import augpe
+    from dplang.textgen.methods.registry import MethodInputs
+
+    drawn = []
+    real = augpe.noisy_histogram
+
+    def record(counts, sigma, rng):
+        drawn.append(float(sigma))
+        return real(counts, sigma, rng)
+
+    monkeypatch.setattr(augpe, "noisy_histogram", record)
+    monkeypatch.setattr(augpe, "resolve_embedder", lambda _name: HashingEmbedder(dim=64))
+    for iterations in (1, 3):
+        drawn.clear()
+        inputs = MethodInputs(2.0, 1e-6, None, None, 2, 6, 1.0, 10,
+                              Adjacency.REPLACE_BY_NULL)
+        params = augpe._calibrate(inputs, {"iterations": iterations, "variations": 1})
+        model = ToyModel(vocab_size=31, eos_token_id=0, seed=1, eos_after=4)
+        augpe.run_population(params, model, REFS, 3, "Here is a review:\n", None, 5)
+        g = params.guarantee()
+        assert len(drawn) == iterations
+        paid = sum(params.sensitivity**2 / (2 * s * s) for s in drawn)
+        assert paid <= g.rho * (1 + 1e-12)

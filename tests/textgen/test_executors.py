@@ -431,7 +431,8 @@ class RefusingSource(ModelSource):
 
 
 def private(tmp_path, name):
-    return json.loads((tmp_path / name.replace(".jsonl", ".private.json")).read_text())
+    return json.loads((tmp_path / ".dplang-private" / name.replace(".jsonl", ".private.json"))
+                      .read_text())
 
 
 def manifest(tmp_path, name):
@@ -574,3 +575,16 @@ def test_workers_receive_no_ledger_location(tmp_path, monkeypatch):
     assert releases(plan) == 1
     assert len(recipes) == 1
     assert b"ledger-location-marker" not in pickle.dumps(recipes[0])
+
+
+
+def test_workers_receive_no_seed_dataset_or_paths(tmp_path, worker_inbox):
+    """A worker receives what it needs to decode — public calibrated parameters, its groups'
+    prompts and stream states — never the root seed, the dataset name, the data path or the
+    output path (docs/scaling.md)."""
+    seed, dataset = 123456789, "secret-clinic-notes"
+    plan, _, out = run(tmp_path, EOS_MODEL, "out-gen.jsonl", seed=seed, dataset=dataset,
+                       executor=LocalExecutor(workers=2))
+    worker_inbox.assert_nothing_secret(plan, seed, dataset)
+    _, _, inline = run(tmp_path, EOS_MODEL, "inline.jsonl", seed=seed, dataset=dataset)
+    assert out == inline

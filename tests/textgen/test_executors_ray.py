@@ -131,3 +131,21 @@ def test_ray_actors_load_the_model_for_a_prompt_side_driver(tmp_path, ray_instan
     _, got = run(tmp_path, resolve_prompt_side(spec, threads=1), "ray.jsonl",
                  RayExecutor(workers=1), num=4, spec=spec)
     assert got == inline
+
+
+def test_ray_actors_receive_no_seed_dataset_or_paths(tmp_path, ray_instance, worker_inbox):
+    """Like the local executor's workers: an actor gets public calibrated parameters, its
+    groups' prompts and stream states, never the root seed, the dataset name, the data path
+    or the output path."""
+    seed, dataset = 123456789, "secret-clinic-notes"
+    data = tmp_path / "refs.csv"
+    data.write_text("text\n" + "".join(f"review {i}: {'good ' * (i % 4)}\n" for i in range(36)))
+    template = tmp_path / "t.toml"
+    template.write_text('private = "Here: {reference}\\nAnother:"\npublic = "Another:"\n')
+    req = GenerationRequest(data=data, out=tmp_path / "out-gen.jsonl", batch_size=3,
+                            max_tokens=6, temperature=1.0, top_k=4, epsilon=10.0, seed=seed,
+                            prompt=str(template), concurrent_groups=2, dataset=dataset,
+                            ledger=tmp_path / "l.sqlite")
+    plan = plan_generation(req, lambda _spec: ToyModel(vocab_size=30, eos_after=3))
+    execute_plan(plan, executor=RayExecutor(workers=2))
+    worker_inbox.assert_nothing_secret(plan, seed, dataset)

@@ -72,9 +72,10 @@ def experiment(
 
     if cfg.written_seeds and not report_only:
         typer.echo("warning: this configuration writes its seeds ([sweep].seeds): a written "
-                   "seed is not secret and voids the privacy guarantee; use written seeds for "
-                   "toy or public data only (omit them to give every cell a secret seed)",
-                   err=True)
+                   "seed is not secret and voids the privacy guarantee, so its cells are toy "
+                   "runs (labelled so in their public manifests and in the ledger, refused "
+                   "when the dataset has a budget); use written seeds for toy or public data "
+                   "only (omit them to give every cell a secret seed)", err=True)
     try:
         with quiet_libraries(quiet):
             rows = run_experiment(cfg, out, _load_model, progress=say,

@@ -83,8 +83,8 @@ def _generate(
     top_k: int = typer.Option(50, "--top-k", help="Top-k+ parameter k; 0 = full vocabulary."),
     num: int | None = typer.Option(None, "--num", "-n", help="Generations (default ⌊N/B⌋)."),
     seed: int | None = typer.Option(
-        None, "--seed",
-        help="Secret seed (default: fresh OS entropy, kept in OUT.private.json, mode 600)."
+        None, "--seed", help="Secret seed (default: fresh OS entropy, kept in "
+        ".dplang-private/OUT.private.json, mode 600); one seed per release."
     ),
     concurrent_groups: int = typer.Option(
         DEFAULT_CONCURRENT_GROUPS, "--concurrent-groups", "-G", help="Groups decoded at once."

@@ -5,9 +5,10 @@ spent (ρ of the zCDP releases, (ε, δ) of the pure/approximate ones, and the t
 budget's δ, under the adjacency it holds for: the releases' common one, or replace-one when
 they mix adjacencies, each release's adjacency shown), the data-dependent releases apart
 (they are not differential privacy and are never summed into the DP total), and every release.
-``budget NAME --epsilon E --delta D`` sets a dataset's total budget. NAME is resolved as
-``--dataset`` resolves it (:func:`dplang.release.dataset_key`: an existing file means its
-resolved path).
+``budget NAME --epsilon E --delta D`` sets a dataset's total budget. NAME is a name, as with
+``--dataset`` (:func:`dplang.release.dataset_key`), even where a file of that name exists;
+``--data FILE`` instead of NAME (``show`` and ``budget``) names the key a release of FILE made
+without ``--dataset`` is charged to: the file's resolved path.
 
 ``--ledger`` (default ``$DPLANG_LEDGER``) is an SQLite file or a ``postgresql://`` URL (a ledger
 shared by several machines); a URL is printed with its password masked.
@@ -28,7 +29,7 @@ import typer
 
 from ..privacy.ledger import BudgetExceeded, PrivacyLedger
 from ..privacy.ledger_backends import is_ledger_url
-from ..release import ReleaseError, dataset_key
+from ..release import ReleaseError, dataset_key, dataset_name
 from .errors import fail
 
 app = typer.Typer(
@@ -46,13 +47,28 @@ LEDGER_HELP = ("Privacy ledger: an SQLite file, or a postgresql://USER@HOST/DB U
 LEDGER_OPTION = typer.Option(None, "--ledger", help=LEDGER_HELP)
 
 
-def _key(name: str) -> str:
-    """A dataset name as the commands key it (:func:`dplang.release.dataset_key`, the rule of
-    ``--dataset``): an existing file is named by its resolved path, any other name as is."""
+def _key(name: str | None, data: Path | None = None) -> str:
+    """The dataset key of ``NAME`` (a name as written: :func:`dplang.release.dataset_key`,
+    the rule of ``--dataset``) or of ``--data FILE`` (the file's resolved path: the key of its
+    releases made without ``--dataset``). Exactly one of the two."""
+    if name is not None and data is not None:
+        fail("give a dataset NAME or --data FILE, not both")
+    if data is not None:
+        if not data.is_file():
+            fail(f"--data {data} is not a file")
+        return dataset_name(data)
+    if name is None:
+        fail("give a dataset NAME or --data FILE")
     try:
         return dataset_key(name)
     except ReleaseError as exc:
         fail(str(exc))
+
+
+#: ``--data`` of ``show`` and ``budget``.
+DATA_OPTION = typer.Option(
+    None, "--data", help="Instead of NAME: the dataset a data file is charged to when a "
+    "release names no --dataset (its resolved path).")
 
 
 def _fmt_time(t: float) -> str:
@@ -98,6 +114,11 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
             "nominal_delta": spent.data_dependent_delta,
             "note": "no differential-privacy guarantee; not part of the DP total",
         },
+        "toy": {
+            "releases": spent.toy,
+            "note": "toy runs: their seed is public (written in a configuration file), so "
+                    "they have no privacy guarantee at all; not part of the DP total",
+        },
         "distinct_contents": len({r["data_digest"] for r in releases if r["data_digest"]}),
         "releases": [
             {"release_id": r["release_id"], "created": r["created"],
@@ -105,7 +126,8 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
              "unit": r["guarantee"].get("unit"), "adjacency": r["guarantee"].get("adjacency"),
              "rho": r["guarantee"].get("rho"),
              "epsilon": r["guarantee"].get("epsilon"), "delta": r["guarantee"].get("delta"),
-             "ex_ante": r["ex_ante"], "description": r["description"]}
+             "ex_ante": r["ex_ante"], "toy": bool(r["guarantee"].get("public_seed")),
+             "description": r["description"]}
             for r in releases
         ],
     }
@@ -140,7 +162,8 @@ def _dp_line(s: dict[str, Any]) -> str:
 
 
 def show(
-    dataset: str | None = typer.Argument(None, help="Only this dataset (name or data file)."),
+    dataset: str | None = typer.Argument(None, help="Only this dataset (its name)."),
+    data: Path | None = DATA_OPTION,
     ledger: str | None = LEDGER_OPTION,
     delta: float | None = typer.Option(
         None, "--delta", help="δ of the total (default: the budget's δ, else 1e-6)."),
@@ -153,8 +176,9 @@ def show(
     if ledger is not None and not is_ledger_url(ledger) and not Path(ledger).exists():
         fail(f"no ledger at {ledger}")
     book = PrivacyLedger(ledger)
-    names = book.datasets() if dataset is None else [_key(dataset)]
-    if dataset is not None and names[0] not in book.datasets():
+    one = dataset is not None or data is not None
+    names = [_key(dataset, data)] if one else book.datasets()
+    if one and names[0] not in book.datasets():
         fail(f"dataset {names[0]!r} is not in the ledger {book.location}")
     summaries = [dataset_summary(book, n, delta) for n in names]
     if as_json:
@@ -181,13 +205,19 @@ def show(
                 f"bound (nominal ε = {dd['nominal_epsilon']:.4g} in all): NOT differential "
                 "privacy and not in the total above; while they exist the dataset as a whole "
                 "has no DP guarantee")
+        if s["toy"]["releases"]:
+            lines.append(
+                f"  TOY RUNS        {s['toy']['releases']} release(s) with a public seed "
+                "(written in a configuration file): NO privacy guarantee, not in the total "
+                "above; use such seeds on toy or public data only")
         if s["distinct_contents"] > 1:
             lines.append(f"  contents        charged with {s['distinct_contents']} different "
                          "file contents under this name")
         if releases:
             lines.append(f"  releases ({len(s['releases'])}):")
             for r in s["releases"]:
-                kind = "DP" if r["ex_ante"] else "DATA-DEPENDENT (not DP)"
+                kind = ("TOY RUN (public seed, not DP)" if r["toy"] else
+                        "DP" if r["ex_ante"] else "DATA-DEPENDENT (not DP)")
                 lines.append(f"    {_fmt_time(r['created'])}  {r['mechanism']:<20} "
                              f"{_level(r):<34} {r['adjacency'] or '?':<15} {kind}  "
                              f"{r['description']}  [{r['release_id'][:12]}]")
@@ -195,7 +225,8 @@ def show(
 
 
 def budget(
-    dataset: str = typer.Argument(..., help="Dataset name (or its data file: resolved path)."),
+    dataset: str | None = typer.Argument(None, help="Dataset name (as --dataset gives it)."),
+    data: Path | None = DATA_OPTION,
     epsilon: float = typer.Option(..., "--epsilon", help="Total ε of the budget."),
     delta: float = typer.Option(..., "--delta", help="Total δ of the budget."),
     ledger: str | None = LEDGER_OPTION,
@@ -205,8 +236,8 @@ def budget(
         fail(f"--epsilon must be > 0, got {epsilon}")
     if not 0 < delta < 1:
         fail(f"--delta must be in (0, 1), got {delta}")
+    key = _key(dataset, data)
     book = PrivacyLedger(ledger)
-    key = _key(dataset)
     try:
         book.set_budget(key, epsilon, delta)
     except BudgetExceeded as exc:
@@ -216,15 +247,17 @@ def budget(
     typer.echo(f"budget of dataset {key}: ε = {epsilon:g}, δ = {delta:g}; spent so far "
                f"ε = {0.0 if spent is None else spent:.6g} over {s['dp']['releases']} DP "
                f"release(s) (ledger {book.location})")
-    literal = dataset.strip()
-    if literal != key and literal in book.datasets():
-        typer.echo(f"warning: the ledger also holds a dataset named {literal!r} as such (a "
-                   "--dataset name given where no such file existed, or by an older dplang "
-                   f"that did not resolve file names); its releases are not counted in the "
-                   f"budget of {key}", err=True)
+    if dataset is not None and Path(key).is_file():
+        typer.echo(f"warning: {key!r} is a dataset name, and also a file here: its budget "
+                   f"counts the releases made with --dataset {key}; a release of the file "
+                   f"without --dataset is charged to its resolved path, {dataset_name(key)} "
+                   f"(budget that one with `dplang ledger budget --data {key}`)", err=True)
     if s["data_dependent"]["releases"]:
         typer.echo(f"warning: {key} already has {s['data_dependent']['releases']} "
                    "data-dependent release(s), which no DP budget covers", err=True)
+    if s["toy"]["releases"]:
+        typer.echo(f"warning: {key} already has {s['toy']['releases']} toy run(s) (a public "
+                   "seed), which no DP budget covers", err=True)
 
 
 app.command("show")(show)

@@ -35,6 +35,7 @@ from dplang.io import (
     iter_json_objects,
     read_records,
 )
+from dplang.release import find_private, private_side_path
 
 __all__ = [
     "EvaluationError",
@@ -61,10 +62,12 @@ def manifest_path_for(out: str | Path) -> Path:
 
 
 def private_path_for(out: str | Path) -> Path:
-    """The private side file of a ``dplang generate`` output: ``x.jsonl`` → ``x.private.json``
-    (same rule as :func:`dplang.textgen.orchestration.private_path_for`)."""
+    """The private side file of a ``dplang generate`` output: ``x.jsonl`` →
+    ``.dplang-private/x.private.json`` (same rule as
+    :func:`dplang.textgen.orchestration.private_path_for`), or ``x.private.json`` beside it for
+    a run of an older dplang (:func:`dplang.release.find_private`)."""
     out = Path(out)
-    return out.with_name(out.name.removesuffix(".jsonl") + ".private.json")
+    return find_private(private_side_path(out, out.name.removesuffix(".jsonl") + ".private.json"))
 
 
 @dataclass

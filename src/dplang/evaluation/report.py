@@ -20,6 +20,7 @@ from typing import Any
 
 from dplang.evaluation.plots import plot_metrics
 from dplang.evaluation.registry import RunValue, get_metric
+from dplang.release import private_dir
 
 __all__ = ["json_safe", "render_markdown", "write_outputs"]
 
@@ -182,10 +183,13 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def write_outputs(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
-    """Write plots, ``report.md`` and ``metrics.json`` into ``out_dir`` (created if needed);
-    returns the paths written (``metrics.json`` last)."""
+    """Write plots, ``report.md`` and ``metrics.json`` into ``out_dir`` (created if needed,
+    with mode 700: every file in it is private, and a private file's size and times are
+    visible to anyone who may search its folder); returns the paths written
+    (``metrics.json`` last)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if not out.exists():
+        private_dir(out)
     written: list[Path] = []
     for name in result["settings"]["metrics"]:
         spec = get_metric(name)

@@ -219,6 +219,9 @@ def run_canaries(
                     batch_size=s.batch_size, max_tokens=s.max_tokens,
                     temperature=s.temperature, top_k=s.top_k, epsilon=eps, delta=s.delta,
                     num=s.num, seed=seed, model=s.model, prompt=s.prompt,
+                    # the audit couples the runs with and without the canaries (the same
+                    # noise for both): toy runs in a throw-away ledger, never releases
+                    coupling="canaries", public_seed=True,
                     concurrent_groups=s.concurrent_groups,
                     ledger=tmp / "ledger.sqlite", dataset=f"canaries-{side}",
                 )

@@ -52,11 +52,12 @@ hyperparameters on private data costs the sequential composition of its cells ag
 budget as every other release of that data, and ``results.md`` reports that total.
 
 Seeds. By default (``replicates = N``) every private cell draws a fresh secret seed from the
-operating system, kept in the cell's private side file ``cells/<key>/gen.private.json`` (mode
-600) so that an interrupted cell resumes. A seed written in the configuration (``seeds = [...]``)
-is not secret — whoever reads the config can invert the sampler — so written seeds are for toy or
-public data only (reproducing a paper on a public benchmark); ``results.md`` then says that the
-cells carry no privacy guarantee.
+operating system, kept in the cell's private side file
+``cells/<key>/.dplang-private/gen.private.json`` (mode 600) so that an interrupted cell
+resumes. A seed written in the configuration (``seeds = [...]``) is not secret — whoever
+reads the config can invert the sampler — so written seeds are for toy or public data only
+(reproducing a paper on a public benchmark); such cells are toy runs: ``results.md``, their
+public manifests and the ledger say that they carry no privacy guarantee.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Layout of the output directory::
                                                      config (split by position only), mode 600
     DIR/cells/<key>/gen.jsonl, gen.manifest.json     generations of one cell (the release) and
                                                      their public manifest
-    DIR/cells/<key>/gen.private.json                 PRIVATE: the cell's secret seed, data
+    DIR/cells/<key>/.dplang-private/gen.private.json PRIVATE: the cell's secret seed, data
                                                      digest, counts (mode 600)
     DIR/cells/<key>/eval/metrics.json                PRIVATE: its evaluation (the cell's "done"
                                                      marker), report.md and plots (mode 600)
@@ -19,7 +19,10 @@ rows of the same data: MAUVE, perplexity and the other results are statistics of
 rows, not differentially private releases, and the timings are durations of computations on
 private data (a side channel). Every such file is therefore written with mode 600 from
 creation; publish them (``chmod``) only when the held-out data is public and the timings may be
-known. The only world-readable files are the releases and their public manifests.
+known. The only world-readable files are the releases and their public manifests, and DIR itself
+is mode 700 (only its owner can enter it: a mode-600 file's size and times are visible to
+anyone who may search its folder, and they differ between neighbouring datasets): publish a
+cell by copying its release and manifest out.
 
 A finished cell (its ``eval/metrics.json`` exists) is skipped on rerun; an interrupted cell
 resumes its generation where it stopped (with the seed kept in its private side file).
@@ -43,14 +46,16 @@ from typing import Any
 from ..io import Record, file_digest, iter_json_objects, read_records
 from ..models.base import LogitsModel
 from ..privacy.accounting import rho_to_epsilon
-from ..privacy.ledger import LedgerError, PrivacyLedger, check_ledger_path
+from ..privacy.ledger import BudgetExceeded, LedgerError, PrivacyLedger, check_ledger_path
 from ..release import (
     PRIVATE_MODE,
     ReleaseError,
     RunLock,
     check_output_path,
     dataset_name,
+    find_private,
     fsync_dir,
+    private_dir,
     write_atomic,
     write_json,
 )
@@ -264,10 +269,19 @@ def preflight(config: ExperimentConfig, out_dir: Path, ledger: str | Path | None
     Raises :class:`ConfigError`, :class:`GenerationError` or ``ReferenceDataError``."""
     try:
         check_output_path(out_dir, what="--out", directory=True)
-        check_ledger_path(ledger)
-        dataset_name(config.data_path, dataset or config.dataset)
+        where = check_ledger_path(ledger)
+        name = dataset_name(config.data_path, dataset or config.dataset)
     except (ReleaseError, LedgerError) as exc:
         raise ConfigError(str(exc)) from None
+    toys = [c.key for c in config.cells if c.method != "public" and c.seed is not None]
+    if toys and not (isinstance(where, Path) and not where.exists()) \
+            and PrivacyLedger(ledger).budget(name) is not None:
+        # the ledger would refuse the first toy cell at its charge: refuse the sweep now
+        raise BudgetExceeded(
+            f"dataset {name} has a differential-privacy budget and this configuration writes "
+            f"its seeds ([sweep].seeds): its cells ({', '.join(toys[:3])}"
+            f"{', ...' if len(toys) > 3 else ''}) would be toy runs with no privacy guarantee; "
+            "remove the seeds (each cell then gets a fresh secret seed)")
     if check_model is not None:
         try:
             check_model(config.model)
@@ -343,6 +357,7 @@ def _request(config: ExperimentConfig, cell: Cell, data: Path, out: Path,
         data=data, out=out, batch_size=cell.batch_size, max_tokens=config.max_tokens,
         temperature=cell.temperature, top_k=cell.top_k, epsilon=cell.epsilon,
         delta=config.delta, num=config.num, seed=cell.seed,
+        public_seed=cell.seed is not None,  # a seed written in the config: a toy run
         concurrent_groups=config.concurrent_groups, prompt=config.prompt,
         group_by=config.group_by, model=config.model, ledger=ledger, dataset=dataset,
         method=cell.method,
@@ -445,7 +460,11 @@ def run_experiment(
         digest, specs, states = preflight(config, out_dir, ledger, dataset, check_model,
                                           overwrite)
         name = dataset_name(config.data_path, dataset or config.dataset)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        # the sweep's folder is private as a whole (mode 700, an older one tightened): it holds
+        # copies of private rows, side files, evaluations and timings, whose sizes and times
+        # another user could otherwise read with stat; publish a cell by copying its gen.jsonl
+        # and gen.manifest.json out
+        private_dir(out_dir)
         fresh_split = not (out_dir / "data" / "references.jsonl").exists()
         refs, real = (None, None) if report_only else split_data(config, out_dir, digest)
         try:
@@ -559,14 +578,15 @@ def _remove_empty_cell(cell_dir: Path) -> None:
 
 def sweep_spend(ledger_path: str | Path | None, release_ids: list[str], delta: float
                 ) -> tuple[float, float, int]:
-    """(Σρ, ε at δ, number of releases) of the given releases as recorded in the ledger
-    (sequential composition: every cell reads the same references)."""
+    """(Σρ, ε at δ, number of releases) of the given DP releases as recorded in the ledger
+    (sequential composition: every cell reads the same references). Toy runs (a seed written
+    in the config) are not DP releases and are left out."""
     book = PrivacyLedger(ledger_path)
     rho = 0.0
     found = 0
     for rid in dict.fromkeys(release_ids):
         rec = book.release(rid)
-        if rec is None:
+        if rec is None or rec["guarantee"].get("public_seed"):
             continue
         found += 1
         rho += float(rec["guarantee"].get("rho") or 0.0)
@@ -576,7 +596,7 @@ def sweep_spend(ledger_path: str | Path | None, release_ids: list[str], delta: f
 def _cell_release_ids(out_dir: Path, config: ExperimentConfig) -> list[str]:
     ids = []
     for cell in config.cells:
-        side = private_path_for(out_dir / "cells" / cell.key / "gen.jsonl")
+        side = find_private(private_path_for(out_dir / "cells" / cell.key / "gen.jsonl"))
         if cell.method != "public" and side.exists():
             try:
                 ids.append(str(json.loads(side.read_text(encoding="utf-8"))["release_id"]))

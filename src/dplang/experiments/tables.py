@@ -139,11 +139,14 @@ def privacy_section(config: ExperimentConfig, sweep_rho: float, sweep_eps: float
     if config.written_seeds:
         lines += ["", "**No privacy guarantee: the cells used seeds written in the "
                   "configuration (`seeds = [...]`).** A seed that is not secret lets anyone "
-                  "invert the sampler; written seeds are for toy or public data only. The "
-                  "ledger charges above are recorded all the same."]
+                  "invert the sampler; written seeds are for toy or public data only. Such "
+                  "cells are toy runs everywhere: their public manifests say so (`toy_run`, "
+                  "`guarantee.public_seed`), and the ledger records them as toy runs, outside "
+                  "every DP total (a dataset with a budget refuses them)."]
     else:
         lines += ["", "Each private cell drew a fresh secret seed from the operating system, "
-                  "kept in its private side file `cells/<key>/gen.private.json` (mode 600)."]
+                  "kept in its private side file `cells/<key>/.dplang-private/gen.private.json` "
+                  "(mode 600)."]
     lines += ["", "The utility figures (MAUVE, perplexity) are computed against held-out real "
               "rows of the same data: they are statistics of private data, not differentially "
               "private; publish them only when the held-out rows are public."]

@@ -47,6 +47,9 @@ import numpy as np
 
 from .universe import CantorPairs, FiniteUniverse, Naturals, Shortlex, Universe, cantor_pair
 
+#: int64's range: naturals beyond it are decided one Python int at a time.
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
 __all__ = [
     "DFA",
     "DFALanguage",
@@ -374,9 +377,16 @@ class NatSet(Language):
     def contains_many(self, items: Iterable[Any]) -> np.ndarray:
         arr = np.asarray(items if isinstance(items, np.ndarray) else list(items))
         if arr.dtype.kind == "O":  # e.g. numbers mixed with noise symbols
+            values = arr.tolist()
             is_int = np.fromiter((isinstance(v, int | np.integer) and not isinstance(v, bool)
-                                  for v in arr.tolist()), dtype=bool, count=arr.size)
-            out = np.zeros(arr.shape, dtype=bool)
+                                  and _INT64_MIN <= v <= _INT64_MAX for v in values),
+                                 dtype=bool, count=arr.size)
+            # a natural beyond int64 (any element of ℕ₀ is in the domain) is decided exactly,
+            # one Python int at a time
+            out = np.fromiter((isinstance(v, int) and not isinstance(v, bool) and not ok
+                               and self.contains(v)
+                               for ok, v in zip(is_int, values, strict=True)),
+                              dtype=bool, count=arr.size)
             if is_int.any():
                 out[is_int] = self.contains_many(arr[is_int].astype(np.int64))
             return out

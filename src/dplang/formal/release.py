@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..privacy.randomness import RandomStreams
-from ..release import Release, ReleaseError
+from ..release import Release, ReleaseError, private_side_path
 from .collections import Collection, finite_collection
 from .languages import DFALanguage, dfa_language
 from .limit import (
@@ -41,6 +41,9 @@ from .universe import CantorPairs, FiniteUniverse, Naturals, Shortlex, Universe
 
 __all__ = ["FormalDataError", "ReleaseOutcome", "custom_collection", "read_elements",
            "release_on_data"]
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class FormalDataError(ValueError):
@@ -164,7 +167,7 @@ def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path
                            fingerprint=fingerprint, dataset=dataset, seed=seed, ledger=ledger,
                            description=f"dplang formal run {alg.name} → {out}")
     release.charge(on_warning)  # before anything is written (DESIGN invariant 6)
-    rng = RandomStreams(release.seed).generator(0)
+    rng = RandomStreams(release.stream_seed).generator(0)  # fresh for every release
     rows: list[dict[str, Any]] = []
     if stream_alg:
         stream = ExplicitStream(elements, collection.universe, name="data")
@@ -178,8 +181,8 @@ def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path
         rows.append({"output": _describe(w), "subset": format(subset, "b"),
                      "closure": u.describe()})
     else:
-        arr = (np.asarray(elements, dtype=np.int64) if all(isinstance(e, int)
-                                                             for e in elements)
+        arr = (np.asarray(elements, dtype=np.int64) if all(
+            isinstance(e, int) and _INT64_MIN <= e <= _INT64_MAX for e in elements)
                else np.asarray(elements, dtype=object))
         sel = alg.run(arr, collection, rng)
         rows.append({"index": sel.index, "output": _describe(sel.output),
@@ -188,7 +191,7 @@ def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path
 
     out.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out / "results.csv", "manifest": out / "manifest.json",
-             "private": out / "formal.private.json"}
+             "private": private_side_path(out / "results.csv", "formal.private.json")}
     release.write_private(paths["private"], release.private_record(keep_seed=False,
                                                                    data={"elements": n}))
     manifest = release.public_manifest(algorithm=alg.name, parameters=parameters,

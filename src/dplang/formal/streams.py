@@ -364,7 +364,7 @@ class ExplicitStream(Stream):
     def _prefix_array(self, t: int) -> np.ndarray:
         if self._arr is None:
             vals = self.values
-            if vals and all(isinstance(v, int) for v in vals):
+            if vals and all(isinstance(v, int) and -(2**63) <= v < 2**63 for v in vals):
                 self._arr = np.asarray(vals, dtype=np.int64)
             else:
                 self._arr = np.empty(len(vals), dtype=object)

@@ -239,19 +239,21 @@ def compose_sequential(
     unit, adjacency = _common(guarantees, "sequential")
     name = mechanism or "+".join(dict.fromkeys(g.mechanism for g in guarantees))
     ex_ante = all(g.ex_ante for g in guarantees)
+    toy = any(g.public_seed for g in guarantees)  # one public seed voids the whole
     details = {"composition": "sequential", "parts": len(guarantees)}
     if all(g.is_pure and g.rho is None for g in guarantees):
         return Guarantee(
-            name, unit, adjacency, None, sum(g.epsilon for g in guarantees), 0.0, ex_ante, details
+            name, unit, adjacency, None, sum(g.epsilon for g in guarantees), 0.0, ex_ante, details,
+            toy,
         )
     if any(g.rho is None and not g.is_pure for g in guarantees):
         eps = sum(g.epsilon for g in guarantees)
         dlt = sum(g.delta for g in guarantees)
-        return Guarantee(name, unit, adjacency, None, eps, dlt, ex_ante, details)
+        return Guarantee(name, unit, adjacency, None, eps, dlt, ex_ante, details, toy)
     rho = sum(g.rho if g.rho is not None else pure_to_zcdp(g.epsilon) for g in guarantees)
     target = delta if delta is not None else max(g.delta for g in guarantees)
     return Guarantee(
-        name, unit, adjacency, rho, rho_to_epsilon(rho, target), target, ex_ante, details
+        name, unit, adjacency, rho, rho_to_epsilon(rho, target), target, ex_ante, details, toy
     )
 
 
@@ -275,5 +277,6 @@ def compose_parallel(
     details = {"composition": "parallel over a data-independent partition",
                "parts": len(guarantees)}
     return Guarantee(
-        name, unit, adjacency, rho, eps, dlt, all(g.ex_ante for g in guarantees), details
+        name, unit, adjacency, rho, eps, dlt, all(g.ex_ante for g in guarantees), details,
+        any(g.public_seed for g in guarantees),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -57,7 +57,10 @@ class Guarantee:
     ``epsilon`` is its tight conversion at ``delta``); for a pure ε-DP release ``rho`` may be
     ``None`` and ``delta`` is 0. ``ex_ante`` is False for data-dependent guarantees (their value
     depends on the private data and is itself not private); ``details`` holds mechanism
-    parameters worth recording (clip norm, batch size, ...).
+    parameters worth recording (clip norm, batch size, ...). ``public_seed`` is True for a *toy
+    run*: a release whose random seed is public (written in a configuration file), so anyone
+    can recompute its noise and the release promises nothing; (ρ, ε, δ) are then what the
+    mechanism would promise with a secret seed.
     """
 
     mechanism: str
@@ -68,6 +71,7 @@ class Guarantee:
     delta: float
     ex_ante: bool = True
     details: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    public_seed: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "adjacency", Adjacency.parse(self.adjacency))
@@ -77,6 +81,17 @@ class Guarantee:
             raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
         if not 0 <= self.delta < 1:
             raise ValueError(f"delta must be in [0, 1), got {self.delta}")
+
+    @property
+    def is_dp(self) -> bool:
+        """True when the release satisfies differential privacy as stated: an ex-ante
+        guarantee whose seed is secret (not data-dependent, not a toy run)."""
+        return self.ex_ante and not self.public_seed
+
+    def as_toy(self) -> Guarantee:
+        """This guarantee for a toy run: the same numbers, marked as voided by a public
+        seed."""
+        return replace(self, public_seed=True)
 
     @property
     def is_pure(self) -> bool:
@@ -91,6 +106,14 @@ class Guarantee:
         estimate computed from the private data, which bounds nothing for neighbouring data
         sets (their estimate, hence their stopping point, differs)."""
         neighbours = _ADJACENCY_WORDS[self.adjacency].format(unit=self.unit)
+        if self.public_seed:
+            with_secret = replace(self, public_seed=False).summary()
+            return (
+                f"TOY RUN: the {self.mechanism} release satisfies NO privacy guarantee. Its "
+                f"random seed is public (written in a configuration file), so anyone who knows "
+                f"it can recompute the noise and undo it: use it on public or toy data only. "
+                f"With a secret seed the same mechanism would promise: {with_secret}"
+            )
         if not self.ex_ante:
             return (
                 f"The {self.mechanism} release does NOT satisfy differential privacy. Its "
@@ -119,9 +142,12 @@ class Guarantee:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict (inverse: :meth:`from_dict`)."""
+        """A JSON-serialisable dict (inverse: :meth:`from_dict`). ``public_seed`` appears only
+        when True (a toy run), so other releases' records are unchanged."""
         out = asdict(self)
         out["adjacency"] = self.adjacency.value
+        if not self.public_seed:
+            del out["public_seed"]
         return out
 
     def to_json(self) -> str:

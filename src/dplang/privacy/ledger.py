@@ -10,7 +10,7 @@ budget. The SHA-256 of the content used by each release is kept in the ledger on
 :meth:`PrivacyLedger.content_warnings` can tell the data holder when a name's content changed
 or when the same bytes were already charged under another name. A copy with other bytes charged
 under another name (its own path, by default) gets a fresh budget without any warning: only
-one name per dataset protects it (names are resolved by :func:`dplang.release.dataset_key`).
+one name per dataset protects it (a name is a name: :func:`dplang.release.dataset_key`).
 
 Each dataset may carry a total (ε, δ) budget. Every release is written to the ledger *before* its
 output is written (``docs/privacy.md`` invariant 6); a release that would take the
@@ -41,13 +41,18 @@ replace-by-null; the ledger states the stronger, replace-one total. Budgets are 
 the total so stated, so the first release whose adjacency differs from the others' can be
 refused although its own cost fits: it makes the earlier ones count 4ρ.
 
-Data-dependent releases (``Guarantee.ex_ante`` False, e.g. the AdaPMixED baseline) have no
-differential-privacy guarantee: they are recorded and shown separately, never summed into the
-DP total, and a dataset with a budget refuses them (no DP budget can account for them).
+Data-dependent releases (``Guarantee.ex_ante`` False, e.g. the AdaPMixED baseline) and toy runs
+(``Guarantee.public_seed`` True: a seed written in a configuration file) have no
+differential-privacy guarantee: they are recorded and shown separately (the ``ex_ante`` column
+is 0 for both; the recorded guarantee says which), never summed into the DP total, and a
+dataset with a budget refuses them (no DP budget can account for them).
 
 Charging is idempotent per ``release_id``. The release pipeline (:mod:`dplang.release`)
 identifies a release by everything that determines its output (parameters, data, seed), so
-resuming an interrupted run charges nothing new while a new seed is a new charge.
+resuming an interrupted run charges nothing new while a new seed is a new charge. A seed is
+the secret of one release: the ledger keeps a tag of it (H(dataset, seed), ``seed_tag``) and
+refuses it for a second release of the same dataset (:class:`SeedReused`), although each
+release already derives its noise from the seed *and* its release id.
 
 Privacy of the ledger itself: it holds content digests, dataset names, output paths and
 release ids (hashes that include the seed), so it is as private as the data. A file is created
@@ -82,12 +87,20 @@ from .ledger_backends import (
     schema_statements,
 )
 
-__all__ = ["REPLACE_ONE_DISTANCE", "BudgetExceeded", "LedgerError", "PrivacyLedger", "Spend",
-           "check_ledger_path", "default_ledger_path", "to_replace_one"]
+__all__ = ["REPLACE_ONE_DISTANCE", "BudgetExceeded", "LedgerError", "PrivacyLedger", "SeedReused",
+           "Spend", "check_ledger_path", "default_ledger_path", "to_replace_one"]
 
 
 class BudgetExceeded(RuntimeError):
     """The release would exceed the dataset's privacy budget; nothing was recorded."""
+
+
+class SeedReused(BudgetExceeded):
+    """The release's seed was already used for another release of the same dataset; nothing
+    was recorded. (Each release derives its noise from the seed *and* its release id, so a
+    reused seed no longer repeats the noise; the ledger refuses it anyway, as a second line of
+    defence: a seed is the secret of one release.) A subclass of :class:`BudgetExceeded`: the
+    commands refuse it the same way (exit code 3, nothing written)."""
 
 
 def check_ledger_path(path: str | Path | None = None) -> Path | str:
@@ -155,8 +168,8 @@ class Spend:
     there is no DP release. ``by_adjacency`` holds the unconverted sums per adjacency
     (adjacency, Σρ, Σε, Σδ, releases). ``releases``: all releases, data-dependent ones
     included; ``data_dependent``: releases with no ex-ante DP guarantee, with their nominal
-    (target) ε and δ summed in ``data_dependent_epsilon``/``_delta`` — these are NOT part of
-    any DP total."""
+    (target) ε and δ summed in ``data_dependent_epsilon``/``_delta``; ``toy``: toy runs (a
+    public seed: no guarantee at all) — neither is part of any DP total."""
 
     rho: float
     approx_epsilon: float
@@ -168,21 +181,25 @@ class Spend:
     adjacency: str | None = None
     converted: int = 0
     by_adjacency: tuple[tuple[str, float, float, float, int], ...] = ()
+    toy: int = 0
 
     @classmethod
     def compose(cls, dp: list[tuple[str, float | None, float, float]],
-                data_dependent: list[tuple[float, float]] | None = None) -> Spend:
-        """The spend of DP releases given as (adjacency, ρ or None, ε, δ) and data-dependent
-        ones as (nominal ε, nominal δ): sums per adjacency, then one total (see the class)."""
+                data_dependent: list[tuple[float, float]] | None = None,
+                toy: int = 0) -> Spend:
+        """The spend of DP releases given as (adjacency, ρ or None, ε, δ), data-dependent
+        ones as (nominal ε, nominal δ) and ``toy`` toy runs: sums per adjacency, then one
+        total (see the class)."""
         sums: dict[str, tuple[float, float, float, int]] = {}
         for adjacency, rho, eps, dlt in dp:
             sums[adjacency] = _add(sums.get(adjacency), rho, eps, dlt)
         dd = data_dependent or []
-        return cls._from_sums(sums, len(dd), sum(e for e, _ in dd), sum(d for _, d in dd))
+        return cls._from_sums(sums, len(dd), sum(e for e, _ in dd), sum(d for _, d in dd),
+                              toy)
 
     @classmethod
     def _from_sums(cls, sums: dict[str, tuple[float, float, float, int]], dd: int,
-                   dd_eps: float, dd_delta: float) -> Spend:
+                   dd_eps: float, dd_delta: float, toy: int = 0) -> Spend:
         parts = tuple((a, *sums[a]) for a in sorted(sums))
         converted = 0
         if len(parts) == 1:
@@ -196,9 +213,9 @@ class Spend:
                 rho, eps, dlt = rho + r2, eps + e2, dlt + d2
                 if REPLACE_ONE_DISTANCE[a] > 1:
                     converted += count
-        releases = sum(p[4] for p in parts) + dd
+        releases = sum(p[4] for p in parts) + dd + toy
         return cls(rho, eps, min(dlt, 1.0), releases, dd, dd_eps, dd_delta, adjacency,
-                   converted, parts)
+                   converted, parts, toy)
 
     def plus(self, guarantee: Guarantee) -> Spend:
         """This spend with one more DP release (``guarantee.ex_ante`` must be True)."""
@@ -206,12 +223,12 @@ class Spend:
         sums[guarantee.adjacency] = _add(sums.get(guarantee.adjacency), guarantee.rho,
                                          guarantee.epsilon, guarantee.delta)
         return Spend._from_sums(sums, self.data_dependent, self.data_dependent_epsilon,
-                                self.data_dependent_delta)
+                                self.data_dependent_delta, self.toy)
 
     @property
     def dp_releases(self) -> int:
-        """Releases with an ex-ante DP guarantee (those the totals cover)."""
-        return self.releases - self.data_dependent
+        """Releases with an ex-ante DP guarantee and a secret seed (those the totals cover)."""
+        return self.releases - self.data_dependent - self.toy
 
     def epsilon_at(self, delta: float) -> float:
         """Total ε of the DP releases at total δ = ``delta``, under :attr:`adjacency` (inf when
@@ -328,8 +345,9 @@ class PrivacyLedger:
             (dataset,)
         ).fetchall()
         dp = [(_adjacency(r[4]), r[0], r[1], r[2]) for r in rows if r[3]]
-        dd = [(r[1], r[2]) for r in rows if not r[3]]
-        return Spend.compose(dp, dd)
+        toy = [r for r in rows if not r[3] and json.loads(r[4]).get("public_seed")]
+        dd = [(r[1], r[2]) for r in rows if not r[3] and r not in toy]
+        return Spend.compose(dp, dd, len(toy))
 
     def has_release(self, release_id: str) -> bool:
         with self._connect() as db:
@@ -370,7 +388,7 @@ class PrivacyLedger:
         """A warning when charging ``guarantee`` makes the dataset's DP releases mix
         adjacencies: from then on its total is stated under replace-one, the other releases
         counted by group privacy (module docstring). For the data holder's terminal."""
-        if not guarantee.ex_ante:
+        if not guarantee.is_dp:
             return []
         before = self.spent(dataset)
         after = before.plus(guarantee)
@@ -384,14 +402,17 @@ class PrivacyLedger:
 
     def charge(
         self, dataset: str, release_id: str, guarantee: Guarantee, description: str = "",
-        data_digest: str | None = None,
+        data_digest: str | None = None, seed_tag: str | None = None,
     ) -> bool:
         """Record a release before its output is written.
 
         Returns False (and charges nothing) when ``release_id`` is already recorded, True when
-        it was recorded now. Raises :class:`BudgetExceeded` when the dataset has a budget and
-        this release would exceed it, or when it has a budget and the release is
-        data-dependent (no ex-ante DP guarantee); then nothing is recorded.
+        it was recorded now. Raises :class:`SeedReused` when ``seed_tag`` (a hash of the
+        dataset and the release's seed; :attr:`dplang.release.Release.seed_tag`) was already
+        recorded for another release of the dataset, and :class:`BudgetExceeded` when the
+        dataset has a budget and this release would exceed it, or when it has a budget and
+        the release is not DP (data-dependent, or a toy run with a public seed); then nothing
+        is recorded.
         """
         with self._write(dataset) as db:
             exists = db.execute(
@@ -399,17 +420,28 @@ class PrivacyLedger:
             ).fetchone()
             if exists:
                 return False
+            if seed_tag is not None and db.execute(
+                    "SELECT 1 FROM releases WHERE dataset = ? AND seed_tag = ? "
+                    "AND release_id != ? LIMIT 1", (dataset, seed_tag, release_id)).fetchone():
+                raise SeedReused(
+                    f"release refused: this seed was already used for another release of "
+                    f"dataset {dataset}; a seed is the secret of one release (rerunning the "
+                    "same command on the same data with it is the same release, anything else "
+                    "needs another one): pass another --seed, or none for a fresh secret seed"
+                )
             self._refuse_over_budget(db, dataset, guarantee)
             # DO NOTHING: the same release id committed meanwhile under another dataset's
             # lock (PostgreSQL locks per dataset) is a resumed release, not a new charge.
+            # ex_ante = 0 for every release that is not DP (data-dependent, or a toy run):
+            # never summed into the DP total; the guarantee says which kind it is
             inserted = db.execute(
                 "INSERT INTO releases (release_id, dataset, created, mechanism, rho, "
-                "epsilon, delta, guarantee, description, ex_ante, data_digest) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "epsilon, delta, guarantee, description, ex_ante, data_digest, seed_tag) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (release_id) DO NOTHING",
                 (release_id, dataset, time.time(), guarantee.mechanism, guarantee.rho,
                  guarantee.epsilon, guarantee.delta, guarantee.to_json(), description,
-                 int(bool(guarantee.ex_ante)), data_digest),
+                 int(guarantee.is_dp), data_digest, seed_tag),
             ).rowcount
             return inserted == 1
 
@@ -425,6 +457,14 @@ class PrivacyLedger:
         budget = db.execute(
             "SELECT epsilon, delta FROM budgets WHERE dataset = ?", (dataset,)
         ).fetchone()
+        if budget is not None and guarantee.public_seed:
+            raise BudgetExceeded(
+                f"release refused: dataset {dataset} has a differential-privacy "
+                f"budget and this {guarantee.mechanism} release is a toy run (its seed is "
+                "public, written in a configuration file), which has no privacy guarantee "
+                "at all: remove the seeds from the configuration (each release then gets "
+                "a fresh secret seed)"
+            )
         if budget is not None and not guarantee.ex_ante:
             raise BudgetExceeded(
                 f"release refused: dataset {dataset} has a differential-privacy "

@@ -75,6 +75,9 @@ CREATE INDEX IF NOT EXISTS releases_by_dataset ON releases (dataset);
 ADDED_COLUMNS = {
     "ex_ante": "INTEGER NOT NULL DEFAULT 1",
     "data_digest": "TEXT",
+    # H(dataset, seed) of the release's seed (None for toy runs and older releases): a seed is
+    # refused for a second release of the same dataset (privacy/ledger.py, SeedReused)
+    "seed_tag": "TEXT",
 }
 TABLES = frozenset({"budgets", "releases"})
 #: The columns every dplang ledger has had, per table.

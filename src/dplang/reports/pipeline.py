@@ -43,7 +43,15 @@ from typing import Any
 from .. import io
 from ..privacy.guarantees import Guarantee
 from ..privacy.ledger import LedgerError, check_ledger_path
-from ..release import Charge, Release, ReleaseError, RunLock, check_output_path, dataset_name
+from ..release import (
+    Charge,
+    Release,
+    ReleaseError,
+    RunLock,
+    check_output_path,
+    dataset_name,
+    legacy_private_path,
+)
 from .mechanism import FilterConfig, Report, ReportConfigError, calibrate, proposal_and_filter
 from .noise import SupportTest
 from .predicates import PredicateError, SupportPredicate
@@ -227,7 +235,7 @@ def check_report(request: ReportRequest) -> None:
         dataset_name(req.data, req.dataset)
     except (ReleaseError, LedgerError) as exc:
         raise ReportError(str(exc)) from None
-    existing = [p for p in req.outputs if p.exists()]
+    existing = [p for p in (*req.outputs, legacy_private_path(req.private_path)) if p.exists()]
     if existing and not req.overwrite:
         raise ReportError(f"{existing[0]} already exists; choose another --out, or --overwrite "
                           "to replace the report (after the new release is charged)")
@@ -355,7 +363,7 @@ def execute_report(plan: ReportPlan, *, on_warning: Callable[[str], None] | None
 def _execute_locked(plan: ReportPlan, on_warning: Callable[[str], None] | None,
                     status: Status | None) -> ReportResult:
     req = plan.request
-    existing = [p for p in req.outputs if p.exists()]
+    existing = [p for p in (*req.outputs, legacy_private_path(req.private_path)) if p.exists()]
     if existing and not req.overwrite:
         raise ReportError(f"{existing[0]} already exists; choose another --out, or --overwrite "
                           "to replace the report (after the new release is charged)")
@@ -369,7 +377,7 @@ def _execute_locked(plan: ReportPlan, on_warning: Callable[[str], None] | None,
     n, m = len(plan.texts), len(plan.candidates)
     with (status or _no_status)(f"evaluating {m} statements on {n} records…"):
         report = proposal_and_filter(plan.candidates, plan.texts, plan.predicate, plan.config,
-                                     seed=release.seed)
+                                     seed=release.stream_seed)
     try:  # the charge comes before anything is written
         charge = release.charge(on_warning)
     except LedgerError as exc:

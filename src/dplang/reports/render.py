@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..release import write_atomic
+from ..release import private_side_path, write_atomic
 from .mechanism import Certificate, Report
 from .noise import SupportTest
 
@@ -37,9 +37,10 @@ def report_paths(out: str | Path) -> tuple[Path, Path]:
 
 
 def private_path_for(out: str | Path) -> Path:
-    """``REPORT`` → ``REPORT.private.json``: the private side file (mode 600; never publish)."""
+    """``REPORT`` → ``.dplang-private/REPORT.private.json``: the private side file (mode 600,
+    in a folder only its owner can enter; never publish)."""
     json_path, _ = report_paths(out)
-    return json_path.with_name(json_path.stem + ".private.json")
+    return private_side_path(json_path, json_path.stem + ".private.json")
 
 
 def _clean(x: Any) -> Any:

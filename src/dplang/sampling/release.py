@@ -30,7 +30,14 @@ from ..privacy.accounting import BudgetLimitError, check_budget_limit
 from ..privacy.guarantees import Guarantee
 from ..privacy.ledger import LedgerError, check_ledger_path
 from ..privacy.randomness import RandomStreams
-from ..release import Release, RunLock, check_output_path, dataset_name
+from ..release import (
+    Release,
+    RunLock,
+    check_output_path,
+    dataset_name,
+    legacy_private_path,
+    private_side_path,
+)
 from ..release import ReleaseError as PipelineError
 from .base import sample_repeated
 from .kary import DiscreteLaplaceHistogramSampler, LaplaceHistogramSampler, RevealOrObscureSampler
@@ -129,8 +136,9 @@ def manifest_path_for(out: Path) -> Path:
 
 
 def private_path_for(out: Path) -> Path:
-    """``samples.csv`` → ``samples.csv.private.json`` (private side file, mode 600)."""
-    return out.with_name(out.name + ".private.json")
+    """``samples.csv`` → ``.dplang-private/samples.csv.private.json`` (private side file, mode
+    600, in a folder only its owner can enter)."""
+    return private_side_path(out, out.name + ".private.json")
 
 
 def check_request(req: ReleaseRequest) -> None:
@@ -162,7 +170,8 @@ def check_request(req: ReleaseRequest) -> None:
         check_ledger_path(req.ledger)
     except (PipelineError, LedgerError) as exc:
         raise ReleaseError(str(exc)) from None
-    if not req.overwrite and any(p.exists() for p in outputs):
+    if not req.overwrite and any(p.exists() for p in (*outputs,
+                                                       legacy_private_path(outputs[2]))):
         raise ReleaseError(f"{req.out} already exists; choose another --out, or --overwrite to "
                            "replace it (after the new release is charged)")
 
@@ -352,7 +361,7 @@ def _execute_locked(plan: ReleasePlan,
         dataset=plan.dataset, seed=req.seed, ledger=req.ledger,
         description=f"dplang sample ({req.method}, {req.num} draw(s)) → {req.out}")
     release.charge(on_warning)  # before anything is written
-    streams = RandomStreams(release.seed)
+    streams = RandomStreams(release.stream_seed)  # fresh for every release
     result = sample_repeated(plan.sampler, plan.records, req.num, streams, split=req.split,
                              delta=req.delta)
     if req.method in KARY_METHODS:

@@ -1034,9 +1034,10 @@ def plan_recipe(
     plan: _PlanLike,
     policy_factory: Callable[[int], Callable[[GroupJob], StepPolicy]],
 ) -> WorkerRecipe:
-    """The worker recipe of a planned run: the plan's request (model spec, dtype, B, T, G,
-    sparse head) with ``policy_factory`` (picklable: the request's policies rebuilt from its
-    public parameters) and the driver's model identity (public: no seed, no reference)."""
+    """The worker recipe of a planned run: public fields of the plan's request (model spec,
+    dtype, B, T, G, sparse head; never its seed, dataset name or paths) with
+    ``policy_factory`` (picklable: the policies rebuilt from the method's calibrated public
+    parameters) and the driver's model identity (public: no seed, no reference)."""
     req, model = plan.request, plan.model
     inline = executor is None or isinstance(executor, InlineExecutor)
     source = (ModelSource(spec=req.model, dtype=req.dtype) if inline

@@ -2,8 +2,9 @@
 
 ``plan_generation`` validates everything (hyperparameters, data, prompt template, model) and
 writes nothing; ``execute_plan`` goes through the release pipeline (:mod:`dplang.release`):
-it charges the privacy ledger, writes the private side file ``OUT.private.json`` (mode 600:
-seed, data path and digest, dataset name, read counts) and the public manifest
+it charges the privacy ledger, writes the private side file ``OUT.private.json`` (mode 600,
+in the mode-700 folder ``.dplang-private`` beside the output: seed, data path and digest,
+dataset name, read counts) and the public manifest
 ``OUT.manifest.json`` (parameters, guarantee, model: nothing computed from the private rows),
 and appends each finished generation to the output at once (flushed and fsynced), so a crash
 or Ctrl-C loses no finished generation. Rerunning the same command continues after the
@@ -31,7 +32,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +57,10 @@ from ..release import (
     Release,
     ReleaseError,
     RunLock,
+    adopt_legacy_private,
     check_output_path,
     dataset_name,
+    legacy_private_path,
     write_json,
 )
 from .batching import Batch, make_batches
@@ -118,6 +121,13 @@ class GenerationRequest:
     #: Replace what ``out`` holds (another run, or a stale private side file) with a new run.
     #: The old files are removed only once the new release has been charged.
     overwrite: bool = False
+    #: The seed is public (written in a configuration file): a *toy run*, whose guarantee is
+    #: void; it is labelled so in the public manifest and the ledger (``Guarantee.public_seed``).
+    public_seed: bool = False
+    #: Audits only (a toy run): draw the noise from streams rooted at (seed, this key) instead
+    #: of (seed, release id), so that runs on neighbouring datasets sharing seed and key are
+    #: coupled (:attr:`dplang.release.Release.coupling`).
+    coupling: str | None = None
 
 
 @dataclass
@@ -209,6 +219,7 @@ def _validate(req: GenerationRequest) -> None:
         (req.top_k >= 0, f"--top-k must be >= 0 (0 = full vocabulary), got {req.top_k}"),
         (req.num is None or req.num >= 1, f"--num must be >= 1, got {req.num}"),
         (req.seed is None or req.seed >= 0, f"--seed must be >= 0, got {req.seed}"),
+        (req.coupling is None or req.seed is not None, "coupled streams need a seed"),
         (req.concurrent_groups >= 1,
          f"--concurrent-groups must be >= 1, got {req.concurrent_groups}"),
         (req.max_reference_tokens >= 1,
@@ -366,7 +377,10 @@ def plan_generation(
     params = DecodingParams(method.clip, req.batch_size, req.temperature, req.top_k,
                             req.max_tokens, req.sparse_head)
     vocab = getattr(model, "vocab_size", None)
-    plan = GenerationPlan(req, model, template, batches, stats, digest, method.guarantee,
+    guarantee = method.guarantee
+    if req.public_seed or req.coupling is not None:  # a toy run: its seed voids the guarantee
+        guarantee = guarantee.as_toy()
+    plan = GenerationPlan(req, model, template, batches, stats, digest, guarantee,
                           params, method.policy_factory(vocab) if vocab is not None else None,
                           method, dataset=dataset)
     plan.jobs = [_job(plan, b) for b in batches]
@@ -426,7 +440,7 @@ def _shared_prefix(plan: GenerationPlan, labels: dict[str, str], public: str) ->
 #: the dataset name (private side file), concurrency (does not change the output) and
 #: ``overwrite`` (what to do with an earlier run, not what this run is).
 _NOT_FINGERPRINTED = ("seed", "ledger", "out", "concurrent_groups", "data", "dataset",
-                      "overwrite")
+                      "overwrite", "public_seed", "coupling")
 
 
 def _public_parameters(req: GenerationRequest, method: CalibratedMethod) -> dict[str, Any]:
@@ -547,6 +561,7 @@ def _execute_locked(
         dataset=plan.dataset, seed=seed, ledger=req.ledger, data_digest=plan.data_digest,
         description=f"dplang generate ({req.method}) → {req.out}",
         seed_source="resumed from the private side file" if resuming else None,
+        coupling=req.coupling,
     )
     done = set() if req.overwrite else finished_groups(req.out)
     pending = [j for j in plan.jobs if j.index not in done]
@@ -556,9 +571,10 @@ def _execute_locked(
                               "model; use --executor inline")
     recipe = (None if population is not None
               else plan_recipe(executor, plan,
-                              # workers rebuild the policies from public parameters: no
-                              # ledger location (a PostgreSQL URL may hold a password)
-                              functools.partial(policy_factory, replace(req, ledger=None))))
+                              # workers rebuild the policies from the calibrated public
+                              # parameters alone: never the request (its seed, dataset name,
+                              # data and output paths, ledger location)
+                              functools.partial(params_policy_factory, plan.method.params)))
     # Workers (local, ray) load the model and run its load-time checks now, before the charge:
     # a configuration they refuse stops the run with nothing charged or written.
     with executor_session(executor, recipe, len(pending)):
@@ -568,8 +584,11 @@ def _execute_locked(
         if on_charge is not None:
             on_charge(charge)
         if req.overwrite:  # the earlier run's files go only now that the new run is charged
-            for old in (req.out, plan.manifest_path, plan.private_path):
+            for old in (req.out, plan.manifest_path, plan.private_path,
+                        legacy_private_path(plan.private_path)):
                 old.unlink(missing_ok=True)
+        if resuming:  # a run of an older dplang: its side file moves into the private folder
+            adopt_legacy_private(plan.private_path)
         if plan.read_stats.absent_columns and on_warning is not None:
             # JSONL has no schema: a column in no record is not refused (its neighbour with the
             # key in one record would not be); the data holder is told.
@@ -630,16 +649,22 @@ def _execute_locked(
                             [ref for b in plan.batches for ref in b.references],
                             len(plan.batches),
                             plan.template.render(None, labels), plan.template.system,
-                            release.seed, on_step)
+                            release.stream_seed, on_step)
                         for res in results:
                             persist(res)
                         stats.pop("wall_clock_seconds", None)  # a duration: never public
                         manifest[plan.method.spec.name] = stats
+                        # which of them are DP outputs (docs/privacy.md, "Public and private
+                        # files"): the rest must be functions of public inputs
+                        manifest["released_statistics"] = [
+                            f"{plan.method.spec.name}.{key}"
+                            for key in plan.method.spec.released_statistics if key in stats]
                     status = "complete"
                     return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                                       time.time() - start, tokens)
                 assert recipe is not None
-                dispatch_plan(executor, plan, pending, release.seed, recipe, persist, on_step)
+                dispatch_plan(executor, plan, pending, release.stream_seed, recipe, persist,
+                              on_step)
                 status = "complete"
             finally:
                 manifest["status"] = status
@@ -653,13 +678,14 @@ def _execute_locked(
                           time.time() - start, tokens)
 
 
-def policy_factory(req: GenerationRequest, vocab: int) -> Callable[[GroupJob], StepPolicy]:
-    """``plan.make_policy`` rebuilt from the request alone (public parameters), so that an
-    executor's workers build the same step policies as the driver."""
-    factory = _calibrate(req).policy_factory(vocab)
-    if factory is None:
-        raise GenerationError(f"--method {req.method} is a population method: it has no "
-                              "per-group step policy")
+def params_policy_factory(params: MethodParams, vocab: int
+                          ) -> Callable[[GroupJob], StepPolicy]:
+    """The per-group step policies of a token method from its calibrated parameters alone
+    (what an executor's workers receive: public, picklable; no seed, no dataset name, no
+    path)."""
+    factory = params.policy_factory(vocab)  # type: ignore[attr-defined]
+    if factory is None:  # pragma: no cover - population methods have no recipe
+        raise GenerationError("a population method has no per-group step policy")
     return factory
 
 

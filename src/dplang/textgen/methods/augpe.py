@@ -652,4 +652,7 @@ SPEC = register_method(MethodSpec(
     run_population=run_population,
     prepare=_load_embedder,
     calls_per_token=lambda _b, options: 1 + options["variations"] * options["iterations"],
+    # functions of the noisy histograms (and of the texts selected from them): DP outputs
+    released_statistics=("noisy_count_sums", "candidates_above_threshold", "uniform_fallbacks",
+                         "distinct_outputs", "tokens_generated", "decode_steps"),
 ))

@@ -154,6 +154,11 @@ class MethodSpec:
     #: computation on the private references: a failure or a Ctrl-C while loading costs
     #: nothing. Called with the calibrated params; reads no private data.
     prepare: Callable[[Any], None] | None = None
+    #: Keys of a population method's run statistics that are *released DP statistics*:
+    #: computed from its noisy releases only (post-processing), covered by its guarantee like
+    #: the texts, so they may differ between neighbouring datasets. Every other key of the
+    #: statistics written into the public manifest must be a function of public inputs.
+    released_statistics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = set(self.budget_forms) - set(BUDGET_FORMS)

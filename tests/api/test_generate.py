@@ -129,8 +129,9 @@ def test_a_dataframe_grouped_by_a_label(toy):
 def test_a_huggingface_dataset(toy):
     datasets = pytest.importorskip("datasets", reason="the optional extra dplang[hf]")
     ds = datasets.Dataset.from_dict({"text": TEXTS})
-    result = dplang.generate(datasets.Dataset.from_dict({"text": TEXTS[:6]}), epsilon=3, dataset="hf", model=toy,
-                             batch_size=3, max_tokens=3, quiet=True, seed=1)
+    result = dplang.generate(datasets.Dataset.from_dict({"text": TEXTS[:6]}), epsilon=3,
+                             dataset="hf", model=toy, batch_size=3, max_tokens=3, quiet=True,
+                             seed=1)
     # the same records, seed and parameters under the same name: the same release (a seed
     # reused for another release of a dataset is refused; each release draws its own noise)
     same = dplang.generate(TEXTS[:6], epsilon=3, dataset="hf", model=toy, batch_size=3,

@@ -406,3 +406,19 @@ def test_augpe_loads_its_embedder_before_the_charge(tmp_path, capsys, toy, monke
     assert code == 130 and charged_at_load == [0]
     assert "before the release was charged: nothing was charged" in err
     assert not out.exists() and PrivacyLedger().spent(str(data.resolve())).releases == 0
+
+
+def test_threads_option_sets_the_models_thread_count(tmp_path, monkeypatch) -> None:
+    """--threads N reaches the models (through $DPLANG_THREADS); a bad value is refused."""
+    import os
+
+    from dplang.cli.app import main
+    from dplang.models.dtypes import available_cores
+
+    monkeypatch.delenv("DPLANG_THREADS", raising=False)
+    assert main(["generate", "--data", str(tmp_path / "missing.csv"), "--out",
+                 str(tmp_path / "o.jsonl"), "--epsilon", "1", "--threads", "0"]) == 2
+    monkeypatch.setenv("DPLANG_THREADS", "1")  # restored after the test
+    main(["generate", "--data", str(tmp_path / "missing.csv"), "--out",
+          str(tmp_path / "o.jsonl"), "--epsilon", "1", "--threads", "3"])
+    assert os.environ["DPLANG_THREADS"] == "3" and available_cores() == 3

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from .console import quiet_libraries
-from .errors import fail
+from .errors import fail, use_threads
 from .ledger import LEDGER_HELP
 
 # The sweep's machinery (torch, the models) is imported when it runs, not when the command is
@@ -76,6 +76,7 @@ def experiment(
                    "runs (labelled so in their public manifests and in the ledger, refused "
                    "when the dataset has a budget); use written seeds for toy or public data "
                    "only (omit them to give every cell a secret seed)", err=True)
+    use_threads(cfg.threads)
     try:
         with quiet_libraries(quiet):
             rows = run_experiment(cfg, out, _load_model, progress=say,

@@ -15,7 +15,7 @@ from ..textgen.defaults import DEFAULT_CONCURRENT_GROUPS
 from ..textgen.methods import all_methods
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, DEFAULT_TEMPLATE
 from .console import RichDisplay, quiet_libraries
-from .errors import fail
+from .errors import fail, use_threads
 from .ledger import LEDGER_HELP
 
 if TYPE_CHECKING:
@@ -68,7 +68,13 @@ def _generate(
     model: str = typer.Option("default", "--model", help="'default' (Gemma 3 270M) or a path."),
     dtype: str = typer.Option(
         "float32", "--dtype",
-        help="Model body dtype: float32 (default), bfloat16 or auto (docs/generation.md).",
+        help="Model precision: float32 (default: 16-bit integer weights), bfloat16 (8-bit body "
+        "weights: faster) or auto (= float32); docs/generation.md.",
+    ),
+    threads: int | None = typer.Option(
+        None, "--threads", min=1,
+        help="CPU threads (default: $DPLANG_THREADS, $OMP_NUM_THREADS or every core); speed "
+        "only: the output is the same bits at any thread count.",
     ),
     epsilon: float | None = typer.Option(None, "--epsilon", help="Target ε (with --delta)."),
     delta: float = typer.Option(1e-6, "--delta", help="Target δ."),
@@ -141,6 +147,7 @@ def _generate(
     """Generate private synthetic texts from references with InvisibleInk."""
     from ..textgen.orchestration import GenerationRequest
 
+    use_threads(threads)
     request = GenerationRequest(
         data=data, out=out, batch_size=batch_size, max_tokens=max_tokens,
         temperature=temperature, top_k=top_k, epsilon=epsilon, delta=delta, rho=rho, clip=clip,

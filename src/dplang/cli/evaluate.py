@@ -46,8 +46,9 @@ def evaluate(
     text_column: str = typer.Option("text", "--text-column", help="Text column of --real."),
     metrics: str | None = typer.Option(
         None, "--metrics",
-        help="Comma-separated: mauve,perplexity,length,topk (default all), and downstream "
-             "(opt-in; needs --label-column).",
+        help="Comma-separated: mauve,perplexity,length,topk (default all), and the opt-in "
+             "downstream (needs --label-column), classifier (two-sample AUC) and labels "
+             "(label-mix TVD of grouped generations).",
     ),
     label_column: str | None = typer.Option(
         None, "--label-column",
@@ -68,6 +69,11 @@ def evaluate(
     seed: int = typer.Option(25, "--seed", help="MAUVE k-means seed."),
     num_buckets: int | None = typer.Option(
         None, "--num-buckets", help="MAUVE buckets (default max(2, n/20))."
+    ),
+    mauve_bootstrap: int = typer.Option(
+        0, "--mauve-bootstrap", metavar="R",
+        help="MAUVE: a 95% interval over R bootstrap resamples of the texts (default 0: none; "
+             "each resample is one more MAUVE computation).",
     ),
     exclude_references: bool = typer.Option(
         False, "--exclude-references",
@@ -108,11 +114,13 @@ def evaluate(
              "the results")
     with quiet_libraries(quiet), output_lock(out):
         _evaluate(real, synthetic, out, text_column, metrics, embedder, model, num,
-                  seed, num_buckets, exclude_references, quiet, label_column, test_num)
+                  seed, num_buckets, exclude_references, quiet, label_column, test_num,
+                  mauve_bootstrap)
 
 
 #: Non-empty defaults of the evaluation's options (see the subcommand check above).
-_DEFAULTS = {"text_column": "text", "embedder": "default", "model": "default", "seed": 25}
+_DEFAULTS = {"text_column": "text", "embedder": "default", "model": "default", "seed": 25,
+             "mauve_bootstrap": 0}
 
 
 def _downstream_usage(metrics: str | None, label_column: str | None,
@@ -130,7 +138,8 @@ def _downstream_usage(metrics: str | None, label_column: str | None,
 def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
               metrics: str | None, embedder: str, model: str, num: int | None, seed: int,
               num_buckets: int | None, exclude_references: bool, quiet: bool,
-              label_column: str | None = None, test_num: int | None = None) -> None:
+              label_column: str | None = None, test_num: int | None = None,
+              mauve_bootstrap: int = 0) -> None:
     from dplang.evaluation import EvaluationError, evaluate_files
     from dplang.io import ReferenceDataError
 
@@ -143,7 +152,7 @@ def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
             real, synthetic, metrics=metrics, embedder=embedder, model=model, num=num,
             seed=seed, num_buckets=num_buckets, text_column=text_column,
             exclude_references=exclude_references, out_dir=out, progress=progress,
-            label_column=label_column, test_num=test_num,
+            label_column=label_column, test_num=test_num, mauve_bootstrap=mauve_bootstrap,
         )
     except (EvaluationError, ReferenceDataError, FileNotFoundError, ValueError) as exc:
         fail(_one_line(exc))
@@ -154,7 +163,10 @@ def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
     for run in result["runs"]:
         parts = [run["name"], f"n={run['n']}"]
         if "mauve" in run:
-            parts.append(f"MAUVE={100 * run['mauve']['mauve']:.2f}%")
+            m = run["mauve"]
+            parts.append(f"MAUVE={100 * m['mauve']:.2f}%"
+                         + (f" [{100 * m['low']:.2f}, {100 * m['high']:.2f}]"
+                            if "low" in m else ""))
         if "perplexity" in run:
             parts.append(f"PPL={run['perplexity']['mean']['mean']:.2f}")
             parts.append(f"ΔPPL={run['perplexity']['delta_ppl']:.2f}")
@@ -165,6 +177,12 @@ def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
             parts.append(f"expansion_tokens={run['topk']['expansion_tokens']['mean']:.2f}")
         if "downstream" in run:
             parts.append(_downstream_line(run["downstream"]))
+        if "classifier" in run:
+            c = run["classifier"]
+            parts.append(f"classifier_AUC={c['auc']:.3f} [{c['low']:.3f}, {c['high']:.3f}]")
+        if "labels" in run:
+            lab = run["labels"]
+            parts.append(f"label_TVD={lab['tvd']:.3f} [{lab['low']:.3f}, {lab['high']:.3f}]")
         typer.echo("  ".join(parts))
     if "downstream" in result["real"]:
         typer.echo(f"real (ceiling)  n={result['settings']['n']}  "

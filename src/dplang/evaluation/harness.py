@@ -110,6 +110,7 @@ class EvaluationSettings:
             ``--group-by`` column).
         test_num: ``downstream``: held-out test rows after the ``n`` real texts (``None``: all
             the rest).
+        mauve_bootstrap: MAUVE's interval over resampled texts: bootstrap resamples (0: none).
     """
 
     metrics: tuple[str, ...] = ALL_METRICS
@@ -125,6 +126,7 @@ class EvaluationSettings:
     max_length: int = DEFAULT_MAX_LENGTH
     label_column: str | None = None
     test_num: int | None = None
+    mauve_bootstrap: int = 0
     metrics_explicit: bool = field(default=True, repr=False)
 
 
@@ -269,6 +271,7 @@ def evaluate_files(
     progress: Callable[[str], None] | None = None,
     label_column: str | None = None,
     test_num: int | None = None,
+    mauve_bootstrap: int = 0,
 ) -> dict[str, Any]:
     """Evaluate synthetic runs against held-out real texts.
 
@@ -293,6 +296,8 @@ def evaluate_files(
             from each generation's ``labels`` and from the real file.
         test_num: ``downstream`` only: held-out test rows after the ``n`` real texts that
             train the ceiling (default: all the rest).
+        mauve_bootstrap: ``mauve`` only: bootstrap resamples of the texts for a 95% interval
+            of each run's MAUVE (0: no interval; each resample is one MAUVE computation).
 
     Returns:
         The metrics dict (also written as ``metrics.json``): ``settings``, ``real``, ``runs``
@@ -310,7 +315,7 @@ def evaluate_files(
         metrics=chosen, embedder=embedder, model=model, num=num, seed=seed,
         num_buckets=num_buckets, text_column=text_column,
         exclude_references=exclude_references, label_column=label_column, test_num=test_num,
-        metrics_explicit=metrics is not None,
+        mauve_bootstrap=mauve_bootstrap, metrics_explicit=metrics is not None,
     )
     paths = [synthetic] if isinstance(synthetic, (str, Path)) else list(synthetic)
     if not paths:
@@ -319,6 +324,9 @@ def evaluate_files(
         raise EvaluationError("the same synthetic file is given twice")
     if num is not None and num < 1:
         raise EvaluationError(f"--num must be at least 1, got {num}")
+    if mauve_bootstrap != 0 and (mauve_bootstrap < 2 or "mauve" not in chosen):
+        raise EvaluationError("--mauve-bootstrap takes 0 (no interval) or at least 2 resamples, "
+                              f"and --metrics mauve; got {mauve_bootstrap}")
     # Fail fast on paths before any slow work.
     for name in chosen:
         spec = get_metric(name)
@@ -360,6 +368,7 @@ def evaluate_texts(
     num_buckets: int | None = None,
     out_dir: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
+    mauve_bootstrap: int = 0,
 ) -> dict[str, Any]:
     """:func:`evaluate_files` for texts in memory.
 
@@ -394,7 +403,8 @@ def evaluate_texts(
     real_texts = RealTexts(Path("<memory>"), kept, list(range(len(kept))), stats, "in-memory")
     settings = EvaluationSettings(
         metrics=parse_metrics(metrics), embedder=embedder, model=model, num=num, seed=seed,
-        num_buckets=num_buckets, metrics_explicit=metrics is not None,
+        num_buckets=num_buckets, mauve_bootstrap=mauve_bootstrap,
+        metrics_explicit=metrics is not None,
     )
     result = evaluate_runs(real_texts, runs, settings, progress=progress)
     if out_dir is not None:

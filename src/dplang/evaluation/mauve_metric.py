@@ -16,6 +16,15 @@ mauve_scaling_factor=0.9)``):
 
 Scores depend on ``n``, the embedder and the bucket count, so compare them only at equal
 settings (the paper: "only relative comparisons").
+
+**Intervals over resampled texts** (:func:`mauve_bootstrap`, ``--mauve-bootstrap R``): the
+spread of MAUVE over k-means seeds alone understates its noise (a different sample of texts
+moves it more), so each of ``R`` resamples draws ``n`` real and ``n`` synthetic feature rows
+with replacement *and* a fresh k-means / PCA seed, and the 95 % percentile interval of the
+``R`` scores is reported. Duplicated rows make each resample slightly less diverse than a
+fresh sample of ``n`` texts, so the interval is approximate (it is also centred on the
+resampled scores, not on the point estimate); read it as the resolution of MAUVE at this
+``n``, and compare it with the real-vs-real ceiling (``experiments/metric_resolution.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ __all__ = [
     "MauveResult",
     "check_mauve_sizes",
     "default_num_buckets",
+    "mauve_bootstrap",
     "mauve_from_features",
     "mauve_score",
 ]
@@ -47,6 +57,8 @@ SCALING_FACTOR = 0.9
 MIN_TEXTS = 20
 #: mauve-text's default k-means seed (used by the paper's code).
 DEFAULT_MAUVE_SEED = 25
+#: Confidence of the bootstrap interval over resampled texts.
+BOOTSTRAP_CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True)
@@ -149,6 +161,54 @@ def mauve_from_features(
         p_hist=[float(x) for x in out.p_hist],
         q_hist=[float(x) for x in out.q_hist],
     )
+
+
+@dataclass(frozen=True)
+class MauveInterval:
+    """A percentile-bootstrap interval of MAUVE over resampled texts (and k-means seeds)."""
+
+    low: float
+    high: float
+    resamples: int
+    seed: int
+    confidence: float = BOOTSTRAP_CONFIDENCE
+    values: tuple[float, ...] = field(default=(), repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"low": self.low, "high": self.high, "half_width": (self.high - self.low) / 2,
+                "resamples": self.resamples, "seed": self.seed, "confidence": self.confidence,
+                "bootstrap_mean": float(np.mean(self.values)) if self.values else None}
+
+
+def mauve_bootstrap(
+    p_features: np.ndarray,
+    q_features: np.ndarray,
+    *,
+    resamples: int,
+    num_buckets: int | None = None,
+    scaling_factor: float = SCALING_FACTOR,
+    seed: int = DEFAULT_MAUVE_SEED,
+    confidence: float = BOOTSTRAP_CONFIDENCE,
+) -> MauveInterval:
+    """MAUVE's ``confidence`` percentile interval over ``resamples`` bootstrap resamples:
+    each draws ``n`` rows of ``p`` and of ``q`` with replacement and a fresh k-means / PCA
+    seed (all from ``seed``: deterministic). See the module docstring for how to read it."""
+    p = np.asarray(p_features, dtype=np.float32)
+    q = np.asarray(q_features, dtype=np.float32)
+    if resamples < 2:
+        raise EvaluationError(f"a MAUVE bootstrap needs at least 2 resamples, got {resamples}")
+    buckets = check_mauve_sizes(p.shape[0], q.shape[0], num_buckets)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 28]))
+    values = []
+    for _ in range(resamples):
+        pi = rng.integers(0, p.shape[0], p.shape[0])
+        qi = rng.integers(0, q.shape[0], q.shape[0])
+        kseed = int(rng.integers(0, 2**31 - 1))
+        values.append(mauve_from_features(p[pi], q[qi], num_buckets=buckets,
+                                          scaling_factor=scaling_factor, seed=kseed).mauve)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(np.asarray(values), [alpha, 1.0 - alpha])
+    return MauveInterval(float(low), float(high), resamples, seed, confidence, tuple(values))
 
 
 def mauve_score(

@@ -18,6 +18,7 @@ from dplang.evaluation.lengths import load_tokenizer, token_lengths, topk_statis
 from dplang.evaluation.mauve_metric import (
     check_mauve_sizes,
     default_num_buckets,
+    mauve_bootstrap,
     mauve_from_features,
 )
 from dplang.evaluation.perplexity import PerplexityScorer, delta_ppl
@@ -124,6 +125,9 @@ def _mauve_preflight(settings: Any) -> None:
 def _mauve_prepare(ctx: MetricContext) -> None:
     ctx.embedder  # noqa: B018  (resolve it now: a bad embedder fails before any work)
     check_mauve_sizes(ctx.n, ctx.n, _mauve_buckets(ctx))
+    if ctx.settings.mauve_bootstrap and ctx.settings.mauve_bootstrap < 2:
+        raise EvaluationError("--mauve-bootstrap must be 0 (no interval) or at least 2 "
+                              f"resamples, got {ctx.settings.mauve_bootstrap}")
 
 
 def _mauve(ctx: MetricContext) -> MetricOutput:
@@ -133,11 +137,22 @@ def _mauve(ctx: MetricContext) -> MetricOutput:
     real_features = ctx.cache.get(("embed", embedder.name, embedder.max_tokens),
                                   ctx.real.texts, lambda: embedder.embed(ctx.real.texts))
     runs = []
+    resamples = settings.mauve_bootstrap
     for run in ctx.runs:
         ctx.say(f"MAUVE: {run.name}")
-        res = mauve_from_features(real_features, embedder.embed(run.texts), num_buckets=buckets,
+        features = embedder.embed(run.texts)
+        res = mauve_from_features(real_features, features, num_buckets=buckets,
                                   scaling_factor=settings.scaling_factor, seed=settings.seed)
-        runs.append(res.to_dict())
+        entry = res.to_dict()
+        if resamples:
+            ctx.say(f"MAUVE: {run.name}: {resamples} bootstrap resamples of the texts")
+            interval = mauve_bootstrap(real_features, features, resamples=resamples,
+                                       num_buckets=buckets,
+                                       scaling_factor=settings.scaling_factor,
+                                       seed=settings.seed).to_dict()
+            entry.update({"low": interval["low"], "high": interval["high"],
+                          "half_width": interval["half_width"], "bootstrap": interval})
+        runs.append(entry)
     return MetricOutput(runs, settings={
         "embedder": embedder.name,
         "max_tokens": embedder.max_tokens,
@@ -146,21 +161,26 @@ def _mauve(ctx: MetricContext) -> MetricOutput:
         "seed": settings.seed,
         "p": "real (held-out)",
         "q": "synthetic",
+        "bootstrap_resamples": resamples,
     })
 
 
 def _mauve_line(s: dict[str, Any] | None) -> str:
     assert s is not None
+    resamples = s.get("bootstrap_resamples") or 0
+    interval = (f"; 95% percentile interval over {resamples} bootstrap resamples of the texts "
+                "(each with its own k-means seed)" if resamples else "; no per-run interval "
+                "(--mauve-bootstrap R adds one over resampled texts)")
     return (f"- MAUVE: p = real, q = synthetic; embedder {s['embedder']} (inputs truncated to "
             f"{s['max_tokens'] or 'no'} tokens); {s['num_buckets']} k-means buckets; scaling "
-            f"factor {s['scaling_factor']}; seed {s['seed']}")
+            f"factor {s['scaling_factor']}; seed {s['seed']}{interval}")
 
 
 MAUVE = register_metric(MetricSpec(
     name="mauve",
     compute=_mauve,
     aggregate=(RunValue("mauve", ("mauve",), higher_is_better=True, header="MAUVE (%)",
-                        scale=100.0),),
+                        half_width=("half_width",), scale=100.0),),
     preflight=_mauve_preflight,
     prepare=_mauve_prepare,
     describe=_mauve_line,

@@ -238,7 +238,8 @@ def register_metric(spec: MetricSpec, *, replace: bool = False) -> MetricSpec:
 #: The modules whose import registers dplang's own metrics, in report order: a new built-in
 #: metric is a new module and one line here.
 BUILTIN_MODULES: tuple[str, ...] = ("dplang.evaluation.metrics",
-                                     "dplang.evaluation.downstream")
+                                     "dplang.evaluation.downstream",
+                                     "dplang.evaluation.twosample")
 _loading: list[bool] = []
 _loaded: list[bool] = []
 

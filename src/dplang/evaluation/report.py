@@ -116,7 +116,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Per-run intervals are over the n texts (ΔPPL: interval of the signed "
               "difference of means); the mean-over-runs row has intervals over runs (seeds)."
-              " MAUVE has no per-run interval.", ""]
+              " MAUVE's per-run interval (only with --mauve-bootstrap), the classifier AUC's "
+              "and the label TVD's are 95% percentile bootstrap intervals over texts, shown "
+              "as ± half their width.", ""]
     if result.get("warnings"):
         lines += ["## Warnings", ""] + [f"- {w}" for w in result["warnings"]] + [""]
     lines += ["## Caveats", "",

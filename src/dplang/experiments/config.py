@@ -193,7 +193,7 @@ KEYS: dict[str, frozenset[str]] = {
 }
 #: Metric names of ``[evaluation].metrics`` (dplang.evaluation's, without importing it;
 #: a test checks them against the registry).
-METRICS = ("mauve", "perplexity", "length", "topk", "downstream")
+METRICS = ("mauve", "perplexity", "length", "topk", "downstream", "classifier", "labels")
 
 
 def _check_keys(raw: dict[str, Any]) -> None:

@@ -159,3 +159,48 @@ def test_batches_never_depend_on_text(case) -> None:
             assert len(batches) == (num or max_generations(len(a), b))
             flat = [i for x in batches for i in x.reference_ids]
             assert flat == list(range(len(flat)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(partition_case())
+def test_interleaved_order_is_a_reordering_that_never_depends_on_text(case) -> None:
+    a, variants, b, num, group_by = case
+    expected = _ids_or_error_ordered(a, b, num, group_by)
+    for variant in variants:
+        assert _ids_or_error_ordered(variant, b, num, group_by) == expected
+    if not isinstance(expected, tuple):
+        grouped = make_batches(a, b, group_by=group_by)
+        interleaved = make_batches(a, b, group_by=group_by, order="interleaved")
+        assert sorted(x.reference_ids for x in grouped) == \
+            sorted(x.reference_ids for x in interleaved)  # the same batches, reordered
+        assert [x.index for x in interleaved] == list(range(len(interleaved)))
+
+
+def _ids_or_error_ordered(records: list[Record], b: int, num: int | None,
+                          group_by: tuple) -> object:
+    try:
+        batches = make_batches(records, b, num=num, group_by=group_by, order="interleaved")
+    except ValueError as exc:
+        return ("error", str(exc))
+    return [(x.reference_ids, x.labels) for x in batches]
+
+
+def test_interleaved_prefixes_hold_every_group_in_proportion() -> None:
+    """Grouped generation with num below the number of batches: "grouped" takes the first
+    groups only (every text from group a here), "interleaved" takes each group in proportion
+    to its batches (60 : 30 : 9 rows → 20 : 10 : 3 batches of 3)."""
+    labels = [{"g": "a" if i < 60 else ("b" if i < 90 else "c")} for i in range(99)]
+    grouped = make_batches(recs(99, labels), 3, num=11, group_by=("g",))
+    assert {x.labels["g"] for x in grouped} == {"a"}
+    mixed = make_batches(recs(99, labels), 3, num=11, group_by=("g",), order="interleaved")
+    counts = {g: sum(x.labels["g"] == g for x in mixed) for g in "abc"}
+    assert counts == {"a": 7, "b": 3, "c": 1}  # 11·20/33 = 6.7, 11·10/33 = 3.3, 11·3/33 = 1
+    assert_disjoint(mixed)
+    for num in range(1, 34):  # every prefix: each group within one batch of its share
+        prefix = make_batches(recs(99, labels), 3, num=num, group_by=("g",),
+                              order="interleaved")
+        for g, m in (("a", 20), ("b", 10), ("c", 3)):
+            assert abs(sum(x.labels["g"] == g for x in prefix) - num * m / 33) <= 1
+    assert make_batches(recs(10), 2, order="interleaved") == make_batches(recs(10), 2)
+    with pytest.raises(ValueError, match="batch order"):
+        make_batches(recs(10), 2, order="random")

@@ -29,6 +29,16 @@ are grouped by the tuple of their label values (groups in order of first appeara
 group is chunked the same way (its remainder dropped) and the batches are listed group by
 group. ``num`` keeps the first ``num`` batches of that list; asking for more batches than
 exist is refused rather than silently shrunk.
+
+Order (``order``, with ``group_by``). ``"grouped"`` (the default) lists the batches group by
+group, so the first ``num`` batches come from the first groups only: with ``num`` smaller than
+the number of batches, the label mix of the generations is that of the first groups in the
+file (on Yelp at B = 3 and num = 500, every text would be a Restaurants review).
+``"interleaved"`` lists the same batches so that every prefix holds each group in proportion
+to its number of batches: batch j of a group with m batches gets the key (j + ½)/m (ties by
+group order) and the batches are sorted by key, so the first ``num`` hold num·m/M ± 1 of each
+group (M batches in all). Both orders read positions and public labels only, and neither
+changes which references form a batch, only which batches the first ``num`` are.
 """
 
 from __future__ import annotations
@@ -38,7 +48,10 @@ from dataclasses import dataclass, field
 
 from dplang.io import Record
 
-__all__ = ["Batch", "make_batches", "max_generations"]
+__all__ = ["BATCH_ORDERS", "Batch", "make_batches", "max_generations"]
+
+#: How grouped batches are listed (see the module docstring); the first is the default.
+BATCH_ORDERS = ("grouped", "interleaved")
 
 
 @dataclass(frozen=True)
@@ -91,15 +104,20 @@ def make_batches(
     batch_size: int,
     num: int | None = None,
     group_by: Sequence[str] = (),
+    order: str = "grouped",
 ) -> list[Batch]:
     """Partition ``records`` into disjoint batches of exactly ``batch_size`` (see module doc).
 
     ``num=None`` returns every full batch (``⌊N/B⌋`` without ``group_by``, the sum over
-    groups of ``⌊N_g/B⌋`` with it). Raises :class:`ValueError` when ``batch_size < 1``,
-    ``num < 1``, there are fewer records than ``batch_size`` (or no group holds a full
-    batch), or ``num`` batches do not exist (``num·B > N`` without ``group_by``).
+    groups of ``⌊N_g/B⌋`` with it); ``order`` lists grouped batches group by group
+    (``"grouped"``) or in proportion (``"interleaved"``). Raises :class:`ValueError` when
+    ``batch_size < 1``, ``num < 1``, there are fewer records than ``batch_size`` (or no group
+    holds a full batch), ``num`` batches do not exist (``num·B > N`` without ``group_by``) or
+    ``order`` is unknown.
     """
     _check_batch_size(batch_size)
+    if order not in BATCH_ORDERS:
+        raise ValueError(f"batch order must be one of {', '.join(BATCH_ORDERS)}, got {order!r}")
     if num is not None and (isinstance(num, bool) or not isinstance(num, int) or num < 1):
         raise ValueError(f"number of generations must be an integer of at least 1, got {num!r}")
     recs = list(records)
@@ -146,12 +164,16 @@ def make_batches(
             f"{len(groups)} groups of {'/'.join(group_by)} hold only {available} full batches"
         )
     count = available if num is None else num
+    # (key, group rank, chunk within the group): grouped lists them group by group,
+    # interleaved by the chunk's relative position (j + 1/2)/m in its group
+    slots: list[tuple[float, int, int, tuple[str, ...]]] = []
+    for rank, (key, members) in enumerate(groups.items()):
+        m = len(members) // batch_size
+        for j in range(m):
+            slots.append((rank if order == "grouped" else (j + 0.5) / m, rank, j, key))
+    slots.sort(key=lambda slot: slot[:3])
     batches: list[Batch] = []
-    for key, members in groups.items():
-        labels = dict(zip(group_by, key, strict=True))
-        for j in range(len(members) // batch_size):
-            if len(batches) == count:
-                return batches
-            chunk = members[j * batch_size : (j + 1) * batch_size]
-            batches.append(_batch(len(batches), chunk, labels))
+    for _pos, _rank, j, key in slots[:count]:
+        chunk = groups[key][j * batch_size : (j + 1) * batch_size]
+        batches.append(_batch(len(batches), chunk, dict(zip(group_by, key, strict=True))))
     return batches

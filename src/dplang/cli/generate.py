@@ -104,6 +104,11 @@ def _generate(
     group_by: str | None = typer.Option(
         None, "--group-by", help="Comma-separated PUBLIC label columns to batch within."
     ),
+    batch_order: str = typer.Option(
+        "grouped", "--batch-order",
+        help="With --group-by and --num: which batches are generated: grouped (the first "
+             "groups first, the default) or interleaved (every group in proportion)."
+    ),
     adjacency: str = typer.Option("replace-by-null", "--adjacency",
                                   help="replace-by-null (default) or zero-out."),
     max_reference_tokens: int = typer.Option(
@@ -113,7 +118,9 @@ def _generate(
     dense: bool = typer.Option(False, "--dense", help="Full LM head for private rows."),
     method: str = typer.Option(
         "invisibleink", "--method",
-        help="invisibleink (default), amin, adapmixed or augpe (docs/deviations.md)."
+        help="invisibleink (default), amin, adapmixed, augpe (docs/deviations.md), or "
+             "nonprivate (NOT PRIVATE: no clipping, no noise, no budget; an experiment's "
+             "ceiling)."
     ),
     ledger: str | None = typer.Option(None, "--ledger", help=LEDGER_HELP),
     dataset: str | None = typer.Option(
@@ -156,7 +163,7 @@ def _generate(
         group_by=tuple(c.strip() for c in group_by.split(",") if c.strip()) if group_by else (),
         model=model, max_reference_tokens=max_reference_tokens, sparse_head=not dense,
         ledger=ledger, dataset=dataset, method=method, method_options=method_options or {},
-        dtype=dtype, overwrite=overwrite,
+        dtype=dtype, overwrite=overwrite, batch_order=batch_order,
     )
     with quiet_libraries(quiet):
         _checked_run(request, quiet, _Execution(executor, workers, ray_address, device,

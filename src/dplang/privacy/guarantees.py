@@ -55,7 +55,9 @@ class Guarantee:
 
     ``rho`` is the zero-concentrated DP parameter when the mechanism is analysed in zCDP (then
     ``epsilon`` is its tight conversion at ``delta``); for a pure ε-DP release ``rho`` may be
-    ``None`` and ``delta`` is 0. ``ex_ante`` is False for data-dependent guarantees (their value
+    ``None`` and ``delta`` is 0. ``epsilon = ∞`` (with ``ex_ante`` False) marks a release that
+    is not private at all (the ``nonprivate`` ceiling of experiments): its summary says so.
+    ``ex_ante`` is False for data-dependent guarantees (their value
     depends on the private data and is itself not private); ``details`` holds mechanism
     parameters worth recording (clip norm, batch size, ...). ``public_seed`` is True for a *toy
     run*: a release whose random seed is public (written in a configuration file), so anyone
@@ -113,6 +115,14 @@ class Guarantee:
                 f"random seed is public (written in a configuration file), so anyone who knows "
                 f"it can recompute the noise and undo it: use it on public or toy data only. "
                 f"With a secret seed the same mechanism would promise: {with_secret}"
+            )
+        if math.isinf(self.epsilon):
+            return (
+                f"The {self.mechanism} release is NOT PRIVATE: it satisfies no differential "
+                f"privacy guarantee (ε = ∞). Its outputs were computed from the private data "
+                f"with no clipping and no noise, so a single {self.unit} can change them "
+                f"arbitrarily (with respect to {neighbours}). It is a non-private reference "
+                f"point for experiments, never a private release."
             )
         if not self.ex_ante:
             return (

@@ -63,7 +63,7 @@ from ..release import (
     legacy_private_path,
     write_json,
 )
-from .batching import Batch, make_batches
+from .batching import BATCH_ORDERS, Batch, make_batches
 from .defaults import DEFAULT_CONCURRENT_GROUPS
 from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy
 from .errors import GenerationError
@@ -106,6 +106,10 @@ class GenerationRequest:
     system: str | None = None
     text_column: str = "text"
     group_by: tuple[str, ...] = ()
+    #: How grouped batches are listed, hence which the first ``num`` are: ``"grouped"``
+    #: (group by group, the default) or ``"interleaved"`` (every group in proportion;
+    #: :func:`~dplang.textgen.batching.make_batches`). Public: positions and labels only.
+    batch_order: str = "grouped"
     model: str = "default"
     max_reference_tokens: int = DEFAULT_MAX_REFERENCE_TOKENS
     sparse_head: bool = True
@@ -199,7 +203,12 @@ def _validate(req: GenerationRequest) -> None:
     """Every parameter of the request, alone and together (no file is read)."""
     given = [n for n, v in (("--epsilon", req.epsilon), ("--rho", req.rho), ("--clip", req.clip))
              if v is not None]
-    if len(given) != 1:
+    spec = _method(req)
+    if not spec.budget_forms:  # not private at all (the nonprivate ceiling): no budget
+        if given:
+            raise GenerationError(f"--method {spec.name} is not private and takes no "
+                                  f"privacy budget; leave out {', '.join(given)}")
+    elif len(given) != 1:
         raise GenerationError("give exactly one of --epsilon, --rho or --clip"
                               + (f" (got {', '.join(given)})" if given else ""))
     if not 0 < req.delta < 1:
@@ -225,17 +234,18 @@ def _validate(req: GenerationRequest) -> None:
         (req.max_reference_tokens >= 1,
          f"--max-reference-tokens must be >= 1, got {req.max_reference_tokens}"),
         (req.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}; got {req.dtype!r}"),
+        (req.batch_order in BATCH_ORDERS,
+         f"--batch-order must be one of {', '.join(BATCH_ORDERS)}; got {req.batch_order!r}"),
         (req.out.suffix == ".jsonl", f"--out must end in .jsonl, got {req.out}"),
     ]
     for ok, message in checks:
         if not ok:
             raise GenerationError(message)
-    spec = _method(req)
     if req.adjacency not in spec.adjacencies:
         raise GenerationError(f"--adjacency for {spec.name} must be one of "
                               f"{', '.join(spec.adjacencies)}, got {req.adjacency}")
-    form = given[0].removeprefix("--")
-    if form not in spec.budget_forms:
+    form = given[0].removeprefix("--") if given else None
+    if form is not None and form not in spec.budget_forms:
         raise GenerationError(
             f"--method {spec.name} needs --epsilon (its accounting is calibrated from ε)"
             if spec.budget_forms == ("epsilon",) else
@@ -361,7 +371,8 @@ def plan_generation(
     limit = None if req.num is None or req.group_by else req.num * req.batch_size
     records, stats = load_references(req.data, req.text_column, req.group_by, limit=limit)
     try:
-        batches = make_batches(records, req.batch_size, req.num, req.group_by)
+        batches = make_batches(records, req.batch_size, req.num, req.group_by,
+                               order=req.batch_order)
     except ValueError as exc:
         raise GenerationError(str(exc)) from exc
     digest = file_digest(req.data)
@@ -448,6 +459,8 @@ def _public_parameters(req: GenerationRequest, method: CalibratedMethod) -> dict
     method's options with their defaults filled in."""
     params = {k: v for k, v in asdict(req).items() if k not in _NOT_FINGERPRINTED}
     params["group_by"] = list(req.group_by)
+    if req.batch_order == "grouped":  # the default: runs of older versions keep their identity
+        del params["batch_order"]
     params["adjacency"] = str(req.adjacency)
     params["method_options"] = dict(method.options)
     if str(req.prompt).lower() not in BUILTIN_TEMPLATES:
@@ -643,22 +656,8 @@ def _execute_locked(
             try:
                 if population is not None:
                     if pending:  # a population method: runs whole (no per-group resume)
-                        labels = plan.batches[0].labels if plan.batches else {}
-                        results, stats = population(
-                            plan.method.params, plan.model,
-                            [ref for b in plan.batches for ref in b.references],
-                            len(plan.batches),
-                            plan.template.render(None, labels), plan.template.system,
-                            release.stream_seed, on_step)
-                        for res in results:
-                            persist(res)
-                        stats.pop("wall_clock_seconds", None)  # a duration: never public
-                        manifest[plan.method.spec.name] = stats
-                        # which of them are DP outputs (docs/privacy.md, "Public and private
-                        # files"): the rest must be functions of public inputs
-                        manifest["released_statistics"] = [
-                            f"{plan.method.spec.name}.{key}"
-                            for key in plan.method.spec.released_statistics if key in stats]
+                        _run_population(plan, population, release.stream_seed, on_step,
+                                        persist, manifest)
                     status = "complete"
                     return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                                       time.time() - start, tokens)
@@ -687,6 +686,70 @@ def params_policy_factory(params: MethodParams, vocab: int
     if factory is None:  # pragma: no cover - population methods have no recipe
         raise GenerationError("a population method has no per-group step policy")
     return factory
+
+
+def label_groups(batches: list[Batch]) -> list[tuple[dict[str, str], list[Batch]]]:
+    """The batches by their (public) labels, groups in order of first appearance."""
+    groups: dict[tuple[tuple[str, str], ...], list[Batch]] = {}
+    for batch in batches:
+        groups.setdefault(tuple(sorted(batch.labels.items())), []).append(batch)
+    return [(dict(key), members) for key, members in groups.items()]
+
+
+def population_seed(stream_seed: int, group: int, groups: int) -> int:
+    """The secret seed of a population method's run over label group ``group`` of
+    ``groups``: the release's stream seed itself for a single group (ungrouped runs), else a
+    child of it, a pure function of (stream seed, group index) (docs/privacy.md invariant 5)."""
+    if groups == 1:
+        return stream_seed
+    import numpy as np
+
+    state = np.random.SeedSequence(stream_seed, spawn_key=(group,)).generate_state(2, np.uint64)
+    return int(state[0]) << 64 | int(state[1])
+
+
+def _run_population(plan: GenerationPlan, population: Any, stream_seed: int,
+                    on_step: Callable[[int], None] | None, persist: Callable[[GroupResult], None],
+                    manifest: dict[str, Any]) -> None:
+    """A population method (Aug-PE) over the planned batches: one run per label group (one
+    run in all without ``--group-by``), each over the references of that group's batches only,
+    writing as many texts as the group has batches, each from the group's public prompt and
+    recorded with the group's labels.
+
+    Privacy contract: the groups are disjoint sets of batches formed from positions and public
+    labels only, and each run reads only its own group's references, so one reference
+    changes at most one run: the runs compose in parallel and the release keeps the method's
+    guarantee (as InvisibleInk's groups do). Each run draws from its own child stream of the
+    release's secret stream seed. Before this, a grouped run used every reference with the
+    first group's prompt and labelled the texts with other groups' labels."""
+    name = plan.method.spec.name
+    groups = label_groups(plan.batches)
+    per_group = []
+    for g, (labels, members) in enumerate(groups):
+        results, stats = population(
+            plan.method.params, plan.model, [ref for b in members for ref in b.references],
+            len(members), plan.template.render(None, labels), plan.template.system,
+            population_seed(stream_seed, g, len(groups)), on_step)
+        for res, batch in zip(results, members, strict=True):
+            res.index = batch.index  # the group's i-th text belongs to its i-th batch
+            persist(res)
+        stats.pop("wall_clock_seconds", None)  # a duration: never public
+        per_group.append(stats)
+    # which statistics are DP outputs (docs/privacy.md, "Public and private files"): the rest
+    # must be functions of public inputs
+    released = plan.method.spec.released_statistics
+    if len(groups) == 1:
+        manifest[name] = per_group[0]
+        manifest["released_statistics"] = [f"{name}.{key}" for key in released
+                                           if key in per_group[0]]
+    else:
+        # keyed by the group's index as a string, so that a dotted path names each value
+        manifest[name] = {"groups": {str(g): {"labels": labels, "texts": len(members), **stats}
+                                     for g, ((labels, members), stats)
+                                     in enumerate(zip(groups, per_group, strict=True))}}
+        manifest["released_statistics"] = [f"{name}.groups.{g}.{key}"
+                                           for g, stats in enumerate(per_group)
+                                           for key in released if key in stats]
 
 
 def _record(res: GroupResult, batch: Batch, method: str) -> dict[str, Any]:

@@ -36,6 +36,7 @@ BUILTIN_MODULES = (
     "dplang.textgen.methods.amin",
     "dplang.textgen.methods.adapmixed",
     "dplang.textgen.methods.augpe",
+    "dplang.textgen.methods.nonprivate",
 )
 
 #: The budget forms a request can give; a spec lists those it accepts.
@@ -162,8 +163,10 @@ class MethodSpec:
 
     def __post_init__(self) -> None:
         unknown = set(self.budget_forms) - set(BUDGET_FORMS)
-        if unknown or not self.budget_forms:
+        if unknown:
             raise ValueError(f"{self.name}: budget forms must be among {BUDGET_FORMS}")
+        # no budget form: a method that is not private at all (the ``nonprivate`` ceiling);
+        # its guarantee must say so (ε = ∞, not ex ante)
         if not self.adjacencies:
             raise ValueError(f"{self.name}: a method must hold for at least one adjacency")
         names = [o.name for o in self.options]

@@ -157,3 +157,25 @@ def test_classifier_sees_a_degenerate_generator(kit) -> None:
                             embedder="hashing")
     similar, degenerate = (r["classifier"] for r in result["runs"])
     assert degenerate["auc"] > 0.95 and degenerate["low"] > similar["high"]
+
+
+def test_real_texts_cut_to_the_generations_length(tmp_path, kit, tiny_model_dir) -> None:
+    """--real-max-tokens T: every real text is cut to its first T tokens before any metric,
+    the texts read again for labels included; short texts are left as they are."""
+    from dplang.evaluation.harness import cut_texts
+    from dplang.evaluation.lengths import load_tokenizer
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    texts = kit.reviews(30, seed=5)
+    cut = cut_texts(texts, tok, 4)
+    assert all(len(tok(c, add_special_tokens=False)["input_ids"]) <= 5 for c in cut)
+    assert cut_texts(texts, tok, 10_000) == texts
+    real, paths = _labelled_files(tmp_path, kit, skew=False)
+    result = evaluate_files(real, paths[0], metrics="length,labels", model=str(tiny_model_dir),
+                            real_max_tokens=4, out_dir=tmp_path / "eval")
+    assert result["settings"]["real_max_tokens"] == 4
+    assert max(result["real"]["length"]["per_text"]) <= 4
+    assert result["runs"][0]["labels"]["tvd"] == pytest.approx(0.0)
+    assert "cut to its first 4 tokens" in (tmp_path / "eval" / "report.md").read_text()
+    with pytest.raises(EvaluationError, match="--real-max-tokens"):
+        evaluate_files(real, paths[0], metrics="length", real_max_tokens=0)

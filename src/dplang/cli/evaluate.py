@@ -70,6 +70,11 @@ def evaluate(
     num_buckets: int | None = typer.Option(
         None, "--num-buckets", help="MAUVE buckets (default max(2, n/20))."
     ),
+    real_max_tokens: int | None = typer.Option(
+        None, "--real-max-tokens", metavar="T",
+        help="Cut every real text to its first T tokens of --model's tokenizer before any "
+             "metric (generations capped at T tokens then compare like with like).",
+    ),
     mauve_bootstrap: int = typer.Option(
         0, "--mauve-bootstrap", metavar="R",
         help="MAUVE: a 95% interval over R bootstrap resamples of the texts (default 0: none; "
@@ -115,7 +120,7 @@ def evaluate(
     with quiet_libraries(quiet), output_lock(out):
         _evaluate(real, synthetic, out, text_column, metrics, embedder, model, num,
                   seed, num_buckets, exclude_references, quiet, label_column, test_num,
-                  mauve_bootstrap)
+                  mauve_bootstrap, real_max_tokens)
 
 
 #: Non-empty defaults of the evaluation's options (see the subcommand check above).
@@ -139,7 +144,7 @@ def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
               metrics: str | None, embedder: str, model: str, num: int | None, seed: int,
               num_buckets: int | None, exclude_references: bool, quiet: bool,
               label_column: str | None = None, test_num: int | None = None,
-              mauve_bootstrap: int = 0) -> None:
+              mauve_bootstrap: int = 0, real_max_tokens: int | None = None) -> None:
     from dplang.evaluation import EvaluationError, evaluate_files
     from dplang.io import ReferenceDataError
 
@@ -153,6 +158,7 @@ def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
             seed=seed, num_buckets=num_buckets, text_column=text_column,
             exclude_references=exclude_references, out_dir=out, progress=progress,
             label_column=label_column, test_num=test_num, mauve_bootstrap=mauve_bootstrap,
+            real_max_tokens=real_max_tokens,
         )
     except (EvaluationError, ReferenceDataError, FileNotFoundError, ValueError) as exc:
         fail(_one_line(exc))

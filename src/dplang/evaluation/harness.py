@@ -19,7 +19,7 @@ Intervals: per-text metrics (perplexity, length, Top-k+ statistics) carry an int
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from dplang.evaluation.stats import Z_99, wald_interval
 __all__ = [
     "ALL_METRICS",
     "EvaluationSettings",
+    "cut_texts",
     "evaluate_files",
     "evaluate_runs",
     "evaluate_texts",
@@ -111,6 +112,9 @@ class EvaluationSettings:
         test_num: ``downstream``: held-out test rows after the ``n`` real texts (``None``: all
             the rest).
         mauve_bootstrap: MAUVE's interval over resampled texts: bootstrap resamples (0: none).
+        real_max_tokens: cut every held-out real text to its first this-many tokens of
+            ``model``'s tokenizer before any metric sees it (``None``: whole texts), so that
+            generations capped at T tokens are compared with real texts of at most T tokens.
     """
 
     metrics: tuple[str, ...] = ALL_METRICS
@@ -127,7 +131,26 @@ class EvaluationSettings:
     label_column: str | None = None
     test_num: int | None = None
     mauve_bootstrap: int = 0
+    real_max_tokens: int | None = None
     metrics_explicit: bool = field(default=True, repr=False)
+
+
+def cut_texts(texts: Sequence[str], tokenizer: Any, max_tokens: int) -> list[str]:
+    """Each text cut to its first ``max_tokens`` tokens of ``tokenizer`` (no special tokens),
+    decoded back; a text that is not longer is returned unchanged. Per text: one text's cut
+    never depends on the others."""
+    out = []
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        out.append(text if len(ids) <= max_tokens else tokenizer.decode(ids[:max_tokens]))
+    return out
+
+
+def _cut_real(real: RealTexts, settings: EvaluationSettings, models: ScoringModels
+              ) -> RealTexts:
+    if settings.real_max_tokens is None:
+        return real
+    return replace(real, texts=cut_texts(real.texts, models.tokenizer, settings.real_max_tokens))
 
 
 def _manifest_summary(run: SyntheticRun) -> dict[str, Any] | None:
@@ -200,6 +223,7 @@ def evaluate_runs(
             "text_column": settings.text_column,
             "selection": "first n texts of each input: real in file order (blank rows skipped), "
                          "synthetic in group order",
+            "real_max_tokens": settings.real_max_tokens,
         },
         "real": {
             "path": str(real.path),
@@ -272,6 +296,7 @@ def evaluate_files(
     label_column: str | None = None,
     test_num: int | None = None,
     mauve_bootstrap: int = 0,
+    real_max_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Evaluate synthetic runs against held-out real texts.
 
@@ -298,6 +323,9 @@ def evaluate_files(
             train the ceiling (default: all the rest).
         mauve_bootstrap: ``mauve`` only: bootstrap resamples of the texts for a 95% interval
             of each run's MAUVE (0: no interval; each resample is one MAUVE computation).
+        real_max_tokens: cut every held-out real text to its first this-many tokens of
+            ``model``'s tokenizer before any metric sees it (default: whole texts); for
+            generations capped at T tokens, ``T`` compares like with like.
 
     Returns:
         The metrics dict (also written as ``metrics.json``): ``settings``, ``real``, ``runs``
@@ -315,7 +343,8 @@ def evaluate_files(
         metrics=chosen, embedder=embedder, model=model, num=num, seed=seed,
         num_buckets=num_buckets, text_column=text_column,
         exclude_references=exclude_references, label_column=label_column, test_num=test_num,
-        mauve_bootstrap=mauve_bootstrap, metrics_explicit=metrics is not None,
+        mauve_bootstrap=mauve_bootstrap, real_max_tokens=real_max_tokens,
+        metrics_explicit=metrics is not None,
     )
     paths = [synthetic] if isinstance(synthetic, (str, Path)) else list(synthetic)
     if not paths:
@@ -324,6 +353,8 @@ def evaluate_files(
         raise EvaluationError("the same synthetic file is given twice")
     if num is not None and num < 1:
         raise EvaluationError(f"--num must be at least 1, got {num}")
+    if real_max_tokens is not None and real_max_tokens < 1:
+        raise EvaluationError(f"--real-max-tokens must be at least 1, got {real_max_tokens}")
     if mauve_bootstrap != 0 and (mauve_bootstrap < 2 or "mauve" not in chosen):
         raise EvaluationError("--mauve-bootstrap takes 0 (no interval) or at least 2 resamples, "
                               f"and --metrics mauve; got {mauve_bootstrap}")
@@ -340,12 +371,16 @@ def evaluate_files(
             for r in runs:
                 r.label = str(r.path)
     limit = num if num is not None else min(len(r.texts) for r in runs)
-    real_texts = load_real(real, runs, text_column=text_column, limit=limit,
-                           exclude_references=exclude_references)
+    models = ScoringModels(model, DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH)
+    if real_max_tokens is not None:
+        models.check()
+    real_texts = _cut_real(load_real(real, runs, text_column=text_column, limit=limit,
+                                     exclude_references=exclude_references), settings, models)
 
     def read_real(limit: int | None, label_columns: Sequence[str]) -> RealTexts:
-        return load_real(real, runs, text_column=text_column, limit=limit,
-                         exclude_references=exclude_references, label_columns=label_columns)
+        return _cut_real(load_real(real, runs, text_column=text_column, limit=limit,
+                                   exclude_references=exclude_references,
+                                   label_columns=label_columns), settings, models)
 
     result = evaluate_runs(real_texts, runs, settings, progress=progress, read_real=read_real)
     if out_dir is not None:

@@ -86,7 +86,10 @@ def render_markdown(result: dict[str, Any]) -> str:
                      + (f"; {desc}" if desc else "; no manifest") + ")")
     lines += ["", "## Sizes", "",
               f"Every comparison uses n = {s['n']} real and n synthetic texts: {s['selection']}. "
-              "n is the smallest number of texts any input provides (or `--num`).", ""]
+              "n is the smallest number of texts any input provides (or `--num`)."
+              + (f" Every real text was cut to its first {s['real_max_tokens']} tokens of the "
+                 "scoring model's tokenizer (`--real-max-tokens`) before any metric."
+                 if s.get("real_max_tokens") else ""), ""]
     specs = [get_metric(name) for name in metrics]
     lines += ["## Settings", ""]
     for spec in specs:

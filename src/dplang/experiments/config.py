@@ -10,6 +10,7 @@ text_column = "text"
 references = [0, 4000]      # rows [start, stop) used as private references
 real = [4000, 5000]         # held-out real rows for evaluation (disjoint from references)
 group_by = []               # public label columns (optional)
+batch_order = "grouped"     # with group_by: "interleaved" takes every group in proportion
 prompt = "yelp_review.toml" # built-in name or a TOML template (relative to this file)
 
 [generation]
@@ -24,9 +25,10 @@ augpe_iterations = 3        # Aug-PE: T noisy histograms, L variations per text 
 augpe_variations = 7
 
 [sweep]                     # the cartesian product of these lists
-methods = ["invisibleink"]
-epsilon = [1, 3, 5, 10]
+methods = ["invisibleink"]  # a registered method, e.g. "nonprivate" (NOT private: ε = ∞)
+epsilon = [1, 3, 5, 10]     # or per method: epsilon = { invisibleink = [1, 10], amin = [10] }
 batch_size = [7]            # or per method: batch_size = { invisibleink = [3, 7], amin = [15] }
+                            # or per method and ε: { invisibleink = { "1" = [7], "10" = [15] } }
 top_k = [10, 50, 100]
 temperature = [1.2]
 replicates = 1              # independent cells per point, each with a fresh SECRET seed
@@ -35,7 +37,10 @@ public_baseline = true      # add the public-only cell (ε = 0, no references)
 
 [evaluation]
 metrics = ["mauve", "length", "topk"]   # and "perplexity" (ΔPPL against the real texts),
-                                        # "downstream" (train on synthetic, test on real)
+                                        # "downstream" (train on synthetic, test on real),
+                                        # "classifier" (two-sample AUC), "labels" (label mix)
+mauve_bootstrap = 0         # optional; MAUVE interval over this many resampled text sets
+# real_max_tokens = 64      # optional; cut the real texts to T tokens (like the generations)
 embedder = "default"
 num_buckets = 5             # optional; MAUVE buckets (default max(2, n // 20))
 # label_column = "label1"   # downstream only, and required there: a [data].group_by column
@@ -176,6 +181,13 @@ class ExperimentConfig:
     data_candidates: tuple[Path, ...] = ()
     #: The public label column of the ``downstream`` metric (one of ``group_by``).
     label_column: str | None = None
+    #: MAUVE's interval over resampled texts: bootstrap resamples per cell (0: none).
+    mauve_bootstrap: int = 0
+    #: Held-out real texts are cut to their first this-many tokens before every metric.
+    real_max_tokens: int | None = None
+    #: With ``group_by``: which batches the first ``num`` are ("grouped": the first groups;
+    #: "interleaved": every group in proportion; dplang.textgen.batching).
+    batch_order: str = "grouped"
 
 
 #: The keys each section may hold; anything else is refused with its name (a misspelt key
@@ -183,13 +195,14 @@ class ExperimentConfig:
 KEYS: dict[str, frozenset[str]] = {
     "": frozenset({"name", "data", "generation", "sweep", "evaluation"}),
     "data": frozenset({"path", "dataset", "text_column", "references", "real", "group_by",
-                       "prompt"}),
+                       "prompt", "batch_order"}),
     "generation": frozenset({"model", "max_tokens", "num", "delta", "concurrent_groups",
                              "dtype", "threads", "augpe_iterations", "augpe_variations",
                              "max_reference_tokens"}),
     "sweep": frozenset({"methods", "epsilon", "batch_size", "top_k", "temperature",
                         "replicates", "seeds", "public_baseline"}),
-    "evaluation": frozenset({"metrics", "embedder", "num_buckets", "label_column"}),
+    "evaluation": frozenset({"metrics", "embedder", "num_buckets", "label_column",
+                             "mauve_bootstrap", "real_max_tokens"}),
 }
 #: Metric names of ``[evaluation].metrics`` (dplang.evaluation's, without importing it;
 #: a test checks them against the registry).
@@ -313,25 +326,25 @@ def load_config(path: str | Path, data: str | Path | None = None) -> ExperimentC
     group_by = data_section.get("group_by", [])
     if not isinstance(group_by, list) or not all(isinstance(c, str) and c for c in group_by):
         raise ConfigError("[data].group_by must be a list of column names")
-    methods = _list(sweep, "methods", str, ["invisibleink"])
+    from ..textgen.batching import BATCH_ORDERS
+
+    batch_order = data_section.get("batch_order", "grouped")
+    if batch_order not in BATCH_ORDERS:
+        raise ConfigError(f"[data].batch_order must be one of {', '.join(BATCH_ORDERS)}, got "
+                          f"{batch_order!r}")
+    baseline = sweep.get("public_baseline", False)
+    if not isinstance(baseline, bool):
+        raise ConfigError("[sweep].public_baseline must be true or false")
+    if sweep.get("methods") == [] and baseline:
+        methods: list[str] = []  # the public-only cell alone
+    else:
+        methods = _list(sweep, "methods", str, ["invisibleink"])
     for m in methods:
         if m not in known_methods():
             raise ConfigError(f"unknown method {m!r}; known: {', '.join(known_methods())}")
-    eps = _list(sweep, "epsilon", float)
-    raw_bs = sweep.get("batch_size")
-    if isinstance(raw_bs, dict):  # per-method batch sizes (e.g. the compute comparison)
-        unknown = sorted(set(raw_bs) - set(methods))
-        if unknown:
-            raise ConfigError(f"[sweep].batch_size names methods not in [sweep].methods: "
-                              f"{', '.join(unknown)}")
-        missing = [m for m in methods if m not in raw_bs]
-        if missing:
-            raise ConfigError(f"[sweep].batch_size has no entry for {', '.join(missing)}")
-        bs_of = {m: _list(raw_bs, m, int) for m in methods}
-    else:
-        shared = _list(sweep, "batch_size", int)
-        bs_of = {m: shared for m in methods}
-    bs = [b for m in methods for b in bs_of[m]]
+    eps_of = _epsilons(sweep, methods)
+    bs_of = _batch_sizes(sweep, methods, eps_of)
+    bs = [b for values in bs_of.values() for b in values]
     ks = _list(sweep, "top_k", int, [50])
     taus = _list(sweep, "temperature", float, [DEFAULT_TEMPERATURE])
     if "seeds" in sweep:
@@ -350,17 +363,9 @@ def load_config(path: str | Path, data: str | Path | None = None) -> ExperimentC
     if any(b < 1 for b in bs) or any(k < 0 for k in ks) \
             or any(not (math.isfinite(t) and t > 0) for t in taus):
         raise ConfigError("[sweep]: batch_size >= 1, top_k >= 0, temperature finite and > 0")
-    for e in eps:
-        try:
-            check_budget_limit(e, name="[sweep].epsilon")
-        except BudgetLimitError as exc:
-            raise ConfigError(str(exc)) from None
-    baseline = sweep.get("public_baseline", False)
-    if not isinstance(baseline, bool):
-        raise ConfigError("[sweep].public_baseline must be true or false")
     cells = [Cell(m, e, b, k, t, s, r)
-             for m in methods
-             for e, b, k, t, (s, r) in itertools.product(eps, bs_of[m], ks, taus, points)]
+             for m in methods for e in eps_of[m]
+             for b, k, t, (s, r) in itertools.product(bs_of[(m, e)], ks, taus, points)]
     if baseline:
         cells += [Cell("public", 0.0, 0, k, t, s, r)
                   for k, t, (s, r) in itertools.product(sorted(set(ks)), taus, points)]
@@ -392,6 +397,10 @@ def load_config(path: str | Path, data: str | Path | None = None) -> ExperimentC
         raise ConfigError(f"[evaluation].metrics must be a non-empty list of "
                           f"{', '.join(METRICS)}; got {metrics!r}")
     label_column = _label_column(ev, metrics, tuple(group_by), real, num)
+    mauve_bootstrap = _int(ev, "evaluation", "mauve_bootstrap", 0, 0)
+    if mauve_bootstrap and (mauve_bootstrap < 2 or "mauve" not in metrics):
+        raise ConfigError("[evaluation].mauve_bootstrap is 0 (no interval) or at least 2 "
+                          "resamples, with \"mauve\" in [evaluation].metrics")
     return ExperimentConfig(
         name=_str(raw, "", "name", path.stem) if "name" in raw else path.stem,
         base_dir=base, data_path=data_path,
@@ -409,7 +418,108 @@ def load_config(path: str | Path, data: str | Path | None = None) -> ExperimentC
         max_reference_tokens=_int(gen, "generation", "max_reference_tokens",
                                   DEFAULT_MAX_REFERENCE_TOKENS, 1),
         data_candidates=tuple(looked), label_column=label_column,
+        mauve_bootstrap=mauve_bootstrap, batch_order=batch_order,
+        real_max_tokens=(None if ev.get("real_max_tokens") is None
+                         else _int(ev, "evaluation", "real_max_tokens", 0, 1)),
     )
+
+
+def takes_budget(method: str) -> bool:
+    """Whether a registered method takes a privacy budget; one that takes none (``nonprivate``,
+    a non-private ceiling) gets one cell per point, with ε = ∞ in its key and results."""
+    if method == PUBLIC:
+        return False
+    from ..textgen.methods import get_method
+
+    return bool(get_method(method).budget_forms)
+
+
+def _epsilons(sweep: dict[str, Any], methods: list[str]) -> dict[str, list[float]]:
+    """``[sweep].epsilon``: one list for every method, or a table of lists per method
+    (``epsilon = { invisibleink = [1, 3, 10], augpe = [3, 10] }``). A method that takes no
+    budget gets ε = ∞ (and may not be given one in a table)."""
+    if not methods:
+        return {}
+    free = [m for m in methods if not takes_budget(m)]
+    raw = sweep.get("epsilon")
+    if isinstance(raw, dict):
+        unknown = sorted(set(raw) - set(methods))
+        if unknown:
+            raise ConfigError(f"[sweep].epsilon names methods not in [sweep].methods: "
+                              f"{', '.join(unknown)}")
+        given = [m for m in free if m in raw]
+        if given:
+            raise ConfigError(f"[sweep].epsilon: {', '.join(given)} takes no privacy budget "
+                              "(it is not private); leave it out of the table")
+        missing = [m for m in methods if m not in raw and m not in free]
+        if missing:
+            raise ConfigError(f"[sweep].epsilon has no entry for {', '.join(missing)}")
+        eps_of = {m: _list(raw, m, float) for m in methods if m not in free}
+    elif free and len(free) == len(methods) and raw is None:
+        eps_of = {}
+    else:
+        shared = _list(sweep, "epsilon", float)
+        eps_of = {m: shared for m in methods if m not in free}
+    for m in free:
+        eps_of[m] = [math.inf]
+    for m, values in eps_of.items():
+        if len(set(values)) != len(values):
+            raise ConfigError(f"[sweep].epsilon lists a value twice for {m}")
+        for e in values:
+            if math.isinf(e) and m in free:
+                continue
+            try:
+                check_budget_limit(e, name="[sweep].epsilon")
+            except BudgetLimitError as exc:
+                raise ConfigError(str(exc)) from None
+    return eps_of
+
+
+def _batch_sizes(sweep: dict[str, Any], methods: list[str], eps_of: dict[str, list[float]]
+                 ) -> dict[tuple[str, float], list[int]]:
+    """``[sweep].batch_size`` per (method, ε): one list for all, a table of lists per method
+    (``{ invisibleink = [3, 7], amin = [15] }``), or per method a table of lists per ε, its
+    keys the ε values as strings (``invisibleink = { "1" = [7], "3" = [15], "10" = [15] }``:
+    B chosen per ε, as the InvisibleInk paper does); such a table must name every ε of the
+    method and only those."""
+    raw = sweep.get("batch_size")
+    if not methods:
+        return {}
+    if not isinstance(raw, dict):
+        shared = _list(sweep, "batch_size", int)
+        return {(m, e): shared for m in methods for e in eps_of[m]}
+    unknown = sorted(set(raw) - set(methods))
+    if unknown:
+        raise ConfigError(f"[sweep].batch_size names methods not in [sweep].methods: "
+                          f"{', '.join(unknown)}")
+    missing = [m for m in methods if m not in raw]
+    if missing:
+        raise ConfigError(f"[sweep].batch_size has no entry for {', '.join(missing)}")
+    out: dict[tuple[str, float], list[int]] = {}
+    for m in methods:
+        value = raw[m]
+        if not isinstance(value, dict):
+            for e in eps_of[m]:
+                out[(m, e)] = _list(raw, m, int)
+            continue
+        if not takes_budget(m):
+            raise ConfigError(f"[sweep].batch_size.{m}: a method without a privacy budget "
+                              "takes one list of batch sizes, not a table per ε")
+        per_eps: dict[float, list[int]] = {}
+        for key in value:
+            try:
+                e = float(key)
+            except ValueError:
+                raise ConfigError(f"[sweep].batch_size.{m}: {key!r} is not an ε") from None
+            per_eps[e] = _list(value, key, int)
+        if sorted(per_eps) != sorted(eps_of[m]):
+            raise ConfigError(f"[sweep].batch_size.{m} gives batch sizes for ε = "
+                              f"{', '.join(f'{e:g}' for e in sorted(per_eps))} but "
+                              f"[sweep].epsilon lists "
+                              f"{', '.join(f'{e:g}' for e in sorted(eps_of[m]))} for it")
+        for e in eps_of[m]:
+            out[(m, e)] = per_eps[e]
+    return out
 
 
 def _label_column(ev: dict[str, Any], metrics: list[str], group_by: tuple[str, ...],

@@ -71,15 +71,24 @@ from ..textgen.orchestration import (
 from ..textgen.prompts import get_template
 from ..textgen.public import generate_public_texts
 from ..textgen.resume import differences
-from .config import Cell, ConfigError, ExperimentConfig, calls_per_token, method_options
+from .config import (
+    Cell,
+    ConfigError,
+    ExperimentConfig,
+    calls_per_token,
+    method_options,
+    takes_budget,
+)
 from .tables import write_plots, write_results_md
 
 RESULT_COLUMNS = (
     "method", "epsilon", "batch_size", "top_k", "temperature", "seed", "replicate",
     "calls_per_token",
-    "clip", "rho", "n", "mauve", "ppl_synthetic", "delta_ppl", "length_mean",
-    "effective_k", "expansion_tokens", "downstream_accuracy", "downstream_accuracy_low",
-    "downstream_accuracy_high", "downstream_macro_f1", "downstream_ceiling",
+    "clip", "rho", "n", "mauve", "mauve_low", "mauve_high", "ppl_synthetic", "delta_ppl",
+    "length_mean", "effective_k", "expansion_tokens", "downstream_accuracy",
+    "downstream_accuracy_low", "downstream_accuracy_high", "downstream_macro_f1",
+    "downstream_ceiling", "classifier_auc", "classifier_auc_low", "classifier_auc_high",
+    "label_tvd", "label_tvd_low", "label_tvd_high",
     "gen_seconds", "cpu_seconds", "resumed",
 )
 
@@ -176,6 +185,8 @@ def cell_spec(config: ExperimentConfig, cell: Cell, data_digest: str) -> dict[st
         "group_by": list(config.group_by), "references": list(config.references),
         "data_sha256": data_digest,
     }
+    if config.batch_order != "grouped":  # recorded only when set: older cells stay "same"
+        generation["batch_order"] = config.batch_order
     if cell.method == "augpe":
         generation["augpe"] = {"iterations": config.augpe_iterations,
                                "variations": config.augpe_variations}
@@ -186,6 +197,11 @@ def cell_spec(config: ExperimentConfig, cell: Cell, data_digest: str) -> dict[st
     }
     if config.label_column is not None:  # recorded only when set: older cells stay "same"
         evaluation["label_column"] = config.label_column
+    if config.mauve_bootstrap:  # likewise
+        evaluation["mauve_bootstrap"] = config.mauve_bootstrap
+    if config.real_max_tokens is not None:
+        evaluation["real_max_tokens"] = config.real_max_tokens
+        evaluation["model"] = config.model  # its tokenizer cuts the real texts
     return {"generation": generation, "evaluation": evaluation}
 
 
@@ -338,7 +354,8 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
         if not out.exists():
             template = get_template(config.prompt, chat=model.has_chat_template)
             records, _ = _records(refs, config.group_by)
-            labels = ([b.labels for b in make_batches(records, 1, config.num, config.group_by)]
+            labels = ([b.labels for b in make_batches(records, 1, config.num, config.group_by,
+                                                      order=config.batch_order)]
                       if config.group_by else [{}] * config.num)
             # public generation reads no private data: its seed need not be secret
             seed = cell.seed if cell.seed is not None else cell.replicate
@@ -355,7 +372,8 @@ def _request(config: ExperimentConfig, cell: Cell, data: Path, out: Path,
              ledger: str | Path | None, dataset: str | None) -> GenerationRequest:
     return GenerationRequest(
         data=data, out=out, batch_size=cell.batch_size, max_tokens=config.max_tokens,
-        temperature=cell.temperature, top_k=cell.top_k, epsilon=cell.epsilon,
+        temperature=cell.temperature, top_k=cell.top_k,
+        epsilon=cell.epsilon if takes_budget(cell.method) else None,  # nonprivate: none
         delta=config.delta, num=config.num, seed=cell.seed,
         public_seed=cell.seed is not None,  # a seed written in the config: a toy run
         concurrent_groups=config.concurrent_groups, prompt=config.prompt,
@@ -364,7 +382,7 @@ def _request(config: ExperimentConfig, cell: Cell, data: Path, out: Path,
         adjacency="replace-by-null",  # the only dataset-level adjacency of every method
         dtype=config.dtype,
         method_options=method_options(cell, config),
-        max_reference_tokens=config.max_reference_tokens,
+        max_reference_tokens=config.max_reference_tokens, batch_order=config.batch_order,
     )
 
 
@@ -410,6 +428,8 @@ def _row(cell: Cell, config: ExperimentConfig, metrics: dict[str, Any],
         "calls_per_token": calls_per_token(cell, config), "clip": manifest.get("clip"),
         "rho": manifest.get("rho"), "n": metrics.get("settings", {}).get("n"),
         "mauve": get("mauve", "mauve"),
+        "mauve_low": get("mauve", "low"),
+        "mauve_high": get("mauve", "high"),
         "ppl_synthetic": get("perplexity", "mean", "mean"),
         "delta_ppl": get("perplexity", "delta_ppl"),
         "length_mean": get("length", "tokens", "mean"),
@@ -421,6 +441,12 @@ def _row(cell: Cell, config: ExperimentConfig, metrics: dict[str, Any],
         "downstream_macro_f1": get("downstream", "macro_f1", "mean"),
         "downstream_ceiling": _lookup(metrics, "real", "downstream", "ceiling", "accuracy",
                                       "mean"),
+        "classifier_auc": get("classifier", "auc"),
+        "classifier_auc_low": get("classifier", "low"),
+        "classifier_auc_high": get("classifier", "high"),
+        "label_tvd": get("labels", "tvd"),
+        "label_tvd_low": get("labels", "low"),
+        "label_tvd_high": get("labels", "high"),
         "gen_seconds": round(float(timing.get("gen_seconds", 0.0)), 2),
         "resumed": bool(timing.get("resumed", False)),
         "cpu_seconds": (round(float(timing["cpu_seconds"]), 2)
@@ -557,6 +583,8 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
                            embedder=config.embedder,
                            model=model_for_eval, num=config.num,
                            num_buckets=config.num_buckets,
+                           mauve_bootstrap=config.mauve_bootstrap,
+                           real_max_tokens=config.real_max_tokens,
                            out_dir=cell_dir / "eval", label_column=config.label_column)
         metrics = json.loads(metrics_path.read_text())
         timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}

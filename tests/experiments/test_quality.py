@@ -139,6 +139,9 @@ def test_a_toy_sweep_with_the_ceiling_and_the_new_metrics(setup):
         assert float(r["classifier_auc_low"]) <= float(r["classifier_auc_high"])
         # references rows 0-59: 40 food, 20 hotel -> batches of 2 in proportion; real 60-99
         assert float(r["label_tvd"]) < 0.2
+    md = (out / "results.md").read_text()
+    assert "Two-sample classifier AUC" in md and "Label mix" in md and "| inf |" in md
+    assert (out / "classifier_vs_compute.png").stat().st_size > 0
     manifest = json.loads(next(out.glob("cells/nonprivate*/gen.manifest.json")).read_text())
     assert "NOT PRIVATE" in manifest["guarantee_summary"]
     spec = json.loads(next(out.glob("cells/invisibleink*/cell.private.json")).read_text())

@@ -7,6 +7,7 @@ private) and generation timings (a side channel: how long a cell ran depends on 
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -171,6 +172,30 @@ def downstream_section(rows: list[dict[str, Any]]) -> list[str]:
             "`eval/downstream.md`.", ""]
 
 
+def two_sample_section(rows: list[dict[str, Any]]) -> list[str]:
+    """The classifier AUC and the label mix (TVD) in the Table 2 layout, with the cells'
+    intervals in a compute table; nothing when the sweep has neither metric."""
+    out: list[str] = []
+    for key, title, scale, digits, note in (
+            ("classifier_auc", "Two-sample classifier AUC (0.5 = indistinguishable from the "
+             "real texts)", 1.0, 3, "lower is closer to the real texts"),
+            ("label_tvd", "Label mix: total variation distance from the real texts' mix",
+             1.0, 3, "lower is closer; the public-only cell is the public-prompt baseline")):
+        if not _has(rows, key):
+            continue
+        out += [f"## {title}", "", table2(rows, key, scale), "",
+                f"95% bootstrap intervals per cell ({note}):", "",
+                "| ε | method | B | calls/token | value [95% interval] |", "|---|---|---|---|---|"]
+        for r in sorted(rows, key=lambda r: (float(r["epsilon"]), r["method"],
+                                             int(r["batch_size"]))):
+            out.append(f"| {float(r['epsilon']):g} | {r['method']} | {r['batch_size']} | "
+                       f"{r['calls_per_token']} | {_fmt(r.get(key), digits, scale)} "
+                       f"[{_fmt(r.get(key + '_low'), digits, scale)}, "
+                       f"{_fmt(r.get(key + '_high'), digits, scale)}] |")
+        out.append("")
+    return out
+
+
 def write_results_md(rows: list[dict[str, Any]], path: Path, config: ExperimentConfig,
                      sweep_rho: float, sweep_eps: float, releases: int = 0,
                      dataset_total: Spend | None = None) -> None:
@@ -190,6 +215,7 @@ def write_results_md(rows: list[dict[str, Any]], path: Path, config: ExperimentC
         table12(rows),
         "",
         *downstream_section(rows),
+        *two_sample_section(rows),
         "## Quality against compute",
         "",
         compute_table(rows),
@@ -199,7 +225,8 @@ def write_results_md(rows: list[dict[str, Any]], path: Path, config: ExperimentC
         *privacy_section(config, sweep_rho, sweep_eps, releases, dataset_total),
         "",
         "Plots: `utility_vs_epsilon.png`, `utility_vs_compute.png`, `effective_k_vs_epsilon.png`"
-        + (", `downstream_vs_compute.png`." if _has(rows, "downstream_accuracy") else "."),
+        + (", `downstream_vs_compute.png`" if _has(rows, "downstream_accuracy") else "")
+        + (", `classifier_vs_compute.png`" if _has(rows, "classifier_auc") else "") + ".",
     ]
     write_atomic(path, "\n".join(parts) + "\n", private=True)
 
@@ -223,14 +250,17 @@ def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> None:
         plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    ceiling = _mean([r["mauve"] for r in priv if not math.isfinite(float(r["epsilon"]))])
     for label, rs in sorted(series.items()):
-        eps = sorted({float(r["epsilon"]) for r in rs})
+        eps = sorted({float(r["epsilon"]) for r in rs if math.isfinite(float(r["epsilon"]))})
         ys = [_mean([r["mauve"] for r in rs if float(r["epsilon"]) == e]) for e in eps]
         if any(y is not None for y in ys):
             ax.plot(eps, [100 * y if y is not None else float("nan") for y in ys], "o-",
                     label=label)
     if public is not None:
         ax.axhline(100 * public, color="k", ls="--", label="public only (ε=0)")
+    if ceiling is not None:
+        ax.axhline(100 * ceiling, color="r", ls=":", label="non-private (ε=∞)")
     ax.set(xlabel="ε (δ = 1e-6)", ylabel="MAUVE (%)", xscale="log", title="Utility vs ε")
     _legend(ax)
     save(fig, "utility_vs_epsilon.png")
@@ -239,6 +269,9 @@ def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> None:
     if _has(rows, "downstream_accuracy"):
         save(_compute_figure(plt, rows, "downstream_accuracy", "downstream accuracy (%)",
                              ceiling="downstream_ceiling"), "downstream_vs_compute.png")
+    if _has(rows, "classifier_auc"):
+        save(_compute_figure(plt, rows, "classifier_auc", "classifier AUC (0.5 = real)",
+                             scale=1.0), "classifier_vs_compute.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ks = sorted({int(r["top_k"]) for r in priv if int(r["top_k"]) > 0})
@@ -255,11 +288,13 @@ def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> None:
 
 
 def _compute_figure(plt: Any, rows: list[dict[str, Any]], metric: str, ylabel: str,
-                    ceiling: str | None = None) -> Any:
-    """``metric`` (in %) against model calls per token and against generation wall clock,
-    one line per (method, ε); the public-only cells (and the ceiling, if any) as lines."""
+                    ceiling: str | None = None, scale: float = 100.0) -> Any:
+    """``metric`` (× ``scale``) against model calls per token and against generation wall
+    clock, one line per (method, ε), with error bars where the cells carry ``metric_low`` /
+    ``metric_high`` (95% intervals); the public-only cells (and the ceiling, if any) as
+    lines."""
     priv = [r for r in rows if r["method"] != "public"]
-    public = _mean([r[metric] for r in rows if r["method"] == "public"])
+    public = _mean([r.get(metric) for r in rows if r["method"] == "public"])
     top = _mean([r.get(ceiling) for r in rows]) if ceiling else None
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     by_series: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
@@ -268,15 +303,26 @@ def _compute_figure(plt: Any, rows: list[dict[str, Any]], metric: str, ylabel: s
     for (method, e), rs in sorted(by_series.items()):
         rs = sorted(rs, key=lambda r: int(r["calls_per_token"]))
         for ax, xkey in zip(axes, ("calls_per_token", "gen_seconds"), strict=True):
-            pts = [(float(r[xkey]), 100 * float(r[metric])) for r in rs
-                   if r.get(metric) not in (None, "") and r.get(xkey) not in (None, "")]
-            if pts:
-                ax.plot(*zip(*pts, strict=True), "o-", label=f"{method} ε={e:g}")
+            ok = [r for r in rs if r.get(metric) not in (None, "")
+                  and r.get(xkey) not in (None, "")]
+            if not ok:
+                continue
+            xs = [float(r[xkey]) for r in ok]
+            ys = [scale * float(r[metric]) for r in ok]
+            if all(r.get(f"{metric}_low") not in (None, "") for r in ok):
+                err = [[y - scale * float(r[f"{metric}_low"]) for y, r in zip(ys, ok,
+                                                                            strict=True)],
+                       [scale * float(r[f"{metric}_high"]) - y for y, r in zip(ys, ok,
+                                                                             strict=True)]]
+                ax.errorbar(xs, ys, yerr=[[max(v, 0.0) for v in side] for side in err],
+                            fmt="o-", capsize=3, label=f"{method} ε={e:g}")
+            else:
+                ax.plot(xs, ys, "o-", label=f"{method} ε={e:g}")
     for ax in axes:
         if public is not None:
-            ax.axhline(100 * public, color="k", ls="--", label="public only")
+            ax.axhline(scale * public, color="k", ls="--", label="public only")
         if top is not None:
-            ax.axhline(100 * top, color="g", ls=":", label="real data (ceiling)")
+            ax.axhline(scale * top, color="g", ls=":", label="real data (ceiling)")
         ax.set(xscale="log")
     calls = sorted({int(r["calls_per_token"]) for r in priv})
     if calls:

@@ -1,6 +1,7 @@
-"""Issue 28: the sweep grammar it needs (ε per method, B per ε, the nonprivate ceiling, the
-public cell alone, interleaved batches, MAUVE's bootstrap), a toy sweep with the new metrics,
-and the shipped experiments/yelp_quality*.toml preflighted on the real Yelp file."""
+"""The quality-against-compute sweep: its config grammar (ε per method, B per ε, the
+nonprivate ceiling, the public cell alone, interleaved batches, MAUVE's bootstrap, real texts
+cut to T tokens), a toy sweep with the new metrics, and the shipped
+experiments/yelp_quality*.toml preflighted on the real Yelp file."""
 
 from __future__ import annotations
 
@@ -149,8 +150,8 @@ def test_a_toy_sweep_with_the_ceiling_and_the_new_metrics(setup):
     assert spec["evaluation"]["mauve_bootstrap"] == 3
 
 
-def test_the_yelp_quality_config_for_issue_28_is_ready(tmp_path):
-    """experiments/yelp_quality.toml (issue 28 §2; not run here) has the issue's cells, and on
+def test_the_yelp_quality_config_is_ready(tmp_path):
+    """experiments/yelp_quality.toml (not run here) has the planned cells, and on
     the real Yelp file, when it is there, passes the whole preflight (every cell's request,
     the ranges, 500 grouped batches of every B) and the held-out rows pass the downstream
     check; experiments/yelp_quality_public.toml is its public cell alone, with the same
@@ -165,7 +166,7 @@ def test_the_yelp_quality_config_for_issue_28_is_ready(tmp_path):
     assert config.references[1] <= config.real[0]  # disjoint
     assert config.real[1] - config.real[0] > config.num  # downstream: ceiling + test set
     assert set(config.metrics) >= {"mauve", "classifier", "labels", "downstream"}
-    assert config.mauve_bootstrap >= 100
+    assert config.mauve_bootstrap >= 100 and config.real_max_tokens == config.max_tokens
     points = {(c.method, c.epsilon, c.batch_size) for c in config.cells}
     assert {(m, e) for m, e, _ in points} == {
         ("public", 0.0), ("nonprivate", math.inf), ("invisibleink", 1.0), ("invisibleink", 3.0),

@@ -68,6 +68,9 @@ def test_nonprivate_is_registered_without_a_budget_and_says_so(tmp_path, capsys,
     g = manifest["guarantee"]
     assert g["mechanism"] == "nonprivate" and math.isinf(g["epsilon"]) and not g["ex_ante"]
     assert "NOT PRIVATE" in manifest["guarantee_summary"]
+    assert main(["ledger", "show"]) == 0
+    shown = capsys.readouterr().out
+    assert "NOT PRIVATE (ε = ∞)" in shown and "nominal ε = ∞: one or more are NOT PRIVATE" in shown
     # a dataset with a DP budget refuses it, like every release that is not DP
     ledger = tmp_path / "budget.sqlite"
     PrivacyLedger(ledger).set_budget(str(data.resolve()), epsilon=10.0, delta=1e-6)

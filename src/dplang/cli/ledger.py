@@ -161,6 +161,12 @@ def _dp_line(s: dict[str, Any]) -> str:
     return line
 
 
+def _not_private(release: dict) -> bool:
+    """A release with no privacy at all (ε = ∞: ``--method nonprivate``)."""
+    epsilon = release.get("epsilon")
+    return isinstance(epsilon, float) and math.isinf(epsilon)
+
+
 def show(
     dataset: str | None = typer.Argument(None, help="Only this dataset (its name)."),
     data: Path | None = DATA_OPTION,
@@ -200,9 +206,12 @@ def show(
         lines.append(_dp_line(s))
         dd = s["data_dependent"]
         if dd["releases"]:
+            nominal = dd["nominal_epsilon"]
+            nominal = ("∞: one or more are NOT PRIVATE at all, --method nonprivate"
+                       if math.isinf(nominal) else f"{nominal:.4g} in all")
             lines.append(
                 f"  DATA-DEPENDENT  {dd['releases']} release(s) with only a data-dependent "
-                f"bound (nominal ε = {dd['nominal_epsilon']:.4g} in all): NOT differential "
+                f"bound (nominal ε = {nominal}): NOT differential "
                 "privacy and not in the total above; while they exist the dataset as a whole "
                 "has no DP guarantee")
         if s["toy"]["releases"]:
@@ -217,7 +226,8 @@ def show(
             lines.append(f"  releases ({len(s['releases'])}):")
             for r in s["releases"]:
                 kind = ("TOY RUN (public seed, not DP)" if r["toy"] else
-                        "DP" if r["ex_ante"] else "DATA-DEPENDENT (not DP)")
+                        "DP" if r["ex_ante"] else
+                        "NOT PRIVATE (ε = ∞)" if _not_private(r) else "DATA-DEPENDENT (not DP)")
                 lines.append(f"    {_fmt_time(r['created'])}  {r['mechanism']:<20} "
                              f"{_level(r):<34} {r['adjacency'] or '?':<15} {kind}  "
                              f"{r['description']}  [{r['release_id'][:12]}]")

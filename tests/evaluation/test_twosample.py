@@ -1,5 +1,5 @@
 """The two-sample classifier test (``classifier``), the label-mix metric (``labels``) and
-MAUVE's interval over resampled texts (issue 28, §1)."""
+MAUVE's interval over resampled texts."""
 
 from __future__ import annotations
 

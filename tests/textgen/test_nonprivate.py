@@ -1,4 +1,4 @@
-"""The nonprivate ceiling (issue 28 §2): the same private prompts, no clipping, no noise; and a
+"""The nonprivate ceiling: the same private prompts, no clipping, no noise; and a
 population method (Aug-PE) run per label group."""
 
 from __future__ import annotations

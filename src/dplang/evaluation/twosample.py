@@ -1,4 +1,4 @@
-"""Two metrics that ask "can the synthetic set be told from the real one?" (issue 28, §1).
+"""Two metrics that ask "can the synthetic set be told from the real one?".
 
 * ``classifier`` — a **two-sample classifier test** (C2ST; Lopez-Paz & Oquab 2017): a logistic
   regression on sentence embeddings (the MAUVE embedder, default the offline MiniLM) learns to

@@ -1,6 +1,6 @@
 """NOT PRIVATE: generation from the same private prompts with no clipping and no noise.
 
-The ceiling of what references can add (issue 28, §2): every generation reads its batch of B
+The ceiling of what references can add in an experiment: every generation reads its batch of B
 references exactly as InvisibleInk does (the same batches, the same private prompts, one
 public row), but the next token is drawn from the plain mean of the private logits,
 

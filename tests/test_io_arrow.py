@@ -133,11 +133,11 @@ def test_generate_and_sample_take_a_saved_dataset_folder(tmp_path, capsys, monke
     from dplang.textgen.orchestration import GenerationRequest, execute_plan, plan_generation
 
     coupled = []
-    for data in (folder, csv_path):
-        req = GenerationRequest(data=data, out=tmp_path / f"{data.stem}-coupled.jsonl",
+    for i, data in enumerate((folder, csv_path)):
+        req = GenerationRequest(data=data, out=tmp_path / f"coupled-{i}.jsonl",
                                 batch_size=3, max_tokens=4, epsilon=5.0, seed=7,
                                 temperature=1.2, top_k=50, coupling="same rows", public_seed=True,
-                                ledger=tmp_path / f"{data.stem}-audit.sqlite")
+                                ledger=tmp_path / f"audit-{i}.sqlite")
         execute_plan(plan_generation(req, lambda _spec: model))
         coupled.append([json.loads(line)["text"] for line in req.out.read_text().splitlines()])
     assert coupled[0] == coupled[1] and len(coupled[0]) == 3

@@ -23,6 +23,7 @@ import dplang.privacy.mechanisms as mechanisms_mod
 import dplang.sampling.kary as kary_mod
 import dplang.sampling.product as product_mod
 from dplang.cli.app import main
+from dplang.release import OutputPaths
 from dplang.sampling import DiscreteLaplaceHistogramSampler, RevealOrObscureSampler
 from dplang.sampling.bounds import bb_upper_n, clipped_mean_min_n
 from dplang.sampling.evaluation import exact_privacy_audit
@@ -40,7 +41,7 @@ def _sample_cli(capsys, data, out, *args):
     code = main(["sample", "--data", str(data), "--out", str(out), "--seed", "7", *args])
     err = capsys.readouterr().err
     assert code == 0, err
-    manifest = json.loads(out.with_name(out.name + ".manifest.json").read_text())
+    manifest = json.loads(OutputPaths.of(out).manifest.read_text())
     return manifest
 
 

@@ -275,7 +275,7 @@ def run(
                                     "--data: secret, default fresh OS entropy)."),
     workers: int = typer.Option(1, "--workers", help="Worker processes."),
     out: Path | None = typer.Option(None, "--out", help="Directory for results.csv and "
-                                    "manifest.json (must not exist)."),
+                                    "results.manifest.json (must not exist)."),
     data: Path | None = typer.Option(None, "--data", help="A private sample (one element per "
                                      "line): a real release, charged to the ledger first."),
     collection_file: Path | None = typer.Option(None, "--collection", help="With --data: a "
@@ -382,11 +382,12 @@ def run(
                f"{g.mechanism}: not private (ε = ∞), a non-private baseline.")
     if out is not None:
         from ..formal.experiments import rows_to_csv
-        from ..release import write_atomic, write_json
+        from ..release import OutputPaths, write_atomic, write_json
 
         out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / "results.csv", rows_to_csv(rows))
-        write_json(out / "manifest.json", _jsonable({
+        paths = OutputPaths.of(out / "results.csv")
+        write_atomic(paths.output, rows_to_csv(rows))
+        write_json(paths.manifest, _jsonable({
             "command": "formal run", "algorithm": alg_name, "parameters": params_used,
             "n": n, "horizon": horizon, "runs": runs, "seed": 0 if seed is None else seed,
             "guarantee": g.to_dict(), "summary": summary["values"],
@@ -506,7 +507,7 @@ def reproduce(
     seed: int = typer.Option(0, "--seed", help="Seed of the Monte Carlo parts."),
     workers: int = typer.Option(1, "--workers", help="Worker processes."),
     out: Path | None = typer.Option(None, "--out", help="Directory for results.csv, "
-                                    "table.md, manifest.json and the plot."),
+                                    "table.md, results.manifest.json and the plot."),
 ) -> None:
     """Reproduce one theorem's experiment (CSV, table, plot)."""
     from ..formal.experiments import EXPERIMENTS, run_experiment, write_result

@@ -3,8 +3,8 @@
 ``run_experiment(name, quick=..., seed=..., workers=...)`` returns an
 :class:`ExperimentResult` (rows for ``results.csv``, a markdown table, the parameters and the
 guarantees of the algorithms involved); ``write_result`` writes ``results.csv``,
-``table.md``, ``manifest.json`` and the PNG. Work is split into units that are pure functions
-of (parameters, seed, unit index) — randomness from ``RandomStreams(seed)`` per unit
+``table.md``, ``results.manifest.json`` and the PNG. Work is split into units that are pure
+functions of (parameters, seed, unit index) — randomness from ``RandomStreams(seed)`` per unit
 (DESIGN invariant 5) — and the units' results are assembled in a fixed order, so the CSV is
 identical for any number of worker processes.
 
@@ -44,6 +44,7 @@ from scipy.stats import binom, norm
 
 from .. import __version__
 from ..privacy.randomness import RandomStreams
+from ..release import OutputPaths
 from . import bounds
 from .evaluation import (
     exact_generation_error,
@@ -1591,10 +1592,11 @@ def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
 
 def write_result(res: ExperimentResult, out: Path, image: Path | None = None,
                  parameters: dict[str, Any] | None = None) -> dict[str, Path]:
-    """Write results.csv, table.md, manifest.json and the plot; returns the paths."""
+    """Write results.csv, table.md, results.manifest.json (:class:`dplang.release.OutputPaths`
+    of results.csv) and the plot; returns the paths."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"csv": out / "results.csv", "table": out / "table.md",
-             "manifest": out / "manifest.json"}
+    csv_paths = OutputPaths.of(out / "results.csv")
+    paths = {"csv": csv_paths.output, "table": out / "table.md", "manifest": csv_paths.manifest}
     paths["csv"].write_text(rows_to_csv(res.rows), encoding="utf-8")
     paths["table"].write_text(f"# {res.name}: {res.title}\n\n{res.table}\n", encoding="utf-8")
     if res.plot is not None:

@@ -901,12 +901,6 @@ def conditional_log_error(alg: Any, collection: Collection, distribution: Distri
     return float(min(0.0, logsumexp(flat)))
 
 
-def conditional_error(alg: Any, collection: Collection, distribution: Distribution,
-                      sample: np.ndarray, rng: np.random.Generator) -> float:
-    """The error given the sample (see :func:`conditional_log_error`)."""
-    return math.exp(conditional_log_error(alg, collection, distribution, sample, rng))
-
-
 @dataclass
 class _GenContext:
     kp: int

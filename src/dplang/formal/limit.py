@@ -62,12 +62,8 @@ __all__ = [
     "UniformPrivateGenerator",
     "alg1_transcript_loss",
     "alg1_worst_case_counts",
-    "infinite_closures",
     "int_root",
-    "novel_sample",
     "novel_sample_law",
-    "pool_size",
-    "rejecting_novel_sample",
     "twin",
 ]
 
@@ -888,16 +884,6 @@ class _UPGTwin(UniformPrivateGenerator):
 
     def _temp_for(self, eps: float) -> float:
         return 1.0 / eps
-
-
-def rejecting_novel_sample(language: Language, seen: set[Any], pool: int,
-                           rng: np.random.Generator) -> Any:
-    """The broken NovelSample that redraws seen strings (reads the data: not private)."""
-    for _ in range(100_000):
-        x = language.nth(uniform_int(rng, pool))
-        if element_key(x) not in seen:
-            return x
-    raise RuntimeError("every pool member was seen")  # pragma: no cover
 
 
 def novel_sample_law(language: Language, pool: int, seen: set[Any] | None = None,

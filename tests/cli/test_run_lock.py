@@ -1,4 +1,4 @@
-"""The run lock with real processes (issue 14): two ``dplang generate`` processes on one
+"""The run lock with real processes: two ``dplang generate`` processes on one
 ``--out`` never both write it, and a lock left by ``kill -9`` does not block the next run."""
 
 from __future__ import annotations

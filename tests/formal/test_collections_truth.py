@@ -29,7 +29,7 @@ NAMED = ["ipp-pair", "remark-5.7", "nested-segments", "safe-ap", "dfa-demo", "sp
          "thresholds", "non-angluin", "rows", "dup-heavy"]
 
 
-def test_all_issue_instances_exist():
+def test_every_named_instance_exists():
     assert set(NAMED) <= set(INSTANCES)
     with pytest.raises(ValueError, match="unknown instance"):
         instance("no-such")

@@ -1,7 +1,7 @@
 """Paper 000: acceptance vectors, slopes, lower bounds, structural lemmas, sensitivities.
 
-Every number below is computed by dplang.formal and compared with the value stated in issue 15
-(which recomputed the spec's tables); "printed" values are matched at their printed precision
+Every number below is computed by dplang.formal and compared with an independent recomputation
+of the spec's tables; "printed" values are matched at their printed precision
 (relative error ≤ 1e−2, or equal after rounding to the printed digits).
 """
 
@@ -91,7 +91,7 @@ def test_e3_vector(ipp):
     for n, want in ((1000, "1.6e-3"), (4000, "4.9e-14"), (8000, "1.0e-34")):
         got = exact_identification_error(alg2, inst.collection, d2, n).value
         assert matches_printed(got, want), (n, got, want)
-    # the σ of the issue: K′ = min(K, |𝓛|) = 2 coordinates, not K = 20
+    # σ over K′ = min(K, |𝓛|) = 2 coordinates, not K = 20
     assert alg2.sigma(1000, 2) == pytest.approx(math.sqrt(2) / 1000 * math.sqrt(
         2 * math.log(1.25e6)) / 0.5)
 

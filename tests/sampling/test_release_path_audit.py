@@ -216,7 +216,7 @@ def test_reveal_or_obscure_release_path_keeps_the_uniform_branch(eps):
 def test_reveal_or_obscure_cli_at_huge_epsilon(tmp_path, capsys):
     """ε ≥ 710 used to end in an OverflowError traceback. The library computes q stably at any
     finite ε (above); the command line releases up to the documented limit ε = 100 and refuses
-    more (issue 14: a budget that means no privacy is not a private release)."""
+    more (a budget that means no privacy is not a private release)."""
     data = _categorical_csv(tmp_path / "d.csv", ["a", "b", "a", "c"])
     manifest = _sample_cli(capsys, data, tmp_path / "s.csv", "--columns", "cat", "--domain",
                            "cat=a,b,c", "--epsilon", "100", "--method", "reveal-or-obscure",

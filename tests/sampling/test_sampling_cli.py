@@ -54,7 +54,7 @@ def test_end_to_end_categorical_csv(tmp_path, capsys, table):
     assert "seed" not in json.dumps(manifest["parameters"])
     assert manifest["columns"][1] == {"name": "flag", "kind": "binary", "values": ["0", "1"],
                                       "fallback": "0"}
-    # no digest, path, seed or ledger entry in the public manifest (issue 13 item 2) ...
+    # no digest, path, seed or ledger entry in the public manifest ...
     text = json.dumps(manifest)
     assert file_digest(table) not in text and str(table) not in text
     assert "ledger" not in manifest and "seed" not in manifest
@@ -250,8 +250,8 @@ def _public(path):
 @pytest.mark.parametrize("method,extra", [("discrete-laplace", []),
                                           ("gaussian-marginals", ["--delta", "1e-6"])])
 def test_public_files_of_neighbouring_datasets_are_equal(tmp_path, capsys, method, extra):
-    """Replace-one neighbours: one record's flag changed from 0 to 2 (issue 13's example: an
-    inferred type made the first binary and refused the second). With declared types both are
+    """Replace-one neighbours: one record's flag changed from 0 to 2 (an inferred type would
+    make the first binary and refuse the second). With declared types both are
     released; the public manifests are byte-equal up to the timestamp; the differences (the
     data digest, one mapped cell) are in the private side file only."""
     rows = ["flag,other"] + [f"{i % 2},{(i // 3) % 2}" for i in range(200)]

@@ -23,7 +23,7 @@ import typer
 from ..privacy.ledger import BudgetExceeded
 from ..release import ReleaseError
 from .errors import fail
-from .ledger import LEDGER_HELP
+from .options import dataset_option, ledger_option, seed_option
 
 app = typer.Typer(
     name="formal",
@@ -271,8 +271,8 @@ def run(
     calibration: str = typer.Option("classical", "--calibration",
                                     help="Gaussian calibration: classical (ε < 1) or zcdp."),
     runs: int = typer.Option(200, "--runs", help="Simulation runs."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed (simulations: default 0; "
-                                    "--data: secret, default fresh OS entropy)."),
+    seed: int | None = seed_option("not stored", " Simulations (no --data): the Monte Carlo "
+                                   "seed, default 0."),
     workers: int = typer.Option(1, "--workers", help="Worker processes."),
     out: Path | None = typer.Option(None, "--out", help="Directory for results.csv and "
                                     "results.manifest.json (must not exist)."),
@@ -280,8 +280,8 @@ def run(
                                      "line): a real release, charged to the ledger first."),
     collection_file: Path | None = typer.Option(None, "--collection", help="With --data: a "
                                                 "public collection of DFAs (JSON)."),
-    ledger: str | None = typer.Option(None, "--ledger", help=LEDGER_HELP),
-    dataset: str | None = typer.Option(None, "--dataset", help="Ledger name of the data."),
+    ledger: str | None = ledger_option(),
+    dataset: str | None = dataset_option(),
 ) -> None:
     """Run an algorithm on an instance (simulation) or on --data (a charged release)."""
     alg_name = _algorithm_name(algorithm)

@@ -104,6 +104,21 @@ def test_e4_vector(r57):
         assert matches_printed(got, want), (n, got, want)
 
 
+@pytest.mark.parametrize("trials", [1, 7, 200, 20_000])
+def test_wilson_interval_ends_are_exact_at_0_and_at_every_success(trials):
+    """0 successes: the lower end is 0, not the 1e-19 the subtraction mid − half left; every
+    trial a success: the upper end is 1. In between, the textbook formula (checked at 3/10)."""
+    from dplang.formal.evaluation import wilson
+
+    for conf in (0.95, 0.99):
+        low, high = wilson(0, trials, conf)
+        assert low == 0.0 and 0 < high < 1
+        low, high = wilson(trials, trials, conf)
+        assert 0 < low < 1 and high == 1.0
+    low, high = wilson(3, 10, 0.95)
+    assert (low, high) == pytest.approx((0.10779, 0.60322), abs=1e-5)
+
+
 def test_e4_end_to_end_monte_carlo():
     """20 000 end-to-end runs (sampling, oracles, mechanism, big-integer output step), in two
     worker processes; run u always uses stream u, so the count does not depend on workers."""

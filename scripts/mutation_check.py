@@ -217,8 +217,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "private side files are written beside their output again, where anyone who may "
         "search the folder can stat their size",
         (("src/dplang/release.py",
-          "    return Path(output).parent / PRIVATE_DIR / name",
-          "    return Path(output).parent / name"),),
+          "                   output.parent / PRIVATE_DIR / (stem + PRIVATE_SUFFIX),",
+          "                   output.parent / (stem + PRIVATE_SUFFIX),"),),
         ("tests/test_private_files.py",),
     ),
     Mutation(

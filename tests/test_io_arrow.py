@@ -1,4 +1,4 @@
-"""Arrow-backed inputs (issue 26): Arrow IPC files and Hugging Face datasets saved with
+"""Arrow-backed inputs: Arrow IPC files and Hugging Face datasets saved with
 ``save_to_disk`` read like every other format (same skip rule, same row positions), without
 ``datasets`` installed; with it, what ``save_to_disk`` writes is read as ``load_from_disk``
 gives it."""

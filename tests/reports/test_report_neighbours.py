@@ -1,5 +1,5 @@
-"""``dplang report`` on neighbouring corpora, through the CLI (issue 24: a record's σ must be a
-function of that record alone, bit for bit, for every predicate).
+"""``dplang report`` on neighbouring corpora, through the CLI: a record's σ is a function of
+that record alone, bit for bit, for every predicate.
 
 Every public file and stdout must be identical except for what the mechanism releases
 (decisions and bounds) and the timestamp. The support counts C the mechanism adds its noise to
@@ -115,14 +115,14 @@ def count_moves(tmp_path: Path, args: list[str]) -> list[int]:
 
 
 @pytest.mark.parametrize("similarity", [
-    0.09265393763780594,  # the issue's threshold (found on another CPU)
+    0.09265393763780594,  # the boundary cosine found on another CPU
     0.09265386313199997,  # the same sentence's cosine on this project's CPU under the old code
 ])
 def test_embedding_report_on_yelp_neighbours(tmp_path, capsys, monkeypatch, similarity) -> None:
-    """Issue 24's example: the first 22 Yelp rows against the same rows with row 21 blanked.
-    The old float32 product over all chunks rounded row 20's cosine with "The service was
-    slow." by one ulp differently for the two chunk counts, and the support count moved by 2
-    (L·n 18 vs 16 on this project's CPU). Now it moves by at most 1."""
+    """The first 22 Yelp rows against the same rows with row 21 blanked: the support count
+    moves by at most 1. (A float32 product over all chunks rounded row 20's cosine with "The
+    service was slow." by one ulp differently for the two chunk counts, and the count moved by
+    2: L·n 18 vs 16 on this project's CPU.)"""
     statements = tmp_path / "statements.txt"
     statements.write_text("The service was slow.\nReviewers praise the food\n",
                           encoding="utf-8")

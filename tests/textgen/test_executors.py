@@ -1,4 +1,4 @@
-"""Executors (issue 17 §3): exactly once, in group order, byte-identical to the inline run.
+"""Executors: exactly once, in group order, byte-identical to the inline run.
 
 A fake executor injects crashes, duplicate and late deliveries and reordering; the ``local``
 executor runs two spawned workers on the toy model, one of them SIGKILLed mid-run."""

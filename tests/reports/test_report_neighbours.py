@@ -46,12 +46,26 @@ def _yelp_rows(n: int) -> list[str]:
     return rows
 
 
-_BOUND = re.compile(r"\d\.\d{4}")
+_BOUND = re.compile(r"-?\d\.\d{4}")
+#: Where a candidate is listed (emitted table or abstention list) and how many are in each is
+#: the released decision.
+_LISTED = re.compile(r"^(?:\| (\d+) \| .*|- \[(\d+)\] .*)$")
+_DECISION_TEXT = re.compile(r"^(?:Emitted: \d+; abstained: \d+\.|None.*|Statements whose .*|"
+                            r"For these candidates .*|\| # \|.*|\|---.*)$")
 
 
 def _masked(text: str) -> str:
-    """Released bounds (four decimals) masked; everything else must match."""
-    return _BOUND.sub("L", text)
+    """Released values masked: bounds (four decimals, any sign) become L, and the lines that
+    place each candidate among the emitted or the abstained become one sorted list of the
+    candidates' texts (with their bounds masked). Everything else must match."""
+    kept, listed = [], []
+    for line in _BOUND.sub("L", text).splitlines():
+        if _LISTED.match(line):
+            listed.append(re.sub(r"^(?:\| \d+ \| |- \[\d+\] )", "", line).split(" | ")[0]
+                          .split(" (lower bound")[0])
+        elif line.strip() and not _DECISION_TEXT.match(line):
+            kept.append(line)
+    return "\n".join([*kept, "candidates listed:", *sorted(listed)])
 
 
 def _public_json(path: Path) -> str:

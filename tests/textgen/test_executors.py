@@ -424,7 +424,12 @@ class RefusingSource(ModelSource):
                 f"{model.model_id}: a row decoded together with others differs from the same "
                 "row decoded alone (simulated)")
 
+        import tempfile
+
         os.environ[inv.RECHECK_ENV] = "1"
+        # This worker's refusal record goes to a cache of its own: other tests load the same
+        # tiny model from the same path and must not find it refused.
+        os.environ["DPLANG_CACHE_DIR"] = tempfile.mkdtemp(prefix="dplang-refusing-")
         inv.check_row_invariance = refuse
         return super().load()
 '''

@@ -15,7 +15,7 @@ def test_json_round_trip_and_summary():
                    ex_ante=False)
     text = dd.summary()
     assert "DATA-DEPENDENT" in text and "does NOT satisfy differential privacy" in text
-    # a data-dependent bound is never worded as a DP guarantee (issue 13 item 4)
+    # a data-dependent bound is never worded as a DP guarantee
     assert "satisfies" not in text and "-differential privacy" not in text
     assert "differential privacy" in g.summary() and "satisfies" in g.summary()
     pure = Guarantee("sampler", "record", "replace-one", None, 1.0, 0.0)

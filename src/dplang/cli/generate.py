@@ -16,7 +16,7 @@ from ..textgen.methods import all_methods
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, DEFAULT_TEMPLATE
 from .console import RichDisplay, quiet_libraries
 from .errors import fail, use_threads
-from .ledger import LEDGER_HELP
+from .options import dataset_option, ledger_option, overwrite_option, seed_option
 
 if TYPE_CHECKING:
     from ..textgen.orchestration import GenerationRequest
@@ -88,10 +88,8 @@ def _generate(
                                       help="Sampling temperature τ."),
     top_k: int = typer.Option(50, "--top-k", help="Top-k+ parameter k; 0 = full vocabulary."),
     num: int | None = typer.Option(None, "--num", "-n", help="Generations (default ⌊N/B⌋)."),
-    seed: int | None = typer.Option(
-        None, "--seed", help="Secret seed (default: fresh OS entropy, kept in "
-        ".dplang-private/OUT.private.json, mode 600); one seed per release."
-    ),
+    seed: int | None = seed_option("kept in .dplang-private/OUT.private.json (mode 600) to "
+                                   "resume"),
     concurrent_groups: int = typer.Option(
         DEFAULT_CONCURRENT_GROUPS, "--concurrent-groups", "-G", help="Groups decoded at once."
     ),
@@ -122,15 +120,11 @@ def _generate(
              "nonprivate (NOT PRIVATE: no clipping, no noise, no budget; an experiment's "
              "ceiling)."
     ),
-    ledger: str | None = typer.Option(None, "--ledger", help=LEDGER_HELP),
-    dataset: str | None = typer.Option(
-        None, "--dataset",
-        help="Ledger name of the data's budget (default: the data file's resolved path).",
-    ),
-    overwrite: bool = typer.Option(
-        False, "--overwrite",
-        help="Replace what --out holds (another run) with a new run; the old files are removed "
-        "only once the new run is charged. Without it, the same run resumes and another is "
+    ledger: str | None = ledger_option(),
+    dataset: str | None = dataset_option(),
+    overwrite: bool = overwrite_option(
+        "Replace what --out holds (another run) with a new run; the old files are removed only "
+        "once the new run is charged. Without it, the same run resumes and another is "
         "refused."),
     quiet: bool = typer.Option(False, "--quiet", "-q",
                                help="Print only errors and warnings (no progress, no texts)."),

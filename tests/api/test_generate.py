@@ -126,6 +126,17 @@ def test_a_dataframe_grouped_by_a_label(toy):
     assert again.texts == result.texts and len(_releases("frame")) == 1
 
 
+def test_batch_order_decides_which_groups_num_keeps(toy):
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"body": TEXTS[:12], "stars": ["1", "2"] * 6})
+    kept = {order: dplang.generate(frame, text_column="body", group_by="stars", epsilon=3,
+                                   dataset="frame-orders", model=toy, batch_size=3,
+                                   max_tokens=2, num=2, quiet=True, batch_order=order).labels
+            for order in ("grouped", "interleaved")}
+    assert kept == {"grouped": [{"stars": "1"}] * 2,
+                    "interleaved": [{"stars": "1"}, {"stars": "2"}]}
+
+
 def test_a_huggingface_dataset(toy):
     datasets = pytest.importorskip("datasets", reason="the optional extra dplang[hf]")
     ds = datasets.Dataset.from_dict({"text": TEXTS})

@@ -336,6 +336,7 @@ def generate(
     out: str | Path | None = None,
     text_column: str = "text",
     group_by: str | Sequence[str] = (),
+    batch_order: str = "grouped",
     batch_size: int | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
@@ -409,7 +410,8 @@ def generate(
             max_reference_tokens=(DEFAULT_MAX_REFERENCE_TOKENS if max_reference_tokens is None
                                   else max_reference_tokens),
             sparse_head=not dense, ledger=ledger, dataset=source.dataset, method=method,
-            method_options=method_options, dtype=dtype, overwrite=overwrite)
+            method_options=method_options, dtype=dtype, overwrite=overwrite,
+            batch_order=batch_order)
         run = run_generation(request, display=display,
                              execution=Execution(executor, workers, device=device),
                              load_model=loader, check_model=None if loader else _check_model,

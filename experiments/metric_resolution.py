@@ -1,9 +1,10 @@
 """Can each metric tell real from not-quite-real at the chosen n? (docs/experiments.md)
 
 Before a sweep ranks methods with a metric, this script measures the metric's resolution on
-real data. It scores a fixed set **A** of ``n`` held-out real texts (by default the sweep's
-held-out rows, ``experiments/yelp_quality.toml``: rows [3600, 4100) of Yelp ``dev.csv``)
-against
+real data. It scores a fixed set **A** of ``n`` held-out real texts (by default rows
+[3600, 4100) of Yelp ``dev.csv``, held out by ``experiments/yelp_downstream.toml``: the rows
+of the measured runs in docs/experiments.md; ``--real-rows 4000:4500`` gives the held-out
+texts of ``experiments/yelp_quality.toml``) against
 
 * **real vs real** (the ceiling): ``n`` other real texts, rows [4100, 4600);
 * **deliberately shifted real sets**: the first ``n`` 5-star reviews, the first ``n``
@@ -29,7 +30,8 @@ held-out rows as the sweep), then run the check::
     # the sweep later skips it); no ledger charge, no private data read
     dplang experiment experiments/yelp_quality_public.toml --out runs/yelp_quality
     PYTHONPATH=src python experiments/metric_resolution.py \\
-        --data ../shared/data/yelp/dev.csv --n 500 \\
+        --data ../shared/data/yelp/dev.csv --n 500 --cut-real 64 \\
+        --real-rows 4000:4500 --second-rows 4500:5000 --metrics mauve,classifier,labels \\
         --generations public=runs/yelp_quality/cells/public_k50_t1.2_s0/gen.jsonl
 
 Without ``--generations`` only the real cases run (no generation needed). The data file is
@@ -68,6 +70,10 @@ def _range(text: str) -> tuple[int, int]:
     if not 0 <= start < stop:
         raise argparse.ArgumentTypeError(f"a row range is START:STOP, got {text!r}")
     return start, stop
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def read_rows(path: Path) -> list[tuple[int, str, dict[str, str]]]:
@@ -273,6 +279,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = set(metrics) - {"mauve", "classifier", "labels", "downstream"}
     if unknown:
         parser.error(f"unknown metrics: {', '.join(sorted(unknown))}")
+    ranges = {"--real-rows": args.real_rows, "--second-rows": args.second_rows}
+    if "downstream" in metrics:
+        ranges["--test-rows"] = args.test_rows
+    names = list(ranges)
+    for i, x in enumerate(names):
+        for y in names[i + 1:]:
+            if _overlap(ranges[x], ranges[y]):
+                parser.error(f"{x} and {y} overlap: the sets compared must be disjoint rows")
     started = time.time()
     from dplang.evaluation.embedders import resolve_embedder
 

@@ -76,3 +76,16 @@ def test_too_few_qualifying_rows_is_refused(resolution, tmp_path):
                          "--metrics", "labels", "--truncate-tokens", "0",
                          "--real-rows", "0:20", "--second-rows", "20:40",
                          "--test-rows", "40:60"])
+
+
+def test_overlapping_row_ranges_are_refused(resolution, tmp_path, capsys):
+    """A real-vs-real set sharing rows with A would make the ceiling look tighter than it is."""
+    data = _yelp_like(tmp_path / "d.csv", rows=60)
+    with pytest.raises(SystemExit):
+        resolution.main(["--data", str(data), "--n", "20", "--real-rows", "0:30",
+                         "--second-rows", "20:50", "--metrics", "labels"])
+    assert "--real-rows and --second-rows overlap" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the test rows count only where downstream is scored
+        resolution.main(["--data", str(data), "--n", "20", "--real-rows", "0:20",
+                         "--second-rows", "20:40", "--test-rows", "30:60"])
+    assert "--second-rows and --test-rows overlap" in capsys.readouterr().err

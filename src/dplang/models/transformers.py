@@ -265,14 +265,14 @@ class TransformersModel(TokenizerText):
             self.model_id = model_id_for(self._path, self._gguf_name)
         else:
             self.model_id = getattr(self.config, "_name_or_path", "") or type(model).__name__
+        if self.device_type != "cpu":
+            self._decoder.to(self.device)  # before the verification, which runs on the device
         if verify:
             self._verify_head()
             if verification is not None:
                 record_verification(verification)
         if not keep_reference:
             self.model = None  # the decoder holds integer copies of every weight it uses
-        if self.device_type != "cpu":
-            self._decoder.to(self.device)
         if check_invariance == "cached":
             check_row_invariance_cached(self)
         elif check_invariance:
@@ -607,7 +607,8 @@ class TransformersModel(TokenizerText):
         ids = self._prompt_ids("Hello world. This is a test of the exact decoder")
         state = RowDecodeState(prompts=[ids])
         ours = self.logits_from_hidden(self.next_hidden(state, None))
-        input_ids = torch.tensor([ids], dtype=torch.int64)
+        input_ids = torch.tensor([ids], dtype=torch.int64,
+                                 device=next(self.model.parameters()).device)
         out = self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
         theirs = out.logits[:, -1].float().cpu()
         spread = max(float(theirs.abs().max()), 1.0)

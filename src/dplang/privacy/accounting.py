@@ -12,7 +12,8 @@ increasing, so the infimum is found by a root search on the derivative. We imple
 rather than calling OpenDP because the inverse maps (ε → ρ, and ρ → ε at fixed δ) are needed
 for calibration and OpenDP exposes only the forward privacy profile; the tests cross-check this
 implementation against OpenDP's ``make_zCDP_to_approxDP`` and dp-accounting's RDP conversion.
-Inverses are computed by bisection and always rounded to the *safe* side (ε up, ρ down).
+Inverses are computed by :func:`dplang.privacy.calibration.calibrate` (bracket, bisect) and
+always rounded to the *safe* side (ε up, ρ down).
 
 InvisibleInk's calibration (the DClip sensitivity C/B, ρ_seq = T·Δ²/(2τ²), the clip norm for a
 budget) lives with the method, in :mod:`dplang.textgen.methods.invisibleink` (InvisibleInk
@@ -25,9 +26,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from .calibration import calibrate
 from .guarantees import Guarantee
 
-_BISECTION_STEPS = 200
+#: relative precision of the conversions' inverses (rounded to the safe side)
+_RTOL = 1e-13
 
 #: Defaults of InvisibleInk's hyperparameters, shared by ``dplang account``, ``dplang generate``
 #: and experiment configurations (one place, so the clip norm one command prints is the one the
@@ -157,36 +160,18 @@ def rho_to_epsilon(rho: float, delta: float) -> float:
     """Smallest ε such that ρ-zCDP implies (ε, δ)-DP (tight; rounded up)."""
     _check_rho(rho)
     _check_delta(delta)
-    if rho == 0 or rho_to_delta(rho, 0.0) <= delta:
+    if rho == 0:
         return 0.0
-    lo, hi = 0.0, simple_rho_to_epsilon(rho, delta)
-    for _ in range(_BISECTION_STEPS):
-        mid = 0.5 * (lo + hi)
-        if rho_to_delta(rho, mid) <= delta:
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= 1e-13 * max(1.0, hi):
-            break
-    return hi
+    return calibrate(lambda eps: rho_to_delta(rho, eps) <= delta, 0.0,
+                     simple_rho_to_epsilon(rho, delta), safe="above", rtol=_RTOL, xtol=_RTOL)
 
 
 def epsilon_to_rho(epsilon: float, delta: float) -> float:
     """Largest ρ such that ρ-zCDP implies (ε, δ)-DP (tight; rounded down)."""
     _check_epsilon(epsilon)
     _check_delta(delta)
-    lo, hi = 0.0, epsilon + 1.0
-    while rho_to_delta(hi, epsilon) <= delta:  # pragma: no cover - defensive
-        hi *= 2.0
-    for _ in range(_BISECTION_STEPS):
-        mid = 0.5 * (lo + hi)
-        if rho_to_delta(mid, epsilon) <= delta:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-13 * max(1e-300, hi):
-            break
-    return lo
+    return calibrate(lambda rho: rho_to_delta(rho, epsilon) <= delta, 0.0, epsilon + 1.0,
+                     safe="below", rtol=_RTOL)
 
 
 def pure_to_zcdp(epsilon: float) -> float:

@@ -42,6 +42,7 @@ from typing import Literal
 import numpy as np
 from scipy.stats import norm
 
+from ..privacy.calibration import calibrate
 from ..privacy.guarantees import Guarantee
 from ..privacy.mechanisms import discrete_laplace, gaussian, laplace
 
@@ -78,18 +79,10 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
     mechanism, Balle & Wang 2018), by bisection on the decreasing map σ ↦ δ(σ)."""
     if not (epsilon > 0 and math.isfinite(epsilon)) or not 0 < delta < 1:
         raise ValueError("need epsilon > 0 and 0 < delta < 1")
-    lo, hi = 1e-12 * sensitivity, sensitivity
-    while analytic_gaussian_delta(hi, epsilon, sensitivity) > delta:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if analytic_gaussian_delta(mid, epsilon, sensitivity) > delta:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-14 * hi:
-            break
-    return hi
+    # slide=False: the bracket's lower end stays at 1e-12·Δ while it grows, the probes that
+    # fixed the σ of every report so far
+    return calibrate(lambda sigma: analytic_gaussian_delta(sigma, epsilon, sensitivity) <= delta,
+                     1e-12 * sensitivity, sensitivity, safe="above", rtol=1e-14, slide=False)
 
 
 def _dlap_upper_tail(k: int, epsilon: float) -> float:
@@ -99,6 +92,16 @@ def _dlap_upper_tail(k: int, epsilon: float) -> float:
         return math.exp(-epsilon * k) / (1.0 + q)
     # P(Z ≥ k) = 1 − P(Z ≤ k − 1) = 1 − P(Z ≥ 1 − k) by symmetry
     return 1.0 - math.exp(-epsilon * (1 - k)) / (1.0 + q)
+
+
+def _dlap_margin(epsilon: float, beta: float) -> float:
+    """τ_c: the smallest integer k ≥ 1 with P(Z ≥ k) ≤ β for the discrete Laplace of parameter
+    ε (the tail, hence the condition, is evaluated exactly as the test uses it; the closed form
+    ⌈ln(1/(β(1+e^{−ε})))/ε⌉ is the first guess of the bracket)."""
+    q = math.exp(-epsilon)
+    guess = max(1, math.ceil(math.log(1.0 / (beta * (1.0 + q))) / epsilon))
+    return float(calibrate(lambda k: _dlap_upper_tail(k, epsilon) <= beta, 1, guess + 1,
+                           safe="above", integer=True))
 
 
 @dataclass(frozen=True)
@@ -170,13 +173,8 @@ class SupportTest:
         if family == "laplace":
             tau = b * math.log(1.0 / (2.0 * beta))
             return cls(family, int(n), float(epsilon), 0.0, None, b, beta, tau)
-        q = math.exp(-epsilon)
-        k = max(1, math.ceil(math.log(1.0 / (beta * (1.0 + q))) / epsilon))
-        while _dlap_upper_tail(k, epsilon) > beta:  # guard against rounding of the formula
-            k += 1
-        while k > 1 and _dlap_upper_tail(k - 1, epsilon) <= beta:
-            k -= 1
-        return cls(family, int(n), float(epsilon), 0.0, None, b, beta, float(k))
+        return cls(family, int(n), float(epsilon), 0.0, None, b, beta,
+                   _dlap_margin(epsilon, beta))
 
     def at_level(self, beta: float) -> SupportTest:
         """The same noise (family, n, ε₀/δ₀/ρ₀, scale) with the margin τ_c of level ``beta``.
@@ -190,13 +188,7 @@ class SupportTest:
         elif self.family == "laplace":
             tau = self.scale * math.log(1.0 / (2.0 * beta))
         else:
-            q = math.exp(-self.epsilon)
-            k = max(1, math.ceil(math.log(1.0 / (beta * (1.0 + q))) / self.epsilon))
-            while _dlap_upper_tail(k, self.epsilon) > beta:
-                k += 1
-            while k > 1 and _dlap_upper_tail(k - 1, self.epsilon) <= beta:
-                k -= 1
-            tau = float(k)
+            tau = _dlap_margin(self.epsilon, beta)
         return replace(self, beta=float(beta), tau_count=tau)
 
     # ------------------------------------------------------------------ public quantities

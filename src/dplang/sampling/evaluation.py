@@ -32,6 +32,7 @@ import numpy as np
 from scipy.special import gammaln
 from scipy.stats import norm, poisson
 
+from ..privacy.calibration import CalibrationError, calibrate
 from . import _histlaw
 from .baselines import FirstRecordSampler, RandomRecordSampler
 from .kary import KarySampler, LaplaceHistogramSampler, RevealOrObscureSampler
@@ -290,34 +291,17 @@ def claim24_probability(k: int, n: float, alpha: float, epsilon: float, reps: in
 
 def minimal_n(tv_at: Callable[[float], float], alpha: float, lo: float, hi: float,
               rel_tol: float = 1e-3, integer: bool = False) -> float:
-    """Smallest n in [lo, hi] with tv_at(n) ≤ α (tv_at assumed non-increasing): doubling from
-    ``lo`` until the condition holds (so n far above the answer is never evaluated), then
-    bisection on log n to relative precision ``rel_tol``. Raises ValueError when even
-    tv_at(hi) > α. With ``integer`` the result is an integer."""
-    if tv_at(lo) <= alpha:
-        return lo
-    cur = lo
-    while True:
-        nxt = min(hi, cur * 2.0)
-        if integer:
-            nxt = float(math.ceil(nxt))
-        if tv_at(nxt) <= alpha:
-            lo, hi = cur, nxt
-            break
-        if nxt >= hi:
-            raise ValueError(f"TV at n = {hi} is above alpha = {alpha}; raise hi")
-        cur = nxt
-    while hi / lo > 1 + rel_tol and (not integer or hi - lo > 1):
-        mid = math.sqrt(lo * hi)
-        if integer:
-            mid = float(round(mid))
-            if mid <= lo or mid >= hi:
-                break
-        if tv_at(mid) <= alpha:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    """Smallest n in [lo, hi] with tv_at(n) ≤ α (tv_at assumed non-increasing), by
+    :func:`dplang.privacy.calibration.calibrate`: doubling from ``lo`` until the condition holds
+    (so n far above the answer is never evaluated), then bisection on log n to relative
+    precision ``rel_tol``. Raises ValueError when even tv_at(hi) > α. With ``integer`` the
+    result is an integer."""
+    try:
+        n = calibrate(lambda n: tv_at(float(n)) <= alpha, lo, min(hi, 2.0 * lo), safe="above",
+                      rtol=rel_tol, log_scale=True, integer=integer, limit=hi)
+    except CalibrationError:
+        raise ValueError(f"TV at n = {hi} is above alpha = {alpha}; raise hi") from None
+    return float(n)
 
 
 # --------------------------------------------------------------------------------------------

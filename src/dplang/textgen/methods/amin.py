@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..._lazy import lazy_module
+from ...privacy import calibration
 from ...privacy.accounting import epsilon_to_rho, rho_to_epsilon
 from ...privacy.guarantees import Adjacency, Guarantee
 from ...privacy.mechanisms import exponential_mechanism, laplace
@@ -138,16 +139,10 @@ def calibrate(
             )
         clip = temperature * batch_size * math.sqrt(2.0 * (rho_tok - rho_svt))
     else:
-        lo, hi = 0.0, 1.0
-        while sum(step_costs(hi, batch_size, temperature, sigma, convention)) < rho_tok:
-            hi *= 2.0
-        for _ in range(200):
-            mid = 0.5 * (lo + hi)
-            if sum(step_costs(mid, batch_size, temperature, sigma, convention)) <= rho_tok:
-                lo = mid
-            else:
-                hi = mid
-        clip = lo
+        # the largest C whose per-token cost ρ_prv(C) + ρ_SVT(C) is within ρ/T_prv
+        clip = calibration.calibrate(
+            lambda c: sum(step_costs(c, batch_size, temperature, sigma, convention)) <= rho_tok,
+            0.0, 1.0, safe="below")
     rho_prv, rho_svt = step_costs(clip, batch_size, temperature, sigma, convention)
     return AminBudget(clip, private_tokens * (rho_prv + rho_svt), rho_prv, rho_svt,
                       private_tokens, convention)

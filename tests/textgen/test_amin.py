@@ -41,7 +41,7 @@ def test_calibration_spends_the_budget(convention):
 
     budget = amin.calibrate(10, 1e-6, 127, 1.2, 0.3, 100, convention)
     assert budget.rho == pytest.approx(epsilon_to_rho(10, 1e-6), rel=1e-6)
-    g = budget.guarantee(1e-6, 10)
+    g = amin.AminParams(budget, 10, 1e-6, 127, 1.2, 1.0, 0.7, 0.3).guarantee()
     assert g.adjacency == ("replace-by-null" if convention == "correct" else "zero-out")
 
 

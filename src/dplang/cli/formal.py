@@ -366,8 +366,7 @@ def run(
         typer.echo(f"{alg_name} on {res.manifest['n']} elements of {data} → {out}")
         for row in res.rows[-3:]:
             typer.echo(f"  released: {row}")
-        typer.echo(alg.guarantee(res.manifest["n"]).summary() if alg_name in STATISTICAL
-                   else alg.guarantee().summary())
+        typer.echo(alg.guarantee(res.manifest["n"]).summary())
         return
     assert inst is not None
     try:
@@ -375,7 +374,7 @@ def run(
                                   0 if seed is None else seed, workers)
     except ValueError as exc:
         fail(str(exc).splitlines()[0])
-    g = alg.guarantee(n) if alg_name in STATISTICAL else alg.guarantee()
+    g = alg.guarantee(n)
     for line in summary["lines"]:
         typer.echo(line)
     typer.echo(g.summary() if math.isfinite(g.epsilon) else

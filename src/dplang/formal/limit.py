@@ -107,10 +107,9 @@ def _check_eps(epsilon: float, allow_inf: bool = False) -> None:
 
 def _guarantee(name: str, epsilon: float, **details: Any) -> Guarantee:
     if math.isinf(epsilon):
-        return Guarantee(name, UNIT, ADJACENCY, None, math.inf, 0.0,
-                         details={"private": False, **details})
-    return Guarantee(name, UNIT, ADJACENCY, None, float(epsilon), 0.0,
-                     details={"continual_release": True, **details})
+        return Guarantee.non_private(name, UNIT, ADJACENCY, details=details)
+    return Guarantee.pure(name, UNIT, ADJACENCY, float(epsilon),
+                          details={"continual_release": True, **details})
 
 
 def novel_sample(language: Language, n: int, pool: int, rng: np.random.Generator) -> Any:
@@ -248,7 +247,7 @@ class ApproximateIntersectionGenerator:
         """b_k = k³/ε₀ (corrected) or k²/ε₀ (the printed t^{1/3}/ε₀)."""
         return (k**3 if self.scale == "corrected" else k**2) / self.eps0
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         return _guarantee("approximate-intersection-generator (001 Alg 1)", self.epsilon,
                           scale=self.scale)
 
@@ -414,7 +413,7 @@ class ClosureGenerator:
     private = False
     epsilon = math.inf
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         return _guarantee("closure-generator (LRT25, non-private)", math.inf)
 
     def output(self, data: Sequence[Any], collection: Collection) -> Any:
@@ -523,7 +522,7 @@ class UniformPrivateGenerator:
     def __post_init__(self) -> None:
         _check_eps(self.epsilon)
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         return _guarantee("uniform-private-generator (001 Thm C.1)", self.epsilon)
 
     def temperature(self) -> float:
@@ -621,7 +620,7 @@ class UPGContinual:
     paper = "001·C.1 (CR)"
     private = True
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         return _guarantee("uniform-private-generator, continual (001 Thm C.1)", self.epsilon)
 
     def epoch_epsilon(self, t: int) -> float:
@@ -680,7 +679,7 @@ class EpochEMIdentifier:
     def __post_init__(self) -> None:
         _check_eps(self.epsilon)
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         return _guarantee("epoch-exponential-mechanism identifier (001 Alg 2)", self.epsilon,
                           cap=self.cap)
 
@@ -763,7 +762,7 @@ class StochasticIdentifier:
     def __post_init__(self) -> None:
         _check_eps(self.epsilon)
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         return _guarantee("stochastic identifier (001 Alg 3)", self.epsilon)
 
     def epoch_epsilon(self, s: int) -> float:

@@ -169,6 +169,17 @@ def gaussian_calibration(l2_sensitivity: float, epsilon: float, delta: float,
     raise ValueError(f"unknown calibration {calibration!r}; use 'classical' or 'zcdp'")
 
 
+def _gaussian_guarantee(name: str, epsilon: float, delta: float, calibration: str
+                        ) -> Guarantee:
+    """(ε, δ)-DP of a Gaussian release calibrated by :func:`gaussian_calibration`: classical
+    (no ρ), or ρ-zCDP for the target (ε, δ)."""
+    rho = gaussian_calibration(1.0, epsilon, delta, calibration)[1]
+    details = {"calibration": calibration, "mechanism": "gaussian"}
+    if rho is None:
+        return Guarantee.approximate(name, UNIT, ADJACENCY, epsilon, delta, details=details)
+    return Guarantee.zcdp(name, UNIT, ADJACENCY, rho, delta, epsilon=epsilon, details=details)
+
+
 def uniform_int(rng: np.random.Generator, high: int) -> int:
     """A uniform integer in {1, …, high} for any Python int ``high`` ≥ 1 (exact rejection
     sampling on 64-bit words)."""
@@ -311,7 +322,7 @@ class _Identifier:
         _, kp = self.horizon(n, collection)
         return error_counts(sample, collection, kp)
 
-    def guarantee(self, n: int) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         raise NotImplementedError
 
     def select(self, counts: np.ndarray, n: int, big_k: int,
@@ -352,9 +363,8 @@ class MarginIdentifier(_Identifier):
     private = False
     shift_invariant = True  # the law depends on the error counts only through differences
 
-    def guarantee(self, n: int) -> Guarantee:
-        return Guarantee("margin-identifier (000 Alg 4, non-private)", UNIT, ADJACENCY, None,
-                         math.inf, 0.0, details={"private": False})
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return Guarantee.non_private("margin-identifier (000 Alg 4, non-private)", UNIT, ADJACENCY)
 
     def passes(self, counts: np.ndarray, n: int, big_k: int) -> np.ndarray:
         """Margin test in exact integer arithmetic: (c_j − c_i)·K ≥ n for all j < i."""
@@ -417,9 +427,9 @@ class SoftMarginIdentifier(_Identifier):
         return _em_log_law(self.scores(counts, n, big_k), self.sensitivity(n, big_k),
                            self.epsilon)
 
-    def guarantee(self, n: int) -> Guarantee:
-        return Guarantee("soft-margin-identifier (000 Alg 1)", UNIT, ADJACENCY, None,
-                         self.epsilon, 0.0, details={"mechanism": "exponential"})
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return Guarantee.pure("soft-margin-identifier (000 Alg 1)", UNIT, ADJACENCY, self.epsilon,
+                              details={"mechanism": "exponential"})
 
     def select(self, counts, n, big_k, rng):
         s = self.scores(counts, n, big_k)
@@ -451,11 +461,9 @@ class GaussianMarginIdentifier(_Identifier):
         return gaussian_calibration(math.sqrt(kp) / n, self.epsilon, self.delta,
                                     self.calibration)[0]
 
-    def guarantee(self, n: int) -> Guarantee:
-        rho = gaussian_calibration(1.0, self.epsilon, self.delta, self.calibration)[1]
-        return Guarantee("gaussian-margin-identifier (000 Alg 2)", UNIT, ADJACENCY, rho,
-                         self.epsilon, self.delta,
-                         details={"calibration": self.calibration, "mechanism": "gaussian"})
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return _gaussian_guarantee("gaussian-margin-identifier (000 Alg 2)", self.epsilon,
+                                   self.delta, self.calibration)
 
     def index_from_noisy(self, noisy_errors: np.ndarray, big_k: int) -> np.ndarray:
         prev = np.minimum.accumulate(noisy_errors, axis=-1)
@@ -555,9 +563,8 @@ class PointerGenerator(_Generator):
     def window(self, n: int) -> int:
         return 0
 
-    def guarantee(self, n: int) -> Guarantee:
-        return Guarantee("pointer-generator (000 Alg 5, non-private)", UNIT, ADJACENCY, None,
-                         math.inf, 0.0, details={"private": False})
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return Guarantee.non_private("pointer-generator (000 Alg 5, non-private)", UNIT, ADJACENCY)
 
     def pointers(self, sample: Sequence[Any] | np.ndarray, collection: Collection,
                  kp: int) -> list[int]:
@@ -624,9 +631,9 @@ class PrefixCountGenerator(_Generator):
     def log_law(self, counts: np.ndarray, memb: np.ndarray, n: int) -> np.ndarray:
         return log_softmax(self.scores(counts, memb, n) / self.temperature(n), axis=-1)
 
-    def guarantee(self, n: int) -> Guarantee:
-        return Guarantee("prefix-count-generator (000 Alg 3)", UNIT, ADJACENCY, None,
-                         self.epsilon, 0.0, details={"mechanism": "exponential"})
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return Guarantee.pure("prefix-count-generator (000 Alg 3)", UNIT, ADJACENCY, self.epsilon,
+                              details={"mechanism": "exponential"})
 
     def run(self, sample: Sequence[Any] | np.ndarray, collection: Collection,
             rng: np.random.Generator) -> Selection:
@@ -684,9 +691,9 @@ class JointThresholdGenerator(_Generator):
         flat = s.reshape(*s.shape[:-2], -1)
         return _em_log_law(flat, self.sensitivity(n), self.epsilon)
 
-    def guarantee(self, n: int) -> Guarantee:
-        return Guarantee("joint-threshold-generator (000 Alg 6)", UNIT, ADJACENCY, None,
-                         self.epsilon, 0.0, details={"mechanism": "exponential"})
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return Guarantee.pure("joint-threshold-generator (000 Alg 6)", UNIT, ADJACENCY,
+                              self.epsilon, details={"mechanism": "exponential"})
 
     def run(self, sample: Sequence[Any] | np.ndarray, collection: Collection,
             rng: np.random.Generator) -> Selection:
@@ -733,11 +740,9 @@ class GaussianThresholdGenerator(JointThresholdGenerator):
         return gaussian_calibration(self.l2_sensitivity(n, kp), self.epsilon, self.delta,
                                     self.calibration)[0]
 
-    def guarantee(self, n: int) -> Guarantee:
-        rho = gaussian_calibration(1.0, self.epsilon, self.delta, self.calibration)[1]
-        return Guarantee("gaussian-threshold-generator (000 Alg 7)", UNIT, ADJACENCY, rho,
-                         self.epsilon, self.delta,
-                         details={"calibration": self.calibration, "mechanism": "gaussian"})
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return _gaussian_guarantee("gaussian-threshold-generator (000 Alg 7)", self.epsilon,
+                                   self.delta, self.calibration)
 
     def log_law(self, counts: np.ndarray, memb: np.ndarray, n: int) -> np.ndarray:
         raise NotImplementedError("use evaluation.gaussian_argmax_log_law")

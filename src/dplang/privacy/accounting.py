@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from .calibration import calibrate
 from .guarantees import Guarantee
@@ -223,23 +224,19 @@ def compose_sequential(
     """
     unit, adjacency = _common(guarantees, "sequential")
     name = mechanism or "+".join(dict.fromkeys(g.mechanism for g in guarantees))
-    ex_ante = all(g.ex_ante for g in guarantees)
-    toy = any(g.public_seed for g in guarantees)  # one public seed voids the whole
     details = {"composition": "sequential", "parts": len(guarantees)}
     if all(g.is_pure and g.rho is None for g in guarantees):
-        return Guarantee(
-            name, unit, adjacency, None, sum(g.epsilon for g in guarantees), 0.0, ex_ante, details,
-            toy,
-        )
-    if any(g.rho is None and not g.is_pure for g in guarantees):
-        eps = sum(g.epsilon for g in guarantees)
-        dlt = sum(g.delta for g in guarantees)
-        return Guarantee(name, unit, adjacency, None, eps, dlt, ex_ante, details, toy)
-    rho = sum(g.rho if g.rho is not None else pure_to_zcdp(g.epsilon) for g in guarantees)
-    target = delta if delta is not None else max(g.delta for g in guarantees)
-    return Guarantee(
-        name, unit, adjacency, rho, rho_to_epsilon(rho, target), target, ex_ante, details, toy
-    )
+        composed = Guarantee.pure(name, unit, adjacency, sum(g.epsilon for g in guarantees),
+                                  details=details)
+    elif any(g.rho is None and not g.is_pure for g in guarantees):
+        composed = Guarantee.approximate(name, unit, adjacency,
+                                         sum(g.epsilon for g in guarantees),
+                                         sum(g.delta for g in guarantees), details=details)
+    else:
+        rho = sum(g.rho if g.rho is not None else pure_to_zcdp(g.epsilon) for g in guarantees)
+        target = delta if delta is not None else max(g.delta for g in guarantees)
+        composed = Guarantee.zcdp(name, unit, adjacency, rho, target, details=details)
+    return _labelled(composed, guarantees)
 
 
 def compose_parallel(
@@ -253,15 +250,19 @@ def compose_parallel(
     unit, adjacency = _common(guarantees, "parallel")
     name = mechanism or "+".join(dict.fromkeys(g.mechanism for g in guarantees))
     worst = max(guarantees, key=lambda g: (g.rho if g.rho is not None else -1, g.epsilon, g.delta))
-    if any(g.rho is None for g in guarantees):
-        eps = max(g.epsilon for g in guarantees)
-        dlt = max(g.delta for g in guarantees)
-        rho = None
-    else:
-        rho, eps, dlt = worst.rho, worst.epsilon, worst.delta
     details = {"composition": "parallel over a data-independent partition",
                "parts": len(guarantees)}
-    return Guarantee(
-        name, unit, adjacency, rho, eps, dlt, all(g.ex_ante for g in guarantees), details,
-        any(g.public_seed for g in guarantees),
-    )
+    if any(g.rho is None for g in guarantees):
+        composed = Guarantee.approximate(name, unit, adjacency,
+                                         max(g.epsilon for g in guarantees),
+                                         max(g.delta for g in guarantees), details=details)
+    else:  # the worst part's (ρ, ε, δ), as it was stated
+        composed = replace(worst, mechanism=name, details=details)
+    return _labelled(composed, guarantees)
+
+
+def _labelled(composed: Guarantee, parts: Sequence[Guarantee]) -> Guarantee:
+    """``composed`` with the labels of its parts: data-dependent if one part is, a toy run if
+    one part's seed is public (one public seed voids the whole)."""
+    return replace(composed, ex_ante=all(g.ex_ante for g in parts),
+                   public_seed=any(g.public_seed for g in parts))

@@ -56,6 +56,8 @@ __all__ = [
 ]
 
 NoiseFamily = Literal["discrete-laplace", "laplace", "gaussian"]
+#: the mechanism named in the guarantee of one test
+MECHANISM = "dp-support-test"
 NOISE_FAMILIES: tuple[str, ...] = ("discrete-laplace", "laplace", "gaussian")
 
 
@@ -152,10 +154,9 @@ class SupportTest:
                     raise ValueError("give rho > 0 (and no epsilon) for a zCDP Gaussian test")
                 if not 0 < delta < 1:
                     raise ValueError(f"a zCDP Gaussian test needs delta in (0, 1), got {delta}")
-                from ..privacy.accounting import rho_to_epsilon
-
                 sigma = 1.0 / math.sqrt(2.0 * rho)
-                eps0 = rho_to_epsilon(rho, delta)  # what ρ₀-zCDP implies at δ₀ on its own
+                # what ρ₀-zCDP implies at δ₀ on its own
+                eps0 = Guarantee.zcdp(MECHANISM, "record", "replace-one", rho, delta).epsilon
                 tau = sigma * float(norm.isf(beta))
                 return cls(family, int(n), eps0, float(delta), float(rho), sigma, beta, tau)
             if epsilon is None or not (epsilon > 0 and math.isfinite(epsilon)):
@@ -298,8 +299,12 @@ class SupportTest:
             return _dlap_upper_tail(1 - math.ceil(t), self.epsilon)
         return self.upper_tail(-(theta * self.n + self.tau_count - count))
 
-    def guarantee(self, mechanism: str = "dp-support-test") -> Guarantee:
-        """The guarantee of this one test (unit = record, replace-one adjacency)."""
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        """The guarantee of this one test (unit = record, replace-one adjacency; its n is the
+        test's own)."""
         details = {"noise": self.family, "scale_counts": self.scale, "n": self.n}
-        return Guarantee(mechanism, "record", "replace-one", self.rho, self.epsilon, self.delta,
-                         details=details)
+        if self.rho is not None:
+            return Guarantee.zcdp(MECHANISM, "record", "replace-one", self.rho, self.delta,
+                                  epsilon=self.epsilon, details=details)
+        return Guarantee.approximate(MECHANISM, "record", "replace-one", self.epsilon,
+                                     self.delta, details=details)

@@ -114,8 +114,10 @@ class MethodParams(Protocol):
         """The clip norm the manifest records (0 when the method has none)."""
         ...
 
-    def guarantee(self) -> Guarantee:
-        """What every release of this method, with these parameters, satisfies."""
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        """What every release of this method, with these parameters, satisfies (the one
+        signature of :class:`~dplang.privacy.guarantees.GuaranteeSource`; a method's guarantee
+        does not depend on the number of references)."""
         ...
 
 

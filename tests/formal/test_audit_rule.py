@@ -14,9 +14,9 @@ from dplang.formal.audit import (
     choose_method,
     monte_carlo_audit,
     output_space_size,
+    twin,
 )
 from dplang.formal.collections import sperner
-from dplang.formal.evaluation import twin
 from dplang.formal.statistical import (
     JointThresholdGenerator,
     PointerGenerator,

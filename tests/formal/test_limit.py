@@ -231,7 +231,7 @@ def _big_collection(k):
 def test_upg_privacy_exact_and_twin():
     coll = sperner(4)
     letters = [0, 1, 2, 3]  # four classes of Sperner(4)
-    from dplang.formal.evaluation import neighbour_pairs
+    from dplang.formal.audit import neighbour_pairs
 
     for eps in (0.5, 1.0):
         upg = UniformPrivateGenerator(eps, d=0)

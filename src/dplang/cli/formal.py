@@ -555,9 +555,8 @@ def audit(
     exact when the output space has at most 2^16 atoms (the exact law over all neighbours of
     small datasets, or the exact transcript/profile), Monte Carlo otherwise (a lower bound on
     ε on a crafted pair); --exact / --monte-carlo force one."""
-    from ..formal import evaluation as ev
-    from ..formal import limit
     from ..formal.audit import audit as run_audit
+    from ..formal.audit import twin as broken_twin
 
     alg_name = _algorithm_name(algorithm)
     if not epsilon > 0:
@@ -597,7 +596,7 @@ def audit(
     if twin:
         if alg_name in ("margin", "pointer", "closure"):
             fail(f"{alg_name} is not private; it is its own negative control")
-        alg = ev.twin(alg) if alg_name in STATISTICAL else limit.twin(alg)
+        alg = broken_twin(alg)
     method = "monte-carlo" if monte_carlo else ("exact" if exact else None)
     try:
         report = run_audit(alg, inst, epsilon, method=method, max_n=max_n, trials=trials,

@@ -17,7 +17,8 @@ The output law of a sampler A on P with n records is
   never single draws), with a conservative confidence interval (:func:`estimate_tv`).
 
 :func:`exact_privacy_audit` enumerates all pairs of neighbouring datasets for small n and
-reports the largest privacy loss of the exact output laws (and the exact δ at the claimed ε).
+reports the largest privacy loss of the exact output laws (and the exact δ at the claimed ε) as
+a :class:`~dplang.privacy.audit.AuditResult`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 from scipy.special import gammaln
 from scipy.stats import norm, poisson
 
+from ..privacy.audit import AuditResult, delta_at_epsilon, max_log_loss
 from ..privacy.calibration import CalibrationError, calibrate
 from . import _histlaw
 from .baselines import FirstRecordSampler, RandomRecordSampler
@@ -46,7 +48,6 @@ from .product_tv import (  # re-exported: the product part of this module's job
 
 __all__ = [
     "LawEstimate",
-    "PrivacyAudit",
     "ProductTV",
     "TVEstimate",
     "bucketed_product_tv",
@@ -308,28 +309,6 @@ def minimal_n(tv_at: Callable[[float], float], alpha: float, lo: float, hi: floa
 # Exact privacy audit
 
 
-@dataclass(frozen=True)
-class PrivacyAudit:
-    """The result of enumerating neighbouring datasets.
-
-    ``max_log_ratio``: the largest |log Pr[A(x)=y] − log Pr[A(x')=y]| over all neighbours and
-    outputs (∞ when supports differ); ``delta_at_claimed``: the largest Σ_y (Pr[A(x)=y] −
-    e^ε Pr[A(x')=y])⁺ at the claimed ε (the exact δ); ``worst_pair``: the datasets (count
-    vectors or row-type counts) attaining the maximum."""
-
-    max_log_ratio: float
-    delta_at_claimed: float
-    claimed_epsilon: float
-    claimed_delta: float
-    pairs: int
-    worst_pair: tuple[Any, Any]
-
-    @property
-    def satisfied(self) -> bool:
-        """True when the exact δ at the claimed ε is within the claimed δ (1e-9 slack)."""
-        return self.delta_at_claimed <= self.claimed_delta + 1e-9
-
-
 def _kary_pairs(n: int, k: int) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
     for c in compositions(n, k):
         for a in range(k):
@@ -366,7 +345,7 @@ def _rows_from_types(counts: tuple[int, ...], d: int) -> np.ndarray:
 
 
 def exact_privacy_audit(sampler: Any, n: int, k: int | None = None, d: int | None = None,
-                        guarantee: Any = None) -> PrivacyAudit:
+                        guarantee: Any = None) -> AuditResult:
     """Enumerate every pair of neighbouring datasets of size n and compare the exact output
     laws.
 
@@ -375,10 +354,15 @@ def exact_privacy_audit(sampler: Any, n: int, k: int | None = None, d: int | Non
     ones (first record) over all of [k]^n. Product samplers (give ``d``): datasets are
     multisets of n rows in {0,1}^d, the output law is the product with the sampler's exact
     conditional biases, over all 2^d outputs. The claimed guarantee defaults to
-    ``sampler.guarantee(n, d)``."""
+    ``sampler.guarantee(n, d)``.
+
+    Returns the :class:`~dplang.privacy.audit.AuditResult` with ``max_log_ratio`` (the largest
+    |log Pr[A(x)=y] − log Pr[A(x')=y]| over all neighbours and outputs, ∞ when supports differ),
+    ``delta_at_epsilon`` (the largest exact δ at the claimed ε), ``worst_pair`` (the datasets —
+    count vectors or row-type counts — attaining the maximum) and ``passed``: the exact δ at
+    the claimed ε is within the claimed δ (1e-9 slack)."""
     g = guarantee if guarantee is not None else sampler.guarantee(n, d)
     eps, dl = float(g.epsilon), float(g.delta)
-    e_eps = math.exp(eps) if eps < 709.0 else math.inf  # exp overflows from ε ≈ 709.8
     cache: dict[tuple[int, ...], np.ndarray] = {}
     if k is not None:
         if getattr(sampler, "symmetric", True):
@@ -417,14 +401,11 @@ def exact_privacy_audit(sampler: Any, n: int, k: int | None = None, d: int | Non
     for a, b in pairs:
         p, q = law(a), law(b)
         count += 1
-        pos = (p > 0) | (q > 0)
-        if np.any((p > 0) != (q > 0)):
-            ratio = math.inf
-        else:
-            s = p > 0
-            ratio = float(np.max(np.abs(np.log(p[s]) - np.log(q[s]))))
+        with np.errstate(divide="ignore"):
+            ratio = max_log_loss(np.log(p), np.log(q))
         if ratio > worst:
             worst, worst_pair = ratio, (a, b)
-        if math.isfinite(e_eps):
-            delta_max = max(delta_max, float(np.maximum(p[pos] - e_eps * q[pos], 0).sum()))
-    return PrivacyAudit(worst, delta_max, eps, dl, count, worst_pair)
+        delta_max = max(delta_max, delta_at_epsilon(p, q, eps))
+    return AuditResult(mechanism=getattr(sampler, "name", type(sampler).__name__),
+                       epsilon=eps, delta=dl, passed=delta_max <= dl + 1e-9, pairs=count,
+                       worst_pair=worst_pair, max_log_ratio=worst, delta_at_epsilon=delta_max)

@@ -24,6 +24,8 @@ from dplang.formal.statistical import (
 )
 from dplang.formal.truth import instance
 
+pytestmark = pytest.mark.audits("formal-000")
+
 NS = [1, 2, 3, 4, 5]
 
 

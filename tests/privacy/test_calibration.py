@@ -50,6 +50,7 @@ class Probe:
 # ------------------------------------------------------------------------------- calibrate
 
 
+@pytest.mark.audits("accounting")
 @PROPERTY
 @given(t=thresholds, hi=starts, rtol=st.sampled_from([0.0, 1e-13, 1e-6, 1e-3]))
 def test_above_returns_the_smallest_value_found_that_meets_the_target(t, hi, rtol):
@@ -59,6 +60,7 @@ def test_above_returns_the_smallest_value_found_that_meets_the_target(t, hi, rto
     assert r - t <= max(rtol * r, 4 * math.ulp(t))
 
 
+@pytest.mark.audits("accounting")
 @PROPERTY
 @given(t=thresholds, hi=starts, rtol=st.sampled_from([0.0, 1e-13, 1e-6, 1e-3]))
 def test_below_returns_the_largest_value_found_that_meets_the_target(t, hi, rtol):
@@ -68,6 +70,7 @@ def test_below_returns_the_largest_value_found_that_meets_the_target(t, hi, rtol
     assert t - r <= max(rtol * 2 * t, 4 * math.ulp(t))
 
 
+@pytest.mark.audits("accounting")
 @PROPERTY
 @given(t=st.integers(1, 10**9), lo=st.integers(1, 50), span=st.integers(1, 1000),
        log_scale=st.booleans(), slide=st.booleans())
@@ -111,6 +114,7 @@ epsilons = st.floats(min_value=1e-3, max_value=100.0, allow_nan=False)
 deltas = st.floats(min_value=1e-14, max_value=0.4, allow_nan=False)
 
 
+@pytest.mark.audits("accounting")
 @PROPERTY
 @given(rho=rhos, delta=deltas)
 @example(rho=3.96e-4, delta=3.96e-4)
@@ -121,6 +125,7 @@ def test_rho_to_epsilon_is_above_the_exact_epsilon(rho, delta):
         assert rho_to_delta(rho, eps * (1 - 1e-9)) > delta  # and tight
 
 
+@pytest.mark.audits("accounting")
 @PROPERTY
 @given(eps=epsilons, delta=deltas)
 def test_epsilon_to_rho_is_below_the_exact_rho(eps, delta):
@@ -129,6 +134,7 @@ def test_epsilon_to_rho_is_below_the_exact_rho(eps, delta):
     assert rho_to_delta(rho * (1 + 1e-9), eps) > delta
 
 
+@pytest.mark.audits("amin")
 @PROPERTY
 @given(eps=st.floats(min_value=0.05, max_value=100.0), delta=st.floats(1e-12, 1e-2),
        batch=st.integers(1, 64), tau=st.floats(0.3, 3.0), sigma=st.floats(0.01, 10.0),
@@ -142,6 +148,7 @@ def test_amin_clip_charges_at_most_the_budget(eps, delta, batch, tau, sigma, tok
         > per_token
 
 
+@pytest.mark.audits("proposal-and-filter")
 @PROPERTY
 @given(eps=st.floats(min_value=1e-3, max_value=60.0), delta=st.floats(1e-12, 0.3),
        sensitivity=st.floats(1e-2, 1e2))
@@ -153,6 +160,7 @@ def test_analytic_gaussian_sigma_meets_delta(eps, delta, sensitivity):
     assert analytic_gaussian_delta(sigma * (1 - 1e-9), eps, sensitivity) > delta
 
 
+@pytest.mark.audits("proposal-and-filter")
 @PROPERTY
 @given(eps=st.floats(min_value=1e-4, max_value=300.0), beta=st.floats(1e-12, 0.49))
 def test_discrete_laplace_margin_is_the_smallest_safe_integer(eps, beta):
@@ -163,6 +171,7 @@ def test_discrete_laplace_margin_is_the_smallest_safe_integer(eps, beta):
     assert test.at_level(beta).tau_count == test.tau_count
 
 
+@pytest.mark.audits("clipped-mean")
 @pytest.mark.parametrize("accountant", ["best", "basic", "zcdp"])
 @pytest.mark.parametrize(("d", "eps", "delta"), [(1, 0.5, 1e-6), (2, 1.0, 1e-6),
                                                   (8, 0.3, 1e-5), (30, 2.0, 1e-3)])

@@ -52,6 +52,7 @@ def test_from_dict_rejects_unknown_fields():
                              "rho": None, "epsilon": 1, "delta": 0, "extra": 1})
 
 
+@pytest.mark.audits("accounting")
 def test_named_constructors():
     z = Guarantee.zcdp("m", "reference", "replace-by-null", 0.5, 1e-6, details={"c": 1})
     assert (z.rho, z.epsilon, z.delta) == (0.5, rho_to_epsilon(0.5, 1e-6), 1e-6)

@@ -168,6 +168,7 @@ def audit(d_laws: dict, n_laws: dict, changed_group: int, g) -> EngineAudit:
 # --------------------------------------------------------------------------------- the audit
 
 
+@pytest.mark.audits("invisibleink")
 @pytest.mark.parametrize(("top_k", "sparse"), [(0, True), (2, True), (2, False)])
 def test_engine_exact_audit_against_the_printed_guarantee(tmp_path, top_k, sparse):
     plan = _plan(tmp_path, REFERENCES, top_k, sparse, "d")
@@ -216,6 +217,7 @@ class PrivateTopKPolicy(InvisibleInkPolicy):
                                               self.batch_size)
 
 
+@pytest.mark.audits("invisibleink")
 @pytest.mark.parametrize(("twin", "top_k"), [(NoClipPolicy, 0), (PrivateTopKPolicy, 2)])
 def test_engine_audit_flags_broken_twins(tmp_path, twin, top_k):
     plan = _plan(tmp_path, REFERENCES, top_k, True, "d")

@@ -310,25 +310,14 @@ def minimal_n(tv_at: Callable[[float], float], alpha: float, lo: float, hi: floa
 
 
 def _kary_pairs(n: int, k: int) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Every ordered pair of count vectors over k types (n items) that differ by moving one
+    item: the replace-one neighbours of frequency-count data (k-ary records, or the 2^d row
+    types of binary records)."""
     for c in compositions(n, k):
         for a in range(k):
             if c[a] == 0:
                 continue
             for b in range(k):
-                if b != a:
-                    c2 = c.copy()
-                    c2[a] -= 1
-                    c2[b] += 1
-                    yield tuple(int(v) for v in c), tuple(int(v) for v in c2)
-
-
-def _binary_pairs(n: int, d: int) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
-    types = 1 << d
-    for c in compositions(n, types):
-        for a in range(types):
-            if c[a] == 0:
-                continue
-            for b in range(types):
                 if b != a:
                     c2 = c.copy()
                     c2[a] -= 1
@@ -391,7 +380,7 @@ def exact_privacy_audit(sampler: Any, n: int, k: int | None = None, d: int | Non
             if key not in cache:
                 cache[key] = _product_pmf(sampler.conditional_law(_rows_from_types(key, d)))
             return cache[key]
-        pairs = _binary_pairs(n, d)
+        pairs = _kary_pairs(n, 1 << d)
     else:
         raise ValueError("give k (k-ary samplers) or d (product samplers)")
     worst = -1.0

@@ -68,7 +68,12 @@ def exact_decimal(x: float) -> Fraction:
 
 def analytic_gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1.0) -> float:
     """Smallest δ for which N(0, σ²) noise on a query of ℓ2 sensitivity Δ is (ε, δ)-DP
-    (Balle & Wang 2018, Thm 8): Φ(Δ/(2σ) − εσ/Δ) − e^ε Φ(−Δ/(2σ) − εσ/Δ)."""
+    (Balle & Wang 2018, Thm 8): Φ(Δ/(2σ) − εσ/Δ) − e^ε Φ(−Δ/(2σ) − εσ/Δ).
+
+    The same profile as :func:`dplang.privacy.audit.gaussian_privacy_profile` (which works in
+    log space, for audits of tiny δ); this evaluation is kept because the σ of every report so
+    far was calibrated with it, and the other rounds differently in the last bits of σ for about
+    a quarter of budgets. ``tests/privacy/test_calibration.py`` checks the σ against both."""
     a = sensitivity / (2.0 * sigma)
     b = epsilon * sigma / sensitivity
     first = norm.cdf(a - b)

@@ -66,9 +66,9 @@ class Guarantee:
     A mechanism states its guarantee with a named constructor — :meth:`zcdp`, :meth:`pure`,
     :meth:`approximate`, or one of the not-DP labels :meth:`data_dependent` and
     :meth:`non_private` (and :meth:`as_toy` for a toy run) — so that the ρ → ε conversion, and
-    the check that a target ε really follows from ρ, are written once, here. The field-by-field
-    constructor is for deserialisation (:meth:`from_dict`) and composition
-    (:mod:`dplang.privacy.accounting`).
+    the check that a target ε really follows from ρ, are written once, here (composition, in
+    :mod:`dplang.privacy.accounting`, uses them too, with :func:`dataclasses.replace` for the
+    labels). The field-by-field constructor is for deserialisation (:meth:`from_dict`).
     """
 
     mechanism: str

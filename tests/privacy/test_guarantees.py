@@ -110,3 +110,18 @@ def test_every_guarantee_method_has_the_one_signature():
                      None, None):
             wrong.append(f"{path}:{node.lineno}")
     assert seen > 30 and wrong == []
+
+
+def test_a_guarantee_that_depends_on_n_refuses_none():
+    from dplang.formal.statistical import SoftMarginIdentifier
+    from dplang.reports.freetext import InvisibleInkReport
+    from dplang.sampling.kary import RevealOrObscureSampler
+
+    with pytest.raises(ValueError, match="n must be"):
+        RevealOrObscureSampler(3, 1.0).guarantee()
+    with pytest.raises(ValueError, match="needs n"):
+        InvisibleInkReport(model=None, epsilon=1.0).guarantee()
+    assert RevealOrObscureSampler(3, 1.0).guarantee(10).epsilon == 1.0
+    # one that does not depend on n ignores it
+    assert SoftMarginIdentifier(epsilon=0.5).guarantee() == SoftMarginIdentifier(
+        epsilon=0.5).guarantee(7)

@@ -5,7 +5,7 @@
 Runs InvisibleInk (k = 50, τ = 1.2, ε = 10) on G groups of Yelp references with EOS ignored,
 times every integer matrix product (:func:`dplang.models.exact.exact_products`), the attention
 kernel and the whole decode steps (after the first), and prints the step's time against its
-own matrix products (the target of issue 24: a step within 1.5x of its products), the prefill
+own matrix products (the target: a step within 1.5x of its products), the prefill
 time and the process's peak resident memory.
 """
 

@@ -5,7 +5,7 @@
                                                          [--device cpu|cuda|auto]
                                                          [--groups 1,4,8] [--repeats 3]
 
-On a GPU (issue 17's target on one H100: >= 2,000 DP tokens/s and DP <= 3x non-private)::
+On a GPU (the target on one H100: >= 2,000 DP tokens/s and DP <= 3x non-private)::
 
     .venv/bin/python benchmarks/generation_throughput.py --device cuda --dtype bfloat16 \
         --groups 1,8,64,256

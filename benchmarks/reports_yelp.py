@@ -47,6 +47,7 @@ import numpy as np
 
 from dplang.io import load_references
 from dplang.privacy.randomness import RandomStreams
+from dplang.release import OutputPaths
 from dplang.reports.evaluation import (
     emit_rate,
     exact_expected_emit_rate,
@@ -115,8 +116,7 @@ def run_free_text(records, work: Path, args, model) -> tuple[list[str], list[str
             for r in recs:
                 w.writerow([r.text, l1, l2])
     out = work / "invisibleink.jsonl"
-    for stale in (out, work / "invisibleink.manifest.json", work / "invisibleink.private.json"):
-        stale.unlink(missing_ok=True)
+    OutputPaths.of(out).remove()  # a stale run: its output, manifest and side file
     req = GenerationRequest(
         data=subset, out=out, batch_size=args.batch_size, max_tokens=args.max_tokens,
         temperature=1.2, top_k=50, epsilon=args.epsilon, delta=1e-5, seed=args.seed,

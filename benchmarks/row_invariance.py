@@ -6,9 +6,9 @@
                                                   [--dtype float32|bfloat16] [--eos]
                                                   [--form completion|instruction]
 
-Issue 13 (what row-invariant decoding costs): ``--against fcc082b`` (the last backend that
-was not row-invariant), EOS ignored. Issue 17 (continuous batching of groups and the shared
-public prefix): ``--against 3d82b81 --eos`` (waves of G groups, every prompt prefilled whole),
+What row-invariant decoding costs: ``--against fcc082b`` (the last backend that was not
+row-invariant), EOS ignored. What continuous batching of groups and the shared public prefix
+gain: ``--against 3d82b81 --eos`` (waves of G groups, every prompt prefilled whole),
 on completion prompts and on the paper's instruction prompts (``--form instruction``); with
 ``--slots S`` below ``--groups`` the engine decodes at most S groups at once (waves of S in the
 earlier commit, a newcomer admitted as soon as a group retires in the current one).
@@ -20,7 +20,7 @@ into a temporary folder and put first on ``PYTHONPATH``, so edits to the working
 run change nothing); the two alternate for ``--rounds`` rounds and
 each keeps its best, so that drift of the machine hits both alike. Printed: seconds per
 generation, DP tokens/s (end to end, prompts included) and the median decode step, and the
-ratio current / earlier (the target of issue 13: at most 1.2 per DP token at G = 8).
+ratio current / earlier (the target for row invariance: at most 1.2 per DP token at G = 8).
 """
 
 from __future__ import annotations

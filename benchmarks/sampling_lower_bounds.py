@@ -14,7 +14,7 @@ C. Claim 16: the noisy-histogram learner's α (Definition 1.2, Monte Carlo) agai
    of the sampler built from it (A1, k = 10, Poisson sizes).
 D. F9, the zero-bias principle: A1's exact TV split into elements absent from / present in P's
    support, against the learner's mean error E d_TV(P̃, P).
-E. Issue 19 item 8: A3's TV on Theorem 1.7's instance *measured* (importance sampling under P of
+E. A3's TV on Theorem 1.7's instance *measured* (importance sampling under P of
    the mixture of simulated plans, with 95% intervals) at d = 256, 1024, 4096, next to the
    earlier rigorous upper bound and an exact lower bound (mass outside the support), and the
    Gaussian-marginal sampler's TV measured the same way.

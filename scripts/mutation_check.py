@@ -1,11 +1,11 @@
 """Mutation check: does the test suite catch the privacy mistakes it is meant to catch?
 
-Each mutation below is a small text patch of the source that breaks a privacy property (issue 13
-item 5 lists the first seven). For each one the script copies the working tree (tracked and
-untracked, non-ignored files) to a scratch directory, applies the patch there — the checkout
-itself is never modified — runs the tests named for it with that copy's ``src`` first on the
-path, and records whether a test failed (caught) or everything passed (missed). The unmutated
-copy is run first: it must pass, otherwise "caught" would mean nothing.
+Each mutation below is a small text patch of the source that breaks a privacy property. For
+each one the script copies the working tree (tracked and untracked, non-ignored files) to a
+scratch directory, applies the patch there — the checkout itself is never modified — runs the
+tests named for it with that copy's ``src`` first on the path, and records whether a test
+failed (caught) or everything passed (missed). The unmutated copy is run first: it must pass,
+otherwise "caught" would mean nothing.
 
     python scripts/mutation_check.py            # all mutations; exit code 1 if one is missed
     python scripts/mutation_check.py --list     # names and descriptions
@@ -110,7 +110,7 @@ MUTATIONS: tuple[Mutation, ...] = (
           "n_priv = math.ceil(8 * math.sqrt(2 * d) * math.log(1 / dl) / epsilon)"),),
         (RELEASE_AUDIT, "tests/sampling/test_sampling_product.py"),
     ),
-    # ---- further mistakes of the same kind (not in the issue's list) ----
+    # ---- further mistakes of the same kind ----
     Mutation(
         "invisibleink-no-clip",
         "InvisibleInk aggregates the private logits without clipping",
@@ -217,8 +217,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "private side files are written beside their output again, where anyone who may "
         "search the folder can stat their size",
         (("src/dplang/release.py",
-          "    return Path(output).parent / PRIVATE_DIR / name",
-          "    return Path(output).parent / name"),),
+          "                   output.parent / PRIVATE_DIR / (stem + PRIVATE_SUFFIX),",
+          "                   output.parent / (stem + PRIVATE_SUFFIX),"),),
         ("tests/test_private_files.py",),
     ),
     Mutation(

@@ -382,9 +382,10 @@ def test_unbalanced_quote_is_refused(tmp_path: Path, ext: str, delim: str) -> No
 
 @pytest.mark.parametrize("ext,delim", [(".csv", ","), (".tsv", "\t")])
 def test_a_stray_quote_is_refused_not_merged(tmp_path: Path, ext: str, delim: str) -> None:
-    """Issue 26: a stray quote on line 12 that a later quote "closes" mid-field merged two
-    rows (20 rows from 21 lines, raw ``""A""`` left inside), and ``"a "quoted" word"`` was read
-    as ``a quoted" word"``. Quoting is strict: both are errors naming the line."""
+    """A stray quote on line 12 that a later quote "closes" mid-field would merge two rows (20
+    rows from 21 lines, raw ``""A""`` left inside), and a lenient reader reads
+    ``"a "quoted" word"`` as ``a quoted" word"``. Quoting is strict: both are errors naming the
+    line."""
     lines = ["text"] + [f"review {i}" for i in range(1, 11)]
     lines += ['"never closed', '"Great ""A"" rating"'] + [f"more {i}" for i in range(8)]
     path = tmp_path / f"stray{ext}"

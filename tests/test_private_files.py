@@ -127,8 +127,8 @@ def test_sample_side_file_is_hidden(tmp_path, capsys):
                      "color=red,blue", "--epsilon", "1", "--num", "2",
                      "--out", str(d / "out" / "s.csv")])
         assert code == 0, capsys.readouterr().err
-    assert_hidden_from_others(x / "out", y / "out", ("s.csv", "s.csv.manifest.json"))
-    assert (x / "out" / PRIVATE_DIR / "s.csv.private.json").is_file()
+    assert_hidden_from_others(x / "out", y / "out", ("s.csv", "s.manifest.json"))
+    assert (x / "out" / PRIVATE_DIR / "s.private.json").is_file()
 
 
 def test_formal_side_file_is_hidden(tmp_path, capsys):
@@ -139,8 +139,8 @@ def test_formal_side_file_is_hidden(tmp_path, capsys):
         code = main(["formal", "run", "prefix-count", "--instance", "remark-5.7", "--epsilon",
                      "1", "--data", str(data), "--out", str(d / "rel")])
         assert code == 0, capsys.readouterr().err
-    assert_hidden_from_others(x / "rel", y / "rel", ("results.csv", "manifest.json"))
-    assert (x / "rel" / PRIVATE_DIR / "formal.private.json").is_file()
+    assert_hidden_from_others(x / "rel", y / "rel", ("results.csv", "results.manifest.json"))
+    assert (x / "rel" / PRIVATE_DIR / "results.private.json").is_file()
 
 
 CONFIG = """

@@ -2,13 +2,16 @@
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
 from dplang.privacy import Guarantee
 from dplang.privacy.ledger import BudgetExceeded, PrivacyLedger
 from dplang.release import (
+    PRIVATE_DIR,
     AppendLog,
+    OutputPaths,
     Release,
     ReleaseError,
     dataset_name,
@@ -132,3 +135,64 @@ def test_public_timestamp_is_taken_before_the_private_computation(tmp_path, monk
     manifest = release.public_manifest()
     assert manifest["created"] == release.opened < later
     assert "finished" not in TIMESTAMP_FIELDS
+
+
+@pytest.mark.parametrize("output, manifest, private, lock", [
+    ("runs/x.jsonl", "runs/x.manifest.json", "runs/.dplang-private/x.private.json",
+     "runs/.x.jsonl.lock"),
+    ("o/samples.csv", "o/samples.manifest.json", "o/.dplang-private/samples.private.json",
+     "o/.samples.csv.lock"),
+    ("r/report.json", "r/report.manifest.json", "r/.dplang-private/report.private.json",
+     "r/.report.json.lock"),
+    ("DIR/results.csv", "DIR/results.manifest.json", "DIR/.dplang-private/results.private.json",
+     "DIR/.results.csv.lock"),
+    ("eval.v2", "eval.manifest.json", ".dplang-private/eval.private.json", ".eval.v2.lock"),
+])
+def test_output_paths_name_every_file_after_the_output(output, manifest, private, lock):
+    """One naming scheme: NAME.EXT → NAME.manifest.json, .dplang-private/NAME.private.json,
+    .NAME.EXT.lock (the lock after the whole name, so a folder output has its own)."""
+    paths = OutputPaths.of(output)
+    assert (paths.output, paths.manifest, paths.private, paths.lock) == tuple(
+        map(Path, (output, manifest, private, lock)))
+
+
+def test_output_paths_read_and_replace_the_names_of_older_versions(tmp_path):
+    """An older dplang's manifest (``s.csv.manifest.json``) and side files (named after the
+    whole output, or beside the output) are found, count as existing, are moved in on
+    resume and removed when the output is written anew."""
+    paths = OutputPaths.of(tmp_path / "s.csv")
+    assert paths.legacy_manifests == (tmp_path / "s.csv.manifest.json",)
+    assert paths.legacy_privates == (tmp_path / PRIVATE_DIR / "s.csv.private.json",
+                                     tmp_path / "s.private.json",
+                                     tmp_path / "s.csv.private.json")
+    assert paths.existing() == []
+    assert paths.find_manifest() == paths.manifest and paths.find_private() == paths.private
+    (tmp_path / "s.csv.manifest.json").write_text("{}")
+    (tmp_path / "s.csv.private.json").write_text("{}")
+    assert paths.find_manifest() == tmp_path / "s.csv.manifest.json"
+    assert paths.find_private() == tmp_path / "s.csv.private.json"
+    assert paths.existing() == [tmp_path / "s.csv.manifest.json", tmp_path / "s.csv.private.json"]
+    paths.adopt_legacy_private()
+    assert paths.private.read_text() == "{}" and not (tmp_path / "s.csv.private.json").exists()
+    assert oct((tmp_path / PRIVATE_DIR).stat().st_mode & 0o777) == "0o700"
+    paths.remove()
+    assert paths.existing() == []
+    # a generate output's names are the same under the old and the new scheme
+    gen = OutputPaths.of(tmp_path / "x.jsonl")
+    assert gen.manifest == tmp_path / "x.manifest.json"
+    assert tmp_path / "x.private.json" in gen.legacy_privates
+
+
+def test_release_writes_replace_the_files_of_older_versions(tmp_path):
+    data = tmp_path / "d.csv"
+    data.write_text("text\na\n")
+    paths = OutputPaths.of(tmp_path / "out" / "s.csv")
+    paths.output.parent.mkdir()
+    for old in (*paths.legacy_manifests, *paths.legacy_privates[1:]):
+        old.write_text("{}")
+    r = Release.open("test", data=data, guarantee=G, fingerprint={}, ledger=tmp_path / "l")
+    r.charge()
+    r.write_private(paths, r.private_record(keep_seed=False))
+    r.write_manifest(paths, r.public_manifest())
+    assert paths.existing() == [paths.manifest, paths.private]
+    assert oct(paths.private.stat().st_mode & 0o777) == "0o600"

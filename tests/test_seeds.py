@@ -65,10 +65,10 @@ def report(capsys, tmp_path, data, stmts, out, dataset, *extra):
 
 def test_report_noise_is_fresh_per_release_and_a_reused_seed_is_refused(tmp_path, capsys,
                                                                         roots):
-    """The issue's case: two reports with one seed and statement files that differ in one
-    predicate used to draw the very same noise (their lower bounds differed by exactly the
-    count of the records both predicates hold). Now each release's streams are its own, and
-    the ledger refuses the second release of the dataset with that seed."""
+    """Two reports with one seed and statement files that differ in one predicate draw
+    different noise (with the very same noise their lower bounds would differ by exactly the
+    count of the records both predicates hold): each release's streams are its own, and the
+    ledger refuses the second release of the dataset with that seed."""
     data = reviews(tmp_path / "d.csv")
     a, b = statements(tmp_path / "a.txt"), statements(tmp_path / "b.txt", second="slow|ok")
     assert report(capsys, tmp_path, data, a, "ra", "clinic")[0] == 0

@@ -1,5 +1,5 @@
 """Heavy libraries imported on first use, so that ``dplang --help`` answers in well under a
-second (issue 26): a module that only declares what it offers (a method's options, a command's
+second: a module that only declares what it offers (a method's options, a command's
 flags) must not pay for torch or scipy until it computes something."""
 
 from __future__ import annotations

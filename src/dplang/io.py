@@ -409,7 +409,7 @@ def iter_delimited_rows(
 
         # strict: a quote inside a quoted field must be doubled ("") or end the field; the
         # csv module's lenient default reads '"a "quoted" word"' as 'a quoted" word"' and lets
-        # a stray quote merge rows (issue 26)
+        # a stray quote that a later quote "closes" mid-field merge two rows
         reader = csv.reader(feed(), delimiter=delimiter, strict=True)
         row_start = [1]
 

@@ -45,9 +45,10 @@ Library use::
     release = Release.open("mycommand", data=path, guarantee=g, fingerprint=params,
                            dataset=None, seed=None, ledger=None)
     release.charge()                                   # raises BudgetExceeded
-    release.write_private(side_path, release.private_record(keep_seed=False, rows=n))
-    release.write_manifest(manifest_path, release.public_manifest(extra="..."))
-    release.write_output(out_path, text)               # refused before charge()
+    paths = OutputPaths.of(out_path)                   # output, manifest, side file, lock
+    release.write_private(paths, release.private_record(keep_seed=False, rows=n))
+    release.write_manifest(paths, release.public_manifest(extra="..."))
+    release.write_output(paths.output, text)           # refused before charge()
 
 Size: the release pipeline (open, charge, private side file, manifest, append log, run lock) is
 one ordered protocol every command follows.
@@ -77,33 +78,31 @@ from .privacy.ledger_backends import ledger_location
 
 __all__ = [
     "MANIFEST_FORMAT",
+    "MANIFEST_SUFFIX",
     "PRIVATE_DIR",
     "PRIVATE_DIR_MODE",
     "PRIVATE_FORMAT",
     "PRIVATE_MODE",
+    "PRIVATE_SUFFIX",
     "TIMESTAMP_FIELDS",
     "AppendLog",
     "BudgetExceeded",
     "Charge",
+    "OutputPaths",
     "Release",
     "ReleaseError",
     "RunLock",
     "RunLocked",
     "SeedReused",
-    "adopt_legacy_private",
     "check_output_path",
     "dataset_key",
     "dataset_name",
-    "find_private",
     "fresh_seed",
     "fsync_dir",
-    "legacy_private_path",
-    "lock_path_for",
     "make_release_id",
     "make_seed_tag",
     "make_stream_seed",
     "private_dir",
-    "private_side_path",
     "write_atomic",
     "write_json",
 ]
@@ -178,37 +177,108 @@ def private_dir(folder: str | Path) -> Path:
     return folder
 
 
-def private_side_path(output: str | Path, name: str) -> Path:
-    """Where the private file ``name`` of ``output`` lives: ``runs/x.jsonl`` and
-    ``x.private.json`` → ``runs/.dplang-private/x.private.json`` (:data:`PRIVATE_DIR`)."""
-    return Path(output).parent / PRIVATE_DIR / name
+MANIFEST_SUFFIX = ".manifest.json"
+PRIVATE_SUFFIX = ".private.json"
 
 
-def legacy_private_path(path: str | Path) -> Path:
-    """Where an older dplang kept the private file ``path`` (of :func:`private_side_path`):
-    beside its output, in a folder others could search."""
-    path = Path(path)
-    return path.parent.parent / path.name if path.parent.name == PRIVATE_DIR else path
+@dataclass(frozen=True)
+class OutputPaths:
+    """The files that belong to one output ``DIR/NAME.EXT``: the one naming scheme of every
+    command (``docs/privacy.md``, "Public and private files")::
 
+        output    DIR/NAME.EXT                              released content
+        manifest  DIR/NAME.manifest.json                    public manifest
+        private   DIR/.dplang-private/NAME.private.json     private side file (mode 600, in
+                                                            a folder of mode 700)
+        lock      DIR/.NAME.EXT.lock                        while a process writes the output
 
-def find_private(path: str | Path) -> Path:
-    """``path``, or its legacy location (:func:`legacy_private_path`) when only that exists
-    (a run written by an older dplang)."""
-    path = Path(path)
-    legacy = legacy_private_path(path)
-    return legacy if not path.exists() and legacy != path and legacy.exists() else path
+    ``NAME`` is the output's name without its last suffix (``runs/x.jsonl`` → ``x``,
+    ``samples.csv`` → ``samples``, ``report.json`` → ``report``); the lock is named after the
+    whole name, so it also serves a folder (``dplang evaluate --out DIR``).
 
+    Older dplang versions wrote some of these files under other names (:attr:`legacy_manifests`,
+    :attr:`legacy_privates`): ``dplang sample`` named them after the whole output name
+    (``samples.csv.manifest.json``, ``.dplang-private/samples.csv.private.json``), and every
+    command once kept its side file beside the output. They are still read
+    (:meth:`find_manifest`, :meth:`find_private`), count as existing outputs
+    (:meth:`existing`), move into place when a run resumes (:meth:`adopt_legacy_private`) and
+    are removed when the output is replaced (:meth:`Release.write_private`,
+    :meth:`Release.write_manifest`).
 
-def adopt_legacy_private(path: str | Path) -> None:
-    """Move a private file that an older dplang left at its legacy location (beside its
-    output) into its private folder (a resumed run keeps its side file)."""
-    path = Path(path)
-    legacy = legacy_private_path(path)
-    if legacy != path and legacy.exists() and not path.exists():
-        private_dir(path.parent)
-        os.replace(legacy, path)
-        fsync_dir(path.parent)
-        fsync_dir(legacy.parent)
+    Privacy contract: none by itself; the private side file's folder is made by
+    :func:`private_dir` when it is written (:func:`write_atomic` with ``private=True``)."""
+
+    output: Path
+    manifest: Path
+    private: Path
+    lock: Path
+
+    @classmethod
+    def of(cls, output: str | Path) -> OutputPaths:
+        """The files of ``output`` (see the class docstring)."""
+        output = Path(output)
+        stem = output.name.removesuffix(output.suffix)
+        return cls(output, output.with_name(stem + MANIFEST_SUFFIX),
+                   output.parent / PRIVATE_DIR / (stem + PRIVATE_SUFFIX),
+                   output.with_name(f".{output.name}.lock"))
+
+    @property
+    def legacy_manifests(self) -> tuple[Path, ...]:
+        """Where an older dplang put the public manifest (``NAME.EXT.manifest.json``)."""
+        return self._others(self.manifest, self.output.with_name(self.output.name
+                                                                 + MANIFEST_SUFFIX))
+
+    @property
+    def legacy_privates(self) -> tuple[Path, ...]:
+        """Where an older dplang put the private side file: named after the whole output name
+        in the private folder, or beside the output, in a folder others could search."""
+        name, stem = self.output.name, self.private.name
+        return self._others(self.private, self.private.with_name(name + PRIVATE_SUFFIX),
+                            self.output.with_name(stem),
+                            self.output.with_name(name + PRIVATE_SUFFIX))
+
+    @staticmethod
+    def _others(current: Path, *candidates: Path) -> tuple[Path, ...]:
+        return tuple(p for p in dict.fromkeys(candidates) if p != current)
+
+    @staticmethod
+    def _find(current: Path, legacy: tuple[Path, ...]) -> Path:
+        if current.exists():
+            return current
+        return next((p for p in legacy if p.exists()), current)
+
+    def find_manifest(self) -> Path:
+        """:attr:`manifest`, or the legacy manifest an older dplang wrote when only that
+        exists."""
+        return self._find(self.manifest, self.legacy_manifests)
+
+    def find_private(self) -> Path:
+        """:attr:`private`, or the legacy side file an older dplang wrote when only that
+        exists."""
+        return self._find(self.private, self.legacy_privates)
+
+    def existing(self) -> list[Path]:
+        """The files of this output that exist, legacy names included."""
+        paths = (self.output, self.manifest, *self.legacy_manifests, self.private,
+                 *self.legacy_privates)
+        return [p for p in paths if p.exists()]
+
+    def remove(self) -> None:
+        """Remove the output, its manifest and its private side file, legacy names included
+        (``--overwrite``, once the new release is charged)."""
+        for path in (self.output, self.manifest, *self.legacy_manifests, self.private,
+                     *self.legacy_privates):
+            path.unlink(missing_ok=True)
+
+    def adopt_legacy_private(self) -> None:
+        """Move a side file that an older dplang left under a legacy name into
+        :attr:`private` (a resumed run keeps its side file, now in the private folder)."""
+        found = self.find_private()
+        if found != self.private:
+            private_dir(self.private.parent)
+            os.replace(found, self.private)
+            fsync_dir(self.private.parent)
+            fsync_dir(found.parent)
 
 
 def write_atomic(path: str | Path, data: str | bytes, *, private: bool = False) -> None:
@@ -311,12 +381,6 @@ def check_output_path(path: str | Path, *, what: str = "--out", directory: bool 
         raise ReleaseError(f"{what} {path} cannot be created: {ancestor} is not writable")
 
 
-def lock_path_for(out: str | Path) -> Path:
-    """``runs/x.jsonl`` → ``runs/.x.jsonl.lock``: the lock file of a run writing ``out``."""
-    out = Path(out)
-    return out.with_name(f".{out.name}.lock")
-
-
 class RunLocked(ReleaseError):
     """Another process holds the lock on this output (one-line message)."""
 
@@ -324,7 +388,7 @@ class RunLocked(ReleaseError):
 class RunLock:
     """An exclusive lock on one run's output, so that two processes never write it together.
 
-    The lock is :func:`fcntl.flock` on a lock file beside the output (:func:`lock_path_for`),
+    The lock is :func:`fcntl.flock` on a lock file beside the output (:attr:`OutputPaths.lock`),
     taken without waiting: a second process is refused at once with :class:`RunLocked`. The
     kernel drops a flock when its process ends, however it ends (``kill -9`` included), so a
     lock file left by a crash is harmless: the next run takes it. A released lock removes its
@@ -338,7 +402,7 @@ class RunLock:
 
     def __init__(self, out: str | Path, *, what: str = "--out") -> None:
         self.out = Path(out)
-        self.path = lock_path_for(self.out)
+        self.path = OutputPaths.of(self.out).lock
         self.what = what
         self._key = str(self.path.absolute())
         self._acquired = False
@@ -694,20 +758,22 @@ class Release:
                 record[key] = value
         return record
 
-    def write_private(self, path: str | Path, record: Mapping[str, Any]) -> None:
-        """Write the private side file atomically with mode 600 from creation, in its private
-        folder (:func:`private_side_path`: mode 700); a side file an older dplang left beside
-        the output (visible to ``stat``) is removed."""
+    def write_private(self, paths: OutputPaths, record: Mapping[str, Any]) -> None:
+        """Write the private side file ``paths.private`` atomically with mode 600 from
+        creation, in its private folder (mode 700); a side file an older dplang left under a
+        legacy name (beside the output: visible to ``stat``) is removed."""
         self._require_charge()
-        write_json(path, record, private=True)
-        legacy = legacy_private_path(path)
-        if legacy != Path(path):
+        write_json(paths.private, record, private=True)
+        for legacy in paths.legacy_privates:
             legacy.unlink(missing_ok=True)
 
-    def write_manifest(self, path: str | Path, manifest: Mapping[str, Any]) -> None:
-        """Write the public manifest atomically (after the charge)."""
+    def write_manifest(self, paths: OutputPaths, manifest: Mapping[str, Any]) -> None:
+        """Write the public manifest ``paths.manifest`` atomically (after the charge); a
+        manifest an older dplang wrote under a legacy name is removed."""
         self._require_charge()
-        write_json(path, manifest)
+        write_json(paths.manifest, manifest)
+        for legacy in paths.legacy_manifests:
+            legacy.unlink(missing_ok=True)
 
     def write_output(self, path: str | Path, data: str | bytes) -> None:
         """Write released content atomically (after the charge)."""

@@ -1,4 +1,4 @@
-"""Every Python example of the README and of docs/api.md runs as written (issue 26): the
+"""Every Python example of the README and of docs/api.md runs as written: the
 README's on a fresh interpreter state each, docs/api.md's in order in one namespace (the page
 reads as one notebook session). They load the embedded default model."""
 

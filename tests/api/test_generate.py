@@ -1,4 +1,4 @@
-"""``dplang.generate`` (issue 26): one call from texts in memory, a DataFrame, a Dataset or a
+"""``dplang.generate``: one call from texts in memory, a DataFrame, a Dataset or a
 path to texts and a guarantee, under the command line's privacy rules."""
 
 from __future__ import annotations
@@ -166,7 +166,8 @@ def test_refusals_carry_the_cli_message_and_charge_nothing(tmp_path, toy, capsys
 
 def test_over_budget_is_refused_before_anything_is_read_or_loaded(tmp_path, capsys,
                                                                   monkeypatch):
-    """Issue 26: the budget was checked only after the model loaded (20-45 s)."""
+    """The budget is checked before the data is read or the model loaded (20-45 s), not
+    after."""
     data = tmp_path / "d.csv"
     data.write_text("text\n" + "\n".join(TEXTS) + "\n")
     PrivacyLedger().set_budget(str(data.resolve()), 2.0, 1e-6)
@@ -261,8 +262,8 @@ def test_quiet_prints_nothing(toy, capfd):
 
 
 def test_the_model_loaders_bars_are_folded_into_the_status(tmp_path, monkeypatch, capsys):
-    """Issue 26: transformers' "Loading weights" bar appeared on every run, beside dplang's
-    own status line; it is off while the model loads (and restored after)."""
+    """transformers' "Loading weights" bar would appear on every run beside dplang's own
+    status line: it is off while the model loads (and restored after)."""
     hf_logging = pytest.importorskip("transformers.utils.logging")
     data = tmp_path / "d.csv"
     data.write_text("text\n" + "\n".join(TEXTS) + "\n")

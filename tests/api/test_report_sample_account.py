@@ -1,4 +1,4 @@
-"""``dplang.report``, ``dplang.sample`` and ``dplang.account`` (issue 26): the commands as one
+"""``dplang.report``, ``dplang.sample`` and ``dplang.account``: the commands as one
 call each, with the command line's privacy rules, messages and files."""
 
 from __future__ import annotations

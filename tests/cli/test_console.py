@@ -56,8 +56,8 @@ def test_quiet_libraries_silences_and_restores():
 
 
 def test_quiet_drops_what_c_libraries_write_to_stderr(capfd):
-    """Issue 26: ``evaluate -q`` still printed faiss's clustering advice, which C++ writes to
-    the stderr descriptor; dplang's own lines (Python's sys.stderr) still go out."""
+    """``evaluate -q`` drops faiss's clustering advice, which C++ writes to the stderr
+    descriptor; dplang's own lines (Python's sys.stderr) still go out."""
     import sys
 
     with quiet_libraries(True):
@@ -69,8 +69,7 @@ def test_quiet_drops_what_c_libraries_write_to_stderr(capfd):
 
 
 def test_population_methods_have_no_eta():
-    """Issue 26: Aug-PE's bar ended with "ETA after the first group" (its texts all come at
-    the end)."""
+    """Aug-PE's bar shows no "ETA after the first group" (its texts all come at the end)."""
     clock = Clock()
     meter = GenerationProgress(pending=2, clock=clock, population=True)
     clock.now += 5.0

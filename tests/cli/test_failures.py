@@ -1,10 +1,10 @@
-"""Every run that cannot start fails the same way (issue 14): exit code 2, one line on stderr
+"""Every run that cannot start fails the same way: exit code 2, one line on stderr
 (``error: ...``), no traceback, no new file and no ledger charge.
 
 One row per case: the command and its arguments (built from a small world of files), and a
-piece of the message the user must see. The cases that were tracebacks before issue 14 and
-the ones that already passed (missing, empty, header-only, garbage or undecodable files,
-malformed JSONL, out-of-range B/T/ε/δ, contradictory flags, a foreign --out) sit side by side.
+piece of the message the user must see: budgets that mean no privacy, bad data (missing,
+empty, header-only, garbage or undecodable files, malformed JSONL), out-of-range B/T/ε/δ,
+contradictory flags and a foreign --out.
 Models are the toy model (``_load_model`` is replaced) except for the one row that needs a
 real load to fail; ``_check_model`` (the pre-load check of ``--model``) is the real one.
 """
@@ -41,7 +41,7 @@ def _world(tmp: Path) -> World:
     (tmp / "badutf8.csv").write_bytes(b"text\nfine\n\xff\xfe broken\n")
     (tmp / "bad.jsonl").write_text('{"text": "a"}\n{"text": \n')
     (tmp / "quote.csv").write_text('text\nfine\n"never closed\nmore\nlast\n')
-    # issue 26: a stray quote that a later quote "closes" mid-field merged two rows
+    # a stray quote that a later quote "closes" mid-field would merge two rows
     (tmp / "stray.csv").write_text("text,stars\n" + "".join(
         f"review number {i} was fine,{i % 5 + 1}\n" for i in range(10))
         + '"never closed,1\n"Great ""A"" rating",2\n' + "".join(
@@ -120,7 +120,7 @@ def experiment(w: World, config: str = "exp.toml", *extra: str) -> list[str]:
 
 T = Callable[[World], list[str]]
 CASES: list[tuple[str, T, str]] = [
-    # -- budgets that mean no privacy (tracebacks before issue 14)
+    # -- budgets that mean no privacy
     ("generate --epsilon inf", lambda w: gen(w, "--epsilon", "inf"), "finite"),
     ("generate --epsilon 1e308", lambda w: gen(w, "--epsilon", "1e308"), "ε ≤ 100"),
     ("generate --rho 1e300", lambda w: gen(w, "--rho", "1e300"), "ε ≤ 100"),
@@ -183,7 +183,7 @@ CASES: list[tuple[str, T, str]] = [
     ("experiment ε 1e308", lambda w: experiment(w, "exp_eps.toml"), "ε ≤ 100"),
     ("experiment bad model", lambda w: experiment(w, "exp_model.toml"), "not found"),
     ("experiment data missing", lambda w: experiment(w, "exp_data.toml"), "looked in"),
-    # -- data (these already passed before issue 14)
+    # -- data
     ("data missing", lambda w: gen(w, *eps(), data="missing.csv"), "not found"),
     ("data empty", lambda w: gen(w, *eps(), data="empty.csv"), "empty"),
     ("data header only", lambda w: gen(w, *eps(), data="header.csv"), "no data rows"),
@@ -315,7 +315,7 @@ def test_quiet_prints_nothing_and_the_unused_references_are_explained(tmp_path, 
 
 
 def test_first_use_default_prompt_on_a_plain_text_column(tmp_path, capsys, toy):
-    """Issue 14: `dplang generate --data my.csv --epsilon 3 --out out.jsonl` on a CSV with only
+    """`dplang generate --data my.csv --epsilon 3 --out out.jsonl` on a CSV with only
     a text column works with every default (the default prompt needs no label)."""
     data = tmp_path / "my.csv"
     data.write_text("text\n" + "\n".join(f"a short text number {i}" for i in range(20)) + "\n")

@@ -71,7 +71,7 @@ def test_generate_writes_records_and_manifest(tmp_path, capsys, toy):
     assert manifest["fingerprint"]["model_dtype"] == "float32"
     assert manifest["fingerprint"]["parameters"]["dtype"] == "float32"
     assert "seed" not in json.dumps(manifest["fingerprint"]["parameters"])
-    # the public manifest holds nothing computed from the rows, nor paths (issue 13 item 2)
+    # the public manifest holds nothing computed from the rows, nor paths
     text = json.dumps(manifest)
     assert file_digest(data) not in text and str(data) not in text
     assert "data" not in manifest and "ledger" not in manifest
@@ -339,7 +339,7 @@ def test_baselines_through_the_cli(tmp_path, capsys, toy, method, extra, mechani
         assert all(r["private_tokens"] <= 3 for r in recs)
         assert f"C={manifest['clip']:.4g}, " in err  # the plan line states its clip norm
     else:
-        assert "C=" not in err  # issue 26: AdaPMixED has no clip norm (the line said C=0)
+        assert "C=" not in err  # AdaPMixED has no clip norm: no "C=0" in the plan line
         # no exact per-record privacy cost in the output (it differs between neighbours)
         assert not any({"rdp_cost", "epsilon_spent"} & set(r) for r in recs)
         assert "DATA-DEPENDENT" in stdout and "does NOT satisfy differential privacy" in stdout
@@ -359,7 +359,7 @@ def test_amin_infeasible_is_an_error_with_numbers(tmp_path, capsys, toy):
 @pytest.mark.parametrize("method", ["adapmixed", "augpe"])
 def test_add_remove_is_refused(tmp_path, capsys, toy, method):
     """A per-batch add-remove bound is not a dataset-level guarantee: removing a row shifts
-    later references into other batches and changes the number of generations (issue 13)."""
+    later references into other batches and changes the number of generations."""
     data = write_csv(tmp_path / "d.csv", 9)
     out = tmp_path / "x.jsonl"
     code, _, err = run(capsys, *base_args(data, out, "--method", method,
@@ -377,7 +377,7 @@ def test_augpe_through_the_cli(tmp_path, capsys, toy, monkeypatch):
     code, _, err = run(capsys, *base_args(data, out, "--method", "augpe", "--augpe-iterations",
                                           "2", "--augpe-variations", "1", quiet=False))
     assert code == 0, err
-    # issue 26: no "C=0" in the plan line, no "ETA after the first group" on the bar
+    # no "C=0" in the plan line, no "ETA after the first group" on the bar
     assert "augpe: 3 generations" in err and "C=" not in err
     assert "ETA after the first group" not in err
     recs = [json.loads(line) for line in out.read_text().splitlines()]
@@ -389,8 +389,8 @@ def test_augpe_through_the_cli(tmp_path, capsys, toy, monkeypatch):
 
 
 def test_augpe_loads_its_embedder_before_the_charge(tmp_path, capsys, toy, monkeypatch):
-    """Issue 26: the charge is the last step before the first private computation; Aug-PE's
-    embedder loaded after it, so a Ctrl-C while it loaded had been charged."""
+    """The charge is the last step before the first private computation: Aug-PE's embedder
+    loads before it, so a Ctrl-C while it loads is not charged."""
     import dplang.textgen.methods.augpe as augpe_mod
 
     data = write_csv(tmp_path / "d.csv", 9)
@@ -407,3 +407,19 @@ def test_augpe_loads_its_embedder_before_the_charge(tmp_path, capsys, toy, monke
     assert code == 130 and charged_at_load == [0]
     assert "before the release was charged: nothing was charged" in err
     assert not out.exists() and PrivacyLedger().spent(str(data.resolve())).releases == 0
+
+
+def test_threads_option_sets_the_models_thread_count(tmp_path, monkeypatch) -> None:
+    """--threads N reaches the models (through $DPLANG_THREADS); a bad value is refused."""
+    import os
+
+    from dplang.cli.app import main
+    from dplang.models.dtypes import available_cores
+
+    monkeypatch.delenv("DPLANG_THREADS", raising=False)
+    assert main(["generate", "--data", str(tmp_path / "missing.csv"), "--out",
+                 str(tmp_path / "o.jsonl"), "--epsilon", "1", "--threads", "0"]) == 2
+    monkeypatch.setenv("DPLANG_THREADS", "1")  # restored after the test
+    main(["generate", "--data", str(tmp_path / "missing.csv"), "--out",
+          str(tmp_path / "o.jsonl"), "--epsilon", "1", "--threads", "3"])
+    assert os.environ["DPLANG_THREADS"] == "3" and available_cores() == 3

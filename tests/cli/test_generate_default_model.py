@@ -29,5 +29,5 @@ def test_generate_with_default_model(tmp_path, capsys):
     assert manifest["epsilon"] == pytest.approx(10)
     assert manifest["fingerprint"]["model_id"].startswith("gemma-3-270m")
     assert "zero-concentrated" in manifest["guarantee_summary"]
-    # -q: nothing but errors, also while the real model loads (issue 14)
+    # -q: nothing but errors, also while the real model loads
     assert captured.out == "" and captured.err == "", captured

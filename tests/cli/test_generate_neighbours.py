@@ -1,6 +1,9 @@
 """Parallel composition holds for the bytes written: with the default model, nulling one
 reference of one group leaves every other group's public logits (hence its Top-k+ sets) and
-its tokens bit-identical (DESIGN.md invariant 7), through the CLI, in float32 and bfloat16.
+its tokens bit-identical (DESIGN.md invariant 7), through the generation pipeline the CLI runs
+(plan, charge, decode, write), in float32 and bfloat16. Each release draws fresh noise (its
+streams are rooted at H(seed, release id)), so the two runs are coupled as an audit couples
+them: one coupling key, both labelled toy runs, in a throw-away ledger.
 
 The groups are decoded together (one wave), and nulling the reference takes the batch from 3
 model rows to 2: the previous backend switched matrix-product kernels there (measured on this
@@ -18,9 +21,9 @@ import pytest
 import torch
 
 from dplang.cli import generate as generate_cli
-from dplang.cli.app import main
 from dplang.io import demo_corpus_path, iter_json_objects
 from dplang.textgen.methods.invisibleink import InvisibleInkPolicy
+from dplang.textgen.orchestration import GenerationRequest, execute_plan, plan_generation
 
 pytestmark = pytest.mark.model
 
@@ -72,7 +75,6 @@ def cached_loader():
 @pytest.mark.parametrize("wave", sorted(WAVES))
 def test_nulling_one_reference_changes_no_other_group(tmp_path, monkeypatch, public_logits,
                                                       cached_loader, dtype, wave):
-    monkeypatch.setattr(generate_cli, "_load_model", cached_loader)
     texts, batch, nulled = WAVES[wave]
     groups = len(texts) // batch
     neighbour = list(texts)
@@ -82,15 +84,12 @@ def test_nulling_one_reference_changes_no_other_group(tmp_path, monkeypatch, pub
     for name, data in (("D", texts), ("D'", neighbour)):
         public_logits.clear()
         out = tmp_path / f"{'D' if name == 'D' else 'Dn'}.jsonl"
-        code = main([
-            "generate", "--data", str(_write(tmp_path / f"{out.stem}.csv", data)),
-            "--model", "default", "--dtype", dtype, "--clip", "0.05",
-            "--batch-size", str(batch), "--max-tokens", "8", "--top-k", "20",
-            "--temperature", "1.0", "--prompt", template, "--seed", "7",
-            "--concurrent-groups", str(groups), "--out", str(out), "--quiet",
-            "--ledger", str(tmp_path / "ledger.sqlite"),
-        ])
-        assert code == 0
+        req = GenerationRequest(
+            data=_write(tmp_path / f"{out.stem}.csv", data), out=out, model="default",
+            dtype=dtype, clip=0.05, batch_size=batch, max_tokens=8, top_k=20,
+            temperature=1.0, prompt=template, seed=7, concurrent_groups=groups,
+            ledger=tmp_path / "ledger.sqlite", coupling="neighbours", public_seed=True)
+        execute_plan(plan_generation(req, lambda spec: cached_loader(spec, dtype)))
         tokens[name] = {r["group"]: r["token_ids"] for _, r in iter_json_objects(out)}
         logits[name] = [list(d) for d in public_logits]
     assert sorted(tokens["D"]) == list(range(groups)) and len(logits["D"]) == groups

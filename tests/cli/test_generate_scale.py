@@ -1,4 +1,4 @@
-"""``dplang generate --executor/--workers/--device`` (issue 17): one-line refusals before
+"""``dplang generate --executor/--workers/--device``: one-line refusals before
 anything is read or charged; ``local`` workers give the inline run's bytes; a driver killed
 mid-run and restarted resumes to the same bytes, and its workers do not outlive it."""
 

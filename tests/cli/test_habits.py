@@ -1,4 +1,4 @@
-"""The command line's habits a new user expects (issue 26 §2): ``-h`` as well as ``--help`` on
+"""The command line's habits a new user expects: ``-h`` as well as ``--help`` on
 every command, ``dplang --version``, shell completion, and help texts that say what is true."""
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ HEAVY = ("torch", "scipy.optimize", "scipy.stats", "transformers", "pandas", "py
 
 
 def test_help_imports_no_heavy_library():
-    """Issue 26: `--help` took 5 s (torch, scipy, ... imported to build the commands). Every
-    command's help, and --version, must not import them (then it answers in well under 1 s)."""
+    """Every command's help, and --version, import no heavy library (torch, scipy, ...: 5 s
+    when imported to build the commands), so they answer in well under 1 s."""
     import subprocess
     import sys
 

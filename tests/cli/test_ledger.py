@@ -214,7 +214,7 @@ def test_views_and_a_generation_against_a_ledger_url_never_print_its_password(
 
 
 def test_a_pure_dp_spend_is_shown_with_delta_zero(tmp_path, capsys, default_ledger):
-    """Issue 26: one pure-DP release (δ = 0) was shown as a total with δ = 1e-06."""
+    """One pure-DP release (δ = 0) is shown as a total with δ = 0, not the default 1e-06."""
     ledger = PrivacyLedger()
     ledger.charge("pure", "rep-1", Guarantee("report", "record", "replace-one", None, 1.5, 0.0),
                   "dplang report → r")

@@ -1,4 +1,4 @@
-"""The run lock with real processes (issue 14): two ``dplang generate`` processes on one
+"""The run lock with real processes: two ``dplang generate`` processes on one
 ``--out`` never both write it, and a lock left by ``kill -9`` does not block the next run."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dplang.release import RunLock, RunLocked, lock_path_for
+from dplang.release import OutputPaths, RunLock, RunLocked
 
 #: Runs ``dplang`` with the toy model whose decode steps wait until the file ``argv[1]``
 #: exists ("-": no waiting), so that the test decides when a run may go on.
@@ -85,7 +85,7 @@ def test_a_second_process_is_refused_while_the_first_writes(tmp_path):
         _stdout, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     assert _groups(out) == [0, 1, 2, 3]  # every group once
-    assert not lock_path_for(out).exists()
+    assert not OutputPaths.of(out).lock.exists()
 
 
 def test_a_lock_left_by_kill_9_is_harmless(tmp_path):
@@ -94,20 +94,20 @@ def test_a_lock_left_by_kill_9_is_harmless(tmp_path):
     _wait_for(out, first)
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=60)
-    assert lock_path_for(out).exists()  # left behind, but nobody holds it
+    assert OutputPaths.of(out).lock.exists()  # left behind, but nobody holds it
     again = _start(tmp_path, out, "-")
     _stdout, err = again.communicate(timeout=300)
     assert again.returncode == 0, err
     assert _groups(out) == [0, 1, 2, 3]  # resumed after the finished groups, none twice
-    assert not lock_path_for(out).exists()
+    assert not OutputPaths.of(out).lock.exists()
 
 
 def test_lock_is_reentrant_in_process_and_exclusive_across(tmp_path):
     out = tmp_path / "new" / "deeper" / "x.jsonl"
     with RunLock(out):
         with RunLock(out):  # the CLI and the library both take it
-            assert lock_path_for(out).exists()
-        assert lock_path_for(out).exists()
+            assert OutputPaths.of(out).lock.exists()
+        assert OutputPaths.of(out).lock.exists()
         code = ("import sys; from dplang.release import RunLock, RunLocked\n"
                 "try:\n RunLock(sys.argv[1]).acquire()\nexcept RunLocked as e:\n"
                 " print(e); sys.exit(7)\n")

@@ -79,7 +79,7 @@ def test_sweep_runs_resumes_and_writes_tables(setup, capsys):
     refs = (out / "data" / "references.jsonl").read_text().splitlines()
     real = (out / "data" / "real.jsonl").read_text().splitlines()
     assert len(refs) == len(set(refs)) == 60 and len(real) == 30 and not set(refs) & set(real)
-    # the copies of private rows are private from creation (issue 13 item 4b)
+    # the copies of private rows are private from creation
     for f in ("references.jsonl", "real.jsonl"):
         assert oct((out / "data" / f).stat().st_mode & 0o777) == "0o600"
     assert oct((out / "data").stat().st_mode & 0o777) == "0o700"
@@ -266,7 +266,7 @@ def _small(config: str) -> str:
 
 
 def test_a_changed_generation_setting_is_refused_not_relabelled(setup, capsys):
-    """Issue 14: the cell key covers everything that determines the result. Rerunning into
+    """The cell key covers everything that determines the result. Rerunning into
     the same --out with another max_tokens (or other rows, model, dtype, prompt file...)
     refuses, naming what changed, before any model loads; nothing is charged or written."""
     from dplang.privacy.ledger import PrivacyLedger
@@ -515,7 +515,7 @@ def test_grouped_batches_are_checked_before_any_model_loads(setup, capsys):
     assert main(["experiment", str(cfg), "--out", str(out), "--report-only"]) == 0
 
 
-def test_the_downstream_config_for_issue_18_item_3_is_ready(tmp_path):
+def test_the_yelp_downstream_config_passes_preflight(tmp_path):
     """experiments/yelp_downstream.toml (not run: docs/evaluation.md) asks for the downstream
     metric on the category label, and, on the real Yelp file when it is there, passes the whole
     preflight: every cell's request, the ranges and 500 grouped batches of every B."""

@@ -1,4 +1,4 @@
-"""Privacy audits of paper 000's algorithms (spec 000 §5.4; issue 15 "Privacy audits").
+"""Privacy audits of paper 000's algorithms (spec 000 §5.4).
 
 Every dataset of size n ≤ 5 over four letters and every replace-one neighbour, plus crafted
 pairs, with K ≤ 4: each private algorithm meets its ε (exact loss of the selection law) or its

@@ -34,7 +34,7 @@ def test_run_simulation_writes_csv_and_manifest(capsys, tmp_path):
                          str(out_dir))
     assert code == 0, err
     assert "Err = " in out and "exact: Err = 0.04208" in out and "pure 0.25-differential" in out
-    manifest = json.loads((out_dir / "manifest.json").read_text())
+    manifest = json.loads((out_dir / "results.manifest.json").read_text())
     assert manifest["guarantee"]["epsilon"] == 0.25 and manifest["parameters"]["window"] == 3
     assert (out_dir / "results.csv").read_text().startswith("estimate,")
     code, out, err = run(capsys, "run", "approximate-intersection", "--instance", "aps",
@@ -125,11 +125,11 @@ def test_data_run_is_a_charged_release(capsys, tmp_path, sample_file):
     ledger = PrivacyLedger()
     rel = ledger.releases(str(sample_file.resolve()))
     assert len(rel) == 1 and rel[0]["guarantee"]["epsilon"] == 1.0
-    manifest = json.loads((out_dir / "manifest.json").read_text())
+    manifest = json.loads((out_dir / "results.manifest.json").read_text())
     text = json.dumps(manifest)
     assert "seed" not in json.dumps(manifest["fingerprint"]) and str(sample_file) not in text
     assert manifest["n"] == 375 and manifest["guarantee"]["unit"] == "record"
-    private = out_dir / ".dplang-private" / "formal.private.json"
+    private = out_dir / ".dplang-private" / "results.private.json"
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
     assert json.loads(private.read_text())["data"]["sha256"]
     # the same seed is the same release: not charged twice; a new seed is a new charge
@@ -147,8 +147,8 @@ def test_neighbouring_data_give_the_same_public_files(capsys, tmp_path, sample_f
     a, b = tmp_path / "a", tmp_path / "b"
     assert release(capsys, sample_file, a, "--seed", "1", "--dataset", "d")[0] == 0
     assert release(capsys, other, b, "--seed", "1", "--dataset", "d2")[0] == 0
-    ma = json.loads((a / "manifest.json").read_text())
-    mb = json.loads((b / "manifest.json").read_text())
+    ma = json.loads((a / "results.manifest.json").read_text())
+    mb = json.loads((b / "results.manifest.json").read_text())
     for m in (ma, mb):
         m.pop("created")
     assert ma == mb
@@ -176,7 +176,7 @@ def test_data_run_accepts_every_natural_of_the_domain(capsys, tmp_path, sample_f
                            "--data", str(path), "--out", str(out_dir), "--dataset", name)
         assert code == 0, err
         assert len(PrivacyLedger().releases(name)) == 1
-        manifest = json.loads((out_dir / "manifest.json").read_text())
+        manifest = json.loads((out_dir / "results.manifest.json").read_text())
         manifest.pop("created")
         manifests.append(manifest)
     assert manifests[0] == manifests[1] == manifests[2]
@@ -187,7 +187,8 @@ def test_budget_exceeded_exit_3_nothing_written(capsys, tmp_path, sample_file):
     out_dir = tmp_path / "over"
     code, _, err = release(capsys, sample_file, out_dir, "--dataset", "tight")
     assert code == 3 and "budget" in err
-    assert not (out_dir / "results.csv").exists() and not (out_dir / "manifest.json").exists()
+    assert not (out_dir / "results.csv").exists()
+    assert not (out_dir / "results.manifest.json").exists()
 
 
 def test_bad_data_and_partial_dfa(capsys, tmp_path):
@@ -239,7 +240,7 @@ def test_reproduce_quick_is_fast_and_worker_independent(capsys, tmp_path):
     a = (tmp_path / "w1" / "results.csv").read_text()
     assert a == (tmp_path / "w2" / "results.csv").read_text()
     assert (tmp_path / "w1" / "formal_price_thm4_5.png").stat().st_size > 10_000
-    manifest = json.loads((tmp_path / "w1" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "w1" / "results.manifest.json").read_text())
     assert manifest["experiment"] == "price:thm4.5" and manifest["guarantees"]
 
 

@@ -29,7 +29,7 @@ NAMED = ["ipp-pair", "remark-5.7", "nested-segments", "safe-ap", "dfa-demo", "sp
          "thresholds", "non-angluin", "rows", "dup-heavy"]
 
 
-def test_all_issue_instances_exist():
+def test_every_named_instance_exists():
     assert set(NAMED) <= set(INSTANCES)
     with pytest.raises(ValueError, match="unknown instance"):
         instance("no-such")
@@ -101,6 +101,31 @@ def test_sperner_structure():
         assert big.is_empty
     padded = sperner(4, 3)
     assert padded.computed_closure_dimension() == 3
+
+
+def test_sperner_streams_one_class_is_the_data_of_n_two_thirds():
+    """The default ``one-class`` stream lists the padding, then residue class 1: its prefix is
+    the adversarial data of n_{2/3} (spec 001 §4.2(a)), so the one-shot success is the exact
+    0.678 of k = 4, ε = 1, n = 12. ``intersection-first`` lists all of L_1 (the other classes at
+    t = 1, 2, 4, 8): 8/2/2 elements of the three classes of L_1, another quantity (0.659)."""
+    from dplang.formal.collections import sperner_class_element
+    from dplang.formal.limit import UniformPrivateGenerator
+
+    for d in (0, 3):
+        inst = instance("sperner", k=4, d=d)
+        assert inst.default_stream == "one-class"
+        assert inst.stream().prefix(12) == list(range(d)) + [
+            sperner_class_element(4, 1, j, d) for j in range(12 - d)]
+    inst = instance("sperner", k=4)
+    upg = UniformPrivateGenerator(1.0)
+    prefixes = {w: inst.stream(which=w).prefix(12) for w in ("one-class", "intersection-first")}
+    first = prefixes["intersection-first"]
+    assert sorted(np.bincount([x % 6 for x in first], minlength=6).tolist()) == [0, 0, 0, 2, 2, 8]
+    assert all(inst.collection[1].contains(x) for x in first)
+    p = {w: upg.p_good(np.asarray(x, dtype=object), inst.collection, 1)
+         for w, x in prefixes.items()}
+    assert p["one-class"] == pytest.approx(0.677841, abs=1e-6)
+    assert p["intersection-first"] == pytest.approx(0.659192, abs=1e-6)
 
 
 def test_closure_dimension_refused_for_countable():

@@ -140,6 +140,31 @@ def test_e1_printed_laplace_scale_is_not_private():
     assert all(v[0] <= alg.spent(u) + 1e-12 <= 1.0 for u, v in losses.items())
 
 
+def test_alg1_per_bit_sum_bounds_the_transcript_loss_with_the_same_verdicts():
+    """alg1_transcript_loss sums each increment bit's largest |log-ratio|: an upper bound on the
+    loss over the 2^20100 transcripts of 200 updates. The loss itself is the larger of the two
+    one-directional sums; it is below the bound, and ≤ ε exactly where the bound is (the audit's
+    verdicts are those of the exact loss)."""
+    def one_directional(alg, a, b):
+        sums = [0.0, 0.0]
+        for k, (x, y) in enumerate(zip(a, b, strict=True), 1):
+            d = alg.increment_probabilities(x, k**6, k) - alg.increment_probabilities(y, k**6, k)
+            sums[0] += float(np.sum(np.max(d, axis=0)))
+            sums[1] += float(np.sum(np.max(-d, axis=0)))
+        return max(sums)
+
+    a, b = alg1_worst_case_counts(200)
+    for eps in (0.5, 1.0, 2.0, 5.0):
+        correct = ApproximateIntersectionGenerator(eps)
+        for alg in (correct, twin(correct)):
+            bound, loss = alg1_transcript_loss(alg, a, b), one_directional(alg, a, b)
+            assert loss <= bound + 1e-12
+            assert (loss <= eps) == (bound <= eps)
+    alg = ApproximateIntersectionGenerator(1.0)
+    assert round(one_directional(alg, a, b), 3) == 0.946
+    assert round(one_directional(twin(alg), a, b), 2) == 3.31
+
+
 def test_e2_duplicate_heavy_enumeration_breaks_alg1():
     dh = instance("dup-heavy")
     st = dh.stream()

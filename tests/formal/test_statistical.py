@@ -1,7 +1,7 @@
 """Paper 000: acceptance vectors, slopes, lower bounds, structural lemmas, sensitivities.
 
-Every number below is computed by dplang.formal and compared with the value stated in issue 15
-(which recomputed the spec's tables); "printed" values are matched at their printed precision
+Every number below is computed by dplang.formal and compared with an independent recomputation
+of the spec's tables; "printed" values are matched at their printed precision
 (relative error ≤ 1e−2, or equal after rounding to the printed digits).
 """
 
@@ -91,7 +91,7 @@ def test_e3_vector(ipp):
     for n, want in ((1000, "1.6e-3"), (4000, "4.9e-14"), (8000, "1.0e-34")):
         got = exact_identification_error(alg2, inst.collection, d2, n).value
         assert matches_printed(got, want), (n, got, want)
-    # the σ of the issue: K′ = min(K, |𝓛|) = 2 coordinates, not K = 20
+    # σ over K′ = min(K, |𝓛|) = 2 coordinates, not K = 20
     assert alg2.sigma(1000, 2) == pytest.approx(math.sqrt(2) / 1000 * math.sqrt(
         2 * math.log(1.25e6)) / 0.5)
 
@@ -102,6 +102,21 @@ def test_e4_vector(r57):
     for n, want in ((400, "4.21e-2"), (800, "1.93e-3"), (1600, "3.73e-6"), (3200, "1.39e-11")):
         got = exact_generation_error(alg, r57.collection, d1, n).value
         assert matches_printed(got, want), (n, got, want)
+
+
+@pytest.mark.parametrize("trials", [1, 7, 200, 20_000])
+def test_wilson_interval_ends_are_exact_at_0_and_at_every_success(trials):
+    """0 successes: the lower end is 0, not the 1e-19 the subtraction mid − half left; every
+    trial a success: the upper end is 1. In between, the textbook formula (checked at 3/10)."""
+    from dplang.formal.evaluation import wilson
+
+    for conf in (0.95, 0.99):
+        low, high = wilson(0, trials, conf)
+        assert low == 0.0 and 0 < high < 1
+        low, high = wilson(trials, trials, conf)
+        assert 0 < low < 1 and high == 1.0
+    low, high = wilson(3, 10, 0.95)
+    assert (low, high) == pytest.approx((0.10779, 0.60322), abs=1e-5)
 
 
 def test_e4_end_to_end_monte_carlo():

@@ -1,4 +1,4 @@
-"""``--device`` (issue 17 §1): resolution, the device type in the model's identity, and the
+"""``--device``: resolution, the device type in the model's identity, and the
 CUDA path of the transformers backend (``@pytest.mark.gpu``: skipped without a CUDA GPU).
 
 No claim about GPU speed is made or tested here."""

@@ -1,5 +1,5 @@
-"""The prompt side of a transformers model (issue 17 §3: the driver of a worker executor loads
-the tokenizer only): the same prompts, token counts, truncations and identity as the whole
+"""The prompt side of a transformers model (the driver of a worker executor loads the tokenizer
+only): the same prompts, token counts, truncations and identity as the whole
 model, without its weights."""
 
 from __future__ import annotations

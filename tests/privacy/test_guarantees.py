@@ -22,7 +22,7 @@ def test_json_round_trip_and_summary():
     dd = Guarantee.data_dependent("adapmixed", "reference", "replace-by-null", 3.0, 1e-6)
     text = dd.summary()
     assert "DATA-DEPENDENT" in text and "does NOT satisfy differential privacy" in text
-    # a data-dependent bound is never worded as a DP guarantee (issue 13 item 4)
+    # a data-dependent bound is never worded as a DP guarantee
     assert "satisfies" not in text and "-differential privacy" not in text
     assert "differential privacy" in g.summary() and "satisfies" in g.summary()
     pure = Guarantee.pure("sampler", "record", "replace-one", 1.0)

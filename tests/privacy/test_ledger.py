@@ -204,7 +204,7 @@ def test_two_processes_charging_at_once_never_exceed_the_budget(new_ledger):
 
 
 def test_check_charge_is_the_charge_rule_without_recording(new_ledger):
-    """Issue 26: a command checks the budget before it reads data or loads a model, by the
+    """A command checks the budget before it reads data or loads a model, by the
     charge's own rule and message, recording nothing."""
     ledger = PrivacyLedger(new_ledger())
     ledger.check_charge("data", _g(5.0))  # no budget: nothing refused

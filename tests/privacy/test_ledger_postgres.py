@@ -1,4 +1,4 @@
-"""The PostgreSQL ledger (issue 17 §3b): URLs, masking, errors, the schema, and processes
+"""The PostgreSQL ledger: URLs, masking, errors, the schema, and processes
 racing on one budget. The behaviour both backends share is in tests/privacy/test_ledger.py
 (parametrised over SQLite and PostgreSQL); the server is the session's throw-away cluster
 (tests/conftest.py ``postgres_server``). The CLI is imported inside the tests: the racing

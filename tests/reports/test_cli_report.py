@@ -87,7 +87,7 @@ def test_report_end_to_end_with_keyword_predicate(tmp_path, capsys) -> None:
             assert c["statement"] in md
     assert "Privacy guarantee" in md and "Abstentions" in md
     assert "seed" not in json.dumps(doc) and "seed" not in md
-    # no digest, path or ledger entry in the public files (issue 13 item 2) ...
+    # no digest, path or ledger entry in the public files ...
     for public in (json.dumps(doc), md):
         assert file_digest(data) not in public and file_digest(data)[:16] not in public
         assert str(data) not in public and "ledger" not in public

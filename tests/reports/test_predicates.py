@@ -211,7 +211,7 @@ def support_boundaries(pred: SupportPredicate, statements: list[str], records: l
 
 def test_embedding_support_is_a_function_of_the_record_alone() -> None:
     """A record's σ (and its similarities) are the same bits whatever other records are scored
-    with it and however many there are (issue 24: a float32 product over all chunks rounded a
+    with it and however many there are (a float32 product over all chunks would round a
     record's cosine by the number of chunks). The boundary of σ in the threshold is found
     exactly, through ``matrix``, for the record alone and in crowds of 1 to 40 others."""
     records = [f"review {i}. the soup was {'warm' * (i % 5)} and the {i} staff were kind!"

@@ -1,4 +1,4 @@
-"""Selection: what the report's bounds promise for the statements it *emits* (issue 13).
+"""Selection: what the report's bounds promise for the statements it *emits*.
 
 The per-candidate bound L holds with probability ≥ 1 − β for a candidate fixed in advance.
 Emission (L ≥ θ) selects the candidates whose noise was high, so for the emitted statements L
@@ -49,7 +49,7 @@ def test_simultaneous_bound_other_families(noise):
 def test_emitted_statements_selection_valid_bound(adversarial):
     reports, support = adversarial
     emitted = [c for r in reports for c in r.emitted]
-    # the setting of the issue: over a thousand statements emitted, every one of them below θ
+    # the adversarial setting: over 800 statements emitted, every one of them below θ
     assert len(emitted) > 800
     # the per-candidate bound fails for *every* emitted statement: it is no confidence level
     # for what is shown (a report claiming "confidence 0.95 per statement" would be false)

@@ -1,4 +1,4 @@
-"""Paper 004 lower-bound instances and structural claims (issue 19 items 6-8)."""
+"""Paper 004 lower-bound instances and structural claims."""
 
 from __future__ import annotations
 

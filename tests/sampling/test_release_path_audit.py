@@ -23,6 +23,7 @@ import dplang.privacy.mechanisms as mechanisms_mod
 import dplang.sampling.kary as kary_mod
 import dplang.sampling.product as product_mod
 from dplang.cli.app import main
+from dplang.release import OutputPaths
 from dplang.sampling import DiscreteLaplaceHistogramSampler, RevealOrObscureSampler
 from dplang.sampling.bounds import bb_upper_n, clipped_mean_min_n
 from dplang.sampling.evaluation import exact_privacy_audit
@@ -40,7 +41,7 @@ def _sample_cli(capsys, data, out, *args):
     code = main(["sample", "--data", str(data), "--out", str(out), "--seed", "7", *args])
     err = capsys.readouterr().err
     assert code == 0, err
-    manifest = json.loads(out.with_name(out.name + ".manifest.json").read_text())
+    manifest = json.loads(OutputPaths.of(out).manifest.read_text())
     return manifest
 
 
@@ -220,7 +221,7 @@ def test_reveal_or_obscure_release_path_keeps_the_uniform_branch(eps):
 def test_reveal_or_obscure_cli_at_huge_epsilon(tmp_path, capsys):
     """ε ≥ 710 used to end in an OverflowError traceback. The library computes q stably at any
     finite ε (above); the command line releases up to the documented limit ε = 100 and refuses
-    more (issue 14: a budget that means no privacy is not a private release)."""
+    more (a budget that means no privacy is not a private release)."""
     data = _categorical_csv(tmp_path / "d.csv", ["a", "b", "a", "c"])
     manifest = _sample_cli(capsys, data, tmp_path / "s.csv", "--columns", "cat", "--domain",
                            "cat=a,b,c", "--epsilon", "100", "--method", "reveal-or-obscure",

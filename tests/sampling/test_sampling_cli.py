@@ -44,7 +44,7 @@ def test_end_to_end_categorical_csv(tmp_path, capsys, table):
     for line in lines[1:]:
         c, f = line.split(",")
         assert c in {"red", "green", "blue"} and f in {"0", "1"}
-    manifest = json.loads((tmp_path / "o" / "s.csv.manifest.json").read_text())
+    manifest = json.loads((tmp_path / "o" / "s.manifest.json").read_text())
     assert manifest["epsilon"] == 1.0 and manifest["delta"] == 0.0
     assert manifest["guarantee"]["adjacency"] == "replace-one"
     assert manifest["blocks"] == [[0, 20], [20, 40], [40, 60]]
@@ -55,13 +55,13 @@ def test_end_to_end_categorical_csv(tmp_path, capsys, table):
     assert "seed" not in json.dumps(manifest["parameters"])
     assert manifest["columns"][1] == {"name": "flag", "kind": "binary", "values": ["0", "1"],
                                       "fallback": "0"}
-    # no digest, path, seed or ledger entry in the public manifest (issue 13 item 2) ...
+    # no digest, path, seed or ledger entry in the public manifest ...
     text = json.dumps(manifest)
     assert file_digest(table) not in text and str(table) not in text
     assert "ledger" not in manifest and "seed" not in manifest
     # ... the private side file (mode 600) has them; the ledger holds the release under the
     # dataset's name (default: the data file's resolved path)
-    side = tmp_path / "o" / PRIVATE / "s.csv.private.json"
+    side = tmp_path / "o" / PRIVATE / "s.private.json"
     assert oct(side.stat().st_mode & 0o777) == "0o600"
     private = json.loads(side.read_text())
     assert private["data"]["sha256"] == file_digest(table) and private["seed"] is None
@@ -99,7 +99,7 @@ def test_binary_methods_jsonl(tmp_path, capsys, method, extra):
         assert set(r) == {"a", "b", "c"}
         assert all(v in (0, 1) for v in r.values()) or method in ("laplace",
                                                                    "reveal-or-obscure")
-    manifest = json.loads((tmp_path / f"{method}.jsonl.manifest.json").read_text())
+    manifest = json.loads((tmp_path / f"{method}.manifest.json").read_text())
     assert manifest["guarantee"]["epsilon"] <= float(eps) + 1e-9
     assert manifest["dimension"] == 3
 
@@ -111,8 +111,40 @@ def test_budget_is_charged_before_writing(tmp_path, capsys, table):
     code, _, err = run(capsys, "--data", str(table), "--columns", "flag", "--binary", "flag",
                        "--epsilon", "1", "--out", str(out))
     assert code == 3 and "budget" in err
-    assert not out.exists() and not (tmp_path / "s.csv.manifest.json").exists()
-    assert not (tmp_path / PRIVATE / "s.csv.private.json").exists()
+    assert not out.exists() and not (tmp_path / "s.manifest.json").exists()
+    assert not (tmp_path / PRIVATE / "s.private.json").exists()
+
+
+def test_a_sample_of_an_older_dplang_is_replaced_only_with_overwrite(tmp_path, capsys, table):
+    """An older dplang named the files after the whole output name (``s.csv.manifest.json``,
+    ``.dplang-private/s.csv.private.json``): they count as the output's files (refused
+    without ``--overwrite``) and are removed when it is replaced."""
+    out = tmp_path / "s.csv"
+    out.write_text("flag\n1\n")
+    (tmp_path / "s.csv.manifest.json").write_text("{}")
+    (tmp_path / PRIVATE).mkdir(mode=0o700)
+    (tmp_path / PRIVATE / "s.csv.private.json").write_text("{}")
+    args = ["--data", str(table), "--columns", "flag", "--binary", "flag", "--epsilon", "1",
+            "--out", str(out)]
+    code, _, err = run(capsys, *args)
+    assert code == 2 and "already exists" in err and "--overwrite" in err
+    code, _, err = run(capsys, *args, "--overwrite")
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [PRIVATE, "d.csv", "s.csv",
+                                                           "s.manifest.json"]
+    assert [p.name for p in (tmp_path / PRIVATE).iterdir()] == ["s.private.json"]
+
+
+def test_two_outputs_that_would_share_a_manifest_are_refused(tmp_path, capsys, table):
+    """``s.csv`` and ``s.jsonl`` would both have ``s.manifest.json``: the second is refused,
+    ``--overwrite`` or not, and nothing is charged."""
+    args = ["--data", str(table), "--columns", "flag", "--binary", "flag", "--epsilon", "1"]
+    assert run(capsys, *args, "--out", str(tmp_path / "s.csv"))[0] == 0
+    for extra in ((), ("--overwrite",)):
+        code, _, err = run(capsys, *args, "--out", str(tmp_path / "s.jsonl"), *extra)
+        assert code == 2 and "would share its manifest s.manifest.json" in err
+    assert not (tmp_path / "s.jsonl").exists()
+    assert len(PrivacyLedger().releases(str(table.resolve()))) == 1
 
 
 def _refused(capsys, table, tmp_path, *args):
@@ -219,8 +251,8 @@ def _public(path):
 @pytest.mark.parametrize("method,extra", [("discrete-laplace", []),
                                           ("gaussian-marginals", ["--delta", "1e-6"])])
 def test_public_files_of_neighbouring_datasets_are_equal(tmp_path, capsys, method, extra):
-    """Replace-one neighbours: one record's flag changed from 0 to 2 (issue 13's example: an
-    inferred type made the first binary and refused the second). With declared types both are
+    """Replace-one neighbours: one record's flag changed from 0 to 2 (an inferred type would
+    make the first binary and refuse the second). With declared types both are
     released; the public manifests are byte-equal up to the timestamp; the differences (the
     data digest, one mapped cell) are in the private side file only."""
     rows = ["flag,other"] + [f"{i % 2},{(i // 3) % 2}" for i in range(200)]
@@ -240,10 +272,10 @@ def test_public_files_of_neighbouring_datasets_are_equal(tmp_path, capsys, metho
         outs.append(out.parent)
     x, y = outs
     assert sorted(p.name for p in x.iterdir()) == sorted(p.name for p in y.iterdir()) == [
-        PRIVATE, "s.jsonl", "s.jsonl.manifest.json"]
-    assert _public(x / "s.jsonl.manifest.json") == _public(y / "s.jsonl.manifest.json")
-    px = json.loads((x / PRIVATE / "s.jsonl.private.json").read_text())
-    py = json.loads((y / PRIVATE / "s.jsonl.private.json").read_text())
+        PRIVATE, "s.jsonl", "s.manifest.json"]
+    assert _public(x / "s.manifest.json") == _public(y / "s.manifest.json")
+    px = json.loads((x / PRIVATE / "s.private.json").read_text())
+    py = json.loads((y / PRIVATE / "s.private.json").read_text())
     assert px["data"]["out_of_domain_cells_mapped"] == {"flag": 0, "other": 0}
     assert py["data"]["out_of_domain_cells_mapped"] == {"flag": 1, "other": 0}
     assert px["data"]["sha256"] != py["data"]["sha256"]
@@ -280,10 +312,10 @@ def test_schema_file_and_fallback(tmp_path, capsys):
                        "--schema", str(schema), "--fallback", "band=3", "--epsilon", "2",
                        "--out", str(out))
     assert code == 0, err
-    manifest = json.loads((tmp_path / "s.jsonl.manifest.json").read_text())
+    manifest = json.loads((tmp_path / "s.manifest.json").read_text())
     assert [c["fallback"] for c in manifest["columns"]] == ["west", "3", "0"]
     assert manifest["universe_size"] == 4 * 5 * 2
-    private = json.loads((tmp_path / PRIVATE / "s.jsonl.private.json").read_text())
+    private = json.loads((tmp_path / PRIVATE / "s.private.json").read_text())
     # "mars" → west; 12 → 5 (clipped); None → 3 (fallback); "yes" → 0 (fallback)
     assert private["data"]["out_of_domain_cells_mapped"] == {"region": 20, "band": 40,
                                                             "smoker": 20}

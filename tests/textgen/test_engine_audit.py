@@ -1,4 +1,4 @@
-"""Engine-level exact privacy audit of InvisibleInk (issue 13 item 5).
+"""Engine-level exact privacy audit of InvisibleInk.
 
 Everything between the data file and the sampler is the real code: the runner plans the run
 (reads the file, forms the batches, renders the prompts, builds the Guarantee it prints and the

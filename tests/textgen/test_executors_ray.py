@@ -1,4 +1,4 @@
-"""``--executor ray`` (issue 17 §3): two actors on a real local Ray instance give the inline
+"""``--executor ray``: two actors on a real local Ray instance give the inline
 run's bytes, also when one actor is SIGKILLed mid-chunk. Skipped where Ray is not installed
 (``pip install 'dplang[distributed]'``)."""
 

@@ -1,4 +1,4 @@
-"""InvisibleInk numerics (issue 13 item 4): non-finite logits and an exact float64 bound.
+"""InvisibleInk numerics: non-finite logits and an exact float64 bound.
 
 * Any private logit — NaN and ±inf included — contributes a clipped difference in [−C, C]:
   nothing a reference does aborts the run or escapes the clip.

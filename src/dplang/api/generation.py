@@ -34,7 +34,7 @@ from ..privacy.accounting import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT
 from ..privacy.guarantees import Guarantee
 from ..privacy.ledger import BudgetExceeded, LedgerError, PrivacyLedger
 from ..privacy.ledger_backends import is_ledger_url, ledger_location
-from ..release import Charge, ReleaseError, RunLock, dataset_name
+from ..release import Charge, OutputPaths, ReleaseError, RunLock, dataset_name
 from ..textgen.executors import ExecutorError, check_executor, make_executor
 from ..textgen.orchestration import (
     DEFAULT_CONCURRENT_GROUPS,
@@ -47,7 +47,6 @@ from ..textgen.orchestration import (
     plan_generation,
 )
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS
-from ..textgen.resume import manifest_path_for
 from .data import data_input
 from .display import Display, TqdmDisplay, library_bars_off, quiet_libraries, short_guarantee
 from .errors import BUDGET, DPLangError, Interrupted, one_line
@@ -108,7 +107,7 @@ def _check_budget_early(request: GenerationRequest, guarantee: Guarantee) -> Non
     """Refuse (code 3) a new release the dataset's budget cannot take, before anything is read
     or loaded. Skipped where the release may already be in the ledger (a run in ``out`` to
     resume, or a given seed: the same release is charged nothing new); the charge decides."""
-    if request.seed is not None or (manifest_path_for(request.out).exists()
+    if request.seed is not None or (OutputPaths.of(request.out).find_manifest().exists()
                                     and not request.overwrite):
         return
     where = ledger_location(request.ledger)
@@ -304,7 +303,7 @@ def _read_output(out: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()
                if line.strip()]
     records.sort(key=lambda r: int(r["group"]))
-    manifest = json.loads(manifest_path_for(out).read_text(encoding="utf-8"))
+    manifest = json.loads(OutputPaths.of(out).manifest.read_text(encoding="utf-8"))
     return records, manifest
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,3 +42,10 @@ def output_lock(out: str | Path) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def use_threads(threads: int | None) -> None:
+    """``--threads N``: every model this process (and its local workers) loads uses N
+    threads (through ``$DPLANG_THREADS``, which the models read; speed only, never a bit)."""
+    if threads is not None:
+        os.environ["DPLANG_THREADS"] = str(int(threads))

@@ -16,6 +16,7 @@ from typing import Any
 import typer
 
 from .errors import fail, output_lock
+from .options import overwrite_option
 
 app = typer.Typer(
     help="Evaluate synthetic texts (MAUVE, perplexity/ΔPPL, lengths, Top-k+, downstream); "
@@ -73,8 +74,7 @@ def evaluate(
         False, "--exclude-references",
         help="If --real is the generation's data file, skip its reference rows.",
     ),
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="Replace the results an earlier evaluation left in --out."),
+    overwrite: bool = overwrite_option("Replace the results an earlier evaluation left in --out."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and warnings."),
 ) -> None:
     """Evaluate synthetic texts: MAUVE, perplexity/ΔPPL, lengths, Top-k+ statistics,
@@ -207,8 +207,7 @@ def canaries(
     canary_seed: int = typer.Option(0, "--canary-seed", help="Chooses canary texts and rows."),
     concurrent_groups: int = typer.Option(8, "--concurrent-groups", "-G",
                                           help="Groups decoded at once."),
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="Replace the results an earlier run left in --out."),
+    overwrite: bool = overwrite_option("Replace the results an earlier run left in --out."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and warnings."),
 ) -> None:
     """Insert canary sentences into copies of the references, generate with and without them

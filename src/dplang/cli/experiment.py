@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 
 from .console import quiet_libraries
-from .errors import fail
-from .ledger import LEDGER_HELP
+from .errors import fail, use_threads
+from .options import dataset_option, ledger_option, overwrite_option
 
 # The sweep's machinery (torch, the models) is imported when it runs, not when the command is
 # built: `dplang experiment --help` answers at once.
@@ -33,17 +33,12 @@ def experiment(
     report_only: bool = typer.Option(
         False, "--report-only", help="Write the results of the finished cells; run nothing."
     ),
-    ledger: str | None = typer.Option(None, "--ledger", help=LEDGER_HELP),
-    dataset: str | None = typer.Option(
-        None, "--dataset",
-        help="Ledger name of the data's budget (default: [data].dataset, else the data "
-        "file's resolved path).",
-    ),
+    ledger: str | None = ledger_option(),
+    dataset: str | None = dataset_option("[data].dataset, else the data file's resolved path"),
     data: Path | None = typer.Option(
         None, "--data", help="The data file, instead of [data].path (e.g. from another clone)."),
-    overwrite: bool = typer.Option(
-        False, "--overwrite",
-        help="Generate anew the cells this --out holds with other generation settings (new "
+    overwrite: bool = overwrite_option(
+        "Generate anew the cells this --out holds with other generation settings (new "
         "releases, charged anew); without it they are refused."),
 ) -> None:
     """Run (or resume) a sweep over method, ε, B, k, τ and replicate; write tables and plots.
@@ -76,6 +71,7 @@ def experiment(
                    "runs (labelled so in their public manifests and in the ledger, refused "
                    "when the dataset has a budget); use written seeds for toy or public data "
                    "only (omit them to give every cell a secret seed)", err=True)
+    use_threads(cfg.threads)
     try:
         with quiet_libraries(quiet):
             rows = run_experiment(cfg, out, _load_model, progress=say,

@@ -23,7 +23,7 @@ import typer
 from ..privacy.ledger import BudgetExceeded
 from ..release import ReleaseError
 from .errors import fail
-from .ledger import LEDGER_HELP
+from .options import dataset_option, ledger_option, seed_option
 
 app = typer.Typer(
     name="formal",
@@ -271,17 +271,17 @@ def run(
     calibration: str = typer.Option("classical", "--calibration",
                                     help="Gaussian calibration: classical (ε < 1) or zcdp."),
     runs: int = typer.Option(200, "--runs", help="Simulation runs."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed (simulations: default 0; "
-                                    "--data: secret, default fresh OS entropy)."),
+    seed: int | None = seed_option("not stored", " Simulations (no --data): the Monte Carlo "
+                                   "seed, default 0."),
     workers: int = typer.Option(1, "--workers", help="Worker processes."),
     out: Path | None = typer.Option(None, "--out", help="Directory for results.csv and "
-                                    "manifest.json (must not exist)."),
+                                    "results.manifest.json (must not exist)."),
     data: Path | None = typer.Option(None, "--data", help="A private sample (one element per "
                                      "line): a real release, charged to the ledger first."),
     collection_file: Path | None = typer.Option(None, "--collection", help="With --data: a "
                                                 "public collection of DFAs (JSON)."),
-    ledger: str | None = typer.Option(None, "--ledger", help=LEDGER_HELP),
-    dataset: str | None = typer.Option(None, "--dataset", help="Ledger name of the data."),
+    ledger: str | None = ledger_option(),
+    dataset: str | None = dataset_option(),
 ) -> None:
     """Run an algorithm on an instance (simulation) or on --data (a charged release)."""
     alg_name = _algorithm_name(algorithm)
@@ -381,11 +381,12 @@ def run(
                f"{g.mechanism}: not private (ε = ∞), a non-private baseline.")
     if out is not None:
         from ..formal.experiments import rows_to_csv
-        from ..release import write_atomic, write_json
+        from ..release import OutputPaths, write_atomic, write_json
 
         out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / "results.csv", rows_to_csv(rows))
-        write_json(out / "manifest.json", _jsonable({
+        paths = OutputPaths.of(out / "results.csv")
+        write_atomic(paths.output, rows_to_csv(rows))
+        write_json(paths.manifest, _jsonable({
             "command": "formal run", "algorithm": alg_name, "parameters": params_used,
             "n": n, "horizon": horizon, "runs": runs, "seed": 0 if seed is None else seed,
             "guarantee": g.to_dict(), "summary": summary["values"],
@@ -505,7 +506,7 @@ def reproduce(
     seed: int = typer.Option(0, "--seed", help="Seed of the Monte Carlo parts."),
     workers: int = typer.Option(1, "--workers", help="Worker processes."),
     out: Path | None = typer.Option(None, "--out", help="Directory for results.csv, "
-                                    "table.md, manifest.json and the plot."),
+                                    "table.md, results.manifest.json and the plot."),
 ) -> None:
     """Reproduce one theorem's experiment (CSV, table, plot)."""
     from ..formal.experiments import EXPERIMENTS, run_experiment, write_result

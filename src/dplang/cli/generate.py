@@ -15,8 +15,8 @@ from ..textgen.defaults import DEFAULT_CONCURRENT_GROUPS
 from ..textgen.methods import all_methods
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, DEFAULT_TEMPLATE
 from .console import RichDisplay, quiet_libraries
-from .errors import fail
-from .ledger import LEDGER_HELP
+from .errors import fail, use_threads
+from .options import dataset_option, ledger_option, overwrite_option, seed_option
 
 if TYPE_CHECKING:
     from ..textgen.orchestration import GenerationRequest
@@ -68,7 +68,13 @@ def _generate(
     model: str = typer.Option("default", "--model", help="'default' (Gemma 3 270M) or a path."),
     dtype: str = typer.Option(
         "float32", "--dtype",
-        help="Model body dtype: float32 (default), bfloat16 or auto (docs/generation.md).",
+        help="Model precision: float32 (default: 16-bit integer weights), bfloat16 (8-bit body "
+        "weights: faster) or auto (= float32); docs/generation.md.",
+    ),
+    threads: int | None = typer.Option(
+        None, "--threads", min=1,
+        help="CPU threads (default: $DPLANG_THREADS, $OMP_NUM_THREADS or every core); speed "
+        "only: the output is the same bits at any thread count.",
     ),
     epsilon: float | None = typer.Option(None, "--epsilon", help="Target ε (with --delta)."),
     delta: float = typer.Option(1e-6, "--delta", help="Target δ."),
@@ -82,10 +88,8 @@ def _generate(
                                       help="Sampling temperature τ."),
     top_k: int = typer.Option(50, "--top-k", help="Top-k+ parameter k; 0 = full vocabulary."),
     num: int | None = typer.Option(None, "--num", "-n", help="Generations (default ⌊N/B⌋)."),
-    seed: int | None = typer.Option(
-        None, "--seed", help="Secret seed (default: fresh OS entropy, kept in "
-        ".dplang-private/OUT.private.json, mode 600); one seed per release."
-    ),
+    seed: int | None = seed_option("kept in .dplang-private/OUT.private.json (mode 600) to "
+                                   "resume"),
     concurrent_groups: int = typer.Option(
         DEFAULT_CONCURRENT_GROUPS, "--concurrent-groups", "-G", help="Groups decoded at once."
     ),
@@ -109,15 +113,11 @@ def _generate(
         "invisibleink", "--method",
         help="invisibleink (default), amin, adapmixed or augpe (docs/deviations.md)."
     ),
-    ledger: str | None = typer.Option(None, "--ledger", help=LEDGER_HELP),
-    dataset: str | None = typer.Option(
-        None, "--dataset",
-        help="Ledger name of the data's budget (default: the data file's resolved path).",
-    ),
-    overwrite: bool = typer.Option(
-        False, "--overwrite",
-        help="Replace what --out holds (another run) with a new run; the old files are removed "
-        "only once the new run is charged. Without it, the same run resumes and another is "
+    ledger: str | None = ledger_option(),
+    dataset: str | None = dataset_option(),
+    overwrite: bool = overwrite_option(
+        "Replace what --out holds (another run) with a new run; the old files are removed only "
+        "once the new run is charged. Without it, the same run resumes and another is "
         "refused."),
     quiet: bool = typer.Option(False, "--quiet", "-q",
                                help="Print only errors and warnings (no progress, no texts)."),
@@ -141,6 +141,7 @@ def _generate(
     """Generate private synthetic texts from references with InvisibleInk."""
     from ..textgen.orchestration import GenerationRequest
 
+    use_threads(threads)
     request = GenerationRequest(
         data=data, out=out, batch_size=batch_size, max_tokens=max_tokens,
         temperature=temperature, top_k=top_k, epsilon=epsilon, delta=delta, rho=rho, clip=clip,

@@ -31,6 +31,7 @@ from ..privacy.ledger import BudgetExceeded, PrivacyLedger
 from ..privacy.ledger_backends import is_ledger_url
 from ..release import ReleaseError, dataset_key, dataset_name
 from .errors import fail
+from .options import ledger_option
 
 app = typer.Typer(
     name="ledger",
@@ -40,11 +41,6 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-#: ``--ledger`` of every command: a file path or a PostgreSQL URL, taken as a str (a Path
-#: would fold the URL's ``//``).
-LEDGER_HELP = ("Privacy ledger: an SQLite file, or a postgresql://USER@HOST/DB URL for a ledger "
-               "shared by several machines (default: $DPLANG_LEDGER or the user data dir).")
-LEDGER_OPTION = typer.Option(None, "--ledger", help=LEDGER_HELP)
 
 
 def _key(name: str | None, data: Path | None = None) -> str:
@@ -164,7 +160,7 @@ def _dp_line(s: dict[str, Any]) -> str:
 def show(
     dataset: str | None = typer.Argument(None, help="Only this dataset (its name)."),
     data: Path | None = DATA_OPTION,
-    ledger: str | None = LEDGER_OPTION,
+    ledger: str | None = ledger_option(),
     delta: float | None = typer.Option(
         None, "--delta", help="δ of the total (default: the budget's δ, else 1e-6)."),
     releases: bool = typer.Option(True, "--releases/--no-releases", help="List each release."),
@@ -229,7 +225,7 @@ def budget(
     data: Path | None = DATA_OPTION,
     epsilon: float = typer.Option(..., "--epsilon", help="Total ε of the budget."),
     delta: float = typer.Option(..., "--delta", help="Total δ of the budget."),
-    ledger: str | None = LEDGER_OPTION,
+    ledger: str | None = ledger_option(),
 ) -> None:
     """Set (or replace) a dataset's total (ε, δ) budget; refused below what it has spent."""
     if not (epsilon > 0 and math.isfinite(epsilon)):

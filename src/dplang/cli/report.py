@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from .errors import fail
-from .ledger import LEDGER_HELP
+from .options import dataset_option, ledger_option, overwrite_option, seed_option
 
 if TYPE_CHECKING:
     from ..reports.pipeline import ReportRequest
@@ -58,15 +58,11 @@ def report(
                                     help="β is family-wise: each test uses β/m."),
     release_abstained_bounds: bool = typer.Option(
         False, "--release-abstained-bounds", help="Also show L for abstentions (no extra cost)."),
-    seed: int | None = typer.Option(
-        None, "--seed", help="Secret seed for reproducible noise (default: OS entropy)."),
-    ledger: str | None = typer.Option(None, "--ledger", help=LEDGER_HELP),
-    dataset: str | None = typer.Option(
-        None, "--dataset",
-        help="Ledger name of the data's budget (default: the data file's resolved path)."),
-    overwrite: bool = typer.Option(
-        False, "--overwrite",
-        help="Replace an existing OUT.json / OUT.md (removed only after the new charge)."),
+    seed: int | None = seed_option("not stored"),
+    ledger: str | None = ledger_option(),
+    dataset: str | None = dataset_option(),
+    overwrite: bool = overwrite_option(
+        "Replace an existing OUT.json / OUT.md (removed only after the new charge)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and warnings."),
 ) -> None:
     """Certify candidate statements about a private corpus, or abstain, under DP."""

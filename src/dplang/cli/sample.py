@@ -10,7 +10,7 @@ import typer
 from ..api.errors import DPLangError
 from .console import RichDisplay, quiet_libraries
 from .errors import fail
-from .ledger import LEDGER_HELP
+from .options import dataset_option, ledger_option, overwrite_option, seed_option
 
 if TYPE_CHECKING:
     from ..sampling.tabular import ColumnSpec
@@ -65,8 +65,7 @@ def sample(
         "discrete-laplace", "--method",
         help=f"One of {', '.join(METHODS)}. The first three treat a record (the tuple of the "
         "columns) as one of k categories; the others need binary columns."),
-    seed: int | None = typer.Option(
-        None, "--seed", help="Secret seed (default: fresh OS entropy); not recorded."),
+    seed: int | None = seed_option("not stored"),
     domain: list[str] | None = typer.Option(
         None, "--domain",
         help="Declare a column's public categories: COL=a,b,c (categorical) or COL=1..5 "
@@ -91,13 +90,10 @@ def sample(
     alpha: float = typer.Option(0.1, "--alpha", help="Target accuracy α (method product)."),
     force: bool = typer.Option(False, "--force", help="Release even if the accuracy bound "
                                "is vacuous."),
-    ledger: str | None = typer.Option(None, "--ledger", help=LEDGER_HELP),
-    dataset: str | None = typer.Option(
-        None, "--dataset",
-        help="Ledger name of the data's budget (default: the data file's resolved path)."),
-    overwrite: bool = typer.Option(
-        False, "--overwrite",
-        help="Replace an existing output (its files are replaced only after the new charge)."),
+    ledger: str | None = ledger_option(),
+    dataset: str | None = dataset_option(),
+    overwrite: bool = overwrite_option(
+        "Replace an existing output (its files are replaced only after the new charge)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and warnings."),
 ) -> None:
     """Release m differentially private samples of records (RSSS NeurIPS 2021 samplers)."""

@@ -1,4 +1,4 @@
-"""Canaries: what a private generation leaks, and what the guarantee allows (issue 18, §2).
+"""Canaries: what a private generation leaks, and what the guarantee allows.
 
 Synthetic *canary* sentences (improbable, so that a model does not produce them by itself) are
 inserted into some references of a copy of the data set: each canary to ``m`` distinct references

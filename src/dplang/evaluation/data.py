@@ -3,11 +3,12 @@
 Rules (documented in ``docs/evaluation.md`` and repeated in every report):
 
 * **Synthetic runs** are ``dplang generate`` outputs (JSONL, one generation per line) with the
-  manifest ``OUT.manifest.json`` beside them, or any other text file :mod:`dplang.io` reads
-  (column ``text``; no Top-k+ statistics then). Generations are put in ``group`` order (the
-  JSONL is appended in completion order, which depends on concurrency and resumes), file order
-  when there is no ``group``. An empty generated text is a legitimate (degenerate) output and
-  is kept; a file whose texts are all empty is refused.
+  manifest ``OUT.manifest.json`` beside them (:class:`dplang.release.OutputPaths`), or any
+  other text file :mod:`dplang.io` reads (column ``text``; no Top-k+ statistics then).
+  Generations are put in ``group`` order (the JSONL is appended in completion order, which
+  depends on concurrency and resumes), file order when there is no ``group``. An empty
+  generated text is a legitimate (degenerate) output and is kept; a file whose texts are all
+  empty is refused.
 * **Real texts** are read with :func:`dplang.io.read_records`; blank or missing rows are
   skipped (and counted). They must be *held out*: when the real file is the generation's data
   file (same path or same SHA-256 as recorded in the run's private side file
@@ -35,7 +36,7 @@ from dplang.io import (
     iter_json_objects,
     read_records,
 )
-from dplang.release import find_private, private_side_path
+from dplang.release import OutputPaths
 
 __all__ = [
     "EvaluationError",
@@ -44,30 +45,11 @@ __all__ = [
     "align_sizes",
     "load_real",
     "load_synthetic",
-    "manifest_path_for",
 ]
 
 
 class EvaluationError(ValueError):
     """Bad evaluation input; the message is one line, fit for ``error: ...``."""
-
-
-def manifest_path_for(out: str | Path) -> Path:
-    """The manifest ``dplang generate`` writes beside ``out``: ``x.jsonl`` → ``x.manifest.json``.
-
-    (The same naming rule as :func:`dplang.textgen.orchestration.manifest_path_for`, repeated here
-    because ``evaluation`` does not import ``textgen``.)"""
-    out = Path(out)
-    return out.with_name(out.name.removesuffix(".jsonl") + ".manifest.json")
-
-
-def private_path_for(out: str | Path) -> Path:
-    """The private side file of a ``dplang generate`` output: ``x.jsonl`` →
-    ``.dplang-private/x.private.json`` (same rule as
-    :func:`dplang.textgen.orchestration.private_path_for`), or ``x.private.json`` beside it for
-    a run of an older dplang (:func:`dplang.release.find_private`)."""
-    out = Path(out)
-    return find_private(private_side_path(out, out.name.removesuffix(".jsonl") + ".private.json"))
 
 
 @dataclass
@@ -155,14 +137,15 @@ def load_synthetic(path: str | Path) -> SyntheticRun:
     if all(not r["text"].strip() for r in records):
         raise EvaluationError(f"{path}: all {len(records)} synthetic texts are empty")
     manifest = None
-    mpath = manifest_path_for(path)
+    paths = OutputPaths.of(path)  # a dplang output's manifest and side file, old names too
+    mpath = paths.find_manifest()
     if mpath.is_file():
         try:
             manifest = json.loads(mpath.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise EvaluationError(f"{mpath}: cannot read the manifest ({exc})") from None
     private = None
-    ppath = private_path_for(path)
+    ppath = paths.find_private()
     if ppath.is_file():
         try:
             private = json.loads(ppath.read_text(encoding="utf-8"))

@@ -1,4 +1,4 @@
-"""Downstream utility: train on synthetic texts, test on held-out real texts (issue 18, §1).
+"""Downstream utility: train on synthetic texts, test on held-out real texts.
 
 A logistic-regression classifier is fitted on sentence embeddings of labelled texts and scored
 (accuracy, macro-F1, each with a percentile-bootstrap 95% interval over the test texts) on

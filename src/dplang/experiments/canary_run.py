@@ -1,5 +1,5 @@
 """The canary run: generate with and without canaries through the release pipeline and count
-what comes through (issue 18, §2; ``dplang evaluate canaries``, ``benchmarks/canaries.py``).
+what comes through (``dplang evaluate canaries``, ``benchmarks/canaries.py``).
 It lives in ``experiments`` beside the sweep because it both generates (``textgen``) and
 evaluates (:mod:`dplang.evaluation.canaries`: placement, counting, bounds).
 

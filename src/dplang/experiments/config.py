@@ -18,7 +18,8 @@ max_tokens = 64
 num = 100                   # generations per cell
 delta = 1e-6
 concurrent_groups = 8
-dtype = "float32"           # model body of the generation cells: float32, bfloat16 or auto
+dtype = "float32"           # model precision of the generation cells: float32, bfloat16 or auto
+threads = 2                 # optional: CPU threads (speed only; default every core)
 augpe_iterations = 3        # Aug-PE: T noisy histograms, L variations per text and iteration
 augpe_variations = 7
 
@@ -158,6 +159,9 @@ class ExperimentConfig:
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
     #: Model body dtype of every generation cell (evaluation always scores in float32).
     dtype: str = "float32"
+    #: CPU threads of the models (None: $DPLANG_THREADS, $OMP_NUM_THREADS or every core);
+    #: speed only, never a bit of a result, so not part of a cell's identity.
+    threads: int | None = None
     augpe_iterations: int = 3
     augpe_variations: int = 7
     #: MAUVE k-means buckets (None: the paper's max(2, n // 20)).
@@ -181,7 +185,7 @@ KEYS: dict[str, frozenset[str]] = {
     "data": frozenset({"path", "dataset", "text_column", "references", "real", "group_by",
                        "prompt"}),
     "generation": frozenset({"model", "max_tokens", "num", "delta", "concurrent_groups",
-                             "dtype", "augpe_iterations", "augpe_variations",
+                             "dtype", "threads", "augpe_iterations", "augpe_variations",
                              "max_reference_tokens"}),
     "sweep": frozenset({"methods", "epsilon", "batch_size", "top_k", "temperature",
                         "replicates", "seeds", "public_baseline"}),
@@ -370,6 +374,10 @@ def load_config(path: str | Path, data: str | Path | None = None) -> ExperimentC
     delta = gen.get("delta", 1e-6)
     if isinstance(delta, bool) or not isinstance(delta, int | float) or not 0 < delta < 1:
         raise ConfigError(f"[generation].delta must be in (0, 1), got {delta!r}")
+    threads = gen.get("threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise ConfigError(f"[generation].threads must be an integer >= 1, got {threads!r}")
     dtype = _str(gen, "generation", "dtype", "float32")
     if dtype not in DTYPES:
         raise ConfigError(f"[generation].dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
@@ -395,6 +403,7 @@ def load_config(path: str | Path, data: str | Path | None = None) -> ExperimentC
         concurrent_groups=_int(gen, "generation", "concurrent_groups", 8, 1),
         cells=tuple(cells), metrics=tuple(metrics),
         embedder=_str(ev, "evaluation", "embedder", "default"), raw=raw, dtype=dtype,
+        threads=threads,
         augpe_iterations=augpe_t, augpe_variations=augpe_l, num_buckets=buckets,
         dataset=dataset.strip() if dataset else None, written_seeds="seeds" in sweep,
         max_reference_tokens=_int(gen, "generation", "max_reference_tokens",

@@ -49,11 +49,11 @@ from ..privacy.accounting import rho_to_epsilon
 from ..privacy.ledger import BudgetExceeded, LedgerError, PrivacyLedger, check_ledger_path
 from ..release import (
     PRIVATE_MODE,
+    OutputPaths,
     ReleaseError,
     RunLock,
     check_output_path,
     dataset_name,
-    find_private,
     fsync_dir,
     private_dir,
     write_atomic,
@@ -66,7 +66,6 @@ from ..textgen.orchestration import (
     check_request,
     execute_plan,
     plan_generation,
-    private_path_for,
 )
 from ..textgen.prompts import get_template
 from ..textgen.public import generate_public_texts
@@ -596,7 +595,7 @@ def sweep_spend(ledger_path: str | Path | None, release_ids: list[str], delta: f
 def _cell_release_ids(out_dir: Path, config: ExperimentConfig) -> list[str]:
     ids = []
     for cell in config.cells:
-        side = find_private(private_path_for(out_dir / "cells" / cell.key / "gen.jsonl"))
+        side = OutputPaths.of(out_dir / "cells" / cell.key / "gen.jsonl").find_private()
         if cell.method != "public" and side.exists():
             try:
                 ids.append(str(json.loads(side.read_text(encoding="utf-8"))["release_id"]))

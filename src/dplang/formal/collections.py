@@ -42,7 +42,7 @@ from .languages import (
     threshold,
     two_adic,
 )
-from .universe import CantorPairs, Naturals, Shortlex, Universe
+from .universe import CantorPairs, Naturals, Universe
 
 __all__ = [
     "Collection",
@@ -396,10 +396,6 @@ def disjoint_union_of_sperner(max_block: int | None = None) -> Collection:
                           [lang(i) for i in range(1, total + 1)], closure_dim=0)
     return countable("sperner-union", CantorPairs(), lang,
                      description="disjoint union of Sperner(k) × {k}, closure dimension 0")
-
-
-def shortlex_universe() -> Shortlex:
-    return Shortlex("ab")
 
 
 def remark_57_languages() -> tuple[Language, Language]:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .languages import DFALanguage, Language, finite
-from .universe import FiniteUniverse, Naturals, Shortlex, Universe
+from .universe import Naturals, Shortlex, Universe
 
 __all__ = [
     "TAIL",
@@ -350,7 +350,3 @@ class Mixture(Distribution):
 def point(universe: Universe, u: Any) -> FiniteDistribution:
     """The point mass at u."""
     return FiniteDistribution(universe, {u: 1.0})
-
-
-def is_finite_universe(universe: Universe) -> bool:
-    return isinstance(universe, FiniteUniverse)

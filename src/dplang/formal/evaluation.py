@@ -99,7 +99,12 @@ def _from_log(log_value: float, **kw: Any) -> ErrorEstimate:
 
 
 def wilson(successes: float, trials: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a proportion (successes may be a Rao–Blackwell sum)."""
+    """Wilson score interval for a proportion (successes may be a Rao–Blackwell sum).
+
+    Where p = successes/trials is far below z²/trials, mid − half cancels (0 successes gave
+    1e-19, not 0): there the lower end is computed as p²/(den·(mid + half)), the same number
+    without the subtraction (mid² − half² = p²/den), so it is 0 exactly at 0 successes; the
+    upper end likewise near p = 1 (1 exactly when every trial succeeds)."""
     if trials <= 0:
         raise ValueError("trials must be > 0")
     z = float(norm.ppf(0.5 + confidence / 2))
@@ -107,7 +112,13 @@ def wilson(successes: float, trials: int, confidence: float = 0.95) -> tuple[flo
     den = 1 + z * z / trials
     mid = (p + z * z / (2 * trials)) / den
     half = z * math.sqrt(max(p * (1 - p), 0.0) / trials + z * z / (4 * trials**2)) / den
-    return max(0.0, mid - half), min(1.0, mid + half)
+    lo, hi = mid - half, mid + half
+    if lo < 1e-3 * mid:
+        lo = p * p / (den * (mid + half))
+    if 1 - hi < 1e-3 * (1 - mid):
+        q = 1 - p
+        hi = 1 - q * q / (den * ((1 - mid) + half))
+    return max(0.0, lo), min(1.0, hi)
 
 
 # =============================================================================================
@@ -891,12 +902,6 @@ def conditional_log_error(alg: Any, collection: Collection, distribution: Distri
                     terms.append(np.array([log_law[i, m] + math.log(hits) - log_r]))
     flat = np.concatenate([t.ravel() for t in terms])
     return float(min(0.0, logsumexp(flat)))
-
-
-def conditional_error(alg: Any, collection: Collection, distribution: Distribution,
-                      sample: np.ndarray, rng: np.random.Generator) -> float:
-    """The error given the sample (see :func:`conditional_log_error`)."""
-    return math.exp(conditional_log_error(alg, collection, distribution, sample, rng))
 
 
 @dataclass

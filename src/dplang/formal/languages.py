@@ -38,9 +38,8 @@ import bisect
 import itertools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import reduce
 from typing import Any
 
 import numpy as np
@@ -1078,27 +1077,11 @@ def column(c: int, values: NatSet) -> PairSet:
     return PairSet({c: values})
 
 
-def intersect_all(languages: Sequence[Language], universe: Universe) -> Language:
-    """∩ of the languages; X for the empty sequence (Cl(∅) = X)."""
-    if not languages:
-        return WholeUniverse(universe)
-    return reduce(lambda a, b: a.intersection(b), languages[1:], languages[0])
-
-
 def element_key(u: Any) -> Hashable:
     """A hashable key for an element (numpy scalars become ints)."""
     if isinstance(u, np.integer):
         return int(u)
     return u
-
-
-def iter_members(lang: Language, limit: int) -> Iterator[Any]:
-    """The first ``limit`` members of a language, lazily."""
-    for r in range(1, limit + 1):
-        try:
-            yield lang.nth(r)
-        except IndexError:
-            return
 
 
 def _periodic_counts(lang: DFALanguage, max_period: int = 720) -> tuple[int, int] | None:

@@ -5,9 +5,11 @@ on it is a real release through the shared pipeline (:mod:`dplang.release`).
 string, a pair [x, y] — or the raw line as a string), :func:`custom_collection` reads a public
 collection of regular languages from JSON (complete DFAs only), and :func:`release_on_data`
 does the release: the guarantee is fixed from public inputs (algorithm, parameters, n), the
-ledger is charged *before* anything is written (DESIGN invariant 6), then the output, the public
-manifest (parameters, n, guarantee — no seed, no data digest or path) and the private side file
-(mode 600: dataset name, data digest and path, release id) are written atomically.
+ledger is charged *before* anything is written (DESIGN invariant 6), then the output
+``DIR/results.csv``, the public manifest ``DIR/results.manifest.json`` (parameters, n, guarantee
+— no seed, no data digest or path) and the private side file
+``DIR/.dplang-private/results.private.json`` (mode 600: dataset name, data digest and path,
+release id) are written atomically (:class:`dplang.release.OutputPaths`).
 
 Privacy contract: the released output satisfies the algorithm's guarantee with respect to
 replacing one element of the file (n public); everything written outside the output is a
@@ -25,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..privacy.randomness import RandomStreams
-from ..release import Release, ReleaseError, private_side_path
+from ..release import OutputPaths, Release, ReleaseError
 from .collections import Collection, finite_collection
 from .languages import DFALanguage, dfa_language
 from .limit import (
@@ -129,7 +131,7 @@ def custom_collection(path: Path) -> Collection:
 class ReleaseOutcome:
     manifest: dict[str, Any]
     rows: list[dict[str, Any]]
-    paths: dict[str, Path]
+    paths: OutputPaths
 
 
 def _describe(out: Any) -> str:
@@ -189,15 +191,14 @@ def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path
     from .experiments import rows_to_csv
 
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"csv": out / "results.csv", "manifest": out / "manifest.json",
-             "private": private_side_path(out / "results.csv", "formal.private.json")}
-    release.write_private(paths["private"], release.private_record(keep_seed=False,
-                                                                   data={"elements": n}))
+    paths = OutputPaths.of(out / "results.csv")
+    release.write_private(paths, release.private_record(keep_seed=False,
+                                                        data={"elements": n}))
     manifest = release.public_manifest(algorithm=alg.name, parameters=parameters,
                                        collection=collection.describe(), n=n,
                                        n_rule="n = the number of elements (public under "
                                               "replace-one adjacency)",
-                                       output_file="results.csv")
-    release.write_output(paths["csv"], rows_to_csv(rows))
-    release.write_manifest(paths["manifest"], manifest)
+                                       output_file=paths.output.name)
+    release.write_output(paths.output, rows_to_csv(rows))
+    release.write_manifest(paths, manifest)
     return ReleaseOutcome(manifest, rows, paths)

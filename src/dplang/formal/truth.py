@@ -42,7 +42,17 @@ from .collections import (
     two_adic_family,
 )
 from .distributions import Distribution, FiniteDistribution, GeometricOver, LengthGeometric, Mixture
-from .languages import DFALanguage, FiniteSet, Language, ap, cofinite, finite, residues, threshold
+from .languages import (
+    DFALanguage,
+    FiniteSet,
+    Language,
+    ap,
+    cofinite,
+    finite,
+    residues,
+    segment,
+    threshold,
+)
 from .streams import (
     CanonicalEnumeration,
     DuplicateHeavy,
@@ -327,17 +337,25 @@ def _sperner(k: int = 4, d: int = 0) -> Instance:
     coll = sperner(k, d)
     n_classes = len(sperner_sets(k))
     cls_j = 1  # the class of S_1 = {1, …, ⌊k/2⌋}: L_1 contains it
+    klass = residues(n_classes, [(d + cls_j - 1) % n_classes], start=d)
 
     def one_class(seed: int) -> Stream:
+        """The d padding elements, then class 1 in order: its first n elements are the
+        adversarial data of n_{2/3} (spec 001 §4.2(a): n distinct elements of one class, after
+        the padding), a prefix of an enumeration of L_1 that lists the other classes later."""
         del seed
-        target = coll[1]
-        klass = residues(n_classes, [(d + cls_j - 1) % n_classes], start=d)
-        return IntersectionFirst(target, klass, name="one-class")
+        return CanonicalEnumeration(klass.union(segment(d)) if d else klass, name="one-class")
+
+    def intersection_first(seed: int) -> Stream:
+        """All of L_1: class 1 densely, the rest of L_1 (the other classes, the padding) at
+        t = 1, 2, 4, 8, … (at k = 4, n = 12: 8 elements of class 1 and 2 of each other)."""
+        del seed
+        return IntersectionFirst(coll[1], klass, name="intersection-first")
 
     return Instance(
         "sperner", f"Sperner({k}) residue collection (closure dimension {d})",
         "001 Thm C.3, §4.2(a)", ("limit",), coll, target=1,
-        streams={"one-class": one_class,
+        streams={"one-class": one_class, "intersection-first": intersection_first,
                  "canonical": lambda seed: CanonicalEnumeration(coll[1])},
         default_stream="one-class", defaults={"k": k, "d": d},
         expected={"d": d, "classes": n_classes})

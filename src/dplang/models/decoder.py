@@ -129,6 +129,15 @@ def _norm(module: Any) -> Norm:
     raise UnsupportedModelError(f"norm {type(module).__name__} is not an RMS norm dplang knows")
 
 
+def _free(*modules: Any) -> None:
+    """Drop the float weights of ``modules`` (their integer copies are made)."""
+    for module in modules:
+        for name in ("weight", "bias"):
+            param = getattr(module, name, None)
+            if isinstance(param, torch.Tensor):
+                param.data = param.data.new_empty(0)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -205,10 +214,13 @@ class ExactDecoder:
         body_bits: bits of the body's weights (16: equal to float32 to about 1e-5; 8: faster,
             about bfloat16's precision per weight).
         head_bits: bits of the LM head's (and tied embeddings') weights.
+        release: free each float weight of ``model`` as soon as its integer copy is made (the
+            model cannot run afterwards; bounds the peak memory of a load to the float weights
+            not yet converted plus the integer ones).
     """
 
     def __init__(self, model: Any, body: Any, *, body_bits: int = 16, head_bits: int = 16,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, release: bool = False) -> None:
         config = getattr(model.config, "text_config", None) or model.config
         model_type = str(getattr(config, "model_type", ""))
         if model_type not in SUPPORTED_MODEL_TYPES:
@@ -237,6 +249,8 @@ class ExactDecoder:
             embed.weight, None, weight_bits=16, layout="nk")
         self.embed_scale = self._embedding_scale(body, model_type)
         self.vocab_size = int(self.head.out_features)
+        if release:
+            _free(head, embed)
 
         layer_types = list(getattr(config, "layer_types", None) or [])
         rope_args = "layer_type" in inspect.signature(body.rotary_emb.forward).parameters
@@ -288,6 +302,9 @@ class ExactDecoder:
                 softcap=float(softcap) if softcap else None,
                 rope=rope,
             ))
+            if release:
+                _free(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj,
+                      mlp.up_proj, mlp.down_proj)
         self.final_norm = _norm(body.norm)
         self.activation = _ACTIVATIONS[self._act]
         self.positions = PositionTables(body, {lay.rope for lay in self.layers},

@@ -145,6 +145,7 @@ def load_default_model(
         threads=threads,
         dtype=dtype,
         check_invariance=check_invariance,
+        verify="cached",
         device=device,
     )
 
@@ -281,7 +282,7 @@ def resolve_model(
         return load_default_model(threads=threads, dtype=dtype, device=device,
                                   check_invariance=check_invariance)
     return TransformersModel(Path(spec).expanduser(), threads=threads, dtype=dtype,
-                             device=device, check_invariance=check_invariance)
+                             device=device, check_invariance=check_invariance, verify="cached")
 
 
 def resolve_prompt_side(

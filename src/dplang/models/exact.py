@@ -356,37 +356,41 @@ class IntegerLinear:
             raise ValueError(f"weight bits must be 8 or 16, got {weight_bits}")
         if layout not in ("kn", "nk"):
             raise ValueError(f"layout must be 'kn' or 'nk', got {layout!r}")
-        w = weight.detach().float()
+        w = weight.detach()
         self.out_features, self.in_features = int(w.shape[0]), int(w.shape[1])
         self.weight_bits = weight_bits
         self.layout = layout
         self.device = w.device
+        n, k = self.out_features, self.in_features
         levels = TWO_LIMB_LEVELS if weight_bits == 16 else ONE_LIMB_LEVELS
-        q, scale = quantize_rows(w, levels)
-        #: Per output channel scale, float32 ``[N]``.
-        self.col_scale = scale[:, 0].contiguous()
-        if weight_bits == 16:
-            hi, lo = split_limbs(q)
-            limbs = [hi, lo]
-        else:
-            limbs = [q]
+        count = 2 if weight_bits == 16 else 1
         # "kn": [K, N] int8 for x @ W^T; "nk": [N, K] (rows gatherable: embeddings, sparse head).
         # "stacked": the two limbs of 16-bit weights in one matrix, multiplied in one call
         # (the unused low x low block costs a quarter more arithmetic, one call less; the
         # same integers either way). Default: for the "nk" layout (the LM head).
         self.stacked = weight_bits == 16 and (layout == "nk" if stacked is None else stacked)
-        int8 = [t.to(torch.int8) for t in limbs]
+        rows = torch.empty((count, n, k), dtype=torch.int8, device=w.device)  # limb, channel
+        self.col_scale = torch.empty(n, dtype=torch.float32, device=w.device)
+        # Rounded by blocks of output channels (each channel is rounded on its own scale, so
+        # the blocks change nothing; they bound the temporary float copies' memory).
+        step = max(1, (1 << 22) // max(1, k))
+        for start in range(0, n, step):
+            q, scale = quantize_rows(w[start:start + step].float(), levels)
+            self.col_scale[start:start + step] = scale[:, 0]
+            parts = split_limbs(q) if weight_bits == 16 else (q,)
+            for limb, part in enumerate(parts):
+                rows[limb, start:start + step] = part.to(torch.int8)
         if self.stacked:
             if layout == "nk":
-                self._stack = torch.cat(int8, dim=0).contiguous()  # [2N, K]
-                n = self.out_features
+                self._stack = rows.view(2 * n, k)  # [2N, K]
                 self.limbs = [self._stack[:n], self._stack[n:]]
             else:
-                self._stack = torch.cat([t.t() for t in int8], dim=1).contiguous()  # [K, 2N]
-                self.limbs = [self._stack[:, : self.out_features],
-                              self._stack[:, self.out_features:]]
+                self._stack = torch.cat([rows[0].t(), rows[1].t()], dim=1).contiguous()
+                self.limbs = [self._stack[:, :n], self._stack[:, n:]]
+        elif layout == "nk":
+            self.limbs = [rows[limb] for limb in range(count)]
         else:
-            self.limbs = [(t.t() if layout == "kn" else t).contiguous() for t in int8]
+            self.limbs = [rows[limb].t().contiguous() for limb in range(count)]
         self.bias = None if bias is None else bias.detach().float().contiguous()
         self.kernel = "int8" if int8_kernel_is_exact(str(self.device), self.in_features) \
             else "float32"

@@ -294,3 +294,34 @@ def _record_key(model: TransformersModel) -> str:
     }
     blob = json.dumps(identity, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
+
+
+# --------------------------------------------------------------------------------------------
+# the exact decoder's comparison with the model's own forward, on record
+
+
+def verification_key(weights_digest: str, config_text: str, dtype: str) -> str:
+    """The key of a recorded verification (the exact decoder reproduced the model's own
+    forward): the weights, the configuration, the precision and the backend's source."""
+    import dplang
+
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in _BACKEND_MODULES:
+        digest.update(name.encode() + b"\0" + (here / name).read_bytes())
+    blob = json.dumps({"weights": weights_digest, "config": config_text, "dtype": dtype,
+                       "dplang": dplang.__version__, "backend_source": digest.hexdigest()},
+                      sort_keys=True)
+    return "verified-" + hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def verified_on_record(key: str) -> bool:
+    """Whether verification ``key`` passed before (``DPLANG_RECHECK_INVARIANCE=1``: never)."""
+    if os.environ.get(RECHECK_ENV, "") not in ("", "0"):
+        return False
+    return (_record_folder() / f"{key}.json").is_file()
+
+
+def record_verification(key: str) -> None:
+    folder = _record_folder()
+    _write_json(folder, folder / f"{key}.json", {"verified": True})

@@ -57,7 +57,13 @@ from dplang.models.hf_loading import (
     resolve_model_path,
     weights_digest_of,
 )
-from dplang.models.invariance import check_row_invariance, check_row_invariance_cached
+from dplang.models.invariance import (
+    check_row_invariance,
+    check_row_invariance_cached,
+    record_verification,
+    verification_key,
+    verified_on_record,
+)
 from dplang.models.prompt_side import (
     BLOCK_SIZE,
     TokenizerText,
@@ -159,7 +165,9 @@ class TransformersModel(TokenizerText):
             changes speed only, never a bit). Note that this setting is process-wide.
         verify: check once, on a short prompt, that the exact decoder reproduces the model's
             own forward logits (guards against architectures or post-processing it does not
-            know).
+            know); ``"cached"`` skips it when the same weights, configuration, precision and
+            code passed before on this machine, and then frees each float weight as soon as
+            it is converted (the CLI's models: a load then peaks at about half the memory).
         check_invariance: run :meth:`check_row_invariance` at load and raise
             :class:`RowInvarianceError` if this configuration is not row-invariant here;
             ``"cached"`` skips it when the same configuration already passed on this machine
@@ -183,7 +191,7 @@ class TransformersModel(TokenizerText):
         model_id: str | None = None,
         weights_digest: str | None = None,
         threads: int | None = None,
-        verify: bool = True,
+        verify: bool | str = True,
         check_invariance: bool | str = True,
         dtype: str | torch.dtype = "float32",
         block_size: int = BLOCK_SIZE,
@@ -223,12 +231,26 @@ class TransformersModel(TokenizerText):
             param.requires_grad_(False)
         self.tokenizer = tokenizer
         self.config = model.config
+        self.model: Any = model
         body = find_body(model)
         head = model.get_output_embeddings()
         if head is None or not hasattr(head, "weight"):
             raise ValueError(f"{type(model).__name__} has no output embeddings (LM head)")
+        self._digest = weights_digest
+        if self._digest is None and (self._path is None or not self._path.is_dir()):
+            self._digest = weights_digest_of(None, None, model)  # before the weights go
+        verification = None
+        if verify == "cached":
+            config_text = getattr(self.config, "to_json_string", None)
+            verification = verification_key(
+                self.weights_digest(),
+                config_text(use_diff=False) if callable(config_text) else repr(self.config),
+                str(self.dtype))
+            if verified_on_record(verification):
+                verify = False  # the same weights, configuration and code passed before
+        release = not verify and not keep_reference
         self._decoder = ExactDecoder(model, body, body_bits=body_bits_for(self.dtype),
-                                     head_bits=16, device=torch.device("cpu"))
+                                     head_bits=16, device=torch.device("cpu"), release=release)
         self.vocab_size: int = self._decoder.vocab_size
         self.hidden_size: int = self._decoder.hidden_size
         self._softcap, self._logit_multiplier = logit_postprocessing(self.config)
@@ -243,12 +265,10 @@ class TransformersModel(TokenizerText):
             self.model_id = model_id_for(self._path, self._gguf_name)
         else:
             self.model_id = getattr(self.config, "_name_or_path", "") or type(model).__name__
-        self._digest = weights_digest
-        if self._digest is None and (self._path is None or not self._path.is_dir()):
-            self._digest = weights_digest_of(None, None, model)  # before the weights go
-        self.model: Any = model
         if verify:
             self._verify_head()
+            if verification is not None:
+                record_verification(verification)
         if not keep_reference:
             self.model = None  # the decoder holds integer copies of every weight it uses
         if self.device_type != "cpu":

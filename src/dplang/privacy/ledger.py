@@ -87,8 +87,8 @@ from .ledger_backends import (
     schema_statements,
 )
 
-__all__ = ["REPLACE_ONE_DISTANCE", "BudgetExceeded", "LedgerError", "PrivacyLedger", "SeedReused",
-           "Spend", "check_ledger_path", "default_ledger_path", "to_replace_one"]
+__all__ = ["BudgetExceeded", "LedgerError", "PrivacyLedger", "SeedReused", "Spend",
+           "check_ledger_path", "to_replace_one"]
 
 
 class BudgetExceeded(RuntimeError):
@@ -244,12 +244,6 @@ class Spend:
 def _adjacency(guarantee_json: str) -> str:
     """The adjacency recorded in a release's guarantee (every Guarantee has one)."""
     return str(json.loads(guarantee_json)["adjacency"])
-
-
-def default_ledger_path() -> Path | str:
-    """``$DPLANG_LEDGER`` (a file or a PostgreSQL URL) or the user data directory's
-    ``dplang/ledger.sqlite``."""
-    return ledger_location(None)
 
 
 #: The :meth:`LedgerBackend.write` key that serialises schema creation and migration (a name

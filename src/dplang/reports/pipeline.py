@@ -45,17 +45,17 @@ from ..privacy.guarantees import Guarantee
 from ..privacy.ledger import LedgerError, check_ledger_path
 from ..release import (
     Charge,
+    OutputPaths,
     Release,
     ReleaseError,
     RunLock,
     check_output_path,
     dataset_name,
-    legacy_private_path,
 )
 from .mechanism import FilterConfig, Report, ReportConfigError, calibrate, proposal_and_filter
 from .noise import SupportTest
 from .predicates import PredicateError, SupportPredicate
-from .render import private_path_for, report_paths, write_report
+from .render import report_paths, write_report
 from .statements import Statement, StatementError, deduplicate, validate_statements
 
 __all__ = [
@@ -132,8 +132,20 @@ class ReportRequest:
         return report_paths(self.out)[1]
 
     @property
+    def paths(self) -> OutputPaths:
+        """The files of ``OUT.json`` (the report is its own public document: it has no
+        separate manifest), its private side file and its lock."""
+        return OutputPaths.of(self.json_path)
+
+    @property
     def private_path(self) -> Path:
-        return private_path_for(self.out)
+        return self.paths.private
+
+    def existing(self) -> list[Path]:
+        """The report's files that exist (a side file under an older name included)."""
+        paths = self.paths
+        return [p for p in (self.json_path, self.md_path, paths.private, *paths.legacy_privates)
+                if p.exists()]
 
     @property
     def outputs(self) -> tuple[Path, Path, Path]:
@@ -235,7 +247,7 @@ def check_report(request: ReportRequest) -> None:
         dataset_name(req.data, req.dataset)
     except (ReleaseError, LedgerError) as exc:
         raise ReportError(str(exc)) from None
-    existing = [p for p in (*req.outputs, legacy_private_path(req.private_path)) if p.exists()]
+    existing = req.existing()
     if existing and not req.overwrite:
         raise ReportError(f"{existing[0]} already exists; choose another --out, or --overwrite "
                           "to replace the report (after the new release is charged)")
@@ -354,7 +366,7 @@ def execute_report(plan: ReportPlan, *, on_warning: Callable[[str], None] | None
     lock."""
     req = plan.request
     try:
-        with RunLock(req.json_path):
+        with RunLock(req.paths.output):
             return _execute_locked(plan, on_warning, status)
     except ReleaseError as exc:
         raise ReportError(str(exc)) from None
@@ -363,7 +375,7 @@ def execute_report(plan: ReportPlan, *, on_warning: Callable[[str], None] | None
 def _execute_locked(plan: ReportPlan, on_warning: Callable[[str], None] | None,
                     status: Status | None) -> ReportResult:
     req = plan.request
-    existing = [p for p in (*req.outputs, legacy_private_path(req.private_path)) if p.exists()]
+    existing = req.existing()
     if existing and not req.overwrite:
         raise ReportError(f"{existing[0]} already exists; choose another --out, or --overwrite "
                           "to replace the report (after the new release is charged)")
@@ -382,7 +394,7 @@ def _execute_locked(plan: ReportPlan, on_warning: Callable[[str], None] | None,
         charge = release.charge(on_warning)
     except LedgerError as exc:
         raise ReportError(str(exc)) from None
-    release.write_private(req.private_path, release.private_record(
+    release.write_private(req.paths, release.private_record(
         keep_seed=False,
         data={"n_records": n, "text_column": req.text_column,
               "read": {"used": plan.stats.used,
@@ -412,7 +424,7 @@ def run_report(request: ReportRequest, *, load_model: LoadModel | None = None,
     :class:`ReportError`). Privacy contract: that of :func:`execute_report`."""
     check_report(request)
     try:
-        lock = RunLock(request.json_path).acquire()
+        lock = RunLock(request.paths.output).acquire()
     except ReleaseError as exc:
         raise ReportError(str(exc)) from None
     try:

@@ -6,7 +6,8 @@ the seed, a noise draw, an exact support or count, the data file's digest or pat
 statistic of the data (not even the number of blank rows, which changes when one record is
 replaced). n, the number of rows, is public under the report's replace-one adjacency
 (neighbours have the same n). What the data holder needs besides (digest, path, blank rows,
-release id) goes to the private side file ``OUT.private.json`` (:func:`private_path_for`).
+release id) goes to the private side file ``.dplang-private/OUT.private.json``
+(:class:`dplang.release.OutputPaths` of ``OUT.json``).
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..release import private_side_path, write_atomic
+from ..release import write_atomic
 from .mechanism import Certificate, Report
 from .noise import SupportTest
 
-__all__ = ["FORMAT", "private_path_for", "report_paths", "report_to_dict", "report_to_markdown",
-           "write_report"]
+__all__ = ["FORMAT", "report_paths", "report_to_dict", "report_to_markdown", "write_report"]
 
 FORMAT = "dplang.report/1"
 
@@ -34,13 +34,6 @@ def report_paths(out: str | Path) -> tuple[Path, Path]:
     if out.suffix.lower() in (".json", ".md"):
         out = out.with_suffix("")
     return out.with_name(out.name + ".json"), out.with_name(out.name + ".md")
-
-
-def private_path_for(out: str | Path) -> Path:
-    """``REPORT`` → ``.dplang-private/REPORT.private.json``: the private side file (mode 600,
-    in a folder only its owner can enter; never publish)."""
-    json_path, _ = report_paths(out)
-    return private_side_path(json_path, json_path.stem + ".private.json")
 
 
 def _clean(x: Any) -> Any:

@@ -23,7 +23,6 @@ __all__ = [
     "kary_tv_bound",
     "kary_upper_n",
     "min_n",
-    "product_learning_n",
 ]
 
 
@@ -90,12 +89,6 @@ def kary_learning_n(k: int, alpha: float, epsilon: float, constant: float = 1.0)
     ``constant``."""
     _check_alpha(alpha)
     return constant * (k / alpha**2 + k / (alpha * check_epsilon(epsilon)))
-
-
-def product_learning_n(d: int, alpha: float, epsilon: float, constant: float = 1.0) -> float:
-    """Θ̃(d/α² + d/(αε)) for private learning of products (Table 1), times ``constant``."""
-    _check_alpha(alpha)
-    return constant * (d / alpha**2 + d / (alpha * check_epsilon(epsilon)))
 
 
 def min_n(ok: Callable[[int], bool], lo: int = 1, hi: int | None = None,

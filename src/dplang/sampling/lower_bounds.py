@@ -12,7 +12,7 @@ samplers.
 * **Claim 7 / Claim 2.2** (p_{j,F} ≤ e^{εj} p_{0,F}): :func:`claim22_ratio`.
 * **The zero-bias principle (F9)**: :func:`bias_decomposition` splits A1's exact TV into the
   part on elements absent from P's support and the part on present ones.
-* **TV of the general product sampler with intervals** (issue 19 item 8):
+* **TV of the general product sampler with intervals**:
   :func:`bucketed_marginals` simulates A3's bucketing phases and returns, per plan, the exact
   marginals of its (untruncated) sampling phase; :func:`mixture_tv_monte_carlo` estimates the TV
   between the mixture of those product laws and P by importance sampling under P, with a

@@ -4,8 +4,9 @@
 and the accuracy bound — all ex ante, from public quantities (n, the declared universe, the
 parameters) — and writes nothing. :func:`execute_release` charges the privacy ledger (dataset
 id = SHA-256 of the data file) *before* anything is written (``docs/privacy.md`` invariant 6),
-then samples and writes the samples (CSV or JSONL, by extension) and a manifest
-``OUT.manifest.json``.
+then samples and writes the samples ``OUT.csv`` or ``OUT.jsonl`` (by extension), the public
+manifest ``OUT.manifest.json`` and the private side file ``.dplang-private/OUT.private.json``
+(:class:`dplang.release.OutputPaths`).
 
 Several samples (``num`` = m > 1) come from m disjoint blocks of consecutive rows (positions
 only, :func:`dplang.sampling.base.block_slices`): parallel composition, so the release has the
@@ -30,14 +31,7 @@ from ..privacy.accounting import BudgetLimitError, check_budget_limit
 from ..privacy.guarantees import Guarantee
 from ..privacy.ledger import LedgerError, check_ledger_path
 from ..privacy.randomness import RandomStreams
-from ..release import (
-    Release,
-    RunLock,
-    check_output_path,
-    dataset_name,
-    legacy_private_path,
-    private_side_path,
-)
+from ..release import OutputPaths, Release, RunLock, check_output_path, dataset_name
 from ..release import ReleaseError as PipelineError
 from .base import sample_repeated
 from .kary import DiscreteLaplaceHistogramSampler, LaplaceHistogramSampler, RevealOrObscureSampler
@@ -56,9 +50,7 @@ __all__ = [
     "ReleasePlan",
     "ReleaseRequest",
     "execute_release",
-    "manifest_path_for",
     "plan_release",
-    "private_path_for",
 ]
 
 KARY_METHODS = ("discrete-laplace", "laplace", "reveal-or-obscure")
@@ -122,23 +114,33 @@ class ReleasePlan:
     warnings: list[str]
 
     @property
+    def paths(self) -> OutputPaths:
+        """The samples, their public manifest, the private side file and the lock."""
+        return OutputPaths.of(self.request.out)
+
+    @property
     def manifest_path(self) -> Path:
-        return manifest_path_for(self.request.out)
+        return self.paths.manifest
 
     @property
     def private_path(self) -> Path:
-        return private_path_for(self.request.out)
+        return self.paths.private
 
 
-def manifest_path_for(out: Path) -> Path:
-    """``samples.csv`` → ``samples.csv.manifest.json`` (public)."""
-    return out.with_name(out.name + ".manifest.json")
-
-
-def private_path_for(out: Path) -> Path:
-    """``samples.csv`` → ``.dplang-private/samples.csv.private.json`` (private side file, mode
-    600, in a folder only its owner can enter)."""
-    return private_side_path(out, out.name + ".private.json")
+def _check_existing(req: ReleaseRequest) -> None:
+    """Refuse an ``--out`` whose files exist (old names included) unless ``overwrite``, and
+    always one whose manifest would be another output's: ``s.jsonl`` beside ``s.csv`` (both
+    have ``s.manifest.json``)."""
+    paths = OutputPaths.of(req.out)
+    for suffix in (".csv", ".jsonl"):
+        other = req.out.with_suffix(suffix)
+        if other != req.out and other.exists():
+            raise ReleaseError(f"--out {req.out.name} would share its manifest "
+                               f"{paths.manifest.name} with {other}; choose another --out")
+    existing = paths.existing()
+    if existing and not req.overwrite:
+        raise ReleaseError(f"{existing[0]} already exists; choose another --out, or --overwrite "
+                           "to replace it (after the new release is charged)")
 
 
 def check_request(req: ReleaseRequest) -> None:
@@ -163,17 +165,14 @@ def check_request(req: ReleaseRequest) -> None:
         raise ReleaseError(f"--seed must be >= 0, got {req.seed}")
     if req.out.suffix.lower() not in (".csv", ".jsonl"):
         raise ReleaseError(f"--out must end in .csv or .jsonl, got {req.out.name!r}")
-    outputs = (req.out, manifest_path_for(req.out), private_path_for(req.out))
+    paths = OutputPaths.of(req.out)
     try:
-        for path in outputs:
+        for path in (paths.output, paths.manifest, paths.private):
             check_output_path(path)
         check_ledger_path(req.ledger)
     except (PipelineError, LedgerError) as exc:
         raise ReleaseError(str(exc)) from None
-    if not req.overwrite and any(p.exists() for p in (*outputs,
-                                                       legacy_private_path(outputs[2]))):
-        raise ReleaseError(f"{req.out} already exists; choose another --out, or --overwrite to "
-                           "replace it (after the new release is charged)")
+    _check_existing(req)
 
 
 def _kary_sampler(method: str, k: int, epsilon: float) -> Any:
@@ -342,10 +341,7 @@ def execute_release(plan: ReleasePlan,
 def _execute_locked(plan: ReleasePlan,
                     on_warning: Callable[[str], None] | None) -> dict[str, Any]:
     req = plan.request
-    if not req.overwrite and any(p.exists() for p in (req.out, plan.manifest_path,
-                                                      plan.private_path)):
-        raise ReleaseError(f"{req.out} already exists; choose another --out, or --overwrite to "
-                           "replace it (after the new release is charged)")
+    _check_existing(req)
     params = {
         "method": req.method, "epsilon": req.epsilon, "delta": req.delta, "num": req.num,
         "split": req.split, "alpha": req.alpha, "columns": list(req.columns),
@@ -367,7 +363,7 @@ def _execute_locked(plan: ReleasePlan,
         values = plan.table.decode_joint(result.samples)
     else:
         values = plan.table.decode_binary(result.samples)
-    release.write_private(plan.private_path, release.private_record(
+    release.write_private(plan.paths, release.private_record(
         keep_seed=False,
         data={"rows": plan.table.n,
               "out_of_domain_cells_mapped": dict(plan.table.mapped),
@@ -392,7 +388,7 @@ def _execute_locked(plan: ReleasePlan,
         warnings=plan.warnings,
         output={"format": req.out.suffix.lower().lstrip("."), "samples": len(values)},
     )
-    release.write_manifest(plan.manifest_path, manifest)
+    release.write_manifest(plan.paths, manifest)
     release.write_output(req.out, _render(plan, values))
     return manifest
 

@@ -54,13 +54,12 @@ from ..privacy.guarantees import Adjacency, Guarantee
 from ..privacy.ledger import LedgerError, check_ledger_path
 from ..release import (
     Charge,
+    OutputPaths,
     Release,
     ReleaseError,
     RunLock,
-    adopt_legacy_private,
     check_output_path,
     dataset_name,
-    legacy_private_path,
     write_json,
 )
 from .batching import Batch, make_batches
@@ -76,7 +75,7 @@ from .prompts import (
     PromptTemplate,
     get_template,
 )
-from .resume import check_existing, finished_groups, manifest_path_for, private_path_for
+from .resume import check_existing, finished_groups
 
 # Which methods exist, their adjacencies, budget forms and options: the method registry
 # (dplang.textgen.methods). No method offers add-remove at the data-set level: removing a row
@@ -153,8 +152,13 @@ class GenerationPlan:
     jobs: list[GroupJob] = field(default_factory=list)
 
     @property
+    def paths(self) -> OutputPaths:
+        """The output, its public manifest, its private side file and its lock."""
+        return OutputPaths.of(self.request.out)
+
+    @property
     def manifest_path(self) -> Path:
-        return manifest_path_for(self.request.out)
+        return self.paths.manifest
 
     @property
     def references_used(self) -> int:
@@ -188,7 +192,7 @@ class GenerationPlan:
 
     @property
     def private_path(self) -> Path:
-        return private_path_for(self.request.out)
+        return self.paths.private
 
 
 def _finite_positive(value: float) -> bool:
@@ -584,11 +588,9 @@ def _execute_locked(
         if on_charge is not None:
             on_charge(charge)
         if req.overwrite:  # the earlier run's files go only now that the new run is charged
-            for old in (req.out, plan.manifest_path, plan.private_path,
-                        legacy_private_path(plan.private_path)):
-                old.unlink(missing_ok=True)
+            plan.paths.remove()
         if resuming:  # a run of an older dplang: its side file moves into the private folder
-            adopt_legacy_private(plan.private_path)
+            plan.paths.adopt_legacy_private()
         if plan.read_stats.absent_columns and on_warning is not None:
             # JSONL has no schema: a column in no record is not refused (its neighbour with the
             # key in one record would not be); the data holder is told.
@@ -601,7 +603,7 @@ def _execute_locked(
             on_warning(f"no row of {req.data} holds a usable reference: every generation is "
                        "the public prompt's (check --text-column)")
         if not resuming:
-            release.write_private(plan.private_path, release.private_record(
+            release.write_private(plan.paths, release.private_record(
                 keep_seed=True,
                 data={"read": {"rows_seen": plan.read_stats.rows_seen,
                                "used": plan.read_stats.used,
@@ -619,7 +621,7 @@ def _execute_locked(
             started=time.time(),
         )
         del manifest["created"]
-        release.write_manifest(plan.manifest_path, manifest)
+        release.write_manifest(plan.paths, manifest)
 
         if on_start is not None:
             on_start(len(plan.jobs), len(plan.jobs) - len(pending))
@@ -710,7 +712,5 @@ __all__ = [
     "ReferenceDataError",
     "RunSummary",
     "execute_plan",
-    "manifest_path_for",
     "plan_generation",
-    "private_path_for",
 ]

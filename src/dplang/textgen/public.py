@@ -18,6 +18,7 @@ from .. import __version__
 from ..models.base import LogitsModel
 from ..privacy.guarantees import Guarantee
 from ..privacy.randomness import RandomStreams
+from ..release import OutputPaths
 from .engine import run_plain
 from .prompts import PromptTemplate
 
@@ -71,6 +72,6 @@ def generate_public_texts(
                         "model_id": model.model_id, "model_sha256": model.weights_digest()},
         "status": "complete",
     }
-    out.with_name(out.name.removesuffix(".jsonl") + ".manifest.json").write_text(
+    OutputPaths.of(out).manifest.write_text(
         json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return records

@@ -2,7 +2,7 @@
 
 A run's output ``OUT.jsonl`` sits beside its public manifest ``OUT.manifest.json`` and the
 folder ``.dplang-private`` (mode 700) that holds its private side file ``OUT.private.json``
-(mode 600: the secret seed, data path and digest).
+(mode 600: the secret seed, data path and digest): :class:`dplang.release.OutputPaths`.
 :func:`check_existing` decides, before anything is charged or written, whether a request is
 the same run (resume with the stored seed), a new one (nothing there) or a different one
 (refused, naming what differs, unless ``--overwrite``); :func:`finished_groups` reads which
@@ -18,27 +18,13 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..release import find_private, private_side_path
+from ..release import OutputPaths
 from .errors import GenerationError
 
 if TYPE_CHECKING:
     from .orchestration import GenerationRequest
 
-__all__ = ["check_existing", "differences", "finished_groups", "manifest_path_for",
-           "private_path_for"]
-
-
-def manifest_path_for(out: Path) -> Path:
-    """``runs/x.jsonl`` → ``runs/x.manifest.json`` (public)."""
-    stem = out.name.removesuffix(".jsonl")
-    return out.with_name(stem + ".manifest.json")
-
-
-def private_path_for(out: Path) -> Path:
-    """``runs/x.jsonl`` → ``runs/.dplang-private/x.private.json`` (private side file, mode
-    600, in a folder only its owner can enter: :func:`dplang.release.private_side_path`)."""
-    stem = out.name.removesuffix(".jsonl")
-    return private_side_path(out, stem + ".private.json")
+__all__ = ["check_existing", "differences", "finished_groups"]
 
 
 def finished_groups(out: Path) -> set[int]:
@@ -101,8 +87,9 @@ def check_existing(
     left without its run's outputs (a stale seed is never half-used)."""
     if req.overwrite:
         return False, None
-    manifest_path = manifest_path_for(req.out)
-    private_path = find_private(private_path_for(req.out))  # an older run's: beside the output
+    paths = OutputPaths.of(req.out)
+    manifest_path = paths.find_manifest()
+    private_path = paths.find_private()  # an older run's may be beside the output
     if not manifest_path.exists():
         if req.out.exists():
             raise GenerationError(f"{req.out} exists without a manifest; choose another --out "

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ...privacy.guarantees import Adjacency, Guarantee
-from ..engine import GroupJob, GroupResult, StepPolicy
+from ..engine import GroupResult
 
 #: Modules that register the built-in methods when first imported (in CLI order).
 BUILTIN_MODULES = (
@@ -118,12 +118,6 @@ class MethodParams(Protocol):
         """What every release of this method, with these parameters, satisfies (the one
         signature of :class:`~dplang.privacy.guarantees.GuaranteeSource`; a method's guarantee
         does not depend on the number of references)."""
-        ...
-
-
-class TokenMethodParams(MethodParams, Protocol):
-    def policy_factory(self, vocab_size: int) -> Callable[[GroupJob], StepPolicy]:
-        """One step policy per generation (the engine calls it once per group)."""
         ...
 
 

@@ -1,8 +1,6 @@
-"""Review of issue 13 (adversarial): reading private files.
-
-Each test states what a neighbouring data set must NOT change. They are strict xfails: they
-document defects found in review (see the review report) and fail loudly once fixed, so the
-marker can be removed then."""
+"""Reading private files: what a neighbouring dataset must not change (a blank or missing
+text is the null reference, kept in its place), and what lies outside the input domain and is
+refused with a one-line error naming the line (``docs/privacy.md``, "Input domain")."""
 
 from __future__ import annotations
 
@@ -12,8 +10,6 @@ from pathlib import Path
 import pytest
 
 from dplang.io import ReferenceDataError, load_references
-
-REVIEW = "review13: "
 
 
 def test_one_column_csv_blank_reference_keeps_its_position(tmp_path: Path) -> None:
@@ -40,25 +36,32 @@ def test_jsonl_first_record_without_text_is_a_null_reference(tmp_path: Path) -> 
     assert stats.skipped_by_reason == {"missing": 1}
 
 
-@pytest.mark.parametrize("value", ["9" * 5000, "[" * 100_000 + "]" * 100_000])
-def test_jsonl_pathological_value_is_not_a_crash(tmp_path: Path, value: str) -> None:
+def test_jsonl_huge_number_is_a_null_reference(tmp_path: Path) -> None:
+    """A JSON number is not a string (``not_string``): the null reference, however many digits
+    it has, never a crash or a refusal (its neighbour with a text there is read)."""
     path = tmp_path / "d.jsonl"
-    path.write_text('{"text": "a"}\n{"text": ' + value + '}\n{"text": "b"}\n', encoding="utf-8")
-    try:
-        records, _ = load_references(path)
-    except ReferenceDataError:
-        return  # a one-line, handled refusal is acceptable (the CLI prints it)
+    path.write_text('{"text": "a"}\n{"text": ' + "9" * 5000 + '}\n{"text": "b"}\n',
+                    encoding="utf-8")
+    records, stats = load_references(path)
     assert [r.text for r in records] == ["a", None, "b"]
+    assert stats.skipped_by_reason == {"not_string": 1}
 
 
-def test_jsonl_lone_surrogate_is_not_passed_on_as_text(tmp_path: Path) -> None:
+def test_jsonl_nested_deeper_than_the_parser_allows_is_refused(tmp_path: Path) -> None:
+    """Outside the domain (a JSON line the parser cannot read): a one-line refusal naming the
+    line, not a RecursionError."""
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "a"}\n{"text": ' + "[" * 100_000 + "]" * 100_000
+                    + '}\n{"text": "b"}\n', encoding="utf-8")
+    with pytest.raises(ReferenceDataError, match=r"line 2: JSON nested too deeply$"):
+        load_references(path)
+
+
+def test_jsonl_lone_surrogate_is_refused(tmp_path: Path) -> None:
+    """A string escape that is an unpaired surrogate is not Unicode text (no UTF-8 file can hold
+    it): outside the domain, refused naming the line, never handed to a model."""
     path = tmp_path / "d.jsonl"
     path.write_text('{"text": "a"}\n{"text": "caf\\ud800 review"}\n{"text": "b"}\n',
                     encoding="utf-8")
-    try:
-        records, _ = load_references(path)
-    except ReferenceDataError:
-        return
-    for r in records:
-        if r.text is not None:
-            r.text.encode("utf-8")  # every reference handed to a model is valid Unicode
+    with pytest.raises(ReferenceDataError, match=r"line 2: a string holds an unpaired surrogate"):
+        load_references(path)

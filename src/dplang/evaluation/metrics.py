@@ -13,14 +13,15 @@ from typing import Any
 
 import numpy as np
 
+from dplang.evaluation.context import ScoringModels
 from dplang.evaluation.data import EvaluationError, SyntheticRun
-from dplang.evaluation.lengths import load_tokenizer, token_lengths, topk_statistics
+from dplang.evaluation.lengths import token_lengths, topk_statistics
 from dplang.evaluation.mauve_metric import (
     check_mauve_sizes,
     default_num_buckets,
     mauve_from_features,
 )
-from dplang.evaluation.perplexity import PerplexityScorer, delta_ppl
+from dplang.evaluation.perplexity import delta_ppl
 from dplang.evaluation.registry import (
     MetricContext,
     MetricOutput,
@@ -38,63 +39,6 @@ __all__ = ["LENGTH", "MAUVE", "PERPLEXITY", "TOPK", "ScoringModels"]
 
 def _model_name(model: Any) -> str:
     return model if isinstance(model, str) else str(getattr(model, "model_id", model))
-
-
-def _load_error(spec: str, exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return first if first.startswith("model not found") else f"cannot load model {spec!r}: {first}"
-
-
-class ScoringModels:
-    """The scoring model and its tokenizer, loaded at most once and only as far as needed
-    (perplexity needs the model, lengths only the tokenizer)."""
-
-    def __init__(self, spec: Any, batch_size: int, max_length: int) -> None:
-        self.spec = spec
-        self.batch_size = batch_size
-        self.max_length = max_length
-        self._scorer: PerplexityScorer | None = None
-        self._tokenizer: Any = None
-
-    def check(self) -> None:
-        """Fail early on a model path that does not exist."""
-        if isinstance(self.spec, str) and self.spec != "default":
-            path = Path(self.spec).expanduser()
-            if not path.exists():
-                raise FileNotFoundError(
-                    f"model not found: {self.spec!r} is not 'default', a model folder or a "
-                    ".gguf file"
-                )
-
-    @property
-    def scorer(self) -> PerplexityScorer:
-        if self._scorer is None:
-            model = self.spec
-            if isinstance(model, str):
-                from dplang.models import resolve_model
-
-                try:
-                    model = resolve_model(model, check_invariance=False)  # scoring releases nothing
-                except (OSError, ValueError) as exc:
-                    raise FileNotFoundError(_load_error(self.spec, exc)) from exc
-            self._scorer = PerplexityScorer(
-                model, batch_size=self.batch_size, max_length=self.max_length
-            )
-        return self._scorer
-
-    @property
-    def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            if self._scorer is not None:
-                self._tokenizer = self._scorer.tokenizer
-            elif not isinstance(self.spec, str):
-                self._tokenizer = self.spec.tokenizer
-            else:
-                try:
-                    self._tokenizer = load_tokenizer(self.spec)
-                except (OSError, ValueError) as exc:
-                    raise FileNotFoundError(_load_error(self.spec, exc)) from exc
-        return self._tokenizer
 
 
 def _check_model(settings: Any) -> None:

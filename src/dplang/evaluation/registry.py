@@ -27,20 +27,21 @@ interface: ``dplang evaluate``, the experiment runner and their readers depend o
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+# What a metric is given lives in the context module (re-exported here, where a metric's
+# author looks for it).
+from dplang.evaluation.context import REAL_SIDE_CACHE, MetricContext, RealSideCache
+
 if TYPE_CHECKING:
-    from dplang.evaluation.data import RealTexts, SyntheticRun
-    from dplang.evaluation.embedders import Embedder
-    from dplang.evaluation.harness import EvaluationSettings
-    from dplang.evaluation.metrics import ScoringModels
+    from dplang.evaluation.context import EvaluationSettings
+    from dplang.evaluation.data import SyntheticRun
 
 __all__ = [
+    "REAL_SIDE_CACHE",
     "MetricContext",
     "MetricOutput",
     "MetricSpec",
@@ -106,66 +107,6 @@ class MetricOutput:
     runs: list[dict[str, Any]]
     settings: dict[str, Any] | None = None
     real: dict[str, Any] | None = None
-
-
-class RealSideCache:
-    """Real-side results (embeddings, perplexities) kept across evaluations in one process: a
-    sweep scores every cell against the same held-out texts. A key holds the model or embedder
-    identity and the number and SHA-256 of the exact texts, so a hit is the same computation;
-    the oldest entry goes when ``size`` are held."""
-
-    def __init__(self, size: int = 8) -> None:
-        self.size = size
-        self._store: dict[tuple[Any, ...], Any] = {}
-
-    def get(self, key: tuple[Any, ...], texts: Sequence[str], compute: Callable[[], Any]) -> Any:
-        digest = hashlib.sha256("\x00".join(texts).encode("utf-8")).hexdigest()
-        full = (*key, len(texts), digest)
-        if full not in self._store:
-            if len(self._store) >= self.size:
-                self._store.pop(next(iter(self._store)))
-            self._store[full] = compute()
-        return self._store[full]
-
-    def clear(self) -> None:
-        self._store.clear()
-
-
-#: The process's real-side cache (``evaluate_runs`` uses it unless given another).
-REAL_SIDE_CACHE = RealSideCache()
-
-
-@dataclass
-class MetricContext:
-    """The aligned inputs of one evaluation and the resources metrics share.
-
-    ``real`` and every run hold the same number ``n`` of texts. ``warn`` appends to the
-    result's warnings, ``say`` reports progress; ``embedder`` and ``models`` (the scoring model
-    and tokenizer) are loaded at most once, on first use; ``cache`` keeps real-side results.
-
-    ``read_real(limit, label_columns)`` reads the first ``limit`` (``None``: all) held-out rows
-    of the real file again, by the same rules as ``real`` (blank rows skipped, reference rows
-    refused or skipped), with the values of public label columns: for a metric that needs
-    more held-out rows than ``n`` or their labels (``downstream``). It is ``None`` when the
-    real texts were given in memory. ``shared`` is the evaluation's scratch space: what a
-    metric's ``prepare`` read, for its ``compute``."""
-
-    real: RealTexts
-    runs: Sequence[SyntheticRun]
-    n: int
-    settings: EvaluationSettings
-    models: ScoringModels
-    cache: RealSideCache
-    warn: Callable[[str], None]
-    say: Callable[[str], None]
-    read_real: Callable[[int | None, Sequence[str]], RealTexts] | None = None
-    shared: dict[str, Any] = field(default_factory=dict)
-
-    @cached_property
-    def embedder(self) -> Embedder:
-        from dplang.evaluation.embedders import resolve_embedder
-
-        return resolve_embedder(self.settings.embedder)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from dplang.evaluation.registry import (
     get_metric,
     metric_names,
     resolve_metric_name,
+    settings_problem,
 )
 from dplang.evaluation.stats import Z_99, wald_interval
 
@@ -270,8 +271,10 @@ def evaluate_files(
         FileNotFoundError: a model or embedder that does not exist or cannot be loaded.
     """
     chosen = parse_metrics(metrics)
-    if "downstream" not in chosen and (label_column is not None or test_num is not None):
-        raise EvaluationError("--label-column and --test-num are for --metrics downstream")
+    problem = settings_problem(chosen, {"label_column": label_column, "test_num": test_num},
+                               required=False)
+    if problem is not None:
+        raise EvaluationError(problem)
     settings = EvaluationSettings(
         metrics=chosen, embedder=embedder, model=model, num=num, seed=seed,
         num_buckets=num_buckets, text_column=text_column,

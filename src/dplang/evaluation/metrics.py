@@ -27,6 +27,7 @@ from dplang.evaluation.registry import (
     MetricOutput,
     MetricSpec,
     RunValue,
+    SweepColumn,
     register_metric,
 )
 from dplang.evaluation.stats import wald_interval
@@ -108,6 +109,7 @@ MAUVE = register_metric(MetricSpec(
     preflight=_mauve_preflight,
     prepare=_mauve_prepare,
     describe=_mauve_line,
+    summary=lambda e: [f"MAUVE={100 * e['mauve']:.2f}%"],
 ))
 
 
@@ -168,6 +170,13 @@ PERPLEXITY = register_metric(MetricSpec(
     preflight=_check_model,
     prepare=lambda ctx: ctx.models.check(),
     describe=_perplexity_line,
+    summary=lambda e: [f"PPL={e['mean']['mean']:.2f}", f"ΔPPL={e['delta_ppl']:.2f}"],
+    # a sweep scores with the model itself (loaded once, in float32), and computes ΔPPL only
+    # when asked: it costs a forward pass over every text
+    uses_model=True,
+    sweep_default=False,
+    sweep_columns=(SweepColumn("ppl_synthetic", ("mean", "mean")),
+                   SweepColumn("delta_ppl", ("delta_ppl",))),
 ))
 
 
@@ -238,6 +247,8 @@ LENGTH = register_metric(MetricSpec(
     prepare=lambda ctx: ctx.models.check(),
     describe=lambda s: f"- lengths: tokens of {(s or {})['tokenizer']} (no special tokens)",
     plots=_length_plots,
+    summary=lambda e: [f"length={e['tokens']['mean']:.1f}"],
+    sweep_columns=(SweepColumn("length_mean", ("tokens", "mean")),),
 ))
 
 
@@ -271,4 +282,6 @@ TOPK = register_metric(MetricSpec(
     select=_topk_select,
     describe=lambda s: ("- Top-k+: effective k = mean of `topk_plus_mean`; expansion tokens = "
                         "mean of `expansion_tokens` (tokens sampled from V_k^+ \\ V_k)"),
+    summary=lambda e: [f"effective_k={e['effective_k']['mean']:.2f}",
+                       f"expansion_tokens={e['expansion_tokens']['mean']:.2f}"],
 ))

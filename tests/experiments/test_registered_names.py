@@ -6,6 +6,7 @@ evaluates with the metric, and ``results.csv`` carries the metric's column."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,64 +20,46 @@ from dplang.cli.app import main
 from dplang.evaluation import registry as metric_registry
 from dplang.evaluation.registry import MetricContext, MetricOutput, MetricSpec, RunValue
 from dplang.models import ToyModel
-from dplang.privacy.accounting import rho_to_epsilon
 from dplang.privacy.guarantees import Adjacency, Guarantee
-from dplang.privacy.mechanisms import exponential_mechanism
 from dplang.textgen.engine import GroupJob, StepPolicy
 from dplang.textgen.methods import (
     MethodInputs,
     MethodOption,
     MethodSpec,
+    get_method,
     register_method,
     unregister_method,
 )
-from dplang.textgen.methods.invisibleink import candidate_scores
 from dplang.textgen.methods.registry import positive
 
 # ------------------------------------------------------------------- a toy generation method
 
 
-class _Policy:
-    """The exponential mechanism on the clipped mean of the private logits, whole vocabulary."""
-
-    def __init__(self, clip: float, batch_size: int, temperature: float) -> None:
-        self.clip, self.batch_size, self.temperature = clip, batch_size, temperature
-
-    def candidates(self, public: Any) -> None:
-        return None
-
-    def choose(self, public: Any, private: Any, ids: Any, rng: np.random.Generator) -> int:
-        scores = candidate_scores(private, public, self.clip, self.batch_size)
-        return int(exponential_mechanism(scores, self.temperature, rng))
-
-    def stats(self) -> dict[str, Any]:
-        return {}
-
-
 @dataclass(frozen=True)
 class _Params:
-    clip: float
-    batch_size: int
-    temperature: float
-    max_tokens: int
-    delta: float
+    """InvisibleInk calibrated from the toy's own ``clip`` option (whatever ε the cell asks
+    for), released under the toy's name."""
+
+    inner: Any
 
     @classmethod
     def calibrate(cls, inputs: MethodInputs, options: Mapping[str, Any]) -> _Params:
-        return cls(options["clip"], inputs.batch_size, inputs.temperature, inputs.max_tokens,
-                   inputs.delta)
+        by_clip = dataclasses.replace(inputs, epsilon=None, rho=None, clip=options["clip"])
+        return cls(get_method("invisibleink").calibrate(by_clip, {}))
+
+    @property
+    def clip(self) -> float:
+        return self.inner.clip
 
     def guarantee(self) -> Guarantee:
-        rho = self.max_tokens * (self.clip / self.batch_size) ** 2 / (2 * self.temperature**2)
-        return Guarantee("toysweep", "reference", Adjacency.REPLACE_BY_NULL, rho,
-                         rho_to_epsilon(rho, self.delta), self.delta)
+        return dataclasses.replace(self.inner.guarantee(), mechanism="toysweep")
 
     def policy_factory(self, vocab_size: int) -> Callable[[GroupJob], StepPolicy]:
-        return lambda _job: _Policy(self.clip, self.batch_size, self.temperature)
+        return self.inner.policy_factory(vocab_size)
 
 
 METHOD = MethodSpec(
-    name="toysweep", summary="toy: exponential mechanism on the clipped mean",
+    name="toysweep", summary="toy: InvisibleInk calibrated from a clip option",
     adjacencies=(Adjacency.REPLACE_BY_NULL,), calibrate=_Params.calibrate,
     options=(MethodOption("clip", float, 1.0, "Clip norm C.", positive, in_sweeps=True),),
 )

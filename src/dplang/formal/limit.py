@@ -48,6 +48,7 @@ from ..privacy.guarantees import Guarantee
 from ..privacy.mechanisms import exponential_mechanism, laplace
 from .collections import Collection
 from .languages import Language, NatSet, element_key
+from .registry import FormalAlgorithm, register_algorithm
 from .statistical import Unmaterialised, log_softmax, uniform_int
 from .streams import Stream
 
@@ -915,11 +916,23 @@ def twin(alg: Any) -> Any:
     raise ValueError(f"no twin for {type(alg).__name__}")
 
 
-#: name → (class, paper algorithm, task)
-ALGORITHMS: dict[str, tuple[type, str, str]] = {
-    "approximate-intersection": (ApproximateIntersectionGenerator, "001·1", "generation"),
-    "uniform-private": (UniformPrivateGenerator, "001·C.1", "generation"),
-    "epoch-em": (EpochEMIdentifier, "001·2", "identification"),
-    "stochastic": (StochasticIdentifier, "001·3", "identification"),
-    "closure": (ClosureGenerator, "001 (LRT25)", "generation"),
-}
+#: The algorithms of the limit setting, registered (:mod:`dplang.formal.registry`); the uniform
+#: private generator also runs one-shot on a sample (the statistical setting).
+_ENTRIES = (
+    register_algorithm(FormalAlgorithm(
+        "approximate-intersection", ApproximateIntersectionGenerator, "001·1", "generation",
+        ("limit",))),
+    register_algorithm(FormalAlgorithm(
+        "uniform-private", UniformPrivateGenerator, "001·C.1", "generation",
+        ("statistical", "limit"), aliases=("001.c1",))),
+    register_algorithm(FormalAlgorithm(
+        "epoch-em", EpochEMIdentifier, "001·2", "identification", ("limit",))),
+    register_algorithm(FormalAlgorithm(
+        "stochastic", StochasticIdentifier, "001·3", "identification", ("limit",))),
+    register_algorithm(FormalAlgorithm(
+        "closure", ClosureGenerator, "001 (LRT25)", "generation", ("limit",), private=False)),
+)
+
+#: name → (class, paper algorithm, task), from the registry (kept for earlier imports).
+ALGORITHMS: dict[str, tuple[type, str, str]] = {e.name: (e.cls, e.paper, e.task)
+                                               for e in _ENTRIES}

@@ -54,6 +54,7 @@ from ..privacy.guarantees import Guarantee
 from ..privacy.mechanisms import exponential_mechanism, gaussian
 from .collections import Collection
 from .languages import element_key
+from .registry import FormalAlgorithm, register_algorithm
 
 __all__ = [
     "ALGORITHMS",
@@ -768,13 +769,21 @@ class GaussianThresholdGenerator(JointThresholdGenerator):
             "counts": counts, "K": big_k, "K_prime": kp, "n": n})
 
 
-#: name → (class, paper algorithm number, task)
-ALGORITHMS: dict[str, tuple[type, str, str]] = {
-    "margin": (MarginIdentifier, "000·4", "identification"),
-    "soft-margin": (SoftMarginIdentifier, "000·1", "identification"),
-    "gaussian-margin": (GaussianMarginIdentifier, "000·2", "identification"),
-    "pointer": (PointerGenerator, "000·5", "generation"),
-    "prefix-count": (PrefixCountGenerator, "000·3", "generation"),
-    "joint-threshold": (JointThresholdGenerator, "000·6", "generation"),
-    "gaussian-threshold": (GaussianThresholdGenerator, "000·7", "generation"),
-}
+#: The algorithms of the statistical setting, registered (:mod:`dplang.formal.registry`).
+_ENTRIES = tuple(register_algorithm(FormalAlgorithm(
+    name, cls, paper, task, ("statistical",), private=private, gaussian=gaussian,
+    theorem=theorem)) for name, cls, paper, task, private, gaussian, theorem in (
+    ("margin", MarginIdentifier, "000·4", "identification", False, False, "HP's bound"),
+    ("soft-margin", SoftMarginIdentifier, "000·1", "identification", True, False, "Thm 3.2"),
+    ("gaussian-margin", GaussianMarginIdentifier, "000·2", "identification", True, True,
+     "Thm 3.3"),
+    ("pointer", PointerGenerator, "000·5", "generation", False, False, "HP's bound"),
+    ("prefix-count", PrefixCountGenerator, "000·3", "generation", True, False, "Thm 4.5"),
+    ("joint-threshold", JointThresholdGenerator, "000·6", "generation", True, False, "Thm 4.6"),
+    ("gaussian-threshold", GaussianThresholdGenerator, "000·7", "generation", True, True,
+     "Thm 4.9"),
+))
+
+#: name → (class, paper algorithm number, task), from the registry (kept for earlier imports).
+ALGORITHMS: dict[str, tuple[type, str, str]] = {e.name: (e.cls, e.paper, e.task)
+                                               for e in _ENTRIES}

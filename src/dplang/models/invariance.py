@@ -260,7 +260,7 @@ def refusal_on_record(key: str | None) -> str | None:
 
 
 def _record_folder() -> Path:
-    from dplang.models.default import cache_dir
+    from dplang.models.cache import cache_dir
 
     return cache_dir() / "invariance"
 

@@ -37,6 +37,7 @@ from ..privacy.audit import AuditResult, delta_at_epsilon, max_log_loss
 from ..privacy.calibration import CalibrationError, calibrate
 from . import _histlaw
 from .baselines import FirstRecordSampler, RandomRecordSampler
+from .distance import tv_distance
 from .kary import KarySampler, LaplaceHistogramSampler, RevealOrObscureSampler
 from .product_tv import (  # re-exported: the product part of this module's job
     ProductTV,
@@ -65,11 +66,6 @@ __all__ = [
     "support_miss_probability",
     "tv_distance",
 ]
-
-
-def tv_distance(p: np.ndarray, q: np.ndarray) -> float:
-    """½‖p − q‖₁."""
-    return 0.5 * float(np.abs(np.asarray(p, dtype=np.float64) - np.asarray(q, np.float64)).sum())
 
 
 def _check_p(p: np.ndarray) -> np.ndarray:

@@ -647,8 +647,10 @@ SPEC = register_method(MethodSpec(
     adjacencies=(Adjacency.REPLACE_BY_NULL,),
     calibrate=_calibrate,
     options=(
-        MethodOption("iterations", int, 3, "Iterations T (noisy histograms).", at_least(1)),
-        MethodOption("variations", int, 7, "Variations L per selected text.", at_least(0)),
+        MethodOption("iterations", int, 3, "Iterations T (noisy histograms).", at_least(1),
+                     in_sweeps=True),
+        MethodOption("variations", int, 7, "Variations L per selected text.", at_least(0),
+                     in_sweeps=True),
     ),
     run_population=run_population,
     prepare=_load_embedder,

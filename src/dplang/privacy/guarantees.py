@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
+from .conversions import rho_to_delta, rho_to_epsilon
+
 
 class Adjacency(StrEnum):
     """Which data sets are neighbours: the relation a guarantee is stated for (after
@@ -99,8 +101,6 @@ class Guarantee:
         """ρ-zCDP, stated with the (ε, δ)-DP it implies: ε is the tight conversion of ρ at δ
         (rounded up; 0 when ρ = 0), or ``epsilon`` when the mechanism was calibrated for that
         target, which is checked: ρ-zCDP must imply (ε, δ)-DP (``ValueError`` otherwise)."""
-        from .accounting import rho_to_delta, rho_to_epsilon  # accounting imports this module
-
         if epsilon is None:
             epsilon = 0.0 if rho == 0 else rho_to_epsilon(rho, delta)
         elif not rho_to_delta(rho, epsilon) <= delta:

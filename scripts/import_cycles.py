@@ -11,8 +11,7 @@ A circle is a strongly connected component of more than one module.
     python scripts/import_cycles.py        # prints "import circles: none", or each circle
                                            # (exit code 1)
 
-``KNOWN`` lists the circles left on purpose, each with the reason; ``tests/test_import_graph.py``
-checks that there is no other one and that each listed one still exists (remove it then).
+``tests/test_import_graph.py`` runs it: there is none.
 """
 
 from __future__ import annotations
@@ -24,13 +23,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "dplang"
-
-#: Circles left on purpose: (the modules, sorted) → why.
-KNOWN: dict[tuple[str, ...], str] = {
-    ("dplang.models.invariance", "dplang.models.transformers"):
-        "src/dplang/models/ is being rewritten (the load-time check builds a RowDecodeState "
-        "of the backend that imports the check); only its cache path was moved out here",
-}
 
 
 def module_names(package: Path = PACKAGE) -> dict[str, Path]:
@@ -128,23 +120,18 @@ def circles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
 
 
 def main() -> int:
-    found = circles(import_graph())
-    unknown = [c for c in found if c not in KNOWN]
-    known = [c for c in found if c in KNOWN]
-    if not unknown:
-        tail = "".join(f"\n  left on purpose: {' ↔ '.join(c)} ({KNOWN[c]})" for c in known)
-        print("import circles: none" + (" besides those left on purpose" if known else "")
-              + tail)
-        return 0
-    print(f"import circles: {len(unknown)}")
     graph = import_graph()
-    for component in unknown:
+    found = circles(graph)
+    if not found:
+        print("import circles: none")
+        return 0
+    print(f"import circles: {len(found)}")
+    for component in found:
         print("  " + " ↔ ".join(component))
         for a in component:
             for b in sorted(graph[a] & set(component)):
                 print(f"    {a} imports {b}")
     return 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

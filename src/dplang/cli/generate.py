@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable
 from pathlib import Path
@@ -109,10 +110,7 @@ def _generate(
         help="References are cut to their first this-many tokens.",
     ),
     dense: bool = typer.Option(False, "--dense", help="Full LM head for private rows."),
-    method: str = typer.Option(
-        "invisibleink", "--method",
-        help="invisibleink (default), amin, adapmixed or augpe (docs/deviations.md)."
-    ),
+    method: str = typer.Option("invisibleink", "--method", help="(from the method registry)"),
     ledger: str | None = ledger_option(),
     dataset: str | None = dataset_option(),
     overwrite: bool = overwrite_option(
@@ -174,6 +172,22 @@ def _method_parameters() -> dict[str, tuple[str, str, inspect.Parameter]]:
     return out
 
 
+def _method_help(default: str) -> str:
+    """``--method``'s help: the registered methods, ``default`` first."""
+    others = [spec.name for spec in all_methods() if spec.name != default]
+    listed = (", ".join(others[:-1]) + " or " + others[-1]) if len(others) > 1 else "".join(others)
+    return f"{default} (default)" + (f", {listed}" if listed else "") + " (docs/deviations.md)."
+
+
+def _with_registry_help(param: inspect.Parameter) -> inspect.Parameter:
+    """``param``, with ``--method``'s help listing the methods registered now."""
+    if param.name != "method":
+        return param
+    option = copy.copy(param.default)
+    option.help = _method_help(option.default)
+    return param.replace(default=option)
+
+
 def _build_command() -> Callable[..., None]:
     """``dplang generate``: the shared flags of :func:`_generate` and each registered method's
     own flags (the registry decides them: adding a method adds its flags here)."""
@@ -193,7 +207,7 @@ def _build_command() -> Callable[..., None]:
             options[option] = value
         _generate(**kwargs, method_options=options)
 
-    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+    params = [_with_registry_help(p).replace(kind=inspect.Parameter.KEYWORD_ONLY)
               for p in base.parameters.values() if p.name != "method_options"]
     params += [param for _m, _o, param in extra.values()]
     generate.__signature__ = base.replace(parameters=params)  # type: ignore[attr-defined]

@@ -19,11 +19,17 @@ Intervals: per-text metrics (perplexity, length, Top-k+ statistics) carry an int
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dplang import __version__
+from dplang.evaluation.context import (
+    REAL_SIDE_CACHE,
+    EvaluationSettings,
+    MetricContext,
+    RealSideCache,
+    ScoringModels,
+)
 from dplang.evaluation.data import (
     EvaluationError,
     RealTexts,
@@ -33,23 +39,18 @@ from dplang.evaluation.data import (
     load_synthetic,
 )
 from dplang.evaluation.embedders import Embedder
-from dplang.evaluation.mauve_metric import DEFAULT_MAUVE_SEED, SCALING_FACTOR
-from dplang.evaluation.metrics import ScoringModels
-from dplang.evaluation.perplexity import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH
+from dplang.evaluation.mauve_metric import DEFAULT_MAUVE_SEED
 from dplang.evaluation.registry import (
-    REAL_SIDE_CACHE,
-    MetricContext,
     MetricSpec,
-    RealSideCache,
     default_metrics,
     get_metric,
     metric_names,
     resolve_metric_name,
+    settings_problem,
 )
 from dplang.evaluation.stats import Z_99, wald_interval
 
 __all__ = [
-    "ALL_METRICS",
     "EvaluationSettings",
     "evaluate_files",
     "evaluate_runs",
@@ -57,12 +58,17 @@ __all__ = [
     "parse_metrics",
 ]
 
-#: The built-in metric names, in report order (more can be registered:
-#: :func:`dplang.evaluation.registry.register_metric`).
-ALL_METRICS: tuple[str, ...] = ("mauve", "perplexity", "length", "topk")
 #: Manifest keys copied into the report for every run.
 _MANIFEST_KEYS = ("epsilon", "delta", "rho", "clip", "adjacency")
 _PARAM_KEYS = ("top_k", "batch_size", "max_tokens", "temperature", "model", "data", "prompt")
+
+
+def __getattr__(name: str) -> Any:  # PEP 562
+    """``ALL_METRICS``, kept for earlier imports: the registry's default metrics (the names
+    themselves exist only in the registry, :mod:`dplang.evaluation.registry`)."""
+    if name == "ALL_METRICS":
+        return default_metrics()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def parse_metrics(spec: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -86,46 +92,6 @@ def parse_metrics(spec: str | Sequence[str] | None) -> tuple[str, ...]:
     if not chosen:
         raise EvaluationError("no metric given")
     return tuple(m for m in metric_names() if m in chosen)
-
-
-@dataclass
-class EvaluationSettings:
-    """Everything that determines an evaluation (recorded in ``metrics.json``).
-
-    Attributes:
-        metrics: metric names (registered: :func:`dplang.evaluation.registry.metric_names`).
-        embedder: ``"default"``, ``"hashing"``, a sentence-transformers folder, or an
-            :class:`~dplang.evaluation.embedders.Embedder`.
-        model: scoring / tokenizer model: ``"default"``, a path, or a loaded
-            :class:`~dplang.models.TransformersModel`.
-        num: requested texts per side (``None``: as many as every input provides).
-        seed: MAUVE k-means / PCA seed.
-        num_buckets: MAUVE buckets (``None``: ``max(2, n // 20)``).
-        scaling_factor: MAUVE scaling factor.
-        text_column: column of the real file with the text.
-        exclude_references: skip real rows that were references of a run (when the real file
-            is the generation's data file) instead of refusing.
-        batch_size / max_length: perplexity batching and per-text token limit (incl. BOS).
-        label_column: the public label column of the ``downstream`` metric (the generation's
-            ``--group-by`` column).
-        test_num: ``downstream``: held-out test rows after the ``n`` real texts (``None``: all
-            the rest).
-    """
-
-    metrics: tuple[str, ...] = ALL_METRICS
-    embedder: str | Embedder = "default"
-    model: Any = "default"
-    num: int | None = None
-    seed: int = DEFAULT_MAUVE_SEED
-    num_buckets: int | None = None
-    scaling_factor: float = SCALING_FACTOR
-    text_column: str = "text"
-    exclude_references: bool = False
-    batch_size: int = DEFAULT_BATCH_SIZE
-    max_length: int = DEFAULT_MAX_LENGTH
-    label_column: str | None = None
-    test_num: int | None = None
-    metrics_explicit: bool = field(default=True, repr=False)
 
 
 def _manifest_summary(run: SyntheticRun) -> dict[str, Any] | None:
@@ -157,7 +123,8 @@ def evaluate_runs(
     in memory)."""
     say = progress or (lambda message: None)
     warnings: list[str] = []
-    specs = [get_metric(name) for name in settings.metrics]
+    names = settings.metrics if settings.metrics is not None else default_metrics()
+    specs = [get_metric(name) for name in names]
     for spec in list(specs):
         skip = spec.select(runs, settings.metrics_explicit) if spec.select else None
         if skip is not None:
@@ -304,8 +271,10 @@ def evaluate_files(
         FileNotFoundError: a model or embedder that does not exist or cannot be loaded.
     """
     chosen = parse_metrics(metrics)
-    if "downstream" not in chosen and (label_column is not None or test_num is not None):
-        raise EvaluationError("--label-column and --test-num are for --metrics downstream")
+    problem = settings_problem(chosen, {"label_column": label_column, "test_num": test_num},
+                               required=False)
+    if problem is not None:
+        raise EvaluationError(problem)
     settings = EvaluationSettings(
         metrics=chosen, embedder=embedder, model=model, num=num, seed=seed,
         num_buckets=num_buckets, text_column=text_column,

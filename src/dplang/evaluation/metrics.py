@@ -13,19 +13,21 @@ from typing import Any
 
 import numpy as np
 
+from dplang.evaluation.context import ScoringModels
 from dplang.evaluation.data import EvaluationError, SyntheticRun
-from dplang.evaluation.lengths import load_tokenizer, token_lengths, topk_statistics
+from dplang.evaluation.lengths import token_lengths, topk_statistics
 from dplang.evaluation.mauve_metric import (
     check_mauve_sizes,
     default_num_buckets,
     mauve_from_features,
 )
-from dplang.evaluation.perplexity import PerplexityScorer, delta_ppl
+from dplang.evaluation.perplexity import delta_ppl
 from dplang.evaluation.registry import (
     MetricContext,
     MetricOutput,
     MetricSpec,
     RunValue,
+    SweepColumn,
     register_metric,
 )
 from dplang.evaluation.stats import wald_interval
@@ -38,63 +40,6 @@ __all__ = ["LENGTH", "MAUVE", "PERPLEXITY", "TOPK", "ScoringModels"]
 
 def _model_name(model: Any) -> str:
     return model if isinstance(model, str) else str(getattr(model, "model_id", model))
-
-
-def _load_error(spec: str, exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return first if first.startswith("model not found") else f"cannot load model {spec!r}: {first}"
-
-
-class ScoringModels:
-    """The scoring model and its tokenizer, loaded at most once and only as far as needed
-    (perplexity needs the model, lengths only the tokenizer)."""
-
-    def __init__(self, spec: Any, batch_size: int, max_length: int) -> None:
-        self.spec = spec
-        self.batch_size = batch_size
-        self.max_length = max_length
-        self._scorer: PerplexityScorer | None = None
-        self._tokenizer: Any = None
-
-    def check(self) -> None:
-        """Fail early on a model path that does not exist."""
-        if isinstance(self.spec, str) and self.spec != "default":
-            path = Path(self.spec).expanduser()
-            if not path.exists():
-                raise FileNotFoundError(
-                    f"model not found: {self.spec!r} is not 'default', a model folder or a "
-                    ".gguf file"
-                )
-
-    @property
-    def scorer(self) -> PerplexityScorer:
-        if self._scorer is None:
-            model = self.spec
-            if isinstance(model, str):
-                from dplang.models import resolve_model
-
-                try:
-                    model = resolve_model(model, check_invariance=False)  # scoring releases nothing
-                except (OSError, ValueError) as exc:
-                    raise FileNotFoundError(_load_error(self.spec, exc)) from exc
-            self._scorer = PerplexityScorer(
-                model, batch_size=self.batch_size, max_length=self.max_length
-            )
-        return self._scorer
-
-    @property
-    def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            if self._scorer is not None:
-                self._tokenizer = self._scorer.tokenizer
-            elif not isinstance(self.spec, str):
-                self._tokenizer = self.spec.tokenizer
-            else:
-                try:
-                    self._tokenizer = load_tokenizer(self.spec)
-                except (OSError, ValueError) as exc:
-                    raise FileNotFoundError(_load_error(self.spec, exc)) from exc
-        return self._tokenizer
 
 
 def _check_model(settings: Any) -> None:
@@ -164,6 +109,7 @@ MAUVE = register_metric(MetricSpec(
     preflight=_mauve_preflight,
     prepare=_mauve_prepare,
     describe=_mauve_line,
+    summary=lambda e: [f"MAUVE={100 * e['mauve']:.2f}%"],
 ))
 
 
@@ -224,6 +170,13 @@ PERPLEXITY = register_metric(MetricSpec(
     preflight=_check_model,
     prepare=lambda ctx: ctx.models.check(),
     describe=_perplexity_line,
+    summary=lambda e: [f"PPL={e['mean']['mean']:.2f}", f"ΔPPL={e['delta_ppl']:.2f}"],
+    # a sweep scores with the model itself (loaded once, in float32), and computes ΔPPL only
+    # when asked: it costs a forward pass over every text
+    uses_model=True,
+    sweep_default=False,
+    sweep_columns=(SweepColumn("ppl_synthetic", ("mean", "mean")),
+                   SweepColumn("delta_ppl", ("delta_ppl",))),
 ))
 
 
@@ -294,6 +247,8 @@ LENGTH = register_metric(MetricSpec(
     prepare=lambda ctx: ctx.models.check(),
     describe=lambda s: f"- lengths: tokens of {(s or {})['tokenizer']} (no special tokens)",
     plots=_length_plots,
+    summary=lambda e: [f"length={e['tokens']['mean']:.1f}"],
+    sweep_columns=(SweepColumn("length_mean", ("tokens", "mean")),),
 ))
 
 
@@ -327,4 +282,6 @@ TOPK = register_metric(MetricSpec(
     select=_topk_select,
     describe=lambda s: ("- Top-k+: effective k = mean of `topk_plus_mean`; expansion tokens = "
                         "mean of `expansion_tokens` (tokens sampled from V_k^+ \\ V_k)"),
+    summary=lambda e: [f"effective_k={e['effective_k']['mean']:.2f}",
+                       f"expansion_tokens={e['expansion_tokens']['mean']:.2f}"],
 ))

@@ -61,7 +61,9 @@ class MethodInputs:
 class MethodOption:
     """One option of a method: ``--<method>-<name>`` on the command line (``_`` → ``-``).
 
-    ``check(value)`` returns an error message, or None when the value is acceptable."""
+    ``check(value)`` returns an error message, or None when the value is acceptable.
+    ``in_sweeps``: an experiment config may set it (``[generation].<method>_<name>``) and each
+    cell of the method records its value; in sweeps the other options keep their defaults."""
 
     name: str
     type: type
@@ -69,6 +71,7 @@ class MethodOption:
     help: str
     check: Callable[[Any], str | None] | None = None
     choices: tuple[str, ...] = ()
+    in_sweeps: bool = False
 
     def flag(self, method: str) -> str:
         return f"--{method}-{self.name}".replace("_", "-")
@@ -114,8 +117,10 @@ class MethodParams(Protocol):
         """The clip norm the manifest records (0 when the method has none)."""
         ...
 
-    def guarantee(self) -> Guarantee:
-        """What every release of this method, with these parameters, satisfies."""
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        """What every release of this method, with these parameters, satisfies (the one
+        signature of :class:`~dplang.privacy.guarantees.GuaranteeSource`; a method's guarantee
+        does not depend on the number of references)."""
         ...
 
 

@@ -21,7 +21,7 @@ Prints one line per step and, last, one JSON summary:
    DP cost multiple per token.
 
 ``--budget`` seconds bounds the throughput part: larger G are skipped (and said so) once it is
-spent. ``--quick`` is a smoke test on any device (tiny sizes).
+spent. ``--quick`` is a smoke test on any device (two layers, a vocabulary of 512, tiny sizes).
 """
 
 from __future__ import annotations
@@ -69,25 +69,31 @@ def tokenizer_dir() -> Path:
     return folder
 
 
-def random_model(device: str):
+#: ``--quick``: the same architecture cut to two layers (one sliding, one full) and a
+#: vocabulary of 512, so that a smoke test of the script runs in a minute on a CPU.
+QUICK = {"num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"],
+         "vocab_size": 512, "sliding_window": 16}
+
+
+def random_model(device: str, quick: bool = False):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(**json.loads((ROOT / "scripts" / "gemma3_270m_config.json")
-                                               .read_text()))
+    values = json.loads((ROOT / "scripts" / "gemma3_270m_config.json").read_text())
+    config = AutoConfig.for_model(**{**values, **(QUICK if quick else {})})
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model
 
 
-def load(device: str, dtype: str, check: bool):
+def load(device: str, dtype: str, check: bool, quick: bool = False):
     from transformers import AutoTokenizer
 
     from dplang.models.transformers import TransformersModel
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir())
     start = time.perf_counter()
-    model = TransformersModel(model=random_model(device), tokenizer=tok, device=device,
+    model = TransformersModel(model=random_model(device, quick), tokenizer=tok, device=device,
                               dtype=dtype, check_invariance=check, verify=True,
                               model_id=f"gemma-3-270m-architecture-random-{dtype}")
     return model, time.perf_counter() - start
@@ -116,6 +122,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--budget", type=float, default=420.0)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
+                    help="profile a short DP run (8 tokens, 64 groups; 2 with --quick) last")
     args = ap.parse_args()
     from dplang.privacy import RandomStreams, epsilon_to_rho
     from dplang.textgen.engine import DecodingParams, run_plain
@@ -134,13 +142,13 @@ def main() -> None:
     models = {}
     for dtype in ("float32", "bfloat16"):
         try:
-            models[dtype], secs = load(args.device, dtype, check=True)
+            models[dtype], secs = load(args.device, dtype, check=True, quick=args.quick)
             summary[f"invariance_{dtype}"] = {"verdict": "pass", "seconds": round(secs, 1)}
         except RowInvarianceError as exc:
             summary[f"invariance_{dtype}"] = {"verdict": "refused", "message": str(exc)[:400]}
         print(f"invariance {dtype}: {summary[f'invariance_{dtype}']}", flush=True)
     if "float32" not in models:
-        models["float32"], _ = load(args.device, "float32", check=False)
+        models["float32"], _ = load(args.device, "float32", check=False, quick=args.quick)
     model = models["float32"]
     clip = calibrate_clip(epsilon_to_rho(EPS, DELTA), tokens, B, TAU)
     params = DecodingParams(clip, B, TAU, K, tokens, sparse_head=True, stop_at_eos=False)
@@ -165,8 +173,12 @@ def main() -> None:
     try:
         import pytest  # noqa: F401
 
+        # Only the files that hold GPU tests: collecting the whole suite would import what
+        # the lent machine lacks (opendp, numba's CPU kernels are optional) for nothing.
+        gpu_files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+                           if "mark.gpu" in p.read_text(encoding="utf-8"))
         done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p",
-                               "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True,
+                               "no:cacheprovider", *gpu_files], cwd=ROOT, capture_output=True,
                               text=True, timeout=240, check=False,
                               env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
         summary["pytest_gpu"] = {"exit": done.returncode,
@@ -203,7 +215,51 @@ def main() -> None:
                      "dp_seconds": round(dp_s, 2), "plain_seconds": round(plain_s, 2)})
         print(f"throughput: {rows[-1]}", flush=True)
     summary["throughput"] = rows
+    if args.profile:
+        try:
+            summary["profile"] = profile(model, params, groups[-1] if args.quick else 64, words,
+                                         args.device)
+        except Exception as exc:  # the summary above must still be printed
+            summary["profile"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     print(json.dumps(summary))
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "gpu_check.json").write_text(json.dumps(summary, indent=1))
+
+
+def profile(model, params, groups: int, words: int, device: str) -> dict:
+    """Where a DP run's time goes on the GPU: the top operators of a short run at ``groups``
+    groups by self CUDA time and by self CPU time (launch overhead shows as CPU time)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from dplang.privacy import RandomStreams
+    from dplang.textgen.methods.invisibleink import run_invisibleink
+
+    short = type(params)(params.clip, params.batch_size, params.temperature, params.top_k, 8,
+                         params.sparse_head, params.stop_at_eos)
+    batch = jobs(model, groups, random.Random(5), words)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    run_invisibleink(model, batch, short, RandomStreams(9), concurrent_groups=groups)  # warm
+    sync()
+    with torch_profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        run_invisibleink(model, batch, short, RandomStreams(9), concurrent_groups=groups)
+        sync()
+        wall = time.perf_counter() - t0
+    events = prof.key_averages()
+
+    def top(key: str) -> list:
+        rows = sorted(events, key=lambda e: getattr(e, key, 0), reverse=True)[:12]
+        return [[e.key[:60], e.count, round(getattr(e, key, 0) / 1e3, 1)] for e in rows]
+
+    cuda_total = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e3
+    result = {"groups": groups, "tokens": 8, "wall_ms": round(wall * 1e3, 1),
+              "gpu_busy_ms": round(cuda_total, 1),
+              "top_gpu_ms": top("self_device_time_total"), "top_cpu_ms": top("self_cpu_time_total")}
+    print(f"profile: {result}", flush=True)
+    return result
 
 
 if __name__ == "__main__":

@@ -222,6 +222,23 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_private_files.py",),
     ),
     Mutation(
+        "calibration-unsafe-end",
+        "the one calibrator returns the end of its final bracket where the target fails (a "
+        "noise scale one step too small, a ρ one step too large)",
+        (("src/dplang/privacy/calibration.py",
+          "    return hi if above else lo\n",
+          "    return lo if above else hi\n"),),
+        ("tests/privacy/test_calibration.py",),
+    ),
+    Mutation(
+        "zcdp-target-unchecked",
+        "Guarantee.zcdp prints a target ε without checking that ρ implies it",
+        (("src/dplang/privacy/guarantees.py",
+          "        elif not rho_to_delta(rho, epsilon) <= delta:\n",
+          "        elif False:\n"),),
+        ("tests/privacy/test_guarantees.py",),
+    ),
+    Mutation(
         "data-dependent-says-dp",
         "a data-dependent guarantee is printed as '(ε, δ)-differential privacy'",
         (("src/dplang/privacy/guarantees.py",

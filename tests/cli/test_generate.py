@@ -316,6 +316,7 @@ def test_dataset_names_key_the_budget(tmp_path, capsys, toy):
                    for p in tmp_path.glob("*.manifest.json"))
 
 
+@pytest.mark.audits("adapmixed")
 @pytest.mark.parametrize(
     ("method", "extra", "mechanism", "ex_ante"),
     [

@@ -179,3 +179,24 @@ def test_real_texts_cut_to_the_generations_length(tmp_path, kit, tiny_model_dir)
     assert "cut to its first 4 tokens" in (tmp_path / "eval" / "report.md").read_text()
     with pytest.raises(EvaluationError, match="--real-max-tokens"):
         evaluate_files(real, paths[0], metrics="length", real_max_tokens=0)
+
+
+def test_the_specs_state_their_lines_and_results_columns() -> None:
+    """What dplang evaluate prints and the sweep's results.csv holds come from the specs:
+    each value with its interval (MAUVE's only when it was bootstrapped)."""
+    classifier, labels, mauve = (reg.get_metric(n) for n in ("classifier", "labels", "mauve"))
+    assert classifier.run_summary({"auc": 0.5123, "low": 0.48, "high": 0.551}) == \
+        ["classifier_AUC=0.512 [0.480, 0.551]"]
+    assert labels.run_summary({"tvd": 0.1, "low": 0.05, "high": 0.2}) == \
+        ["label_TVD=0.100 [0.050, 0.200]"]
+    assert mauve.run_summary({"mauve": 0.5}) == ["MAUVE=50.00%"]
+    assert mauve.run_summary({"mauve": 0.5, "low": 0.45, "high": 0.551}) == \
+        ["MAUVE=50.00% [45.00, 55.10]"]
+    assert [c.name for c in classifier.results_columns()] == \
+        ["classifier_auc", "classifier_auc_low", "classifier_auc_high"]
+    assert [c.name for c in labels.results_columns()] == \
+        ["label_tvd", "label_tvd_low", "label_tvd_high"]
+    assert [c.name for c in mauve.results_columns()] == ["mauve", "mauve_low", "mauve_high"]
+    # --mauve-bootstrap is MAUVE's own setting: refused without it
+    assert reg.settings_problem(["labels"], {"mauve_bootstrap": 5}) == \
+        "--mauve-bootstrap is for --metrics mauve"

@@ -437,12 +437,19 @@ def test_downstream_config_is_checked_up_front(tmp_path, edits, needle):
     assert config.label_column == "cat" and config.metrics == ("downstream", "topk")
 
 
-def test_config_metrics_are_the_registered_ones():
-    """[evaluation].metrics lists dplang.evaluation's built-in metrics (without importing it)."""
-    from dplang.evaluation.registry import metric_names
-    from dplang.experiments.config import METRICS
+def test_config_metrics_are_the_registered_ones(tmp_path):
+    """[evaluation].metrics is checked against the metric registry, which names the metrics
+    (the config keeps no list of its own), and defaults to the registry's sweep metrics."""
+    import re
 
-    assert set(METRICS) == set(metric_names())
+    from dplang.evaluation.registry import metric_names, sweep_metrics
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CONFIG.replace('metrics = ["mauve", "topk"]', 'metrics = ["bleu"]'))
+    with pytest.raises(ConfigError, match=re.escape(", ".join(metric_names()))):
+        load_config(cfg)
+    cfg.write_text(CONFIG.replace('metrics = ["mauve", "topk"]\n', ""))
+    assert load_config(cfg).metrics == sweep_metrics() == ("mauve", "length", "topk")
 
 
 def test_sweep_with_the_downstream_metric(setup):

@@ -14,9 +14,9 @@ from dplang.formal.audit import (
     choose_method,
     monte_carlo_audit,
     output_space_size,
+    twin,
 )
 from dplang.formal.collections import sperner
-from dplang.formal.evaluation import twin
 from dplang.formal.statistical import (
     JointThresholdGenerator,
     PointerGenerator,
@@ -46,6 +46,7 @@ def test_the_rule_is_a_threshold_on_the_output_space():
     assert output_space_size(limit.UniformPrivateGenerator(1.0), sperner(17)) == 2**17
 
 
+@pytest.mark.audits("formal-000")
 def test_monte_carlo_audit_bounds_a_known_loss():
     """Randomised response with log-ratio 1 on each output: ε̂ is a lower bound close to 1."""
     p = 1 / (1 + np.exp(-1.0))
@@ -59,6 +60,7 @@ def test_monte_carlo_audit_bounds_a_known_loss():
     assert same < 0.1
 
 
+@pytest.mark.audits("formal-000", "formal-001")
 def test_auto_picks_monte_carlo_for_a_large_output_space_and_exact_otherwise():
     sp17 = instance("sperner", k=17)  # 2^17 subsets
     rep = audit(limit.UniformPrivateGenerator(1.0), sp17, 1.0, trials=4000)
@@ -94,6 +96,7 @@ def run(capsys, *args):
     return code, out.out, out.err
 
 
+@pytest.mark.audits("formal-000")
 def test_cli_prints_method_and_verdict(capsys):
     code, out, _ = run(capsys, "prefix-count", "--instance", "remark-5.7", "--epsilon", "1")
     lines = out.splitlines()

@@ -253,10 +253,11 @@ def _big_collection(k):
     return finite_collection("big", [ap(i, k) for i in range(k)], closure_dim=0)
 
 
+@pytest.mark.audits("formal-001")
 def test_upg_privacy_exact_and_twin():
     coll = sperner(4)
     letters = [0, 1, 2, 3]  # four classes of Sperner(4)
-    from dplang.formal.evaluation import neighbour_pairs
+    from dplang.formal.audit import neighbour_pairs
 
     for eps in (0.5, 1.0):
         upg = UniformPrivateGenerator(eps, d=0)
@@ -290,6 +291,7 @@ def test_alg2_identifies_rows_within_the_thm_c5_bound():
     assert run.segments[-1].valid and run.segments[0].output == 1
 
 
+@pytest.mark.audits("formal-001")
 def test_alg2_privacy_per_epoch_and_data_dependent_window_twin():
     rows = instance("rows")
     base = ExplicitStream(CanonicalEnumeration(rows.collection[3]).prefix(16), rows.universe
@@ -344,6 +346,7 @@ def test_alg3_sampler_matches_its_exact_law():
     assert np.allclose(draws, law[:5], atol=0.04)
 
 
+@pytest.mark.audits("formal-001")
 def test_alg3_privacy_and_sensitivity_one_twin():
     th = instance("thresholds", target=2)
     coll = th.collection
@@ -380,6 +383,7 @@ def test_thm15_demos():
     assert (1, 2) in thm15_pairs(lt, 3)
 
 
+@pytest.mark.audits("formal-001")
 def test_novel_sample_never_rejects_and_the_rejecting_twin_leaks():
     odds = ap(1, 2)
     honest_a = novel_sample_law(odds, 8)

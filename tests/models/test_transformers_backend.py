@@ -316,6 +316,21 @@ def test_integer_products_are_exact_on_extreme_limbs() -> None:
         assert torch.equal(exact.exact_products(left, right, name).double(), want)
 
 
+@pytest.mark.parametrize("shape", [(1, 640, 2), (3, 13, 5), (16, 64, 8), (17, 8, 9),
+                                   (40, 1000, 24)])
+def test_the_cuda_padding_of_int8_products_changes_no_sum(shape: tuple[int, int, int]) -> None:
+    """CUDA's int8 kernel needs more than 16 rows and multiples of 8 (found on the first GPU
+    run: a one-row LM head failed); the zero padding that makes any shape fit is checked here
+    with the CPU kernel: every entry is the exact sum of its own row and column."""
+    m, k, n = shape
+    gen = torch.Generator().manual_seed(sum(shape))
+    left = torch.randint(-128, 128, (m, k), generator=gen, dtype=torch.int8)
+    right = torch.randint(-128, 128, (k, n), generator=gen, dtype=torch.int8)
+    got = exact._padded_int_mm(left, right)
+    assert got.shape == (m, n) and got.dtype == torch.int32
+    assert torch.equal(got.long(), left.long() @ right.long())
+
+
 @pytest.mark.parametrize("name", ["gelu_tanh", "silu", "exp"])
 def test_exact_elementwise_functions_are_close_and_position_free(name: str) -> None:
     reference = {

@@ -24,6 +24,8 @@ from dplang.textgen.methods.invisibleink import (
     topk_plus_margin,
 )
 
+pytestmark = pytest.mark.audits("accounting")
+
 VECTORS = [(1, 0.02436), (3, 0.18507), (5, 0.46306), (10, 1.53928)]
 
 rhos = st.floats(min_value=1e-4, max_value=20, allow_nan=False)

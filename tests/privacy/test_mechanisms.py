@@ -106,6 +106,7 @@ def _dgauss_law(sigma: float | Fraction) -> IntegerLaw:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.audits("noise-primitives")
 def test_laplace_matches_law_and_rejects_misscaled() -> None:
     b = 1.7
     law = stats.laplace(scale=b)
@@ -116,6 +117,7 @@ def test_laplace_matches_law_and_rejects_misscaled() -> None:
     assert not _fits(bad, law)
 
 
+@pytest.mark.audits("noise-primitives")
 def test_gaussian_matches_law_and_rejects_misscaled() -> None:
     sigma = 2.3
     law = stats.norm(scale=sigma)
@@ -157,6 +159,7 @@ def test_gaussian_mechanism_calibration() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.audits("noise-primitives")
 @pytest.mark.parametrize("scale", [0.6, 3.0, 1 / 0.3, Fraction(7, 3)])
 def test_discrete_laplace_matches_law_and_rejects_misscaled(scale: float | Fraction) -> None:
     law = _dlap_law(scale)
@@ -167,6 +170,7 @@ def test_discrete_laplace_matches_law_and_rejects_misscaled(scale: float | Fract
     assert not _fits(bad, law)
 
 
+@pytest.mark.audits("noise-primitives")
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 2.5, 10 / 3])
 def test_discrete_gaussian_matches_law_and_rejects_misscaled(sigma: float) -> None:
     law = _dgauss_law(sigma)
@@ -275,6 +279,7 @@ def _draws(sampler: Callable[..., int], tau: float, mask: np.ndarray | None, see
     return [sampler(SCORES, tau, rng, mask) for _ in range(N)]
 
 
+@pytest.mark.audits("noise-primitives")
 @pytest.mark.parametrize("sampler", [m.exponential_mechanism, m.gumbel_max])
 @pytest.mark.parametrize("mask", [None, MASK], ids=["nomask", "mask"])
 def test_exponential_mechanism_matches_law_and_rejects_misscaled(
@@ -318,6 +323,7 @@ def test_exponential_mechanism_probabilities_exact() -> None:
     assert m.gumbel_max(SCORES[:4], 1.0, rng, only) == 2
 
 
+@pytest.mark.audits("noise-primitives")
 @settings(derandomize=True, max_examples=300, deadline=None)
 @given(
     data=st.data(),
@@ -342,6 +348,7 @@ def test_exponential_mechanism_privacy_loss_bounded(
     assert loss <= 2 * delta / tau + 1e-9
 
 
+@pytest.mark.audits("noise-primitives")
 def test_exponential_mechanism_privacy_loss_check_can_fail() -> None:
     """The worst-case neighbour nearly attains 2Δ/τ, so a mechanism run at τ/2 (claimed τ)
     visibly exceeds the bound that the property test checks."""
@@ -370,6 +377,7 @@ def _dlap_max_loss(scale: float | Fraction, sensitivity: int) -> float:
     return float(np.max(np.abs(lp - lq)))
 
 
+@pytest.mark.audits("noise-primitives")
 @settings(derandomize=True, max_examples=100, deadline=None)
 @given(
     eps=st.floats(min_value=0.05, max_value=5.0),

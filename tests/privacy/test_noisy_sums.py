@@ -59,6 +59,7 @@ def _laplace_loss(y: np.ndarray, x: np.ndarray, x2: np.ndarray, b: float) -> np.
     return (np.abs(y - x2) - np.abs(y - x)).sum(axis=-1) / b
 
 
+@pytest.mark.audits("noise-primitives")
 @settings(derandomize=True, max_examples=60, deadline=None)
 @given(d=st.integers(1, 6), b=st.floats(0.2, 5.0), delta=st.floats(0.1, 4.0),
        seed=st.integers(0, 2**32 - 1))
@@ -77,6 +78,7 @@ def test_laplace_noisy_sum_loss_is_at_most_l1_over_b(d: int, b: float, delta: fl
     assert _laplace_loss(far, x, x2, b / 2) > delta / b + 1e-6
 
 
+@pytest.mark.audits("noise-primitives")
 def test_gaussian_noisy_sum_audit() -> None:
     """Monte Carlo audit at the exact (ε, δ) profile of σ = Δ: no violation; the same audit
     catches a sum of sensitivity 2Δ noised for Δ."""

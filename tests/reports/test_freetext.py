@@ -38,6 +38,7 @@ def _records(n: int) -> list[str | None]:
     return [words[i % len(words)] for i in range(n)]
 
 
+@pytest.mark.audits("invisibleink-report")
 def test_invisibleink_report_runs_through_textgen_and_is_calibrated() -> None:
     model = ToyModel(vocab_size=32, eos_after=12)
     mech = InvisibleInkReport(model, epsilon=10.0, batch_size=4, max_tokens=16,
@@ -73,6 +74,7 @@ def test_public_prompt_report_reads_no_record() -> None:
     assert a.guarantee.epsilon == 0.0
 
 
+@pytest.mark.audits("exponential-selection")
 def test_exponential_selection_is_epsilon_dp_exactly() -> None:
     """Exact law of the ordered draws on neighbouring count vectors (one record moves each
     count by at most one): the worst log-ratio is ≤ ε; a mechanism spending ε per draw (r·ε in

@@ -147,6 +147,7 @@ def test_honesty_small_monte_carlo() -> None:
     assert emits / 3000 <= p + 3 * math.sqrt(p * (1 - p) / 3000) + 1e-3
 
 
+@pytest.mark.audits("proposal-and-filter")
 def test_whole_report_is_eps_dp_for_small_m_exactly() -> None:
     """Exact law of the emitted set for m = 2 candidates on neighbouring corpora (one record
     flips both predicates): max log-ratio ≤ ε = 2·ε₀."""

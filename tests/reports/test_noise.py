@@ -186,6 +186,7 @@ def _noisy_count_law(scale: Fraction, count: int, support: np.ndarray) -> np.nda
     return p / p.sum()
 
 
+@pytest.mark.audits("proposal-and-filter")
 @pytest.mark.parametrize("eps0", [0.05, 0.3, 1.0, 2.5])
 def test_per_candidate_test_is_eps0_dp_exactly(eps0: float) -> None:
     """The released noisy count C + Z (everything a certificate is computed from) has exact
@@ -208,6 +209,7 @@ def test_per_candidate_test_is_eps0_dp_exactly(eps0: float) -> None:
     assert not exact_audit(bad_pairs, alphas=(2.0,)).satisfies_pure(eps0, tol=1e-9)
 
 
+@pytest.mark.audits("proposal-and-filter")
 @pytest.mark.parametrize("eps0", [0.1, 1.0])
 def test_emit_decision_privacy_loss_is_at_most_eps0(eps0: float) -> None:
     """The emit/abstain decision alone: log-ratio of emission probabilities ≤ ε₀."""

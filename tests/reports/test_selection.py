@@ -45,6 +45,7 @@ def test_simultaneous_bound_other_families(noise):
     assert failures <= binom.ppf(1 - 1e-4, REPS, BETA)
 
 
+@pytest.mark.audits("proposal-and-filter")
 def test_emitted_statements_selection_valid_bound(adversarial):
     reports, support = adversarial
     emitted = [c for r in reports for c in r.emitted]

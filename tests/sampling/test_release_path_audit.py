@@ -54,6 +54,7 @@ class _Recorder:
         return self.real(scale, rng, size)
 
 
+@pytest.mark.audits("discrete-laplace-histogram")
 @pytest.mark.parametrize("eps", [0.5, 1.0])
 def test_discrete_kary_release_path_noise_and_exact_audit(tmp_path, capsys, monkeypatch, eps):
     """The discrete k-ary release path adds discrete Laplace noise whose scale gives ε ≤ the
@@ -83,6 +84,7 @@ def test_discrete_kary_release_path_noise_and_exact_audit(tmp_path, capsys, monk
     assert audit.max_log_ratio <= claimed["epsilon"] + 1e-9
 
 
+@pytest.mark.audits("discrete-laplace-histogram")
 def test_discrete_kary_release_path_follows_the_audited_law(tmp_path, capsys):
     """The samples the CLI writes follow the exact law that the exact audit certifies (a
     sampler whose release path differs from its law helper — other scale, no clipping — is
@@ -107,6 +109,7 @@ def test_discrete_kary_release_path_follows_the_audited_law(tmp_path, capsys):
     assert chisquare(counts, wrong * draws).pvalue < 1e-8
 
 
+@pytest.mark.audits("product")
 def test_product_sampler_release_path_zcdp_accounting(tmp_path, capsys, monkeypatch):
     """``dplang sample --method product``: every Gaussian draw on the release path is paired
     with the truncated column sums it perturbs; each costs Δ²/(2σ²) with Δ² = min(2T, cols)
@@ -169,6 +172,7 @@ def _exact_q(k: int, n: int, eps: float) -> Decimal:
         return Decimal(k) / (Decimal(k) + Decimal(n) * (Decimal(eps).exp() - 1))
 
 
+@pytest.mark.audits("reveal-or-obscure")
 @pytest.mark.parametrize("eps", [1e-3, 0.5, 1.0, 30.0, 599.9, 600.0, 700.0, 708.0, 709.0,
                                  709.8, 710.0, 744.0, 800.0, 1e4, 1e300])
 @pytest.mark.parametrize(("k", "n"), [(2, 1), (2, 3), (10, 1000), (1000, 7)])
@@ -197,6 +201,7 @@ class _ZeroCoin:
         return 0 if high is None else low
 
 
+@pytest.mark.audits("reveal-or-obscure")
 @pytest.mark.parametrize("eps", [1.0, 709.0, 709.8, 710.0, 1e4, 1e300])
 def test_reveal_or_obscure_release_path_keeps_the_uniform_branch(eps):
     """With a finite ε the uniform branch keeps positive probability on the release path: the
@@ -230,6 +235,7 @@ def test_reveal_or_obscure_cli_at_huge_epsilon(tmp_path, capsys):
     assert code == 2 and "ε ≤ 100" in err and not (tmp_path / "t.csv").exists()
 
 
+@pytest.mark.audits("reveal-or-obscure")
 def test_reveal_or_obscure_audit_at_large_epsilon():
     for eps in (30.0, 700.0, 720.0):
         audit = exact_privacy_audit(RevealOrObscureSampler(3, eps), 3, k=3)
@@ -240,6 +246,7 @@ def test_reveal_or_obscure_audit_at_large_epsilon():
 # ------------------------------------------------------------------------- bounds
 
 
+@pytest.mark.audits("clipped-mean")
 def test_bounded_bias_bound_uses_the_corrected_delta_dependence():
     """Thm 1.8 as printed, √d·ln(1/δ)/ε, is not what the analysis gives: the privacy term is
     8√(2d·ln(1/δ))/ε. Squaring 1/δ multiplies the required n by √2 (not 2), and at that n the

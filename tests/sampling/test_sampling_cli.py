@@ -32,6 +32,7 @@ def table(tmp_path):
     return path
 
 
+@pytest.mark.audits("repeated-sampling")
 def test_end_to_end_categorical_csv(tmp_path, capsys, table):
     out = tmp_path / "o" / "s.csv"
     code, stdout, err = run(capsys, "--data", str(table), "--columns", "color,flag",

@@ -123,6 +123,7 @@ def test_learning_needs_more_data_than_sampling():
     assert exact_tv(s, p, n, poisson_size=True) <= alpha  # …but already a sampler
 
 
+@pytest.mark.audits("repeated-sampling")
 def test_block_slices_and_repeated_sampling():
     assert block_slices(10, 3) == [slice(0, 3), slice(3, 6), slice(6, 9)]
     with pytest.raises(ValueError):

@@ -73,6 +73,7 @@ def test_clipped_mean_guarantee_accountants():
     assert one.delta == 0 and one.epsilon == pytest.approx(e1)
 
 
+@pytest.mark.audits("clipped-mean")
 @pytest.mark.parametrize("d", [2, 10, 100, 1000])
 def test_bb_upper_n_is_private_enough(d):
     """Claim 12: at n = max(8√(2d ln(1/δ))/ε, 72 ln(d/(2α))) the sampler is (ε, δ)-DP."""

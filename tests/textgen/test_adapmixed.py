@@ -34,6 +34,7 @@ def test_mixing_weight_hits_the_target():
     assert ada.mixing_weight(p_pub, near, 15.0, 0.3) == pytest.approx(1 - 1e-5)
 
 
+@pytest.mark.audits("adapmixed")
 @pytest.mark.parametrize("adjacency", ["replace-by-null", "add-remove"])
 def test_charged_cost_is_the_exact_divergence_to_neighbours(adjacency):
     """The per-step charge equals max over neighbours of the exact symmetric Rényi divergence
@@ -63,6 +64,7 @@ def test_charged_cost_is_the_exact_divergence_to_neighbours(adjacency):
     assert wrong != pytest.approx(exact, rel=1e-3)
 
 
+@pytest.mark.audits("adapmixed")
 def test_budget_stops_generation_and_guarantee_is_data_dependent():
     public, private = dists(3)
     prm = ada.AdaPMixEDParams(epsilon=1.3, screen_threshold=1e9)

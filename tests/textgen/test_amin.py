@@ -35,13 +35,14 @@ def test_paper_clip_values(b, eps, clip):
                                                                                       abs=2e-3)
 
 
+@pytest.mark.audits("amin")
 @pytest.mark.parametrize("convention", ["correct", "paper"])
 def test_calibration_spends_the_budget(convention):
     from dplang.privacy import epsilon_to_rho
 
     budget = amin.calibrate(10, 1e-6, 127, 1.2, 0.3, 100, convention)
     assert budget.rho == pytest.approx(epsilon_to_rho(10, 1e-6), rel=1e-6)
-    g = budget.guarantee(1e-6, 10)
+    g = amin.AminParams(budget, 10, 1e-6, 127, 1.2, 1.0, 0.7, 0.3).guarantee()
     assert g.adjacency == ("replace-by-null" if convention == "correct" else "zero-out")
 
 
@@ -50,6 +51,7 @@ def _agg(rows, public, clip, b):
     return torch.from_numpy(amin.aggregate(rows, public, clip, b))
 
 
+@pytest.mark.audits("amin")
 @settings(max_examples=50, deadline=None)
 @given(seed=st.integers(0, 9999), b=st.integers(1, 8), clip=st.floats(0.1, 10))
 def test_aggregate_sensitivity_is_2c_over_b(seed, b, clip):
@@ -67,6 +69,7 @@ def test_aggregate_sensitivity_is_2c_over_b(seed, b, clip):
         assert abs(d_full - d_other) <= amin.svt_query_sensitivity(clip, b, "correct") + 1e-9
 
 
+@pytest.mark.audits("amin")
 def test_paper_convention_is_caught():
     """The paper's C/B and 1/B sensitivities are exceeded by a replace-by-null neighbour."""
     b, clip = 4, 2.0
@@ -128,6 +131,7 @@ def _exact_gap(a, b):
     return max(abs(Fraction(float(x)) - Fraction(float(y))) for x, y in zip(a, b, strict=True))
 
 
+@pytest.mark.audits("amin")
 def test_the_sampled_aggregate_is_within_2c_over_b_exactly(monkeypatch):
     """The aggregate the policy samples from moves by at most Δ = 2C/B when one reference is
     replaced by the empty one — in exact arithmetic on the float64 values the sampler gets, for
@@ -159,6 +163,7 @@ def test_the_sampled_aggregate_is_within_2c_over_b_exactly(monkeypatch):
             assert _exact_gap(full, nulled) <= Fraction(2) * Fraction(c) / b
 
 
+@pytest.mark.audits("amin")
 def test_svt_noise_drawn_is_what_the_guarantee_charges(monkeypatch):
     """The sparse vector test's noise as the policy draws it — threshold Lap(b₁), queries
     Lap(b₂) — must be paid for by the charged ε_SVT: AboveThreshold with sensitivity Δ_d is

@@ -72,6 +72,7 @@ def test_nn_histogram_matches_brute_force_and_blocking():
     assert (nn_histogram(priv[:777], cand) + nn_histogram(priv[777:], cand)).tolist() == h.tolist()
 
 
+@pytest.mark.audits("augpe")
 @settings(max_examples=150, deadline=None)
 @given(dims, st.data())
 def test_sensitivity_replace_by_null_and_replace_one(params, data):
@@ -129,6 +130,7 @@ def _gaussian_renyi_numeric(shift, sigma, alpha):
     return (top + math.log(val)) / (alpha - 1)
 
 
+@pytest.mark.audits("augpe")
 def test_wrong_sensitivity_is_caught():
     """σ calibrated with Δ = 1 under replace-by-null/replace-one is exposed by an exact check
     on a neighbouring pair whose histograms differ by √2."""
@@ -284,6 +286,7 @@ def test_determinism_and_batching_independence():
     assert d[0] == a[0]
 
 
+@pytest.mark.audits("augpe")
 def test_null_references_change_nothing_and_model_never_sees_references():
     with_nulls = _run(seed=2)
     without = _run(refs=[r for r in REFS if r], seed=2)
@@ -324,6 +327,7 @@ def test_style_slot_and_all_null_references():
                for p in model.prompts)
 
 
+@pytest.mark.audits("augpe")
 def test_release_path_noise_pays_for_the_printed_rho(monkeypatch):
     """The Gaussian noise Aug-PE actually adds — one N(0, σ_t²) per iteration, recorded where
     the run draws it, through the registered method's path (``run_population``) — must pay for

@@ -449,10 +449,10 @@ def manifest(tmp_path, name):
 def test_every_worker_must_report_the_first_workers_identity():
     """A prompt-side driver does not know the vocabulary and EOS ids: the first worker's are
     pinned, and a later worker with others stops the run."""
-    from dplang.textgen.executors import _IdentityPin
+    from dplang.textgen.executors.base import IdentityPin
 
     first = {"model_id": "m", "vocab_size": 30, "eos_token_ids": [0], "numerics": {"t": 1}}
-    pin = _IdentityPin()
+    pin = IdentityPin()
     pin.check(0, first)
     pin.check(1, dict(first))
     with pytest.raises(ExecutorError, match=r"worker 2's model differs from worker 0's.*"

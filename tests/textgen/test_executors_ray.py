@@ -16,7 +16,7 @@ from dplang.textgen.executors import ExecutorError
 from dplang.textgen.orchestration import GenerationRequest, execute_plan, plan_generation
 
 ray = pytest.importorskip("ray")
-from dplang.textgen.executors_ray import RayExecutor  # noqa: E402
+from dplang.textgen.executors.ray import RayExecutor  # noqa: E402
 
 pytestmark = pytest.mark.ray
 

@@ -161,6 +161,7 @@ def _neighbour_laws(seed, b, c, tau, k, zero_out=False):
         yield law, step_probabilities(other, pub, c, b, tau, k)
 
 
+@pytest.mark.audits("invisibleink")
 @pytest.mark.parametrize("k", [0, 5, 20])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_per_token_privacy_loss(seed, k):
@@ -172,6 +173,7 @@ def test_per_token_privacy_loss(seed, k):
     assert math.isfinite(audit.max_log_ratio)
 
 
+@pytest.mark.audits("invisibleink")
 def test_broken_null_reference_is_caught():
     """A null reference that is not the public prompt (here: zero logits, as if the empty
     reference gave other logits) breaks the C/B analysis; the audit must reject it."""
@@ -211,6 +213,7 @@ def test_broken_private_candidate_set_is_caught():
     assert max_log_ratio(real_p, real_q) <= 2 * c / (b * tau) + 1e-12
 
 
+@pytest.mark.audits("invisibleink")
 def test_sequence_level_bound_exact():
     """Item 9: enumerate all sequences of a tiny prefix-dependent model, T = 3."""
     v, t_max, b, c, tau, k = 4, 3, 3, 0.6, 1.0, 0

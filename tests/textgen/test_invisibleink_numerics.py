@@ -67,6 +67,7 @@ def max_exact_gap(a: np.ndarray, b: np.ndarray) -> Fraction:
     return max(abs(Fraction(float(x)) - Fraction(float(y))) for x, y in zip(a, b, strict=True))
 
 
+@pytest.mark.audits("invisibleink")
 @settings(max_examples=400, deadline=None)
 @given(neighbours())
 def test_sensitivity_is_c_over_b_exactly_in_float64(case):

@@ -19,7 +19,6 @@ import torch
 import dplang.cli.generate as gen_cli
 from dplang.cli.app import main
 from dplang.models import ToyModel
-from dplang.privacy.accounting import rho_to_epsilon
 from dplang.privacy.guarantees import Adjacency, Guarantee
 from dplang.privacy.mechanisms import exponential_mechanism
 from dplang.textgen.engine import GroupJob, StepPolicy
@@ -64,10 +63,9 @@ class _ToyParams:
         return cls(options["clip"], inputs.batch_size, inputs.temperature, inputs.max_tokens,
                    inputs.delta)
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         rho = self.max_tokens * (self.clip / self.batch_size) ** 2 / (2 * self.temperature**2)
-        return Guarantee("toyem", "reference", Adjacency.REPLACE_BY_NULL, rho,
-                         rho_to_epsilon(rho, self.delta), self.delta)
+        return Guarantee.zcdp("toyem", "reference", Adjacency.REPLACE_BY_NULL, rho, self.delta)
 
     def policy_factory(self, vocab_size: int) -> Callable[[GroupJob], StepPolicy]:
         return lambda _job: _ToyPolicy(self.clip, self.batch_size, self.temperature)

@@ -35,9 +35,9 @@ from ..privacy.guarantees import Guarantee
 from ..privacy.ledger import BudgetExceeded, LedgerError, PrivacyLedger
 from ..privacy.ledger_backends import is_ledger_url, ledger_location
 from ..release import Charge, OutputPaths, ReleaseError, RunLock, dataset_name
+from ..textgen.defaults import DEFAULT_CONCURRENT_GROUPS
 from ..textgen.executors import ExecutorError, check_executor, make_executor
 from ..textgen.orchestration import (
-    DEFAULT_CONCURRENT_GROUPS,
     GenerationError,
     GenerationPlan,
     GenerationRequest,

@@ -11,10 +11,10 @@ subcommand is ``canaries``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 
+from ..evaluation.registry import default_metrics, get_metric, metric_names, settings_problem
 from .errors import fail, output_lock
 from .options import overwrite_option
 
@@ -26,6 +26,20 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def _metrics_help() -> str:
+    """``--metrics``' help, from the metric registry: the default metrics, then the opt-in
+    ones with what they measure and the settings they require."""
+    opt_in = []
+    for name in metric_names():
+        spec = get_metric(name)
+        if not spec.default:
+            needs = [s.flag for s in spec.settings if s.required]
+            opt_in.append(f"{name} (opt-in" + (f": {spec.help}" if spec.help else "")
+                          + (f"; needs {', '.join(needs)})" if needs else ")"))
+    return (f"Comma-separated: {','.join(default_metrics())} (default all)"
+            + (f", and {', '.join(opt_in)}" if opt_in else "") + ".")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -45,12 +59,7 @@ def evaluate(
     out: Path | None = typer.Option(
         None, "--out", help="Directory for metrics.json, report.md, plots. Required."),
     text_column: str = typer.Option("text", "--text-column", help="Text column of --real."),
-    metrics: str | None = typer.Option(
-        None, "--metrics",
-        help="Comma-separated: mauve,perplexity,length,topk (default all), and the opt-in "
-             "downstream (needs --label-column), classifier (two-sample AUC) and labels "
-             "(label-mix TVD of grouped generations).",
-    ),
+    metrics: str | None = typer.Option(None, "--metrics", help=_metrics_help()),
     label_column: str | None = typer.Option(
         None, "--label-column",
         help="downstream: the public label column (generation's --group-by column).",
@@ -111,7 +120,7 @@ def evaluate(
         check_output_path(out, directory=True)
     except ReleaseError as exc:
         fail(f"{exc} (evaluate writes a folder: metrics.json, report.md and plots)")
-    _downstream_usage(metrics, label_column, test_num)
+    _settings_usage(metrics, label_column, test_num, mauve_bootstrap)
     existing = [out / name for name in ("metrics.json", "report.md", "downstream.json")
                 if (out / name).exists()]
     if existing and not overwrite:
@@ -128,16 +137,16 @@ _DEFAULTS = {"text_column": "text", "embedder": "default", "model": "default", "
              "mauve_bootstrap": 0}
 
 
-def _downstream_usage(metrics: str | None, label_column: str | None,
-                      test_num: int | None) -> None:
-    """``--label-column`` / ``--test-num`` belong to ``--metrics downstream`` (usage errors
-    before anything is read)."""
-    names = [m.strip().lower() for m in (metrics or "").split(",") if m.strip()]
-    if "downstream" not in names:
-        if label_column is not None or test_num is not None:
-            fail("--label-column and --test-num are for --metrics downstream")
-    elif label_column is None:
-        fail("--metrics downstream needs --label-column (the public label column)")
+def _settings_usage(metrics: str | None, label_column: str | None,
+                    test_num: int | None, mauve_bootstrap: int = 0) -> None:
+    """A metric's own settings (``--label-column``, ``--test-num``, ``--mauve-bootstrap``: the
+    registry says whose) given without it, or a chosen metric without one it requires: usage
+    errors before anything is read."""
+    names = [m for m in metrics.split(",") if m.strip()] if metrics is not None else None
+    problem = settings_problem(names, {"label_column": label_column, "test_num": test_num,
+                                       "mauve_bootstrap": mauve_bootstrap or None})
+    if problem is not None:
+        fail(problem)
 
 
 def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
@@ -166,42 +175,18 @@ def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
         typer.echo(f"warning: {warning}", err=True)
     if quiet:
         return
+    specs = [get_metric(name) for name in metric_names()]
     for run in result["runs"]:
         parts = [run["name"], f"n={run['n']}"]
-        if "mauve" in run:
-            m = run["mauve"]
-            parts.append(f"MAUVE={100 * m['mauve']:.2f}%"
-                         + (f" [{100 * m['low']:.2f}, {100 * m['high']:.2f}]"
-                            if "low" in m else ""))
-        if "perplexity" in run:
-            parts.append(f"PPL={run['perplexity']['mean']['mean']:.2f}")
-            parts.append(f"ΔPPL={run['perplexity']['delta_ppl']:.2f}")
-        if "length" in run:
-            parts.append(f"length={run['length']['tokens']['mean']:.1f}")
-        if "topk" in run:
-            parts.append(f"effective_k={run['topk']['effective_k']['mean']:.2f}")
-            parts.append(f"expansion_tokens={run['topk']['expansion_tokens']['mean']:.2f}")
-        if "downstream" in run:
-            parts.append(_downstream_line(run["downstream"]))
-        if "classifier" in run:
-            c = run["classifier"]
-            parts.append(f"classifier_AUC={c['auc']:.3f} [{c['low']:.3f}, {c['high']:.3f}]")
-        if "labels" in run:
-            lab = run["labels"]
-            parts.append(f"label_TVD={lab['tvd']:.3f} [{lab['low']:.3f}, {lab['high']:.3f}]")
+        for spec in specs:
+            if spec.name in run:
+                parts += spec.run_summary(run[spec.name])
         typer.echo("  ".join(parts))
-    if "downstream" in result["real"]:
-        typer.echo(f"real (ceiling)  n={result['settings']['n']}  "
-                   + _downstream_line(result["real"]["downstream"]["ceiling"]))
-        typer.echo(f"wrote {out / 'downstream.md'} and {out / 'downstream.json'}")
+    for spec in specs:
+        if spec.footer is not None and spec.name in result["settings"]["metrics"]:
+            for line in spec.footer(result, out):
+                typer.echo(line)
     typer.echo(f"wrote {out / 'metrics.json'} and {out / 'report.md'}")
-
-
-def _downstream_line(row: dict[str, Any]) -> str:
-    """One run's (or the ceiling's) downstream scores on one line."""
-    a, f = row["accuracy"], row["macro_f1"]
-    return (f"{row['role']}  accuracy={a['mean']:.3f} [{a['low']:.3f}, {a['high']:.3f}]  "
-            f"macro_f1={f['mean']:.3f} [{f['low']:.3f}, {f['high']:.3f}]")
 
 
 @app.command("canaries")

@@ -34,26 +34,34 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-STATISTICAL = ("margin", "soft-margin", "gaussian-margin", "pointer", "prefix-count",
-               "joint-threshold", "gaussian-threshold")
-STREAMING = ("approximate-intersection", "epoch-em", "stochastic", "closure")
-BOTH = ("uniform-private",)
-
-ALIASES = {
-    "000.1": "soft-margin", "000.2": "gaussian-margin", "000.3": "prefix-count",
-    "000.4": "margin", "000.5": "pointer", "000.6": "joint-threshold",
-    "000.7": "gaussian-threshold", "001.1": "approximate-intersection",
-    "001.c1": "uniform-private", "001.2": "epoch-em", "001.3": "stochastic",
-}
+# The algorithms, their paper numbers, settings and kinds: the formal lab's registry
+# (dplang.formal.registry), read when a command runs.
 
 
 def _algorithm_name(name: str) -> str:
-    key = name.strip().lower().replace("·", ".")
-    key = ALIASES.get(key, key)
-    if key not in STATISTICAL + STREAMING + BOTH:
+    from ..formal.registry import algorithms_in, resolve_algorithm
+
+    key = resolve_algorithm(name)
+    if key is None:
+        names = (*algorithms_in("statistical"), *algorithms_in("limit"),
+                 *algorithms_in("statistical", "limit"))
         fail(f"unknown algorithm {name!r}; choose one of "
-             f"{', '.join(STATISTICAL + STREAMING + BOTH)} (or a paper number such as 000.3)")
+             f"{', '.join(names)} (or a paper number such as 000.3)")
     return key
+
+
+def _statistical(name: str) -> bool:
+    """Whether ``name`` runs in the statistical setting only (a sample: ``--n``)."""
+    from ..formal.registry import get_algorithm
+
+    return get_algorithm(name).settings == ("statistical",)
+
+
+def _streaming(name: str) -> bool:
+    """Whether ``name`` runs in the limit setting only (a stream: ``--horizon``)."""
+    from ..formal.registry import get_algorithm
+
+    return get_algorithm(name).settings == ("limit",)
 
 
 def _instance(name: str, **params: Any) -> Any:
@@ -111,13 +119,14 @@ def _jsonable(obj: Any) -> Any:
 def list_() -> None:
     """List the algorithms (with paper numbers), the named instances (with ground truth) and
     the experiments."""
-    from ..formal import limit, statistical
     from ..formal.experiments import EXPERIMENTS
+    from ..formal.registry import algorithm_names, get_algorithm
     from ..formal.truth import INSTANCES, instance
 
     typer.echo("Algorithms:")
-    for name, (_, paper, task) in {**statistical.ALGORITHMS, **limit.ALGORITHMS}.items():
-        typer.echo(f"  {name:26s} {paper:12s} {task}")
+    for name in algorithm_names():
+        entry = get_algorithm(name)
+        typer.echo(f"  {name:26s} {entry.paper:12s} {entry.task}")
     typer.echo("\nInstances:")
     for name in INSTANCES:
         inst = instance(name)
@@ -137,14 +146,15 @@ def _build(alg_name: str, inst: Any, n: int | None, epsilon: float | None,
            calibration: str, big_r: int | None, data_mode: bool) -> tuple[Any, dict[str, Any],
                                                                         list[str]]:
     from ..formal import limit, statistical
+    from ..formal.registry import get_algorithm
     from ..formal.truth import generation_truth, identification_truth
 
     warnings: list[str] = []
-    private = alg_name not in ("margin", "pointer", "closure")
-    if private and epsilon is None:
+    entry = get_algorithm(alg_name)
+    if entry.private and epsilon is None:
         fail(f"--epsilon is required for {alg_name}")
     eps = epsilon if epsilon is not None else math.inf
-    gaussian = alg_name in ("gaussian-margin", "gaussian-threshold")
+    gaussian = entry.gaussian
     if calibration not in ("classical", "zcdp"):
         fail(f"--calibration must be classical or zcdp, got {calibration!r}")
     dlt = delta if delta is not None else 1e-6
@@ -155,31 +165,27 @@ def _build(alg_name: str, inst: Any, n: int | None, epsilon: float | None,
     if gaussian:
         params.update(delta=dlt, calibration=calibration)
     big_k = k if k is not None else inst.defaults.get("k", 2)
-    if alg_name in STATISTICAL:
+    if _statistical(alg_name):
         params["k"] = big_k
         dist = None if data_mode else inst.distribution
-        if alg_name in ("margin", "soft-margin", "gaussian-margin"):
+        if entry.task == "identification":
             if dist is not None and n is not None:
                 t = identification_truth(inst.collection, dist, max(big_k, 16)
                                          if not inst.collection.is_finite
                                          else int(inst.collection.size or 1))
-                theorem = {"soft-margin": "Thm 3.2", "gaussian-margin": "Thm 3.3",
-                           "margin": "HP's bound"}[alg_name]
+                theorem = entry.theorem
                 if big_k < t.i_star:
                     warnings.append(f"k(n) = {big_k} < i* = {t.i_star}: {theorem} no longer "
                                     "applies")
                 elif t.gap is not None and 1 / big_k > t.gap / 2:
                     warnings.append(f"1/k = {1 / big_k:.3g} > Δ/2 = {t.gap / 2:.3g}: "
                                     f"{theorem} no longer applies")
-            cls = {"margin": statistical.MarginIdentifier,
-                   "soft-margin": statistical.SoftMarginIdentifier,
-                   "gaussian-margin": statistical.GaussianMarginIdentifier}[alg_name]
             kw: dict[str, Any] = {"k": big_k}
-            if alg_name != "margin":
+            if entry.private:
                 kw["epsilon"] = eps
             if gaussian:
                 kw.update(delta=dlt, calibration=calibration)
-            return _make(cls, kw), params, warnings
+            return _make(entry.cls, kw), params, warnings
         # generation
         win = window if window is not None else inst.defaults.get("M", 3)
         params["window"] = win
@@ -190,8 +196,7 @@ def _build(alg_name: str, inst: Any, n: int | None, epsilon: float | None,
                                  if not inst.collection.is_finite
                                  else int(inst.collection.size or 1), window=win)
             m_star, rho = g.m_star, g.rho
-            theorem = {"prefix-count": "Thm 4.5", "joint-threshold": "Thm 4.6",
-                       "gaussian-threshold": "Thm 4.9", "pointer": "HP's bound"}[alg_name]
+            theorem = entry.theorem
             if win < m_star:
                 warnings.append(f"M = {win} < m* = {m_star}: {theorem} no longer applies")
             if g.i_circ is None or big_k < g.i_circ:
@@ -210,26 +215,22 @@ def _build(alg_name: str, inst: Any, n: int | None, epsilon: float | None,
         else:
             r_fn = statistical.TimesPow2(64)
             params["R"] = "n·2^64"
-        if alg_name == "pointer":
-            return statistical.PointerGenerator(k=big_k, big_r=r_fn), params, warnings
-        if alg_name == "prefix-count":
-            return _make(statistical.PrefixCountGenerator,
-                         {"k": big_k, "epsilon": eps, "tau": tau_fn, "big_m": win,
-                          "big_r": r_fn}), params, warnings
+        # each generator's own constructor: the witness window is M for Algorithm 3, the
+        # threshold horizon M̄ for Algorithms 6 and 7
+        if entry.cls is statistical.PointerGenerator:
+            return entry.cls(k=big_k, big_r=r_fn), params, warnings
+        if entry.cls is statistical.PrefixCountGenerator:
+            return _make(entry.cls, {"k": big_k, "epsilon": eps, "tau": tau_fn, "big_m": win,
+                                     "big_r": r_fn}), params, warnings
         kw = {"k": big_k, "epsilon": eps, "tau": tau_fn, "mbar": win, "big_r": r_fn}
         if gaussian:
             kw.update(delta=dlt, calibration=calibration)
-            return _make(statistical.GaussianThresholdGenerator, kw), params, warnings
-        return _make(statistical.JointThresholdGenerator, kw), params, warnings
-    if alg_name == "approximate-intersection":
-        return _make(limit.ApproximateIntersectionGenerator, {"epsilon": eps}), params, warnings
-    if alg_name == "epoch-em":
-        return _make(limit.EpochEMIdentifier, {"epsilon": eps}), params, warnings
-    if alg_name == "stochastic":
-        return _make(limit.StochasticIdentifier, {"epsilon": eps}), params, warnings
-    if alg_name == "closure":
-        return limit.ClosureGenerator(), params, warnings
-    upg = _make(limit.UniformPrivateGenerator, {"epsilon": eps})
+        return _make(entry.cls, kw), params, warnings
+    if entry.cls is not limit.UniformPrivateGenerator:
+        if not entry.private:
+            return entry.cls(), params, warnings
+        return _make(entry.cls, {"epsilon": eps}), params, warnings
+    upg = _make(entry.cls, {"epsilon": eps})
     return (upg if n is not None or data_mode else upg.continual()), params, warnings
 
 
@@ -300,9 +301,9 @@ def run(
         fail(f"--seed must be >= 0, got {seed}")
     if n is not None and horizon is not None:
         fail("give either --n (statistical setting) or --horizon (limit setting), not both")
-    if alg_name in STATISTICAL and horizon is not None:
+    if _statistical(alg_name) and horizon is not None:
         fail(f"--horizon given to {alg_name}, an algorithm of the statistical setting; use --n")
-    if alg_name in STREAMING and n is not None:
+    if _streaming(alg_name) and n is not None:
         fail(f"--n given to {alg_name}, an algorithm of the limit setting; use --horizon")
     _check_out(out)
     if data is not None:
@@ -335,16 +336,16 @@ def run(
             params["k"] = k
         inst = _instance(instance_name, **params)
         coll = inst.collection
-        setting = "statistical" if alg_name in STATISTICAL else "limit"
+        setting = "statistical" if _statistical(alg_name) else "limit"
         if setting not in inst.settings:
             fail(f"instance {instance_name} belongs to the {inst.settings[0]} setting; "
                  f"{alg_name} needs a {setting} instance")
-    if data is None and alg_name in STATISTICAL and n is None:
+    if data is None and _statistical(alg_name) and n is None:
         fail(f"{alg_name} needs --n (sample size)")
-    if data is None and alg_name in STREAMING and horizon is None:
+    if data is None and _streaming(alg_name) and horizon is None:
         fail(f"{alg_name} needs --horizon")
-    if data is None and alg_name in BOTH and n is None and horizon is None:
-        fail("uniform-private needs --n (one-shot) or --horizon (continual release)")
+    if data is None and n is None and horizon is None:  # an algorithm of both settings
+        fail(f"{alg_name} needs --n (one-shot) or --horizon (continual release)")
     fake_inst = inst if inst is not None else _CustomInstance(coll)
     k_alg = None if alg_name == "uniform-private" else k
     alg, params_used, warnings = _build(alg_name, fake_inst, n, epsilon, delta, k_alg, tau_v,
@@ -366,8 +367,7 @@ def run(
         typer.echo(f"{alg_name} on {res.manifest['n']} elements of {data} → {out}")
         for row in res.rows[-3:]:
             typer.echo(f"  released: {row}")
-        typer.echo(alg.guarantee(res.manifest["n"]).summary() if alg_name in STATISTICAL
-                   else alg.guarantee().summary())
+        typer.echo(alg.guarantee(res.manifest["n"]).summary())
         return
     assert inst is not None
     try:
@@ -375,7 +375,7 @@ def run(
                                   0 if seed is None else seed, workers)
     except ValueError as exc:
         fail(str(exc).splitlines()[0])
-    g = alg.guarantee(n) if alg_name in STATISTICAL else alg.guarantee()
+    g = alg.guarantee(n)
     for line in summary["lines"]:
         typer.echo(line)
     typer.echo(g.summary() if math.isfinite(g.epsilon) else
@@ -408,12 +408,13 @@ def _simulate(alg_name: str, alg: Any, inst: Any, n: int | None, horizon: int | 
                                                           dict[str, Any]]:
     from ..formal import evaluation as ev
     from ..formal.experiments import _pmap
+    from ..formal.registry import get_algorithm
     from ..privacy.randomness import RandomStreams
 
     lines: list[str] = []
     values: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
-    if alg_name in STATISTICAL:
+    if _statistical(alg_name):
         assert n is not None
         dist = inst.distribution
         chunk = max(1, math.ceil(runs / max(1, workers)))
@@ -429,7 +430,7 @@ def _simulate(alg_name: str, alg: Any, inst: Any, n: int | None, horizon: int | 
                      "runs": runs})
         exact = None
         try:
-            if alg_name in ("margin", "soft-margin", "gaussian-margin"):
+            if get_algorithm(alg_name).task == "identification":
                 exact = ev.exact_identification_error(alg, inst.collection, dist, n)
             elif alg_name == "pointer":
                 exact = ev.exact_pointer_error(alg, inst.collection, dist, n)
@@ -444,6 +445,7 @@ def _simulate(alg_name: str, alg: Any, inst: Any, n: int | None, horizon: int | 
                          "log_err": exact.log_value})
         return rows, {"lines": lines, "values": values}
     assert horizon is not None or n is not None
+    identifies = get_algorithm(alg_name).task == "identification"
     target_index = inst.target
     target = inst.collection[target_index] if target_index else None
     ok = 0
@@ -472,7 +474,7 @@ def _simulate(alg_name: str, alg: Any, inst: Any, n: int | None, horizon: int | 
             rows.append({"run": r, "output": str(w), "valid": good})
             ok += good
             continue
-        if alg_name in ("epoch-em", "stochastic"):
+        if identifies:
             res = alg.run(st, inst.collection, horizon, rng, target_index=target_index)
         else:
             res = alg.run(st, inst.collection, horizon, rng, target=target, record=False)
@@ -483,7 +485,7 @@ def _simulate(alg_name: str, alg: Any, inst: Any, n: int | None, horizon: int | 
                      "last_invalid_t": res.last_invalid()})
         ok += bool(last.valid)
     lo, hi = ev.wilson(ok, runs, 0.95)
-    what = "correct" if alg_name in ("epoch-em", "stochastic") else "valid"
+    what = "correct" if identifies else "valid"
     at = f"n = {n}" if alg_name == "uniform-private" and n is not None else f"t = {horizon}"
     lines.append(f"{alg_name} on {inst.name}: {what} at {at} in {ok}/{runs} runs "
                  f"({ok / runs:.3g}, 95% Wilson [{lo:.3g}, {hi:.3g}])")
@@ -557,9 +559,9 @@ def audit(
     exact when the output space has at most 2^16 atoms (the exact law over all neighbours of
     small datasets, or the exact transcript/profile), Monte Carlo otherwise (a lower bound on
     ε on a crafted pair); --exact / --monte-carlo force one."""
-    from ..formal import evaluation as ev
-    from ..formal import limit
     from ..formal.audit import audit as run_audit
+    from ..formal.audit import twin as broken_twin
+    from ..formal.registry import get_algorithm
 
     alg_name = _algorithm_name(algorithm)
     if not epsilon > 0:
@@ -584,8 +586,9 @@ def audit(
         if instance_name == "sperner":
             params["k"] = k
     inst = _instance(instance_name, **params)
-    eps_opt = None if alg_name in ("margin", "pointer", "closure") else epsilon
-    if alg_name in STATISTICAL:
+    private = get_algorithm(alg_name).private
+    eps_opt = epsilon if private else None
+    if _statistical(alg_name):
         if "statistical" not in inst.settings:
             fail(f"instance {instance_name} is not a statistical instance")
         alg, _, _ = _build(alg_name, _AuditInstance(inst), None, eps_opt, delta,
@@ -597,9 +600,9 @@ def audit(
         alg, _, _ = _build(alg_name, inst, 1, eps_opt, delta, None, None, None, "classical",
                            None, True)
     if twin:
-        if alg_name in ("margin", "pointer", "closure"):
+        if not private:
             fail(f"{alg_name} is not private; it is its own negative control")
-        alg = ev.twin(alg) if alg_name in STATISTICAL else limit.twin(alg)
+        alg = broken_twin(alg)
     method = "monte-carlo" if monte_carlo else ("exact" if exact else None)
     try:
         report = run_audit(alg, inst, epsilon, method=method, max_n=max_n, trials=trials,

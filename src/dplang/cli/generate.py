@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable
 from pathlib import Path
@@ -114,12 +115,7 @@ def _generate(
         help="References are cut to their first this-many tokens.",
     ),
     dense: bool = typer.Option(False, "--dense", help="Full LM head for private rows."),
-    method: str = typer.Option(
-        "invisibleink", "--method",
-        help="invisibleink (default), amin, adapmixed, augpe (docs/deviations.md), or "
-             "nonprivate (NOT PRIVATE: no clipping, no noise, no budget; an experiment's "
-             "ceiling)."
-    ),
+    method: str = typer.Option("invisibleink", "--method", help="(from the method registry)"),
     ledger: str | None = ledger_option(),
     dataset: str | None = dataset_option(),
     overwrite: bool = overwrite_option(
@@ -181,6 +177,24 @@ def _method_parameters() -> dict[str, tuple[str, str, inspect.Parameter]]:
     return out
 
 
+def _method_help(default: str) -> str:
+    """``--method``'s help: the registered methods, ``default`` first; a method that takes no
+    privacy budget (not private at all) is shown with its spec's summary, which says so."""
+    others = [spec.name + ("" if spec.takes_budget else f" ({spec.summary})")
+              for spec in all_methods() if spec.name != default]
+    listed = (", ".join(others[:-1]) + " or " + others[-1]) if len(others) > 1 else "".join(others)
+    return f"{default} (default)" + (f", {listed}" if listed else "") + " (docs/deviations.md)."
+
+
+def _with_registry_help(param: inspect.Parameter) -> inspect.Parameter:
+    """``param``, with ``--method``'s help listing the methods registered now."""
+    if param.name != "method":
+        return param
+    option = copy.copy(param.default)
+    option.help = _method_help(option.default)
+    return param.replace(default=option)
+
+
 def _build_command() -> Callable[..., None]:
     """``dplang generate``: the shared flags of :func:`_generate` and each registered method's
     own flags (the registry decides them: adding a method adds its flags here)."""
@@ -200,7 +214,7 @@ def _build_command() -> Callable[..., None]:
             options[option] = value
         _generate(**kwargs, method_options=options)
 
-    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+    params = [_with_registry_help(p).replace(kind=inspect.Parameter.KEYWORD_ONLY)
               for p in base.parameters.values() if p.name != "method_options"]
     params += [param for _m, _o, param in extra.values()]
     generate.__signature__ = base.replace(parameters=params)  # type: ignore[attr-defined]

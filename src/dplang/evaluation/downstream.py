@@ -50,8 +50,10 @@ from dplang.evaluation.embedders import Embedder, resolve_embedder
 from dplang.evaluation.registry import (
     MetricContext,
     MetricOutput,
+    MetricSetting,
     MetricSpec,
     RunValue,
+    SweepColumn,
     register_metric,
 )
 
@@ -68,6 +70,7 @@ __all__ = [
     "fit_and_score",
     "labelled_run",
     "render_downstream",
+    "summary_line",
     "write_downstream",
 ]
 
@@ -456,6 +459,21 @@ def _describe(s: dict[str, Any] | None) -> str:
             "`downstream.md`")
 
 
+def summary_line(row: dict[str, Any]) -> str:
+    """One run's (or the ceiling's) downstream scores on one line (``dplang evaluate``)."""
+    a, f = row["accuracy"], row["macro_f1"]
+    return (f"{row['role']}  accuracy={a['mean']:.3f} [{a['low']:.3f}, {a['high']:.3f}]  "
+            f"macro_f1={f['mean']:.3f} [{f['low']:.3f}, {f['high']:.3f}]")
+
+
+def _footer(result: dict[str, Any], out_dir: Path) -> list[str]:
+    if "downstream" not in result["real"]:
+        return []
+    return [f"real (ceiling)  n={result['settings']['n']}  "
+            + summary_line(result["real"]["downstream"]["ceiling"]),
+            f"wrote {out_dir / 'downstream.md'} and {out_dir / 'downstream.json'}"]
+
+
 DOWNSTREAM = register_metric(MetricSpec(
     name="downstream",
     compute=_compute,
@@ -472,6 +490,17 @@ DOWNSTREAM = register_metric(MetricSpec(
     prepare=_prepare,
     describe=_describe,
     plots=_files,
+    settings=(MetricSetting("label_column", "the public label column", required=True),
+              MetricSetting("test_num", "held-out test rows after the n real texts")),
+    summary=lambda entry: [summary_line(entry)],
+    footer=_footer,
+    sweep_columns=(
+        SweepColumn("downstream_accuracy", ("accuracy", "mean")),
+        SweepColumn("downstream_accuracy_low", ("accuracy", "low")),
+        SweepColumn("downstream_accuracy_high", ("accuracy", "high")),
+        SweepColumn("downstream_macro_f1", ("macro_f1", "mean")),
+        SweepColumn("downstream_ceiling", ("ceiling", "accuracy", "mean"), real=True),
+    ),
 ))
 
 

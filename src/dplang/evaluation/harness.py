@@ -19,11 +19,18 @@ Intervals: per-text metrics (perplexity, length, Top-k+ statistics) carry an int
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from dplang import __version__
+from dplang.evaluation.context import (
+    REAL_SIDE_CACHE,
+    EvaluationSettings,
+    MetricContext,
+    RealSideCache,
+    ScoringModels,
+)
 from dplang.evaluation.data import (
     EvaluationError,
     RealTexts,
@@ -33,23 +40,18 @@ from dplang.evaluation.data import (
     load_synthetic,
 )
 from dplang.evaluation.embedders import Embedder
-from dplang.evaluation.mauve_metric import DEFAULT_MAUVE_SEED, SCALING_FACTOR
-from dplang.evaluation.metrics import ScoringModels
-from dplang.evaluation.perplexity import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH
+from dplang.evaluation.mauve_metric import DEFAULT_MAUVE_SEED
 from dplang.evaluation.registry import (
-    REAL_SIDE_CACHE,
-    MetricContext,
     MetricSpec,
-    RealSideCache,
     default_metrics,
     get_metric,
     metric_names,
     resolve_metric_name,
+    settings_problem,
 )
 from dplang.evaluation.stats import Z_99, wald_interval
 
 __all__ = [
-    "ALL_METRICS",
     "EvaluationSettings",
     "cut_texts",
     "evaluate_files",
@@ -58,12 +60,17 @@ __all__ = [
     "parse_metrics",
 ]
 
-#: The built-in metric names, in report order (more can be registered:
-#: :func:`dplang.evaluation.registry.register_metric`).
-ALL_METRICS: tuple[str, ...] = ("mauve", "perplexity", "length", "topk")
 #: Manifest keys copied into the report for every run.
 _MANIFEST_KEYS = ("epsilon", "delta", "rho", "clip", "adjacency")
 _PARAM_KEYS = ("top_k", "batch_size", "max_tokens", "temperature", "model", "data", "prompt")
+
+
+def __getattr__(name: str) -> Any:  # PEP 562
+    """``ALL_METRICS``, kept for earlier imports: the registry's default metrics (the names
+    themselves exist only in the registry, :mod:`dplang.evaluation.registry`)."""
+    if name == "ALL_METRICS":
+        return default_metrics()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def parse_metrics(spec: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -87,52 +94,6 @@ def parse_metrics(spec: str | Sequence[str] | None) -> tuple[str, ...]:
     if not chosen:
         raise EvaluationError("no metric given")
     return tuple(m for m in metric_names() if m in chosen)
-
-
-@dataclass
-class EvaluationSettings:
-    """Everything that determines an evaluation (recorded in ``metrics.json``).
-
-    Attributes:
-        metrics: metric names (registered: :func:`dplang.evaluation.registry.metric_names`).
-        embedder: ``"default"``, ``"hashing"``, a sentence-transformers folder, or an
-            :class:`~dplang.evaluation.embedders.Embedder`.
-        model: scoring / tokenizer model: ``"default"``, a path, or a loaded
-            :class:`~dplang.models.TransformersModel`.
-        num: requested texts per side (``None``: as many as every input provides).
-        seed: MAUVE k-means / PCA seed.
-        num_buckets: MAUVE buckets (``None``: ``max(2, n // 20)``).
-        scaling_factor: MAUVE scaling factor.
-        text_column: column of the real file with the text.
-        exclude_references: skip real rows that were references of a run (when the real file
-            is the generation's data file) instead of refusing.
-        batch_size / max_length: perplexity batching and per-text token limit (incl. BOS).
-        label_column: the public label column of the ``downstream`` metric (the generation's
-            ``--group-by`` column).
-        test_num: ``downstream``: held-out test rows after the ``n`` real texts (``None``: all
-            the rest).
-        mauve_bootstrap: MAUVE's interval over resampled texts: bootstrap resamples (0: none).
-        real_max_tokens: cut every held-out real text to its first this-many tokens of
-            ``model``'s tokenizer before any metric sees it (``None``: whole texts), so that
-            generations capped at T tokens are compared with real texts of at most T tokens.
-    """
-
-    metrics: tuple[str, ...] = ALL_METRICS
-    embedder: str | Embedder = "default"
-    model: Any = "default"
-    num: int | None = None
-    seed: int = DEFAULT_MAUVE_SEED
-    num_buckets: int | None = None
-    scaling_factor: float = SCALING_FACTOR
-    text_column: str = "text"
-    exclude_references: bool = False
-    batch_size: int = DEFAULT_BATCH_SIZE
-    max_length: int = DEFAULT_MAX_LENGTH
-    label_column: str | None = None
-    test_num: int | None = None
-    mauve_bootstrap: int = 0
-    real_max_tokens: int | None = None
-    metrics_explicit: bool = field(default=True, repr=False)
 
 
 def cut_texts(texts: Sequence[str], tokenizer: Any, max_tokens: int) -> list[str]:
@@ -182,7 +143,8 @@ def evaluate_runs(
     in memory)."""
     say = progress or (lambda message: None)
     warnings: list[str] = []
-    specs = [get_metric(name) for name in settings.metrics]
+    names = settings.metrics if settings.metrics is not None else default_metrics()
+    specs = [get_metric(name) for name in names]
     for spec in list(specs):
         skip = spec.select(runs, settings.metrics_explicit) if spec.select else None
         if skip is not None:
@@ -337,8 +299,11 @@ def evaluate_files(
         FileNotFoundError: a model or embedder that does not exist or cannot be loaded.
     """
     chosen = parse_metrics(metrics)
-    if "downstream" not in chosen and (label_column is not None or test_num is not None):
-        raise EvaluationError("--label-column and --test-num are for --metrics downstream")
+    problem = settings_problem(chosen, {"label_column": label_column, "test_num": test_num,
+                                        "mauve_bootstrap": mauve_bootstrap or None},
+                               required=False)
+    if problem is not None:
+        raise EvaluationError(problem)
     settings = EvaluationSettings(
         metrics=chosen, embedder=embedder, model=model, num=num, seed=seed,
         num_buckets=num_buckets, text_column=text_column,
@@ -355,9 +320,6 @@ def evaluate_files(
         raise EvaluationError(f"--num must be at least 1, got {num}")
     if real_max_tokens is not None and real_max_tokens < 1:
         raise EvaluationError(f"--real-max-tokens must be at least 1, got {real_max_tokens}")
-    if mauve_bootstrap != 0 and (mauve_bootstrap < 2 or "mauve" not in chosen):
-        raise EvaluationError("--mauve-bootstrap takes 0 (no interval) or at least 2 resamples, "
-                              f"and --metrics mauve; got {mauve_bootstrap}")
     # Fail fast on paths before any slow work.
     for name in chosen:
         spec = get_metric(name)
@@ -371,7 +333,7 @@ def evaluate_files(
             for r in runs:
                 r.label = str(r.path)
     limit = num if num is not None else min(len(r.texts) for r in runs)
-    models = ScoringModels(model, DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH)
+    models = ScoringModels(model, settings.batch_size, settings.max_length)
     if real_max_tokens is not None:
         models.check()
     real_texts = _cut_real(load_real(real, runs, text_column=text_column, limit=limit,
@@ -436,8 +398,13 @@ def evaluate_texts(
     if len(kept) != len(real):
         stats.skipped_by_reason["blank"] = len(real) - len(kept)
     real_texts = RealTexts(Path("<memory>"), kept, list(range(len(kept))), stats, "in-memory")
+    chosen = parse_metrics(metrics)
+    problem = settings_problem(chosen, {"mauve_bootstrap": mauve_bootstrap or None},
+                               required=False)
+    if problem is not None:
+        raise EvaluationError(problem)
     settings = EvaluationSettings(
-        metrics=parse_metrics(metrics), embedder=embedder, model=model, num=num, seed=seed,
+        metrics=chosen, embedder=embedder, model=model, num=num, seed=seed,
         num_buckets=num_buckets, mauve_bootstrap=mauve_bootstrap,
         metrics_explicit=metrics is not None,
     )

@@ -13,20 +13,23 @@ from typing import Any
 
 import numpy as np
 
+from dplang.evaluation.context import ScoringModels
 from dplang.evaluation.data import EvaluationError, SyntheticRun
-from dplang.evaluation.lengths import load_tokenizer, token_lengths, topk_statistics
+from dplang.evaluation.lengths import token_lengths, topk_statistics
 from dplang.evaluation.mauve_metric import (
     check_mauve_sizes,
     default_num_buckets,
     mauve_bootstrap,
     mauve_from_features,
 )
-from dplang.evaluation.perplexity import PerplexityScorer, delta_ppl
+from dplang.evaluation.perplexity import delta_ppl
 from dplang.evaluation.registry import (
     MetricContext,
     MetricOutput,
+    MetricSetting,
     MetricSpec,
     RunValue,
+    SweepColumn,
     register_metric,
 )
 from dplang.evaluation.stats import wald_interval
@@ -39,63 +42,6 @@ __all__ = ["LENGTH", "MAUVE", "PERPLEXITY", "TOPK", "ScoringModels"]
 
 def _model_name(model: Any) -> str:
     return model if isinstance(model, str) else str(getattr(model, "model_id", model))
-
-
-def _load_error(spec: str, exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return first if first.startswith("model not found") else f"cannot load model {spec!r}: {first}"
-
-
-class ScoringModels:
-    """The scoring model and its tokenizer, loaded at most once and only as far as needed
-    (perplexity needs the model, lengths only the tokenizer)."""
-
-    def __init__(self, spec: Any, batch_size: int, max_length: int) -> None:
-        self.spec = spec
-        self.batch_size = batch_size
-        self.max_length = max_length
-        self._scorer: PerplexityScorer | None = None
-        self._tokenizer: Any = None
-
-    def check(self) -> None:
-        """Fail early on a model path that does not exist."""
-        if isinstance(self.spec, str) and self.spec != "default":
-            path = Path(self.spec).expanduser()
-            if not path.exists():
-                raise FileNotFoundError(
-                    f"model not found: {self.spec!r} is not 'default', a model folder or a "
-                    ".gguf file"
-                )
-
-    @property
-    def scorer(self) -> PerplexityScorer:
-        if self._scorer is None:
-            model = self.spec
-            if isinstance(model, str):
-                from dplang.models import resolve_model
-
-                try:
-                    model = resolve_model(model, check_invariance=False)  # scoring releases nothing
-                except (OSError, ValueError) as exc:
-                    raise FileNotFoundError(_load_error(self.spec, exc)) from exc
-            self._scorer = PerplexityScorer(
-                model, batch_size=self.batch_size, max_length=self.max_length
-            )
-        return self._scorer
-
-    @property
-    def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            if self._scorer is not None:
-                self._tokenizer = self._scorer.tokenizer
-            elif not isinstance(self.spec, str):
-                self._tokenizer = self.spec.tokenizer
-            else:
-                try:
-                    self._tokenizer = load_tokenizer(self.spec)
-                except (OSError, ValueError) as exc:
-                    raise FileNotFoundError(_load_error(self.spec, exc)) from exc
-        return self._tokenizer
 
 
 def _check_model(settings: Any) -> None:
@@ -116,18 +62,25 @@ def _mauve_buckets(ctx: MetricContext) -> int:
     return given if given is not None else default_num_buckets(ctx.n)
 
 
+def _check_bootstrap(settings: Any) -> None:
+    resamples = settings.mauve_bootstrap
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples == 1 \
+            or resamples < 0:
+        raise EvaluationError("--mauve-bootstrap must be 0 (no interval) or at least 2 "
+                              f"resamples, got {resamples!r}")
+
+
 def _mauve_preflight(settings: Any) -> None:
     from dplang.evaluation.embedders import resolve_embedder
 
+    _check_bootstrap(settings)
     resolve_embedder(settings.embedder)
 
 
 def _mauve_prepare(ctx: MetricContext) -> None:
+    _check_bootstrap(ctx.settings)
     ctx.embedder  # noqa: B018  (resolve it now: a bad embedder fails before any work)
     check_mauve_sizes(ctx.n, ctx.n, _mauve_buckets(ctx))
-    if ctx.settings.mauve_bootstrap and ctx.settings.mauve_bootstrap < 2:
-        raise EvaluationError("--mauve-bootstrap must be 0 (no interval) or at least 2 "
-                              f"resamples, got {ctx.settings.mauve_bootstrap}")
 
 
 def _mauve(ctx: MetricContext) -> MetricOutput:
@@ -176,6 +129,14 @@ def _mauve_line(s: dict[str, Any] | None) -> str:
             f"factor {s['scaling_factor']}; seed {s['seed']}{interval}")
 
 
+def _mauve_summary(entry: dict[str, Any]) -> list[str]:
+    """``MAUVE=51.20%``, with its interval over resampled texts when it has one
+    (``MAUVE=51.20% [48.10, 54.90]``)."""
+    interval = (f" [{100 * entry['low']:.2f}, {100 * entry['high']:.2f}]"
+                if entry.get("low") is not None else "")
+    return [f"MAUVE={100 * entry['mauve']:.2f}%{interval}"]
+
+
 MAUVE = register_metric(MetricSpec(
     name="mauve",
     compute=_mauve,
@@ -184,6 +145,11 @@ MAUVE = register_metric(MetricSpec(
     preflight=_mauve_preflight,
     prepare=_mauve_prepare,
     describe=_mauve_line,
+    settings=(MetricSetting("mauve_bootstrap", "bootstrap resamples of the texts for a 95% "
+                            "interval of each run's MAUVE"),),
+    summary=_mauve_summary,
+    sweep_columns=(SweepColumn("mauve", ("mauve",)), SweepColumn("mauve_low", ("low",)),
+                   SweepColumn("mauve_high", ("high",))),
 ))
 
 
@@ -244,6 +210,13 @@ PERPLEXITY = register_metric(MetricSpec(
     preflight=_check_model,
     prepare=lambda ctx: ctx.models.check(),
     describe=_perplexity_line,
+    summary=lambda e: [f"PPL={e['mean']['mean']:.2f}", f"ΔPPL={e['delta_ppl']:.2f}"],
+    # a sweep scores with the model itself (loaded once, in float32), and computes ΔPPL only
+    # when asked: it costs a forward pass over every text
+    uses_model=True,
+    sweep_default=False,
+    sweep_columns=(SweepColumn("ppl_synthetic", ("mean", "mean")),
+                   SweepColumn("delta_ppl", ("delta_ppl",))),
 ))
 
 
@@ -314,6 +287,8 @@ LENGTH = register_metric(MetricSpec(
     prepare=lambda ctx: ctx.models.check(),
     describe=lambda s: f"- lengths: tokens of {(s or {})['tokenizer']} (no special tokens)",
     plots=_length_plots,
+    summary=lambda e: [f"length={e['tokens']['mean']:.1f}"],
+    sweep_columns=(SweepColumn("length_mean", ("tokens", "mean")),),
 ))
 
 
@@ -347,4 +322,6 @@ TOPK = register_metric(MetricSpec(
     select=_topk_select,
     describe=lambda s: ("- Top-k+: effective k = mean of `topk_plus_mean`; expansion tokens = "
                         "mean of `expansion_tokens` (tokens sampled from V_k^+ \\ V_k)"),
+    summary=lambda e: [f"effective_k={e['effective_k']['mean']:.2f}",
+                       f"expansion_tokens={e['expansion_tokens']['mean']:.2f}"],
 ))

@@ -27,30 +27,36 @@ interface: ``dplang evaluate``, the experiment runner and their readers depend o
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# What a metric is given lives in the context module (re-exported here, where a metric's
+# author looks for it).
+from dplang.evaluation.context import REAL_SIDE_CACHE, MetricContext, RealSideCache
+
 if TYPE_CHECKING:
-    from dplang.evaluation.data import RealTexts, SyntheticRun
-    from dplang.evaluation.embedders import Embedder
-    from dplang.evaluation.harness import EvaluationSettings
-    from dplang.evaluation.metrics import ScoringModels
+    from dplang.evaluation.context import EvaluationSettings
+    from dplang.evaluation.data import SyntheticRun
 
 __all__ = [
+    "REAL_SIDE_CACHE",
     "MetricContext",
     "MetricOutput",
+    "MetricSetting",
     "MetricSpec",
     "RealSideCache",
     "RunValue",
+    "SweepColumn",
     "default_metrics",
     "get_metric",
     "metric_names",
     "register_metric",
     "resolve_metric_name",
+    "settings_problem",
+    "sweep_metrics",
 ]
 
 Path_ = tuple[str, ...]
@@ -99,6 +105,38 @@ class RunValue:
 
 
 @dataclass(frozen=True)
+class MetricSetting:
+    """An evaluation setting that only this metric reads: a field of
+    :class:`~dplang.evaluation.context.EvaluationSettings`, flag ``--NAME`` (``_`` → ``-``).
+    Given without the metric it is refused; ``required``: the metric refuses to run without
+    it (``help`` says what to give)."""
+
+    name: str
+    help: str
+    required: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class SweepColumn:
+    """A column of an experiment sweep's ``results.csv``: the value at ``path`` in the
+    metric's entry of the cell's run (``runs[0][metric]`` of ``metrics.json``), or with
+    ``real=True`` in the real texts' entry (``real[metric]``)."""
+
+    name: str
+    path: Path_
+    real: bool = False
+
+    def value(self, result: dict[str, Any], metric: str) -> Any:
+        """The column's value in an evaluation ``result`` (``None`` where it is missing)."""
+        entry = result.get("real") if self.real else (result.get("runs") or [{}])[0]
+        return lookup(entry, (metric, *self.path))
+
+
+@dataclass(frozen=True)
 class MetricOutput:
     """What a metric computed: its ``settings`` entry, the real texts' entry (``real``, if it
     scores them) and one entry per synthetic run, in the order of ``MetricContext.runs``."""
@@ -106,66 +144,6 @@ class MetricOutput:
     runs: list[dict[str, Any]]
     settings: dict[str, Any] | None = None
     real: dict[str, Any] | None = None
-
-
-class RealSideCache:
-    """Real-side results (embeddings, perplexities) kept across evaluations in one process: a
-    sweep scores every cell against the same held-out texts. A key holds the model or embedder
-    identity and the number and SHA-256 of the exact texts, so a hit is the same computation;
-    the oldest entry goes when ``size`` are held."""
-
-    def __init__(self, size: int = 8) -> None:
-        self.size = size
-        self._store: dict[tuple[Any, ...], Any] = {}
-
-    def get(self, key: tuple[Any, ...], texts: Sequence[str], compute: Callable[[], Any]) -> Any:
-        digest = hashlib.sha256("\x00".join(texts).encode("utf-8")).hexdigest()
-        full = (*key, len(texts), digest)
-        if full not in self._store:
-            if len(self._store) >= self.size:
-                self._store.pop(next(iter(self._store)))
-            self._store[full] = compute()
-        return self._store[full]
-
-    def clear(self) -> None:
-        self._store.clear()
-
-
-#: The process's real-side cache (``evaluate_runs`` uses it unless given another).
-REAL_SIDE_CACHE = RealSideCache()
-
-
-@dataclass
-class MetricContext:
-    """The aligned inputs of one evaluation and the resources metrics share.
-
-    ``real`` and every run hold the same number ``n`` of texts. ``warn`` appends to the
-    result's warnings, ``say`` reports progress; ``embedder`` and ``models`` (the scoring model
-    and tokenizer) are loaded at most once, on first use; ``cache`` keeps real-side results.
-
-    ``read_real(limit, label_columns)`` reads the first ``limit`` (``None``: all) held-out rows
-    of the real file again, by the same rules as ``real`` (blank rows skipped, reference rows
-    refused or skipped), with the values of public label columns: for a metric that needs
-    more held-out rows than ``n`` or their labels (``downstream``). It is ``None`` when the
-    real texts were given in memory. ``shared`` is the evaluation's scratch space: what a
-    metric's ``prepare`` read, for its ``compute``."""
-
-    real: RealTexts
-    runs: Sequence[SyntheticRun]
-    n: int
-    settings: EvaluationSettings
-    models: ScoringModels
-    cache: RealSideCache
-    warn: Callable[[str], None]
-    say: Callable[[str], None]
-    read_real: Callable[[int | None, Sequence[str]], RealTexts] | None = None
-    shared: dict[str, Any] = field(default_factory=dict)
-
-    @cached_property
-    def embedder(self) -> Embedder:
-        from dplang.evaluation.embedders import resolve_embedder
-
-        return resolve_embedder(self.settings.embedder)
 
 
 @dataclass(frozen=True)
@@ -181,7 +159,19 @@ class MetricSpec:
     ``report.md``; ``plots(result, out_dir)`` writes extra files (figures, tables; mode 600)
     and returns their paths.
     ``columns`` orders the table columns and panels (default: ``aggregate``'s order).
-    ``default``: part of the metrics computed when none are named."""
+    ``default``: part of the metrics computed when none are named; ``help``: a few words on
+    what an opt-in metric measures, for ``--metrics``' help.
+
+    What the front ends read, so that none of them names a metric: ``settings``, the
+    evaluation settings only this metric reads (refused without it; :func:`settings_problem`);
+    ``summary(entry)``, its part of ``dplang evaluate``'s line for one run (default: every
+    aggregate value as ``key=value``); ``footer(result, out_dir)``, lines ``dplang evaluate``
+    prints after the runs. For experiment sweeps (:mod:`dplang.experiments`):
+    ``sweep_default`` (computed when the config names no metrics; ``None``: as ``default``),
+    ``sweep_columns`` (its columns of ``results.csv``; default: one per aggregate value) and
+    ``uses_model`` (it computes with the scoring model's weights, not only its tokenizer: a
+    sweep loads the model once for all its cells and records it in each cell's evaluation
+    settings)."""
 
     name: str
     compute: Callable[[MetricContext], MetricOutput]
@@ -194,6 +184,13 @@ class MetricSpec:
     describe: Callable[[dict[str, Any] | None], str] | None = None
     plots: Callable[[dict[str, Any], Any], list[Any]] | None = None
     columns: tuple[str, ...] = field(default=())
+    settings: tuple[MetricSetting, ...] = ()
+    summary: Callable[[dict[str, Any]], Sequence[str]] | None = None
+    footer: Callable[[dict[str, Any], Path], Sequence[str]] | None = None
+    sweep_default: bool | None = None
+    sweep_columns: tuple[SweepColumn, ...] | None = None
+    uses_model: bool = False
+    help: str = ""
 
     @property
     def higher_is_better(self) -> dict[str, bool | None]:
@@ -206,6 +203,28 @@ class MetricSpec:
             return self.aggregate
         by_key = {v.key: v for v in self.aggregate}
         return tuple(by_key[k] for k in self.columns)
+
+    def run_summary(self, entry: dict[str, Any]) -> list[str]:
+        """Its parts of ``dplang evaluate``'s line for one run (``entry``: the run's entry of
+        this metric)."""
+        if self.summary is not None:
+            return list(self.summary(entry))
+        parts = []
+        for value in self.ordered_values():
+            number = value.value(entry)
+            if isinstance(number, int | float):
+                parts.append(f"{value.key}={number * value.scale:.{value.digits}f}")
+        return parts
+
+    def results_columns(self) -> tuple[SweepColumn, ...]:
+        """Its columns of an experiment sweep's ``results.csv``."""
+        if self.sweep_columns is not None:
+            return self.sweep_columns
+        return tuple(SweepColumn(v.key, v.path) for v in self.ordered_values())
+
+    @property
+    def in_sweeps_by_default(self) -> bool:
+        return self.default if self.sweep_default is None else self.sweep_default
 
 
 _METRICS: dict[str, MetricSpec] = {}
@@ -225,6 +244,10 @@ def register_metric(spec: MetricSpec, *, replace: bool = False) -> MetricSpec:
     clash = [v.key for v in spec.aggregate if v.key in others]
     if clash:
         raise ValueError(f"aggregate key {clash[0]!r} already belongs to another metric")
+    taken = {c.name for s in _METRICS.values() if s.name != name for c in s.results_columns()}
+    clash = [c.name for c in spec.results_columns() if c.name in taken]
+    if clash:
+        raise ValueError(f"results column {clash[0]!r} already belongs to another metric")
     for alias in spec.aliases:
         owner = _ALIASES.get(alias, name)
         if alias in _METRICS or owner != name:
@@ -291,3 +314,29 @@ def get_metric(name: str) -> MetricSpec:
     if resolved is None:
         raise KeyError(name)
     return _METRICS[resolved]
+
+
+def sweep_metrics() -> tuple[str, ...]:
+    """The metrics an experiment sweep computes when its config names none."""
+    return tuple(name for name in metric_names() if _METRICS[name].in_sweeps_by_default)
+
+
+def settings_problem(names: Sequence[str] | None, given: Mapping[str, Any],
+                     *, required: bool = True) -> str | None:
+    """A one-line usage error, or ``None``: a metric's own setting given (a value other than
+    ``None`` in ``given``) without the metric, or, with ``required``, a chosen metric without
+    a setting it requires. ``names``: the chosen metrics, as given (aliases and unknown names
+    allowed: those are the parser's to refuse); ``None`` means the default metrics."""
+    chosen = {resolve_metric_name(n) for n in names} if names is not None \
+        else set(default_metrics())
+    for name in metric_names():
+        spec = _METRICS[name]
+        if name not in chosen and any(given.get(s.name) is not None for s in spec.settings):
+            flags = " and ".join(s.flag for s in spec.settings)
+            verb = "are" if len(spec.settings) > 1 else "is"
+            return f"{flags} {verb} for --metrics {name}"
+        if name in chosen and required:
+            for setting in spec.settings:
+                if setting.required and given.get(setting.name) is None:
+                    return f"--metrics {name} needs {setting.flag} ({setting.help})"
+    return None

@@ -43,7 +43,7 @@ generation).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,7 @@ from dplang.evaluation.registry import (
     MetricOutput,
     MetricSpec,
     RunValue,
+    SweepColumn,
     register_metric,
 )
 
@@ -221,6 +222,17 @@ def _classifier_line(s: dict[str, Any] | None) -> str:
             f"({s['resamples']} resamples, seed {s['seed']}; classifiers fixed)")
 
 
+def _interval_summary(label: str, key: str) -> Callable[[dict[str, Any]], list[str]]:
+    """A spec's part of ``dplang evaluate``'s line: ``label=value [low, high]``."""
+    return lambda e: [f"{label}={e[key]:.3f} [{e['low']:.3f}, {e['high']:.3f}]"]
+
+
+def _interval_columns(prefix: str, key: str) -> tuple[SweepColumn, ...]:
+    """``results.csv``: the value and its bootstrap interval's ends."""
+    return (SweepColumn(prefix, (key,)), SweepColumn(f"{prefix}_low", ("low",)),
+            SweepColumn(f"{prefix}_high", ("high",)))
+
+
 CLASSIFIER = register_metric(MetricSpec(
     name="classifier",
     compute=_classifier,
@@ -228,9 +240,12 @@ CLASSIFIER = register_metric(MetricSpec(
                         header="classifier AUC", half_width=("half_width",), digits=3),),
     aliases=("c2st", "two-sample"),
     default=False,
+    help="two-sample AUC",
     preflight=_classifier_preflight,
     prepare=_classifier_prepare,
     describe=_classifier_line,
+    summary=_interval_summary("classifier_AUC", "auc"),
+    sweep_columns=_interval_columns("classifier_auc", "auc"),
 ))
 
 
@@ -400,7 +415,10 @@ LABELS = register_metric(MetricSpec(
                         half_width=("half_width",), digits=3),),
     aliases=("label-mix", "label_mix"),
     default=False,
+    help="label-mix TVD of grouped generations",
     select=_labels_select,
     prepare=_labels_prepare,
     describe=_labels_line,
+    summary=_interval_summary("label_TVD", "tvd"),
+    sweep_columns=_interval_columns("label_tvd", "tvd"),
 ))

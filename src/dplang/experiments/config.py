@@ -21,8 +21,8 @@ delta = 1e-6
 concurrent_groups = 8
 dtype = "float32"           # model precision of the generation cells: float32, bfloat16 or auto
 threads = 2                 # optional: CPU threads (speed only; default every core)
-augpe_iterations = 3        # Aug-PE: T noisy histograms, L variations per text and iteration
-augpe_variations = 7
+augpe_iterations = 3        # a method's options, as <method>_<option> (those its spec lets a
+augpe_variations = 7        # sweep set): Aug-PE's T noisy histograms and L variations
 
 [sweep]                     # the cartesian product of these lists
 methods = ["invisibleink"]  # a registered method, e.g. "nonprivate" (NOT private: ε = ∞)
@@ -36,9 +36,11 @@ replicates = 1              # independent cells per point, each with a fresh SEC
 public_baseline = true      # add the public-only cell (ε = 0, no references)
 
 [evaluation]
-metrics = ["mauve", "length", "topk"]   # and "perplexity" (ΔPPL against the real texts),
-                                        # "downstream" (train on synthetic, test on real),
-                                        # "classifier" (two-sample AUC), "labels" (label mix)
+metrics = ["mauve", "length", "topk"]   # registered metrics (dplang.evaluation.registry; this
+                                        # is the default), e.g. "perplexity" (ΔPPL against the
+                                        # real texts), "downstream" (train on synthetic, test
+                                        # on real), "classifier" (two-sample AUC), "labels"
+                                        # (label-mix TVD)
 mauve_bootstrap = 0         # optional; MAUVE interval over this many resampled text sets
 # real_max_tokens = 64      # optional; cut the real texts to T tokens (like the generations)
 embedder = "default"
@@ -73,8 +75,9 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..evaluation.registry import get_metric, metric_names, sweep_metrics
 from ..models.dtypes import DTYPES
 from ..privacy.accounting import (
     DEFAULT_MAX_TOKENS,
@@ -83,6 +86,9 @@ from ..privacy.accounting import (
     check_budget_limit,
 )
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS, DEFAULT_TEMPLATE
+
+if TYPE_CHECKING:
+    from ..textgen.methods.registry import MethodOption
 
 #: Besides the registered generation methods (dplang.textgen.methods): public-only generation.
 PUBLIC = "public"
@@ -123,10 +129,19 @@ class Cell:
 
 
 def method_options(cell: Cell, config: ExperimentConfig) -> dict[str, Any]:
-    """The options a cell's method runs with (the config's ``augpe_*`` keys for Aug-PE)."""
-    if cell.method == "augpe":
-        return {"iterations": config.augpe_iterations, "variations": config.augpe_variations}
-    return {}
+    """The options the config sets for a cell's method (``[generation].<method>_<option>``,
+    for the options whose spec lets a sweep set them: ``MethodOption.in_sweeps``); its other
+    options take their defaults."""
+    return dict(config.method_options.get(cell.method, {}))
+
+
+def sweep_options() -> dict[str, tuple[str, MethodOption]]:
+    """``{[generation] key: (method, MethodOption)}``: the options of the registered methods
+    that an experiment config may set, as ``<method>_<option>``."""
+    from ..textgen.methods import all_methods
+
+    return {f"{spec.name}_{opt.name}": (spec.name, opt)
+            for spec in all_methods() for opt in spec.options if opt.in_sweeps}
 
 
 def calls_per_token(cell: Cell, config: ExperimentConfig) -> int:
@@ -167,8 +182,9 @@ class ExperimentConfig:
     #: CPU threads of the models (None: $DPLANG_THREADS, $OMP_NUM_THREADS or every core);
     #: speed only, never a bit of a result, so not part of a cell's identity.
     threads: int | None = None
-    augpe_iterations: int = 3
-    augpe_variations: int = 7
+    #: ``{method: {option: value}}`` for the methods whose options a sweep may set
+    #: (:func:`sweep_options`), defaults included.
+    method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: MAUVE k-means buckets (None: the paper's max(2, n // 20)).
     num_buckets: int | None = None
     #: Ledger name of the data (None: the data file's resolved path).
@@ -197,20 +213,18 @@ KEYS: dict[str, frozenset[str]] = {
     "data": frozenset({"path", "dataset", "text_column", "references", "real", "group_by",
                        "prompt", "batch_order"}),
     "generation": frozenset({"model", "max_tokens", "num", "delta", "concurrent_groups",
-                             "dtype", "threads", "augpe_iterations", "augpe_variations",
-                             "max_reference_tokens"}),
+                             "dtype", "threads", "max_reference_tokens"}),
     "sweep": frozenset({"methods", "epsilon", "batch_size", "top_k", "temperature",
                         "replicates", "seeds", "public_baseline"}),
     "evaluation": frozenset({"metrics", "embedder", "num_buckets", "label_column",
                              "mauve_bootstrap", "real_max_tokens"}),
 }
-#: Metric names of ``[evaluation].metrics`` (dplang.evaluation's, without importing it;
-#: a test checks them against the registry).
-METRICS = ("mauve", "perplexity", "length", "topk", "downstream", "classifier", "labels")
 
 
 def _check_keys(raw: dict[str, Any]) -> None:
-    for section, allowed in KEYS.items():
+    # besides its own keys, [generation] holds the options the methods let a sweep set
+    keys = {**KEYS, "generation": KEYS["generation"] | set(sweep_options())}
+    for section, allowed in keys.items():
         table = raw if not section else raw.get(section, {})
         if not isinstance(table, dict):
             raise ConfigError(f"[{section}] must be a table")
@@ -390,17 +404,21 @@ def load_config(path: str | Path, data: str | Path | None = None) -> ExperimentC
     if buckets is not None and (isinstance(buckets, bool) or not isinstance(buckets, int)
                                 or buckets < 2):
         raise ConfigError("[evaluation].num_buckets must be an integer >= 2")
-    augpe_t = _int(gen, "generation", "augpe_iterations", 3, 1)
-    augpe_l = _int(gen, "generation", "augpe_variations", 7, 0)
-    metrics = ev.get("metrics", ["mauve", "length", "topk"])
-    if not isinstance(metrics, list) or not metrics or any(m not in METRICS for m in metrics):
+    options: dict[str, dict[str, Any]] = {}
+    for key, (method, opt) in sweep_options().items():
+        options.setdefault(method, {})[opt.name] = _option(gen, key, method, opt)
+    metrics = ev.get("metrics", list(sweep_metrics()))
+    known = metric_names()
+    if not isinstance(metrics, list) or not metrics or any(m not in known for m in metrics):
         raise ConfigError(f"[evaluation].metrics must be a non-empty list of "
-                          f"{', '.join(METRICS)}; got {metrics!r}")
+                          f"{', '.join(known)}; got {metrics!r}")
     label_column = _label_column(ev, metrics, tuple(group_by), real, num)
     mauve_bootstrap = _int(ev, "evaluation", "mauve_bootstrap", 0, 0)
-    if mauve_bootstrap and (mauve_bootstrap < 2 or "mauve" not in metrics):
-        raise ConfigError("[evaluation].mauve_bootstrap is 0 (no interval) or at least 2 "
-                          "resamples, with \"mauve\" in [evaluation].metrics")
+    if mauve_bootstrap:
+        owner = _setting_owner(metrics, "mauve_bootstrap")
+        if mauve_bootstrap < 2:
+            raise ConfigError(f"[evaluation].mauve_bootstrap is 0 (no interval) or at least 2 "
+                              f"resamples of the {owner} metric; got {mauve_bootstrap}")
     return ExperimentConfig(
         name=_str(raw, "", "name", path.stem) if "name" in raw else path.stem,
         base_dir=base, data_path=data_path,
@@ -413,7 +431,7 @@ def load_config(path: str | Path, data: str | Path | None = None) -> ExperimentC
         cells=tuple(cells), metrics=tuple(metrics),
         embedder=_str(ev, "evaluation", "embedder", "default"), raw=raw, dtype=dtype,
         threads=threads,
-        augpe_iterations=augpe_t, augpe_variations=augpe_l, num_buckets=buckets,
+        method_options=options, num_buckets=buckets,
         dataset=dataset.strip() if dataset else None, written_seeds="seeds" in sweep,
         max_reference_tokens=_int(gen, "generation", "max_reference_tokens",
                                   DEFAULT_MAX_REFERENCE_TOKENS, 1),
@@ -425,13 +443,14 @@ def load_config(path: str | Path, data: str | Path | None = None) -> ExperimentC
 
 
 def takes_budget(method: str) -> bool:
-    """Whether a registered method takes a privacy budget; one that takes none (``nonprivate``,
-    a non-private ceiling) gets one cell per point, with ε = ∞ in its key and results."""
+    """Whether a method takes a privacy budget (its spec's ``takes_budget``); one that takes
+    none (``nonprivate``, a non-private ceiling) gets one cell per point, with ε = ∞ in its key
+    and results."""
     if method == PUBLIC:
         return False
     from ..textgen.methods import get_method
 
-    return bool(get_method(method).budget_forms)
+    return get_method(method).takes_budget
 
 
 def _epsilons(sweep: dict[str, Any], methods: list[str]) -> dict[str, list[float]]:
@@ -522,19 +541,56 @@ def _batch_sizes(sweep: dict[str, Any], methods: list[str], eps_of: dict[str, li
     return out
 
 
+def _option(gen: dict[str, Any], key: str, method: str, opt: MethodOption) -> Any:
+    """``[generation].<method>_<option>``: of the option's type exactly (no bool for a number,
+    no float for an integer), then checked as the method's spec checks it."""
+    value = gen.get(key, opt.default)
+    if opt.type is bool:
+        fits = isinstance(value, bool)
+    else:
+        kinds = {int: int, float: int | float}.get(opt.type, opt.type)
+        fits = not isinstance(value, bool) and isinstance(value, kinds)
+    if not fits:
+        what = {int: "an integer", float: "a number", bool: "true or false"}.get(opt.type,
+                                                                               "a string")
+        raise ConfigError(f"[generation].{key} must be {what}, got {value!r}")
+    try:
+        return opt.parse(method, value)
+    except ValueError as exc:
+        raise ConfigError(str(exc).replace(opt.flag(method), f"[generation].{key}")) from None
+
+
+def _owners(setting: str) -> list[str]:
+    """The registered metrics whose spec reads the evaluation setting ``setting``."""
+    return [m for m in metric_names()
+            if any(s.name == setting for s in get_metric(m).settings)]
+
+
+def _setting_owner(metrics: list[str], setting: str) -> str:
+    """The configured metric that reads ``[evaluation].<setting>`` (the registry says which);
+    ``ConfigError`` when none of the configured metrics does."""
+    owners = _owners(setting)
+    chosen = [m for m in metrics if m in owners]
+    if not chosen:
+        raise ConfigError(f"[evaluation].{setting} is for the {' or '.join(owners)} metric; "
+                          f"add \"{owners[0]}\" to [evaluation].metrics or remove it")
+    return chosen[0]
+
+
 def _label_column(ev: dict[str, Any], metrics: list[str], group_by: tuple[str, ...],
                   real: tuple[int, int], num: int) -> str | None:
-    """``[evaluation].label_column``: required by, and only allowed with, the ``downstream``
-    metric; a ``[data].group_by`` column (the only labels the generations carry, public by
-    declaration); and the held-out rows must hold the ceiling's ``num`` plus a test set."""
+    """``[evaluation].label_column``: required by, and only allowed with, a metric that reads
+    it (the registry says which: ``downstream``); a ``[data].group_by`` column (the only labels
+    the generations carry, public by declaration); and the held-out rows must hold the
+    ceiling's ``num`` plus a test set."""
     value = ev.get("label_column")
-    if "downstream" not in metrics:
+    if not any(m in _owners("label_column") for m in metrics):
         if value is not None:
-            raise ConfigError("[evaluation].label_column is for the downstream metric; add "
-                              "\"downstream\" to [evaluation].metrics or remove it")
+            _setting_owner(metrics, "label_column")  # refuses it, naming its metric
         return None
+    owner = _setting_owner(metrics, "label_column")
     if value is None:
-        raise ConfigError("[evaluation].label_column is required by the downstream metric "
+        raise ConfigError(f"[evaluation].label_column is required by the {owner} metric "
                           "(a [data].group_by column)")
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"[evaluation].label_column must be a column name, got {value!r}")
@@ -542,7 +598,7 @@ def _label_column(ev: dict[str, Any], metrics: list[str], group_by: tuple[str, .
         raise ConfigError(f"[evaluation].label_column {value!r} is not a [data].group_by "
                           "column: generations carry only the labels they were grouped by")
     if real[1] - real[0] <= num:
-        raise ConfigError(f"[data].real holds {real[1] - real[0]} rows: downstream needs more "
+        raise ConfigError(f"[data].real holds {real[1] - real[0]} rows: {owner} needs more "
                           f"than [generation].num = {num} (the ceiling's training texts) plus "
                           "a test set")
     return value

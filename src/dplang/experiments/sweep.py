@@ -43,7 +43,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..io import Record, file_digest, iter_json_objects, read_records
+from ..evaluation.registry import get_metric, metric_names
+from ..io import Record, file_digest, read_records
 from ..models.base import LogitsModel
 from ..privacy.accounting import rho_to_epsilon
 from ..privacy.ledger import BudgetExceeded, LedgerError, PrivacyLedger, check_ledger_path
@@ -71,6 +72,7 @@ from ..textgen.prompts import get_template
 from ..textgen.public import generate_public_texts
 from ..textgen.resume import differences
 from .config import (
+    PUBLIC,
     Cell,
     ConfigError,
     ExperimentConfig,
@@ -80,16 +82,24 @@ from .config import (
 )
 from .tables import write_plots, write_results_md
 
-RESULT_COLUMNS = (
-    "method", "epsilon", "batch_size", "top_k", "temperature", "seed", "replicate",
-    "calls_per_token",
-    "clip", "rho", "n", "mauve", "mauve_low", "mauve_high", "ppl_synthetic", "delta_ppl",
-    "length_mean", "effective_k", "expansion_tokens", "downstream_accuracy",
-    "downstream_accuracy_low", "downstream_accuracy_high", "downstream_macro_f1",
-    "downstream_ceiling", "classifier_auc", "classifier_auc_low", "classifier_auc_high",
-    "label_tvd", "label_tvd_low", "label_tvd_high",
-    "gen_seconds", "cpu_seconds", "resumed",
-)
+#: The columns of ``results.csv`` before and after the metrics' own (each registered metric's
+#: :meth:`~dplang.evaluation.registry.MetricSpec.results_columns`, in registry order).
+_CELL_COLUMNS = ("method", "epsilon", "batch_size", "top_k", "temperature", "seed",
+                 "replicate", "calls_per_token", "clip", "rho", "n")
+_TIMING_COLUMNS = ("gen_seconds", "cpu_seconds", "resumed")
+
+
+def result_columns() -> tuple[str, ...]:
+    """The columns of ``results.csv``: the cell, every registered metric's, the timings."""
+    metric_columns = [column.name for name in metric_names()
+                      for column in get_metric(name).results_columns()]
+    return (*_CELL_COLUMNS, *metric_columns, *_TIMING_COLUMNS)
+
+
+def _scores_with_model(config: ExperimentConfig) -> bool:
+    """Whether a configured metric computes with the scoring model itself (perplexity), not
+    only with its tokenizer."""
+    return any(get_metric(name).uses_model for name in config.metrics)
 
 
 def _private_writer(path: Path) -> Any:
@@ -186,13 +196,13 @@ def cell_spec(config: ExperimentConfig, cell: Cell, data_digest: str) -> dict[st
     }
     if config.batch_order != "grouped":  # recorded only when set: older cells stay "same"
         generation["batch_order"] = config.batch_order
-    if cell.method == "augpe":
-        generation["augpe"] = {"iterations": config.augpe_iterations,
-                               "variations": config.augpe_variations}
+    options = method_options(cell, config)
+    if options:  # the options the config may set for this method (Aug-PE's T and L)
+        generation[cell.method] = options
     evaluation = {
         "metrics": list(config.metrics), "embedder": config.embedder,
         "num_buckets": config.num_buckets, "real": list(config.real), "num": config.num,
-        "model": config.model if "perplexity" in config.metrics else None,
+        "model": config.model if _scores_with_model(config) else None,
     }
     if config.label_column is not None:  # recorded only when set: older cells stay "same"
         evaluation["label_column"] = config.label_column
@@ -248,7 +258,7 @@ def _check_group_batches(config: ExperimentConfig) -> None:
                                            config.group_by)
                    if start <= rec.index < stop]
     for cell in config.cells:
-        if cell.method == "public":
+        if cell.method == PUBLIC:
             continue
         try:
             make_batches(labels_only, cell.batch_size, config.num, config.group_by)
@@ -288,7 +298,7 @@ def preflight(config: ExperimentConfig, out_dir: Path, ledger: str | Path | None
         name = dataset_name(config.data_path, dataset or config.dataset)
     except (ReleaseError, LedgerError) as exc:
         raise ConfigError(str(exc)) from None
-    toys = [c.key for c in config.cells if c.method != "public" and c.seed is not None]
+    toys = [c.key for c in config.cells if c.method != PUBLIC and c.seed is not None]
     if toys and not (isinstance(where, Path) and not where.exists()) \
             and PrivacyLedger(ledger).budget(name) is not None:
         # the ledger would refuse the first toy cell at its charge: refuse the sweep now
@@ -303,7 +313,7 @@ def preflight(config: ExperimentConfig, out_dir: Path, ledger: str | Path | None
         except ValueError as exc:
             raise ConfigError(str(exc).splitlines()[0]) from None
     for cell in config.cells:
-        if cell.method == "public":
+        if cell.method == PUBLIC:
             continue
         request = _request(config, cell, config.data_path, out_dir / "cells" / cell.key
                            / "gen.jsonl", ledger, dataset)
@@ -322,7 +332,7 @@ def preflight(config: ExperimentConfig, out_dir: Path, ledger: str | Path | None
     else:
         for cell in config.cells:
             need = config.num * max(cell.batch_size, 1)
-            if cell.method != "public" and need > available:
+            if cell.method != PUBLIC and need > available:
                 raise ConfigError(
                     f"cell {cell.key}: num = {config.num} generations × B = {cell.batch_size} "
                     f"need {need} references but [data].references holds {available} rows")
@@ -349,7 +359,7 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
         return {"gen_seconds": time.time() - start,
                 "cpu_seconds": time.process_time() - cpu_start, "resumed": resumed}
 
-    if cell.method == "public":
+    if cell.method == PUBLIC:
         if not out.exists():
             template = get_template(config.prompt, chat=model.has_chat_template)
             records, _ = _records(refs, config.group_by)
@@ -386,14 +396,21 @@ def _request(config: ExperimentConfig, cell: Cell, data: Path, out: Path,
 
 
 def _cell_metrics(config: ExperimentConfig, gen: Path) -> list[str]:
-    """The configured metrics that apply to a cell: Top-k+ statistics exist only for methods
-    that record them (InvisibleInk and public generation), so ``topk`` is dropped for the
-    others rather than failing their evaluation."""
-    metrics = list(config.metrics)
-    if "topk" in metrics:
-        first = next(iter_json_objects(gen), (0, {}))[1]
-        if "topk_plus_mean" not in first:
-            metrics.remove("topk")
+    """The configured metrics that apply to a cell: a metric that would skip this cell's run
+    when not asked for explicitly (its ``select`` hook: Top-k+ statistics exist only for
+    methods that record them, InvisibleInk and public generation) is dropped for the cell
+    rather than failing its evaluation."""
+    from ..evaluation.data import load_synthetic
+
+    runs = None
+    metrics = []
+    for name in config.metrics:
+        spec = get_metric(name)
+        if spec.select is not None:
+            runs = runs if runs is not None else [load_synthetic(gen)]
+            if spec.select(runs, False) is not None:
+                continue
+        metrics.append(name)
     return metrics
 
 
@@ -403,49 +420,18 @@ def _records(path: Path, group_by: tuple[str, ...]):
     return load_references(path, "text", group_by)
 
 
-def _lookup(node: Any, *keys: str) -> Any:
-    """``node[k0][k1]...``, or None where a key is missing or null."""
-    for k in keys:
-        if not isinstance(node, dict) or node.get(k) is None:
-            return None
-        node = node[k]
-    return node
-
-
 def _row(cell: Cell, config: ExperimentConfig, metrics: dict[str, Any],
          timing: dict[str, Any]) -> dict[str, Any]:
     run = metrics["runs"][0]
     manifest = run.get("manifest") or {}
-
-    def get(*keys: str) -> Any:
-        return _lookup(run, *keys)
-
     return {
         "method": cell.method, "epsilon": cell.epsilon, "batch_size": cell.batch_size,
         "top_k": cell.top_k, "temperature": cell.temperature,
         "seed": cell.seed if cell.seed is not None else "secret", "replicate": cell.replicate,
         "calls_per_token": calls_per_token(cell, config), "clip": manifest.get("clip"),
         "rho": manifest.get("rho"), "n": metrics.get("settings", {}).get("n"),
-        "mauve": get("mauve", "mauve"),
-        "mauve_low": get("mauve", "low"),
-        "mauve_high": get("mauve", "high"),
-        "ppl_synthetic": get("perplexity", "mean", "mean"),
-        "delta_ppl": get("perplexity", "delta_ppl"),
-        "length_mean": get("length", "tokens", "mean"),
-        "effective_k": get("topk", "effective_k", "mean"),
-        "expansion_tokens": get("topk", "expansion_tokens", "mean"),
-        "downstream_accuracy": get("downstream", "accuracy", "mean"),
-        "downstream_accuracy_low": get("downstream", "accuracy", "low"),
-        "downstream_accuracy_high": get("downstream", "accuracy", "high"),
-        "downstream_macro_f1": get("downstream", "macro_f1", "mean"),
-        "downstream_ceiling": _lookup(metrics, "real", "downstream", "ceiling", "accuracy",
-                                      "mean"),
-        "classifier_auc": get("classifier", "auc"),
-        "classifier_auc_low": get("classifier", "low"),
-        "classifier_auc_high": get("classifier", "high"),
-        "label_tvd": get("labels", "tvd"),
-        "label_tvd_low": get("labels", "low"),
-        "label_tvd_high": get("labels", "high"),
+        **{column.name: column.value(metrics, name) for name in metric_names()
+           for column in get_metric(name).results_columns()},
         "gen_seconds": round(float(timing.get("gen_seconds", 0.0)), 2),
         "resumed": bool(timing.get("resumed", False)),
         "cpu_seconds": (round(float(timing["cpu_seconds"]), 2)
@@ -557,7 +543,7 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
                 metrics_path.unlink(missing_ok=True)  # never a stale "done" marker
             if state == "changed":
                 timing_path.unlink(missing_ok=True)
-                if cell.method == "public":  # no release: nothing to charge first
+                if cell.method == PUBLIC:  # no release: nothing to charge first
                     (cell_dir / "gen.jsonl").unlink(missing_ok=True)
             cell_dir.mkdir(parents=True, exist_ok=True)
             write_json(cell_dir / CELL_SPEC, specs[cell.key], private=True)
@@ -577,7 +563,7 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
                 write_json(timing_path, timing, private=True)
             say(f"{tag}: evaluating")
             model_for_eval = (cached(config.model, "float32")
-                              if "perplexity" in config.metrics else config.model)
+                              if _scores_with_model(config) else config.model)
             evaluate_files(real, gen, metrics=_cell_metrics(config, gen),
                            embedder=config.embedder,
                            model=model_for_eval, num=config.num,
@@ -624,7 +610,7 @@ def _cell_release_ids(out_dir: Path, config: ExperimentConfig) -> list[str]:
     ids = []
     for cell in config.cells:
         side = OutputPaths.of(out_dir / "cells" / cell.key / "gen.jsonl").find_private()
-        if cell.method != "public" and side.exists():
+        if cell.method != PUBLIC and side.exists():
             try:
                 ids.append(str(json.loads(side.read_text(encoding="utf-8"))["release_id"]))
             except (OSError, ValueError, KeyError):
@@ -638,7 +624,7 @@ def write_results(rows: list[dict[str, Any]], out_dir: Path, config: ExperimentC
     other utility figures are statistics of the held-out private rows, and ``gen_seconds`` /
     ``cpu_seconds`` are durations of computations on private data (a timing side channel)."""
     buf = io.StringIO(newline="")
-    writer = csv.DictWriter(buf, fieldnames=RESULT_COLUMNS)
+    writer = csv.DictWriter(buf, fieldnames=result_columns())
     writer.writeheader()
     for r in rows:
         writer.writerow(r)

@@ -37,11 +37,19 @@ intervals (Bonferroni over the 8 events, 95% overall): ε̂ = max ln((p_lo − �
 *lower bound* on the true loss, so PASS means only that no violation was detected (it cannot
 see, e.g., 001·1's printed Laplace scale, whose excess lies in events of tiny probability).
 
+**The exact 000 audit** (:func:`privacy_audit_statistical`) enumerates every dataset of size n
+over a few letters and every replace-one neighbour, and computes the exact privacy loss of the
+exponential-mechanism laws, or the exact Gaussian privacy profile δ(ε)
+(:func:`dplang.privacy.audit.gaussian_privacy_profile`) of the released noisy vector. The broken
+twins (:func:`twin`) must fail the same audits. Every audit returns a
+:class:`dplang.privacy.audit.AuditResult`.
+
 Privacy contract: none — audits run on public toy data and release nothing.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,17 +57,20 @@ from typing import Any
 
 import numpy as np
 
-from ..privacy.audit import clopper_pearson
+from ..privacy.audit import AuditResult, clopper_pearson, gaussian_privacy_profile, max_log_loss
 from ..privacy.mechanisms import exponential_mechanism
 from ..privacy.randomness import RandomStreams
 from . import limit
-from .evaluation import _as_sample, neighbour_pairs, privacy_audit_statistical
+from .collections import Collection
+from .languages import element_key
 from .statistical import (
     GaussianMarginIdentifier,
     GaussianThresholdGenerator,
     JointThresholdGenerator,
     MarginIdentifier,
     PointerGenerator,
+    PrefixCountGenerator,
+    SoftMarginIdentifier,
     _Generator,
     _Identifier,
     error_counts,
@@ -71,11 +82,13 @@ __all__ = [
     "ALG1_EXACT_UPDATES",
     "ALG1_MC_UPDATES",
     "EXACT_AUDIT_MAX_OUTPUTS",
-    "AuditReport",
     "audit",
     "choose_method",
     "monte_carlo_audit",
+    "neighbour_pairs",
     "output_space_size",
+    "privacy_audit_statistical",
+    "twin",
 ]
 
 #: the exact audit is used when the output space has at most this many atoms (2¹⁶)
@@ -92,33 +105,184 @@ MC_EVENTS = 8
 MC_CONFIDENCE = 0.95
 
 
-@dataclass(frozen=True)
-class AuditReport:
-    """An audit's verdict: the method, why it was chosen, and the worst case found."""
+# =============================================================================================
+# 000: the exact audit over all neighbours of small datasets
+# =============================================================================================
 
-    algorithm: str
-    method: str  # "exact" or "monte-carlo"
-    output_space: float
-    reason: str
-    passed: bool
-    statistic: float  # max exact loss, max δ(ε), or the Monte Carlo ε̂ (a lower bound)
-    epsilon: float
-    delta: float
-    detail: str
 
-    def line(self) -> str:
-        verdict = "PASS" if self.passed else "FAIL"
-        if self.method == "exact":
-            what = (f"max δ(ε) = {self.statistic:.3g} (target δ = {self.delta:g}, "
-                    f"ε = {self.epsilon:g})" if self.delta > 0 else
-                    f"max exact privacy loss = {self.statistic:.6g} (ε = {self.epsilon:g})")
+def neighbour_pairs(letters: Sequence[Any],
+                    n: int) -> list[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+    """All (S, S′) with S ∈ lettersⁿ (as sorted multisets: the algorithms are symmetric) and S′
+    obtained by replacing one entry by another letter."""
+    out = []
+    for s in itertools.combinations_with_replacement(letters, n):
+        for pos in range(n):
+            if pos and s[pos] == s[pos - 1]:
+                continue
+            for v in letters:
+                if v != s[pos]:
+                    out.append((s, tuple(sorted((*s[:pos], v, *s[pos + 1:]),
+                                                key=lambda e: (str(type(e)), e)))))
+    return out
+
+
+def _as_sample(s: Sequence[Any], universe: Any) -> np.ndarray:
+    if all(isinstance(v, int) for v in s):
+        return np.asarray(s, dtype=np.int64)
+    arr = np.empty(len(s), dtype=object)
+    arr[:] = list(s)
+    return arr
+
+
+def privacy_audit_statistical(alg: Any, collection: Collection, n: int,
+                              letters: Sequence[Any],
+                              extra_pairs: Sequence[tuple[Sequence[Any], Sequence[Any]]] = (),
+                              name: str | None = None,
+                              claimed_epsilon: float | None = None) -> AuditResult:
+    """Exact audit over all replace-one neighbours of size-n datasets over ``letters`` (plus
+    crafted pairs): the max |log P(o|S) − log P(o|S′)| of the exact selection law
+    (Algorithms 1, 3, 6; non-private 4 and 5 by their deterministic outputs), or the max exact
+    Gaussian profile δ(ε) of the released vector (Algorithms 2 and 7). ``claimed_epsilon``
+    checks a non-private algorithm against a finite ε (it fails: its loss is infinite).
+
+    Privacy contract: none (an audit on public toy data)."""
+    label = name or type(alg).__name__
+    pairs = neighbour_pairs(letters, n) + [(tuple(a), tuple(b)) for a, b in extra_pairs]
+    eps = getattr(alg, "epsilon", math.inf)
+    if isinstance(alg, MarginIdentifier | PointerGenerator):
+        eps = math.inf
+    if claimed_epsilon is not None:
+        eps = claimed_epsilon
+    gaussian = isinstance(alg, GaussianMarginIdentifier | GaussianThresholdGenerator)
+    delta = getattr(alg, "delta", 0.0) if gaussian else 0.0
+    worst_loss, worst_delta, worst_sens, worst_pair = 0.0, 0.0, 0.0, None
+    claimed: float | None = None
+    uni = collection.universe
+
+    def stats(s: Sequence[Any]) -> Any:
+        sample = _as_sample(s, uni)
+        if isinstance(alg, _Identifier):
+            _, kp = alg.horizon(n, collection)
+            return error_counts(sample, collection, kp)
+        if isinstance(alg, PointerGenerator):
+            return alg.run(sample, collection, np.random.default_rng(0)).output
+        return multiplicities(sample, collection, alg.window(n))
+
+    cache: dict[tuple[Any, ...], Any] = {}
+    for s, t in pairs:
+        a = cache.setdefault(s, stats(s))
+        b = cache.setdefault(t, stats(t))
+        released: tuple[float, float] | None = None  # a Gaussian vector's (ℓ₂ change, σ)
+        if isinstance(alg, PointerGenerator):
+            loss = 0.0 if element_key(a) == element_key(b) else math.inf
+            sens = loss
+        elif isinstance(alg, _Identifier):
+            big_k, kp = alg.horizon(n, collection)
+            if isinstance(alg, GaussianMarginIdentifier):
+                released = float(np.linalg.norm((a - b) / n)), alg.sigma(n, kp)
+                claimed = math.sqrt(kp) / n
+            else:
+                loss = max_log_loss(alg.log_law(a, n, big_k), alg.log_law(b, n, big_k))
+                if isinstance(alg, SoftMarginIdentifier):
+                    sens = float(np.max(np.abs(alg.scores(a, n, big_k)
+                                               - alg.scores(b, n, big_k))))
+                    claimed = alg.sensitivity(n, big_k)
+                else:
+                    sens = loss
         else:
-            what = (f"Monte Carlo lower bound ε̂ = {self.statistic:.4g} (claimed ε = "
-                    f"{self.epsilon:g}" + (f", δ = {self.delta:g}" if self.delta else "") + ")")
-        return f"{verdict} {self.algorithm}: {what} over {self.detail}"
+            memb = alg.membership(collection, n)
+            if isinstance(alg, GaussianThresholdGenerator):
+                _, kp = alg.horizon(n, collection)
+                released = (float(np.linalg.norm(alg.scores(a, memb, n)
+                                                 - alg.scores(b, memb, n))), alg.sigma(n, kp))
+                claimed = alg.l2_sensitivity(n, kp)
+            else:
+                loss = max_log_loss(alg.log_law(a, memb, n), alg.log_law(b, memb, n))
+                sens = float(np.max(np.abs(alg.scores(a, memb, n) - alg.scores(b, memb, n))))
+                claimed = alg.sensitivity(n)
+        if released is not None:  # audited through the exact profile of the released vector
+            dist, sigma = released
+            dlt = gaussian_privacy_profile(eps, dist / sigma)
+            if dlt > worst_delta:
+                worst_delta, worst_pair = dlt, (s, t)
+            worst_sens = max(worst_sens, dist)
+            continue
+        worst_sens = max(worst_sens, sens)
+        if loss > worst_loss:
+            worst_loss, worst_pair = loss, (s, t)
+    if gaussian:
+        return AuditResult(mechanism=label, epsilon=eps, delta=delta,
+                           passed=worst_delta <= delta * (1 + 1e-9), pairs=len(pairs),
+                           worst_pair=worst_pair, delta_at_epsilon=worst_delta,
+                           sensitivity=worst_sens, claimed_sensitivity=claimed)
+    return AuditResult(mechanism=label, epsilon=eps, delta=0.0, passed=worst_loss <= eps + 1e-9,
+                       pairs=len(pairs), worst_pair=worst_pair, max_log_ratio=worst_loss,
+                       sensitivity=worst_sens, claimed_sensitivity=claimed)
 
-    def method_line(self) -> str:
-        return f"method: {self.method} ({self.reason})"
+
+# =============================================================================================
+# Broken twins (negative controls)
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class _SoftMarginTwin(SoftMarginIdentifier):
+    """000·1 calibrated to Δ = 2/n (the sensitivity of a single risk difference) — wrong."""
+
+    def sensitivity(self, n: int, big_k: int) -> float:
+        return 2.0 / n
+
+
+@dataclass(frozen=True)
+class _PrefixCountTwin(PrefixCountGenerator):
+    """000·3 with weights e^{εs} (temperature 1/ε) — twice the stated loss."""
+
+    def temperature(self, n: int) -> float:
+        return 1.0 / self.epsilon
+
+
+@dataclass(frozen=True)
+class _JointThresholdTwin(JointThresholdGenerator):
+    """000·6 calibrated to Δ = 1 although the pair scores move by M̄/τ."""
+
+    def sensitivity(self, n: int) -> float:
+        return 1.0
+
+
+@dataclass(frozen=True)
+class _GaussianMarginTwin(GaussianMarginIdentifier):
+    """000·2 with σ/2."""
+
+    def sigma(self, n: int, kp: int) -> float:
+        return super().sigma(n, kp) / 2
+
+
+@dataclass(frozen=True)
+class _GaussianThresholdTwin(GaussianThresholdGenerator):
+    """000·7 with σ/2."""
+
+    def sigma(self, n: int, kp: int) -> float:
+        return super().sigma(n, kp) / 2
+
+
+_TWINS: dict[type, type] = {
+    SoftMarginIdentifier: _SoftMarginTwin,
+    PrefixCountGenerator: _PrefixCountTwin,
+    JointThresholdGenerator: _JointThresholdTwin,
+    GaussianMarginIdentifier: _GaussianMarginTwin,
+    GaussianThresholdGenerator: _GaussianThresholdTwin,
+}
+
+
+def twin(alg: Any) -> Any:
+    """The deliberately broken variant of a private algorithm (same parameters), used as a
+    negative control by the audits; the non-private algorithms are their own negative
+    controls."""
+    cls = _TWINS.get(type(alg))
+    if cls is None:
+        return limit.twin(alg)
+    fields = {f: getattr(alg, f) for f in alg.__dataclass_fields__}
+    return cls(**fields)
 
 
 # =============================================================================================
@@ -297,7 +461,7 @@ def _draws_000(alg: Any, collection: Any, sample: np.ndarray
 
 def audit_statistical(alg: Any, collection: Any, letters: Sequence[Any], epsilon: float,
                       method: str | None = None, max_n: int = 5, trials: int = 20_000,
-                      seed: int = 0, name: str | None = None) -> AuditReport:
+                      seed: int = 0, name: str | None = None) -> AuditResult:
     """Audit a 000 algorithm (exact over all neighbours of size ≤ ``max_n`` over ``letters``,
     or Monte Carlo on the crafted pair), with the method chosen by :func:`choose_method`."""
     label = name or type(alg).__name__
@@ -311,18 +475,22 @@ def audit_statistical(alg: Any, collection: Any, letters: Sequence[Any], epsilon
                    for m in range(1, max_n + 1)]
         passed = all(r.passed for r in results)
         pairs = sum(r.pairs for r in results)
-        stat = (max(r.max_delta or 0.0 for r in results) if gaussian else
-                max(0.0 if math.isnan(r.max_loss) else r.max_loss for r in results))
-        return AuditReport(label, "exact", size, reason, passed, stat, epsilon, delta,
-                           f"{pairs} neighbour pairs (n ≤ {max_n}, {len(letters)} letters)")
+        stat = (max(r.delta_at_epsilon or 0.0 for r in results) if gaussian else
+                max(0.0 if math.isnan(r.max_log_ratio) else r.max_log_ratio for r in results))
+        found = {"delta_at_epsilon": stat} if gaussian else {"max_log_ratio": stat}
+        return AuditResult(mechanism=label, method="exact", epsilon=epsilon, delta=delta,
+                           passed=passed, pairs=pairs, output_space=size, reason=reason,
+                           detail=f"{pairs} neighbour pairs (n ≤ {max_n}, {len(letters)} letters)",
+                           **found)
     a, b = crafted_pair_000(alg, collection, letters)
     uni = collection.universe
     rng = RandomStreams(seed).generator(0)
     eps_hat, detail = monte_carlo_audit(_draws_000(alg, collection, _as_sample(a, uni)),
                                         _draws_000(alg, collection, _as_sample(b, uni)),
                                         trials, rng, delta)
-    return AuditReport(label, "monte-carlo", size, reason, eps_hat <= epsilon + 1e-12,
-                       eps_hat, epsilon, delta, f"the pair {a} ~ {b}: {detail}")
+    return AuditResult(mechanism=label, method="monte-carlo", epsilon=epsilon, delta=delta,
+                       passed=eps_hat <= epsilon + 1e-12, pairs=1, epsilon_lower_bound=eps_hat,
+                       output_space=size, reason=reason, detail=f"the pair {a} ~ {b}: {detail}")
 
 
 # =============================================================================================
@@ -345,13 +513,6 @@ def _epoch_law(alg: Any, stream: Stream, collection: Any, s: int) -> np.ndarray:
     if isinstance(alg, limit.StochasticIdentifier):
         return alg.log_law(stream, collection, s, ALG3_HEAD)
     return alg.log_law(alg.scores(stream, collection, s), s)
-
-
-def _loss(la: np.ndarray, lb: np.ndarray) -> float:
-    fa, fb = np.isfinite(la), np.isfinite(lb)
-    if la.shape != lb.shape or np.any(fa != fb):
-        return math.inf
-    return float(np.max(np.abs(la[fa] - lb[fb]))) if fa.any() else 0.0
 
 
 def _substitutions(instance: Any) -> list[tuple[Stream, Stream]]:
@@ -380,12 +541,13 @@ def _exact_limit(alg: Any, instance: Any) -> tuple[float, str]:
         loss = 0.0
         pairs = _upg_pairs(coll)
         for x, y in pairs:
-            loss = max(loss, _loss(alg.log_law(x, coll), alg.log_law(y, coll)))
+            loss = max(loss, max_log_loss(alg.log_law(x, coll), alg.log_law(y, coll)))
         return loss, f"all {len(pairs)} neighbours of size ≤ 4 over 4 letters"
     pairs = _substitutions(instance)
     loss = 0.0
     for base, nb in pairs:
-        loss = max(loss, sum(_loss(_epoch_law(alg, base, coll, s), _epoch_law(alg, nb, coll, s))
+        loss = max(loss, sum(max_log_loss(_epoch_law(alg, base, coll, s),
+                                          _epoch_law(alg, nb, coll, s))
                              for s in range(1, LIMIT_EPOCHS + 1)))
     return loss, (f"all {len(pairs)} substitutions of a {LIMIT_PREFIX}-element prefix, "
                   f"epochs 1–{LIMIT_EPOCHS}")
@@ -464,14 +626,16 @@ def _em_index(scores: np.ndarray, alg: Any, s: int, rng: np.random.Generator) ->
 
 
 def audit_limit(alg: Any, instance: Any, epsilon: float, method: str | None = None,
-                trials: int = 20_000, seed: int = 0, name: str | None = None) -> AuditReport:
+                trials: int = 20_000, seed: int = 0, name: str | None = None) -> AuditResult:
     """Audit a 001 algorithm in continual release (see the module docstring)."""
     label = name or type(alg).__name__
     coll = instance.collection
     if isinstance(alg, limit.ClosureGenerator) or (
             isinstance(alg, limit.ApproximateIntersectionGenerator) and not alg.private):
-        return AuditReport(label, "exact", 1, "a deterministic, non-private baseline", False,
-                           math.inf, epsilon, 0.0, "any pair whose output changes (ε = ∞)")
+        return AuditResult(mechanism=label, method="exact", epsilon=epsilon, passed=False,
+                           max_log_ratio=math.inf, output_space=1,
+                           reason="a deterministic, non-private baseline",
+                           detail="any pair whose output changes (ε = ∞)")
     if isinstance(alg, limit.StochasticIdentifier):
         alg.check(coll)
     if isinstance(alg, limit.EpochEMIdentifier) and not isinstance(alg,
@@ -481,15 +645,17 @@ def audit_limit(alg: Any, instance: Any, epsilon: float, method: str | None = No
     chosen, reason = choose_method(size, method)
     if chosen == "exact":
         loss, detail = _exact_limit(alg, instance)
-        return AuditReport(label, "exact", size, reason, loss <= epsilon + 1e-9, loss,
-                           epsilon, 0.0, detail)
+        return AuditResult(mechanism=label, method="exact", epsilon=epsilon,
+                           passed=loss <= epsilon + 1e-9, max_log_ratio=loss, output_space=size,
+                           reason=reason, detail=detail)
     eps_hat, detail = _mc_limit(alg, instance, trials, RandomStreams(seed).generator(0))
-    return AuditReport(label, "monte-carlo", size, reason, eps_hat <= epsilon + 1e-12, eps_hat,
-                       epsilon, 0.0, detail)
+    return AuditResult(mechanism=label, method="monte-carlo", epsilon=epsilon,
+                       passed=eps_hat <= epsilon + 1e-12, epsilon_lower_bound=eps_hat,
+                       output_space=size, reason=reason, detail=detail)
 
 
 def audit(alg: Any, instance: Any, epsilon: float, method: str | None = None, max_n: int = 5,
-          trials: int = 20_000, seed: int = 0) -> AuditReport:
+          trials: int = 20_000, seed: int = 0) -> AuditResult:
     """Audit ``alg`` on a named instance: 000 algorithms over the instance's first four
     universe elements, 001 algorithms in continual release."""
     if isinstance(alg, _Identifier | _Generator):

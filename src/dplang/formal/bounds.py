@@ -32,6 +32,8 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.special import logsumexp
 
+from ..privacy.calibration import calibrate
+
 __all__ = [
     "Bound",
     "FailedPrecondition",
@@ -369,20 +371,10 @@ def sperner_lp_epsilon(k: int, target: float = 2 / 3, tol: float = 1e-10,
             raise RuntimeError(res.message)
         return float(a @ res.x)
 
-    lo, hi = 0.0, 1.0
-    while best_success(hi) < target:
-        hi *= 2
-        if hi > 1e4:  # pragma: no cover
-            raise RuntimeError("no ε reaches the target")
-    if best_success(lo) >= target:
-        return 0.0
-    while hi - lo > tol * max(1.0, hi):
-        mid = (lo + hi) / 2
-        if best_success(mid) >= target:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    # the smallest ε whose optimal success reaches the target; slide=False keeps the probes
+    # (and so the values) of the published tables
+    return calibrate(lambda eps: best_success(eps) >= target, 0.0, 1.0, safe="above",
+                     rtol=tol, xtol=tol, slide=False, limit=2.0**14)
 
 
 def sperner_bang_bang_epsilon(k: int, target: float = 2 / 3) -> float:

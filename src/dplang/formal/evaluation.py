@@ -25,10 +25,8 @@ error given S (the mechanism's randomness integrated out), and :func:`monte_carl
 the algorithm end to end; both report Wilson intervals (for the Rao–Blackwell average of
 [0, 1]-valued terms the Wilson interval is conservative, as Var ≤ μ(1 − μ)).
 
-Privacy audits (spec 000 §5.4) enumerate every dataset of size n over a few letters and every
-replace-one neighbour, and compute the exact privacy loss of the exponential-mechanism laws, or
-the exact Gaussian privacy profile δ(ε) (:func:`dplang.privacy.audit.gaussian_privacy_profile`)
-of the released noisy vector; the broken twins (:func:`twin`) must fail the same audits.
+The privacy audits of these algorithms, and their broken twins, are in
+:mod:`dplang.formal.audit`.
 
 Privacy contract: none — this module evaluates algorithms on public simulation models; it
 releases nothing about private data.
@@ -46,7 +44,6 @@ import numpy as np
 from scipy.special import gammaln, logsumexp, xlogy
 from scipy.stats import binom, norm
 
-from ..privacy.audit import gaussian_privacy_profile
 from ..privacy.randomness import RandomStreams
 from .collections import Collection
 from .distributions import Distribution
@@ -55,10 +52,8 @@ from .statistical import (
     GaussianMarginIdentifier,
     GaussianThresholdGenerator,
     JointThresholdGenerator,
-    MarginIdentifier,
     PointerGenerator,
     PrefixCountGenerator,
-    SoftMarginIdentifier,
     _Generator,
     _Identifier,
     _membership_cached,
@@ -68,17 +63,14 @@ from .statistical import (
 from .truth import generation_truth, identification_truth
 
 __all__ = [
-    "AuditResult",
     "ErrorEstimate",
     "exact_generation_error",
     "exact_identification_error",
     "exact_pointer_error",
     "gaussian_argmax_log_law",
     "monte_carlo_error",
-    "privacy_audit_statistical",
     "rao_blackwell_error",
     "sampled_identification_error",
-    "twin",
     "wilson",
 ]
 
@@ -1014,220 +1006,3 @@ def monte_carlo_error(alg: Any, collection: Collection, distribution: Distributi
     mean = total / runs
     lo, hi = wilson(total, runs, confidence)
     return ErrorEstimate(mean, math.log(mean) if mean > 0 else -math.inf, False, lo, hi, runs)
-
-
-# =============================================================================================
-# Privacy audits (000)
-# =============================================================================================
-
-
-@dataclass(frozen=True)
-class AuditResult:
-    """The worst case found over the audited neighbour pairs."""
-
-    algorithm: str
-    epsilon: float
-    delta: float
-    pairs: int
-    max_loss: float
-    max_delta: float | None
-    max_sensitivity: float
-    claimed_sensitivity: float | None
-    worst_pair: tuple[Any, Any] | None
-    passed: bool
-    method: str = "exact"
-
-    def line(self) -> str:
-        verdict = "PASS" if self.passed else "FAIL"
-        what = (f"max δ(ε) = {self.max_delta:.3g} (target {self.delta:g})"
-                if self.max_delta is not None else
-                f"max privacy loss = {self.max_loss:.6g} (ε = {self.epsilon:g})")
-        return (f"{verdict} {self.algorithm}: {what} over {self.pairs} neighbour pairs "
-                f"({self.method})")
-
-
-def neighbour_pairs(letters: Sequence[Any],
-                    n: int) -> list[tuple[tuple[Any, ...], tuple[Any, ...]]]:
-    """All (S, S′) with S ∈ lettersⁿ (as sorted multisets: the algorithms are symmetric) and S′
-    obtained by replacing one entry by another letter."""
-    out = []
-    for s in itertools.combinations_with_replacement(letters, n):
-        for pos in range(n):
-            if pos and s[pos] == s[pos - 1]:
-                continue
-            for v in letters:
-                if v != s[pos]:
-                    out.append((s, tuple(sorted((*s[:pos], v, *s[pos + 1:]),
-                                                key=lambda e: (str(type(e)), e)))))
-    return out
-
-
-def _as_sample(s: Sequence[Any], universe: Any) -> np.ndarray:
-    if all(isinstance(v, int) for v in s):
-        return np.asarray(s, dtype=np.int64)
-    arr = np.empty(len(s), dtype=object)
-    arr[:] = list(s)
-    return arr
-
-
-def privacy_audit_statistical(alg: Any, collection: Collection, n: int,
-                              letters: Sequence[Any],
-                              extra_pairs: Sequence[tuple[Sequence[Any], Sequence[Any]]] = (),
-                              name: str | None = None,
-                              claimed_epsilon: float | None = None) -> AuditResult:
-    """Exact audit over all replace-one neighbours of size-n datasets over ``letters`` (plus
-    crafted pairs): the max |log P(o|S) − log P(o|S′)| of the exact selection law
-    (Algorithms 1, 3, 6; non-private 4 and 5 by their deterministic outputs), or the max exact
-    Gaussian profile δ(ε) of the released vector (Algorithms 2 and 7). ``claimed_epsilon``
-    checks a non-private algorithm against a finite ε (it fails: its loss is infinite).
-
-    Privacy contract: none (an audit on public toy data)."""
-    label = name or type(alg).__name__
-    pairs = neighbour_pairs(letters, n) + [(tuple(a), tuple(b)) for a, b in extra_pairs]
-    eps = getattr(alg, "epsilon", math.inf)
-    if isinstance(alg, MarginIdentifier | PointerGenerator):
-        eps = math.inf
-    if claimed_epsilon is not None:
-        eps = claimed_epsilon
-    gaussian = isinstance(alg, GaussianMarginIdentifier | GaussianThresholdGenerator)
-    delta = getattr(alg, "delta", 0.0) if gaussian else 0.0
-    worst_loss, worst_delta, worst_sens, worst_pair = 0.0, 0.0, 0.0, None
-    claimed: float | None = None
-    uni = collection.universe
-
-    def stats(s: Sequence[Any]) -> Any:
-        sample = _as_sample(s, uni)
-        if isinstance(alg, _Identifier):
-            _, kp = alg.horizon(n, collection)
-            return error_counts(sample, collection, kp)
-        if isinstance(alg, PointerGenerator):
-            return alg.run(sample, collection, np.random.default_rng(0)).output
-        return multiplicities(sample, collection, alg.window(n))
-
-    cache: dict[tuple[Any, ...], Any] = {}
-    for s, t in pairs:
-        a = cache.setdefault(s, stats(s))
-        b = cache.setdefault(t, stats(t))
-        if isinstance(alg, PointerGenerator):
-            loss = 0.0 if element_key(a) == element_key(b) else math.inf
-            sens = loss
-        elif isinstance(alg, _Identifier):
-            big_k, kp = alg.horizon(n, collection)
-            if isinstance(alg, GaussianMarginIdentifier):
-                dist = float(np.linalg.norm((a - b) / n))
-                sig = alg.sigma(n, kp)
-                claimed = math.sqrt(kp) / n
-                dlt = gaussian_privacy_profile(eps, dist / sig)
-                if dlt > worst_delta:
-                    worst_delta, worst_pair = dlt, (s, t)
-                worst_sens = max(worst_sens, dist)
-                continue
-            la, lb = alg.log_law(a, n, big_k), alg.log_law(b, n, big_k)
-            loss = _loss(la, lb)
-            if isinstance(alg, SoftMarginIdentifier):
-                sens = float(np.max(np.abs(alg.scores(a, n, big_k) - alg.scores(b, n, big_k))))
-                claimed = alg.sensitivity(n, big_k)
-            else:
-                sens = loss
-        else:
-            memb = alg.membership(collection, n)
-            if isinstance(alg, GaussianThresholdGenerator):
-                _, kp = alg.horizon(n, collection)
-                dist = float(np.linalg.norm(alg.scores(a, memb, n) - alg.scores(b, memb, n)))
-                claimed = alg.l2_sensitivity(n, kp)
-                dlt = gaussian_privacy_profile(eps, dist / alg.sigma(n, kp))
-                if dlt > worst_delta:
-                    worst_delta, worst_pair = dlt, (s, t)
-                worst_sens = max(worst_sens, dist)
-                continue
-            la, lb = alg.log_law(a, memb, n), alg.log_law(b, memb, n)
-            loss = _loss(la, lb)
-            sens = float(np.max(np.abs(alg.scores(a, memb, n) - alg.scores(b, memb, n))))
-            claimed = alg.sensitivity(n)
-        worst_sens = max(worst_sens, sens)
-        if loss > worst_loss:
-            worst_loss, worst_pair = loss, (s, t)
-    if gaussian:
-        passed = worst_delta <= delta * (1 + 1e-9)
-        return AuditResult(label, eps, delta, len(pairs), math.nan, worst_delta, worst_sens,
-                           claimed, worst_pair, passed)
-    passed = worst_loss <= eps + 1e-9
-    return AuditResult(label, eps, 0.0, len(pairs), worst_loss, None, worst_sens, claimed,
-                       worst_pair, passed)
-
-
-def _loss(la: np.ndarray, lb: np.ndarray) -> float:
-    la, lb = np.asarray(la, float).ravel(), np.asarray(lb, float).ravel()
-    fa, fb = np.isfinite(la), np.isfinite(lb)
-    if np.any(fa != fb):
-        return math.inf
-    if not fa.any():
-        return 0.0
-    return float(np.max(np.abs(la[fa] - lb[fa])))
-
-
-# =============================================================================================
-# Broken twins (negative controls)
-# =============================================================================================
-
-
-@dataclass(frozen=True)
-class _SoftMarginTwin(SoftMarginIdentifier):
-    """000·1 calibrated to Δ = 2/n (the sensitivity of a single risk difference) — wrong."""
-
-    def sensitivity(self, n: int, big_k: int) -> float:
-        return 2.0 / n
-
-
-@dataclass(frozen=True)
-class _PrefixCountTwin(PrefixCountGenerator):
-    """000·3 with weights e^{εs} (temperature 1/ε) — twice the stated loss."""
-
-    def temperature(self, n: int) -> float:
-        return 1.0 / self.epsilon
-
-
-@dataclass(frozen=True)
-class _JointThresholdTwin(JointThresholdGenerator):
-    """000·6 calibrated to Δ = 1 although the pair scores move by M̄/τ."""
-
-    def sensitivity(self, n: int) -> float:
-        return 1.0
-
-
-@dataclass(frozen=True)
-class _GaussianMarginTwin(GaussianMarginIdentifier):
-    """000·2 with σ/2."""
-
-    def sigma(self, n: int, kp: int) -> float:
-        return super().sigma(n, kp) / 2
-
-
-@dataclass(frozen=True)
-class _GaussianThresholdTwin(GaussianThresholdGenerator):
-    """000·7 with σ/2."""
-
-    def sigma(self, n: int, kp: int) -> float:
-        return super().sigma(n, kp) / 2
-
-
-_TWINS: dict[type, type] = {
-    SoftMarginIdentifier: _SoftMarginTwin,
-    PrefixCountGenerator: _PrefixCountTwin,
-    JointThresholdGenerator: _JointThresholdTwin,
-    GaussianMarginIdentifier: _GaussianMarginTwin,
-    GaussianThresholdGenerator: _GaussianThresholdTwin,
-}
-
-
-def twin(alg: Any) -> Any:
-    """The deliberately broken variant of a private algorithm (same parameters), used as a
-    negative control by the audits; the non-private algorithms are their own negative
-    controls."""
-    cls = _TWINS.get(type(alg))
-    if cls is None:
-        from . import limit
-
-        return limit.twin(alg)
-    fields = {f: getattr(alg, f) for f in alg.__dataclass_fields__}
-    return cls(**fields)

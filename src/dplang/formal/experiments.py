@@ -46,15 +46,14 @@ from .. import __version__
 from ..privacy.randomness import RandomStreams
 from ..release import OutputPaths
 from . import bounds
+from .audit import privacy_audit_statistical, twin
 from .evaluation import (
     exact_generation_error,
     exact_identification_error,
     exact_pointer_error,
     monte_carlo_error,
-    privacy_audit_statistical,
     rao_blackwell_error,
     sampled_identification_error,
-    twin,
 )
 from .limit import (
     ApproximateIntersectionGenerator,
@@ -933,12 +932,13 @@ def _audit_unit(name: str, broken: bool) -> tuple[str, float, float | None, floa
     claimed = 1.0 if name in ("000·4", "000·5") else None  # non-private: checked at ε = 1
     for n in range(1, 6):
         res = privacy_audit_statistical(alg, coll, n, letters, claimed_epsilon=claimed)
-        worst_loss = max(worst_loss, 0.0 if math.isnan(res.max_loss) else res.max_loss)
-        if res.max_delta is not None:
-            worst_delta = max(worst_delta or 0.0, res.max_delta)
+        worst_loss = max(worst_loss,
+                         0.0 if math.isnan(res.max_log_ratio) else res.max_log_ratio)
+        if res.delta_at_epsilon is not None:
+            worst_delta = max(worst_delta or 0.0, res.delta_at_epsilon)
         theory = res.claimed_sensitivity  # the (twin's) stated sensitivity at this n
-        ratio = (res.max_sensitivity / theory if theory and math.isfinite(theory)
-                 else res.max_sensitivity)
+        ratio = (res.sensitivity / theory if theory and math.isfinite(theory)
+                 else res.sensitivity)
         sens = max(sens, ratio)
         passed &= res.passed
     return name, worst_loss, worst_delta, sens, passed

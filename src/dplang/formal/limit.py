@@ -48,6 +48,7 @@ from ..privacy.guarantees import Guarantee
 from ..privacy.mechanisms import exponential_mechanism, laplace
 from .collections import Collection
 from .languages import Language, NatSet, element_key
+from .registry import FormalAlgorithm, register_algorithm
 from .statistical import Unmaterialised, log_softmax, uniform_int
 from .streams import Stream
 
@@ -103,10 +104,9 @@ def _check_eps(epsilon: float, allow_inf: bool = False) -> None:
 
 def _guarantee(name: str, epsilon: float, **details: Any) -> Guarantee:
     if math.isinf(epsilon):
-        return Guarantee(name, UNIT, ADJACENCY, None, math.inf, 0.0,
-                         details={"private": False, **details})
-    return Guarantee(name, UNIT, ADJACENCY, None, float(epsilon), 0.0,
-                     details={"continual_release": True, **details})
+        return Guarantee.non_private(name, UNIT, ADJACENCY, details=details)
+    return Guarantee.pure(name, UNIT, ADJACENCY, float(epsilon),
+                          details={"continual_release": True, **details})
 
 
 def novel_sample(language: Language, n: int, pool: int, rng: np.random.Generator) -> Any:
@@ -244,7 +244,7 @@ class ApproximateIntersectionGenerator:
         """b_k = k³/ε₀ (corrected) or k²/ε₀ (the printed t^{1/3}/ε₀)."""
         return (k**3 if self.scale == "corrected" else k**2) / self.eps0
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         return _guarantee("approximate-intersection-generator (001 Alg 1)", self.epsilon,
                           scale=self.scale)
 
@@ -414,7 +414,7 @@ class ClosureGenerator:
     private = False
     epsilon = math.inf
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         return _guarantee("closure-generator (LRT25, non-private)", math.inf)
 
     def output(self, data: Sequence[Any], collection: Collection) -> Any:
@@ -523,7 +523,7 @@ class UniformPrivateGenerator:
     def __post_init__(self) -> None:
         _check_eps(self.epsilon)
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         return _guarantee("uniform-private-generator (001 Thm C.1)", self.epsilon)
 
     def temperature(self) -> float:
@@ -621,7 +621,7 @@ class UPGContinual:
     paper = "001·C.1 (CR)"
     private = True
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         return _guarantee("uniform-private-generator, continual (001 Thm C.1)", self.epsilon)
 
     def epoch_epsilon(self, t: int) -> float:
@@ -680,7 +680,7 @@ class EpochEMIdentifier:
     def __post_init__(self) -> None:
         _check_eps(self.epsilon)
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         return _guarantee("epoch-exponential-mechanism identifier (001 Alg 2)", self.epsilon,
                           cap=self.cap)
 
@@ -763,7 +763,7 @@ class StochasticIdentifier:
     def __post_init__(self) -> None:
         _check_eps(self.epsilon)
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         return _guarantee("stochastic identifier (001 Alg 3)", self.epsilon)
 
     def epoch_epsilon(self, s: int) -> float:
@@ -916,11 +916,23 @@ def twin(alg: Any) -> Any:
     raise ValueError(f"no twin for {type(alg).__name__}")
 
 
-#: name → (class, paper algorithm, task)
-ALGORITHMS: dict[str, tuple[type, str, str]] = {
-    "approximate-intersection": (ApproximateIntersectionGenerator, "001·1", "generation"),
-    "uniform-private": (UniformPrivateGenerator, "001·C.1", "generation"),
-    "epoch-em": (EpochEMIdentifier, "001·2", "identification"),
-    "stochastic": (StochasticIdentifier, "001·3", "identification"),
-    "closure": (ClosureGenerator, "001 (LRT25)", "generation"),
-}
+#: The algorithms of the limit setting, registered (:mod:`dplang.formal.registry`); the uniform
+#: private generator also runs one-shot on a sample (the statistical setting).
+_ENTRIES = (
+    register_algorithm(FormalAlgorithm(
+        "approximate-intersection", ApproximateIntersectionGenerator, "001·1", "generation",
+        ("limit",))),
+    register_algorithm(FormalAlgorithm(
+        "uniform-private", UniformPrivateGenerator, "001·C.1", "generation",
+        ("statistical", "limit"), aliases=("001.c1",))),
+    register_algorithm(FormalAlgorithm(
+        "epoch-em", EpochEMIdentifier, "001·2", "identification", ("limit",))),
+    register_algorithm(FormalAlgorithm(
+        "stochastic", StochasticIdentifier, "001·3", "identification", ("limit",))),
+    register_algorithm(FormalAlgorithm(
+        "closure", ClosureGenerator, "001 (LRT25)", "generation", ("limit",), private=False)),
+)
+
+#: name → (class, paper algorithm, task), from the registry (kept for earlier imports).
+ALGORITHMS: dict[str, tuple[type, str, str]] = {e.name: (e.cls, e.paper, e.task)
+                                               for e in _ENTRIES}

@@ -161,8 +161,7 @@ def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path
     n = len(elements)
     stream_alg = isinstance(alg, ApproximateIntersectionGenerator | EpochEMIdentifier
                             | StochasticIdentifier | UPGContinual)
-    guarantee = alg.guarantee() if (stream_alg or isinstance(alg, UniformPrivateGenerator)) \
-        else alg.guarantee(n)
+    guarantee = alg.guarantee(n)
     fingerprint = {"algorithm": alg.name, "paper": getattr(alg, "paper", ""),
                    "collection": collection.describe(), "parameters": parameters, "n": n}
     release = Release.open("formal run", data=data_path, guarantee=guarantee,

@@ -54,6 +54,7 @@ from ..privacy.guarantees import Guarantee
 from ..privacy.mechanisms import exponential_mechanism, gaussian
 from .collections import Collection
 from .languages import element_key
+from .registry import FormalAlgorithm, register_algorithm
 
 __all__ = [
     "ALGORITHMS",
@@ -167,6 +168,17 @@ def gaussian_calibration(l2_sensitivity: float, epsilon: float, delta: float,
         rho = epsilon_to_rho(epsilon, delta)
         return l2_sensitivity / math.sqrt(2 * rho), rho
     raise ValueError(f"unknown calibration {calibration!r}; use 'classical' or 'zcdp'")
+
+
+def _gaussian_guarantee(name: str, epsilon: float, delta: float, calibration: str
+                        ) -> Guarantee:
+    """(ε, δ)-DP of a Gaussian release calibrated by :func:`gaussian_calibration`: classical
+    (no ρ), or ρ-zCDP for the target (ε, δ)."""
+    rho = gaussian_calibration(1.0, epsilon, delta, calibration)[1]
+    details = {"calibration": calibration, "mechanism": "gaussian"}
+    if rho is None:
+        return Guarantee.approximate(name, UNIT, ADJACENCY, epsilon, delta, details=details)
+    return Guarantee.zcdp(name, UNIT, ADJACENCY, rho, delta, epsilon=epsilon, details=details)
 
 
 def uniform_int(rng: np.random.Generator, high: int) -> int:
@@ -311,7 +323,7 @@ class _Identifier:
         _, kp = self.horizon(n, collection)
         return error_counts(sample, collection, kp)
 
-    def guarantee(self, n: int) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         raise NotImplementedError
 
     def select(self, counts: np.ndarray, n: int, big_k: int,
@@ -352,9 +364,8 @@ class MarginIdentifier(_Identifier):
     private = False
     shift_invariant = True  # the law depends on the error counts only through differences
 
-    def guarantee(self, n: int) -> Guarantee:
-        return Guarantee("margin-identifier (000 Alg 4, non-private)", UNIT, ADJACENCY, None,
-                         math.inf, 0.0, details={"private": False})
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return Guarantee.non_private("margin-identifier (000 Alg 4, non-private)", UNIT, ADJACENCY)
 
     def passes(self, counts: np.ndarray, n: int, big_k: int) -> np.ndarray:
         """Margin test in exact integer arithmetic: (c_j − c_i)·K ≥ n for all j < i."""
@@ -417,9 +428,9 @@ class SoftMarginIdentifier(_Identifier):
         return _em_log_law(self.scores(counts, n, big_k), self.sensitivity(n, big_k),
                            self.epsilon)
 
-    def guarantee(self, n: int) -> Guarantee:
-        return Guarantee("soft-margin-identifier (000 Alg 1)", UNIT, ADJACENCY, None,
-                         self.epsilon, 0.0, details={"mechanism": "exponential"})
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return Guarantee.pure("soft-margin-identifier (000 Alg 1)", UNIT, ADJACENCY, self.epsilon,
+                              details={"mechanism": "exponential"})
 
     def select(self, counts, n, big_k, rng):
         s = self.scores(counts, n, big_k)
@@ -451,11 +462,9 @@ class GaussianMarginIdentifier(_Identifier):
         return gaussian_calibration(math.sqrt(kp) / n, self.epsilon, self.delta,
                                     self.calibration)[0]
 
-    def guarantee(self, n: int) -> Guarantee:
-        rho = gaussian_calibration(1.0, self.epsilon, self.delta, self.calibration)[1]
-        return Guarantee("gaussian-margin-identifier (000 Alg 2)", UNIT, ADJACENCY, rho,
-                         self.epsilon, self.delta,
-                         details={"calibration": self.calibration, "mechanism": "gaussian"})
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return _gaussian_guarantee("gaussian-margin-identifier (000 Alg 2)", self.epsilon,
+                                   self.delta, self.calibration)
 
     def index_from_noisy(self, noisy_errors: np.ndarray, big_k: int) -> np.ndarray:
         prev = np.minimum.accumulate(noisy_errors, axis=-1)
@@ -555,9 +564,8 @@ class PointerGenerator(_Generator):
     def window(self, n: int) -> int:
         return 0
 
-    def guarantee(self, n: int) -> Guarantee:
-        return Guarantee("pointer-generator (000 Alg 5, non-private)", UNIT, ADJACENCY, None,
-                         math.inf, 0.0, details={"private": False})
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return Guarantee.non_private("pointer-generator (000 Alg 5, non-private)", UNIT, ADJACENCY)
 
     def pointers(self, sample: Sequence[Any] | np.ndarray, collection: Collection,
                  kp: int) -> list[int]:
@@ -624,9 +632,9 @@ class PrefixCountGenerator(_Generator):
     def log_law(self, counts: np.ndarray, memb: np.ndarray, n: int) -> np.ndarray:
         return log_softmax(self.scores(counts, memb, n) / self.temperature(n), axis=-1)
 
-    def guarantee(self, n: int) -> Guarantee:
-        return Guarantee("prefix-count-generator (000 Alg 3)", UNIT, ADJACENCY, None,
-                         self.epsilon, 0.0, details={"mechanism": "exponential"})
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return Guarantee.pure("prefix-count-generator (000 Alg 3)", UNIT, ADJACENCY, self.epsilon,
+                              details={"mechanism": "exponential"})
 
     def run(self, sample: Sequence[Any] | np.ndarray, collection: Collection,
             rng: np.random.Generator) -> Selection:
@@ -684,9 +692,9 @@ class JointThresholdGenerator(_Generator):
         flat = s.reshape(*s.shape[:-2], -1)
         return _em_log_law(flat, self.sensitivity(n), self.epsilon)
 
-    def guarantee(self, n: int) -> Guarantee:
-        return Guarantee("joint-threshold-generator (000 Alg 6)", UNIT, ADJACENCY, None,
-                         self.epsilon, 0.0, details={"mechanism": "exponential"})
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return Guarantee.pure("joint-threshold-generator (000 Alg 6)", UNIT, ADJACENCY,
+                              self.epsilon, details={"mechanism": "exponential"})
 
     def run(self, sample: Sequence[Any] | np.ndarray, collection: Collection,
             rng: np.random.Generator) -> Selection:
@@ -733,11 +741,9 @@ class GaussianThresholdGenerator(JointThresholdGenerator):
         return gaussian_calibration(self.l2_sensitivity(n, kp), self.epsilon, self.delta,
                                     self.calibration)[0]
 
-    def guarantee(self, n: int) -> Guarantee:
-        rho = gaussian_calibration(1.0, self.epsilon, self.delta, self.calibration)[1]
-        return Guarantee("gaussian-threshold-generator (000 Alg 7)", UNIT, ADJACENCY, rho,
-                         self.epsilon, self.delta,
-                         details={"calibration": self.calibration, "mechanism": "gaussian"})
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return _gaussian_guarantee("gaussian-threshold-generator (000 Alg 7)", self.epsilon,
+                                   self.delta, self.calibration)
 
     def log_law(self, counts: np.ndarray, memb: np.ndarray, n: int) -> np.ndarray:
         raise NotImplementedError("use evaluation.gaussian_argmax_log_law")
@@ -763,13 +769,21 @@ class GaussianThresholdGenerator(JointThresholdGenerator):
             "counts": counts, "K": big_k, "K_prime": kp, "n": n})
 
 
-#: name → (class, paper algorithm number, task)
-ALGORITHMS: dict[str, tuple[type, str, str]] = {
-    "margin": (MarginIdentifier, "000·4", "identification"),
-    "soft-margin": (SoftMarginIdentifier, "000·1", "identification"),
-    "gaussian-margin": (GaussianMarginIdentifier, "000·2", "identification"),
-    "pointer": (PointerGenerator, "000·5", "generation"),
-    "prefix-count": (PrefixCountGenerator, "000·3", "generation"),
-    "joint-threshold": (JointThresholdGenerator, "000·6", "generation"),
-    "gaussian-threshold": (GaussianThresholdGenerator, "000·7", "generation"),
-}
+#: The algorithms of the statistical setting, registered (:mod:`dplang.formal.registry`).
+_ENTRIES = tuple(register_algorithm(FormalAlgorithm(
+    name, cls, paper, task, ("statistical",), private=private, gaussian=gaussian,
+    theorem=theorem)) for name, cls, paper, task, private, gaussian, theorem in (
+    ("margin", MarginIdentifier, "000·4", "identification", False, False, "HP's bound"),
+    ("soft-margin", SoftMarginIdentifier, "000·1", "identification", True, False, "Thm 3.2"),
+    ("gaussian-margin", GaussianMarginIdentifier, "000·2", "identification", True, True,
+     "Thm 3.3"),
+    ("pointer", PointerGenerator, "000·5", "generation", False, False, "HP's bound"),
+    ("prefix-count", PrefixCountGenerator, "000·3", "generation", True, False, "Thm 4.5"),
+    ("joint-threshold", JointThresholdGenerator, "000·6", "generation", True, False, "Thm 4.6"),
+    ("gaussian-threshold", GaussianThresholdGenerator, "000·7", "generation", True, True,
+     "Thm 4.9"),
+))
+
+#: name → (class, paper algorithm number, task), from the registry (kept for earlier imports).
+ALGORITHMS: dict[str, tuple[type, str, str]] = {e.name: (e.cls, e.paper, e.task)
+                                               for e in _ENTRIES}

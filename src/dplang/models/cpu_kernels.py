@@ -50,7 +50,7 @@ def _load() -> Any:
             _NUMBA = False
             return _NUMBA
         try:
-            from dplang.models.default import cache_dir
+            from dplang.models.cache import cache_dir
 
             os.environ.setdefault("NUMBA_CACHE_DIR", str(cache_dir() / "numba"))
             import numba

@@ -117,12 +117,12 @@ def activation_kind(module: Any) -> str:
 
 def _norm(module: Any) -> Norm:
     """The :class:`Norm` equal to the RMS-norm ``module`` (its form found numerically)."""
-    weight = module.weight.detach().float()
+    weight = module.weight.detach().float().cpu()
     eps = float(getattr(module, "eps", getattr(module, "variance_epsilon", 1e-6)))
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(3, weight.shape[0], generator=gen)
-    with torch.no_grad():
-        want = module(x).float()
+    with torch.no_grad():  # the model may sit on a GPU: probe it there, compare here
+        want = module(x.to(module.weight.device)).float().cpu()
     for candidate in (Norm(weight.contiguous(), eps), Norm((1.0 + weight).contiguous(), eps)):
         if torch.allclose(candidate(x), want, rtol=1e-5, atol=1e-6):
             return candidate
@@ -440,9 +440,9 @@ class ExactDecoder:
         kvh = self.kv_heads
         block = cache.block
         if step.decode_tokens.numel():
-            slot_token = torch.full((cache.slots,), tokens, dtype=torch.int64)
-            slot_token[step.decode_slots] = step.decode_tokens
-            qs, qs_scale = gather_queries(q_int, q_scale, slot_token.to(q.device), kvh)
+            slot_token = torch.full((cache.slots,), tokens, dtype=torch.int64, device=q.device)
+            slot_token[step.decode_slots.to(q.device)] = step.decode_tokens.to(q.device)
+            qs, qs_scale = gather_queries(q_int, q_scale, slot_token, kvh)
             visible = step.decode_visible(cache.capacity, layer.window, q.device)
             res = attend(qs.unsqueeze(2), qs_scale.unsqueeze(2), cache.keys[index],
                          cache.key_scale[index], cache.values[index], cache.value_scale[index],

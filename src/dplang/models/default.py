@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 from dplang.models.base import LogitsModel
+from dplang.models.cache import cache_dir
 from dplang.models.hf_loading import strip_quantization
 from dplang.models.prompt_side import PromptSide
 from dplang.models.transformers import TransformersModel
@@ -43,16 +44,6 @@ PACKAGE_VERSION = "1.0.0"
 DEFAULT_MODEL_ID = f"gemma-3-270m ({PACKAGE} {PACKAGE_VERSION})"
 #: Written last inside a finished cache folder.
 _MARKER = "dplang-model.json"
-
-
-def cache_dir() -> Path:
-    """dplang's cache root: ``$DPLANG_CACHE_DIR`` or the platform's user cache dir."""
-    override = os.environ.get("DPLANG_CACHE_DIR")
-    if override:
-        return Path(override).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("dplang"))
 
 
 def _expected_sha256() -> str:

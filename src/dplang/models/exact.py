@@ -268,8 +268,6 @@ def int8_kernel_is_exact(device: str, k: int) -> bool:
     dev = torch.device(device)
     rows = 32  # CUDA's int8 kernel needs more than 16 rows
     cols = 32
-    if dev.type == "cuda" and (k % 8 or cols % 8):
-        return False
     gen = torch.Generator().manual_seed(k)
     patterns = [
         (torch.full((rows, k), 127), torch.full((k, cols), -128)),
@@ -282,8 +280,9 @@ def int8_kernel_is_exact(device: str, k: int) -> bool:
         for a, b in patterns:
             for left, right in ((a, b), (b.t(), a.t())):
                 want = left.double() @ right.double()
-                got = torch._int_mm(left.to(torch.int8).contiguous().to(dev),
-                                    right.to(torch.int8).contiguous().to(dev))
+                a8 = left.to(torch.int8).contiguous().to(dev)
+                b8 = right.to(torch.int8).contiguous().to(dev)
+                got = _padded_int_mm(a8, b8) if dev.type == "cuda" else torch._int_mm(a8, b8)
                 if not torch.equal(got.cpu().double(), want):
                     return False
     except (RuntimeError, NotImplementedError):
@@ -291,18 +290,31 @@ def int8_kernel_is_exact(device: str, k: int) -> bool:
     return True
 
 
+def _padded_int_mm(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """``torch._int_mm`` on CUDA, whose kernel needs more than 16 rows and a reduction length
+    and a column count that are multiples of 8: the operands are padded with zeros (a zero row,
+    column or reduction term changes no other entry's integer sum) and the result cut back."""
+    rows, k = left.shape
+    cols = right.shape[1]
+    pad_rows, pad_k, pad_cols = max(17 - rows, 0), -k % 8, -cols % 8
+    if pad_rows or pad_k:
+        left = torch.nn.functional.pad(left, (0, pad_k, 0, pad_rows))
+    if pad_k or pad_cols:
+        right = torch.nn.functional.pad(right, (0, pad_cols, 0, pad_k))
+    out = torch._int_mm(left.contiguous(), right.contiguous())
+    return out[:rows, :cols] if pad_rows or pad_cols else out
+
+
 def exact_products(left: torch.Tensor, right: torch.Tensor, kernel: str) -> torch.Tensor:
     """``left @ right`` for int8 ``left [M, K]`` and ``right [K, N]`` as exact int32.
 
-    ``kernel="int8"``: ``torch._int_mm`` (rows padded with zeros to the 17 a CUDA kernel needs;
-    zero rows change no other row's integers). ``kernel="float32"``: float32 products of
+    ``kernel="int8"``: ``torch._int_mm`` (on CUDA with zero padding to the shapes its kernel
+    needs: :func:`_padded_int_mm`). ``kernel="float32"``: float32 products of
     chunks of at most :data:`_FLOAT32_CHUNK` along ``K``, each exact (every partial sum is an
     integer below 2**24), converted to int32 and added."""
     if kernel == "int8":
-        rows = left.shape[0]
-        if left.device.type == "cuda" and rows <= 16:
-            left = torch.cat([left, left.new_zeros((17 - rows, left.shape[1]))])
-            return torch._int_mm(left, right)[:rows]
+        if left.device.type == "cuda":
+            return _padded_int_mm(left, right)
         return torch._int_mm(left, right)
     total: torch.Tensor | None = None
     for start in range(0, left.shape[1], _FLOAT32_CHUNK):

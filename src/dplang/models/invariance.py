@@ -13,15 +13,15 @@ import json
 import os
 import platform
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
+from dplang.models.base import DecodeState
 from dplang.models.errors import RowInvarianceError
-
-if TYPE_CHECKING:
-    from dplang.models.transformers import TransformersModel
+from dplang.models.row_state import RowDecodeState
 
 __all__ = [
     "RowInvarianceError",
@@ -34,7 +34,40 @@ __all__ = [
 RECHECK_ENV = "DPLANG_RECHECK_INVARIANCE"
 #: The modules whose code decides the bits (their source is part of the record's key).
 _BACKEND_MODULES = ("invariance.py", "exact.py", "attention.py", "decoder.py", "transformers.py",
-                    "prompt_side.py")
+                    "prompt_side.py", "row_state.py")
+
+
+class CheckedModel(Protocol):
+    """What the check uses of :class:`dplang.models.transformers.TransformersModel` (which
+    imports this module: it is named here by its shape, not imported)."""
+
+    model_id: str
+    config: Any
+    dtype: torch.dtype
+    threads: int
+    block_size: int
+    vocab_size: int
+
+    @property
+    def numerics(self) -> dict[str, Any]: ...
+
+    def weights_digest(self) -> str: ...
+
+    def refusal_key(self) -> str | None: ...
+
+    def use_reference_arithmetic(self) -> None: ...
+
+    def _prompt_ids(self, prompt: str) -> list[int]: ...
+
+    def add_prompts(self, state: DecodeState, prompts: Sequence[str],
+                    prefixes: Sequence[str | None] | None = None) -> None: ...
+
+    def next_hidden(self, state: DecodeState, tokens: torch.Tensor | None) -> torch.Tensor: ...
+
+    def logits_from_hidden(self, hidden: torch.Tensor,
+                           candidates: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def drop_rows(self, state: DecodeState, keep: torch.Tensor) -> DecodeState: ...
 
 
 
@@ -50,7 +83,7 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.contiguous().view(kind), b.contiguous().view(kind)))
 
 
-def check_row_invariance(model: TransformersModel) -> None:
+def check_row_invariance(model: CheckedModel) -> None:
     """Verify, on this machine and configuration, that rows decoded together give exactly
     the bits they give alone: prompts of several lengths (crossing cache blocks), decoded
     together, alone, in another order beside a duplicate, and after a row is dropped;
@@ -120,7 +153,7 @@ def check_row_invariance(model: TransformersModel) -> None:
 _Check = tuple[str, list[Any], list[list[torch.Tensor]]]
 
 
-def _prefix_checks(model: TransformersModel, steps: int) -> list[_Check]:
+def _prefix_checks(model: CheckedModel, steps: int) -> list[_Check]:
     """Rows sharing a public prefix (longer than a block, so that full blocks are shared
     and the last one copied; one row is the prefix itself) decoded together and alone."""
     prefix = "Shared prefix of the row invariance probe: " + "word " * model.block_size
@@ -143,9 +176,7 @@ def _prefix_checks(model: TransformersModel, steps: int) -> list[_Check]:
     return [("sharing a prefix", alone, together)]
 
 
-def _state(prompts: list[list[int]]) -> Any:
-    from dplang.models.transformers import RowDecodeState
-
+def _state(prompts: list[list[int]]) -> RowDecodeState:
     return RowDecodeState(prompts=prompts)
 
 
@@ -153,7 +184,7 @@ def _state(prompts: list[list[int]]) -> Any:
 # a pass on record
 
 
-def check_row_invariance_cached(model: TransformersModel) -> bool:
+def check_row_invariance_cached(model: CheckedModel) -> bool:
     """:func:`check_row_invariance`, skipped when the same check already passed for the same
     configuration on this machine; returns whether it was skipped.
 
@@ -260,7 +291,7 @@ def refusal_on_record(key: str | None) -> str | None:
 
 
 def _record_folder() -> Path:
-    from dplang.models.default import cache_dir
+    from dplang.models.cache import cache_dir
 
     return cache_dir() / "invariance"
 
@@ -275,7 +306,7 @@ def _cpu_identity() -> str:
     return "\n".join(sorted(set(keep)))
 
 
-def _record_key(model: TransformersModel) -> str:
+def _record_key(model: CheckedModel) -> str:
     import dplang
 
     here = Path(__file__).parent

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,65 +74,13 @@ from dplang.models.prompt_side import (
     numerics_for,
     prepare_tokenizer,
 )
+from dplang.models.row_state import RowDecodeState, RowSlot
 
 __all__ = ["MAX_STEP_TOKENS", "RowDecodeState", "RowSlot", "TransformersModel"]
 
 #: Most tokens run through the body in one call (prompts are cut into calls of at most this many
 #: tokens, anywhere: a row's bits do not depend on where its prompt is cut).
 MAX_STEP_TOKENS = 1024
-
-
-@dataclass
-class RowSlot:
-    """A row's slot in the key/value store and its number of cached positions."""
-
-    slot: int
-    length: int = 0
-
-
-@dataclass
-class RowDecodeState:
-    """Decoding state of :class:`TransformersModel`: one entry per row still decoded.
-
-    Attributes:
-        prompts: each row's prompt token ids (run by the first :meth:`next_hidden` call after
-            the row was added; after its shared prefix, if it has one).
-        caches: each row's :class:`RowSlot`, or ``None`` for a row whose prompt has not run.
-        prefix_of, prefixes: shared public prefixes (see :meth:`TransformersModel.add_prompts`).
-        cache: the key/value store (created by the first call that runs a prompt).
-        steps: number of :meth:`next_hidden` calls so far.
-    """
-
-    prompts: list[list[int]]
-    caches: list[RowSlot | None] = field(default_factory=list)
-    cache: SlotCache | None = None
-    steps: int = 0
-    #: Per row, the token ids of its shared public prefix (``None``: no prefix); the row's
-    #: tokens are the prefix's followed by ``prompts[row]``.
-    prefix_of: list[tuple[int, ...] | None] = field(default_factory=list)
-    #: Computed prefixes: their slot (owned by the state) and last hidden state.
-    prefixes: dict[tuple[int, ...], tuple[RowSlot, torch.Tensor]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if len(self.caches) < len(self.prompts):
-            self.caches.extend([None] * (len(self.prompts) - len(self.caches)))
-        if len(self.prefix_of) < len(self.prompts):
-            self.prefix_of.extend([None] * (len(self.prompts) - len(self.prefix_of)))
-
-    @property
-    def rows(self) -> int:
-        """Number of rows still decoded."""
-        return len(self.prompts)
-
-    @property
-    def started(self) -> bool:
-        """Whether some row's prompt has been run through the model."""
-        return any(c is not None for c in self.caches)
-
-    @property
-    def prompt_lengths(self) -> list[int]:
-        """Number of prompt tokens of every row."""
-        return [len(p) for p in self.prompts]
 
 
 @dataclass
@@ -265,14 +213,14 @@ class TransformersModel(TokenizerText):
             self.model_id = model_id_for(self._path, self._gguf_name)
         else:
             self.model_id = getattr(self.config, "_name_or_path", "") or type(model).__name__
+        if self.device_type != "cpu":
+            self._decoder.to(self.device)  # before the verification, which runs on the device
         if verify:
             self._verify_head()
             if verification is not None:
                 record_verification(verification)
         if not keep_reference:
             self.model = None  # the decoder holds integer copies of every weight it uses
-        if self.device_type != "cpu":
-            self._decoder.to(self.device)
         if check_invariance == "cached":
             check_row_invariance_cached(self)
         elif check_invariance:
@@ -607,7 +555,8 @@ class TransformersModel(TokenizerText):
         ids = self._prompt_ids("Hello world. This is a test of the exact decoder")
         state = RowDecodeState(prompts=[ids])
         ours = self.logits_from_hidden(self.next_hidden(state, None))
-        input_ids = torch.tensor([ids], dtype=torch.int64)
+        input_ids = torch.tensor([ids], dtype=torch.int64,
+                                 device=next(self.model.parameters()).device)
         out = self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
         theirs = out.logits[:, -1].float().cpu()
         spread = max(float(theirs.abs().max()), 1.0)

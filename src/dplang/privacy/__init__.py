@@ -14,15 +14,19 @@ from .accounting import (
     rho_to_epsilon,
     simple_rho_to_epsilon,
 )
-from .guarantees import ADJACENCIES, Adjacency, Guarantee
+from .calibration import CalibrationError, calibrate
+from .guarantees import ADJACENCIES, Adjacency, Guarantee, GuaranteeSource
 from .randomness import RandomStreams
 
 __all__ = [
     "ADJACENCIES",
     "Adjacency",
+    "CalibrationError",
     "Guarantee",
+    "GuaranteeSource",
     "RandomStreams",
     "bounded_range_to_zcdp",
+    "calibrate",
     "compose_parallel",
     "compose_sequential",
     "epsilon_to_rho",

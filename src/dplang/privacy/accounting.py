@@ -1,18 +1,9 @@
 """Privacy accounting: zCDP, pure and approximate DP, composition and calibration.
 
-Conversions
------------
-``rho_to_delta`` is the tight zCDP → (ε, δ) conversion of Canonne, Kamath and Steinke (2020,
-Prop. 12 / Cor. 13; equivalently Balle et al. 2020, Thm 21 as used by the InvisibleInk paper):
-
-    δ(ρ, ε) = inf_{α>1} exp((α−1)(αρ−ε)) / (α−1) · (1 − 1/α)^α .
-
-The log of the objective is convex in α with derivative (2α−1)ρ − ε + log(1 − 1/α), which is
-increasing, so the infimum is found by a root search on the derivative. We implement it here
-rather than calling OpenDP because the inverse maps (ε → ρ, and ρ → ε at fixed δ) are needed
-for calibration and OpenDP exposes only the forward privacy profile; the tests cross-check this
-implementation against OpenDP's ``make_zCDP_to_approxDP`` and dp-accounting's RDP conversion.
-Inverses are computed by bisection and always rounded to the *safe* side (ε up, ρ down).
+The zCDP ↔ (ε, δ) conversions (:func:`rho_to_delta`, :func:`rho_to_epsilon`,
+:func:`epsilon_to_rho`, :func:`simple_rho_to_epsilon`) are defined in the leaf module
+:mod:`dplang.privacy.conversions`, which :class:`~dplang.privacy.guarantees.Guarantee` imports
+too, and are re-exported here.
 
 InvisibleInk's calibration (the DClip sensitivity C/B, ρ_seq = T·Δ²/(2τ²), the clip norm for a
 budget) lives with the method, in :mod:`dplang.textgen.methods.invisibleink` (InvisibleInk
@@ -24,10 +15,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
+# the conversions, re-exported: callers import them from here
+from .conversions import _check_epsilon, rho_to_epsilon
+from .conversions import epsilon_to_rho as epsilon_to_rho
+from .conversions import rho_to_delta as rho_to_delta
+from .conversions import simple_rho_to_epsilon as simple_rho_to_epsilon
 from .guarantees import Guarantee
-
-_BISECTION_STEPS = 200
 
 #: Defaults of InvisibleInk's hyperparameters, shared by ``dplang account``, ``dplang generate``
 #: and experiment configurations (one place, so the clip norm one command prints is the one the
@@ -99,96 +94,6 @@ def check_epsilon_limit(epsilon: float, what: str, delta: float | None = None) -
     raise BudgetLimitError(f"{what} means ε {shown}{at}, {_ABOVE}")
 
 
-def _check_rho(rho: float) -> None:
-    if not (rho >= 0 and math.isfinite(rho)):
-        raise ValueError(f"rho must be finite and >= 0, got {rho}")
-
-
-def _check_epsilon(epsilon: float) -> None:
-    if not (epsilon > 0 and math.isfinite(epsilon)):
-        raise ValueError(f"epsilon must be finite and > 0, got {epsilon}")
-
-
-def _check_delta(delta: float) -> None:
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1), got {delta}")
-
-
-def _log_delta_objective(alpha: float, rho: float, epsilon: float) -> float:
-    return (
-        (alpha - 1.0) * (alpha * rho - epsilon)
-        + alpha * math.log1p(-1.0 / alpha)
-        - math.log(alpha - 1.0)
-    )
-
-
-def rho_to_delta(rho: float, epsilon: float) -> float:
-    """Smallest δ such that ρ-zCDP implies (ε, δ)-DP (tight CKS 2020 conversion)."""
-    _check_rho(rho)
-    if not epsilon >= 0:
-        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
-    if rho == 0:
-        return 0.0
-
-    def derivative(alpha: float) -> float:
-        return (2 * alpha - 1) * rho - epsilon + math.log1p(-1.0 / alpha)
-
-    lo = 1.0 + 1e-12
-    if derivative(lo) >= 0:  # objective increasing on (1, ∞): infimum is the limit α → 1, δ = 1
-        return 1.0
-    hi = (epsilon + 1.0) / (2.0 * rho) + 2.0
-    while derivative(hi) <= 0:  # pragma: no cover - the bound above always suffices
-        hi *= 2.0
-    from scipy.optimize import brentq  # here: `import dplang.privacy` stays light
-
-    alpha = brentq(derivative, lo, hi, xtol=1e-14, rtol=1e-14, maxiter=500)
-    log_delta = _log_delta_objective(alpha, rho, epsilon)
-    return min(1.0, math.exp(log_delta))
-
-
-def simple_rho_to_epsilon(rho: float, delta: float) -> float:
-    """The simple (loose) bound ε = ρ + 2·sqrt(ρ·ln(1/δ)) (Bun–Steinke 2016, Prop. 1.3)."""
-    _check_rho(rho)
-    _check_delta(delta)
-    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
-
-
-def rho_to_epsilon(rho: float, delta: float) -> float:
-    """Smallest ε such that ρ-zCDP implies (ε, δ)-DP (tight; rounded up)."""
-    _check_rho(rho)
-    _check_delta(delta)
-    if rho == 0 or rho_to_delta(rho, 0.0) <= delta:
-        return 0.0
-    lo, hi = 0.0, simple_rho_to_epsilon(rho, delta)
-    for _ in range(_BISECTION_STEPS):
-        mid = 0.5 * (lo + hi)
-        if rho_to_delta(rho, mid) <= delta:
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= 1e-13 * max(1.0, hi):
-            break
-    return hi
-
-
-def epsilon_to_rho(epsilon: float, delta: float) -> float:
-    """Largest ρ such that ρ-zCDP implies (ε, δ)-DP (tight; rounded down)."""
-    _check_epsilon(epsilon)
-    _check_delta(delta)
-    lo, hi = 0.0, epsilon + 1.0
-    while rho_to_delta(hi, epsilon) <= delta:  # pragma: no cover - defensive
-        hi *= 2.0
-    for _ in range(_BISECTION_STEPS):
-        mid = 0.5 * (lo + hi)
-        if rho_to_delta(mid, epsilon) <= delta:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-13 * max(1e-300, hi):
-            break
-    return lo
-
-
 def pure_to_zcdp(epsilon: float) -> float:
     """ε-DP implies ε²/2-zCDP (Bun–Steinke 2016, Prop. 1.4)."""
     _check_epsilon(epsilon)
@@ -238,23 +143,19 @@ def compose_sequential(
     """
     unit, adjacency = _common(guarantees, "sequential")
     name = mechanism or "+".join(dict.fromkeys(g.mechanism for g in guarantees))
-    ex_ante = all(g.ex_ante for g in guarantees)
-    toy = any(g.public_seed for g in guarantees)  # one public seed voids the whole
     details = {"composition": "sequential", "parts": len(guarantees)}
     if all(g.is_pure and g.rho is None for g in guarantees):
-        return Guarantee(
-            name, unit, adjacency, None, sum(g.epsilon for g in guarantees), 0.0, ex_ante, details,
-            toy,
-        )
-    if any(g.rho is None and not g.is_pure for g in guarantees):
-        eps = sum(g.epsilon for g in guarantees)
-        dlt = sum(g.delta for g in guarantees)
-        return Guarantee(name, unit, adjacency, None, eps, dlt, ex_ante, details, toy)
-    rho = sum(g.rho if g.rho is not None else pure_to_zcdp(g.epsilon) for g in guarantees)
-    target = delta if delta is not None else max(g.delta for g in guarantees)
-    return Guarantee(
-        name, unit, adjacency, rho, rho_to_epsilon(rho, target), target, ex_ante, details, toy
-    )
+        composed = Guarantee.pure(name, unit, adjacency, sum(g.epsilon for g in guarantees),
+                                  details=details)
+    elif any(g.rho is None and not g.is_pure for g in guarantees):
+        composed = Guarantee.approximate(name, unit, adjacency,
+                                         sum(g.epsilon for g in guarantees),
+                                         sum(g.delta for g in guarantees), details=details)
+    else:
+        rho = sum(g.rho if g.rho is not None else pure_to_zcdp(g.epsilon) for g in guarantees)
+        target = delta if delta is not None else max(g.delta for g in guarantees)
+        composed = Guarantee.zcdp(name, unit, adjacency, rho, target, details=details)
+    return _labelled(composed, guarantees)
 
 
 def compose_parallel(
@@ -268,15 +169,19 @@ def compose_parallel(
     unit, adjacency = _common(guarantees, "parallel")
     name = mechanism or "+".join(dict.fromkeys(g.mechanism for g in guarantees))
     worst = max(guarantees, key=lambda g: (g.rho if g.rho is not None else -1, g.epsilon, g.delta))
-    if any(g.rho is None for g in guarantees):
-        eps = max(g.epsilon for g in guarantees)
-        dlt = max(g.delta for g in guarantees)
-        rho = None
-    else:
-        rho, eps, dlt = worst.rho, worst.epsilon, worst.delta
     details = {"composition": "parallel over a data-independent partition",
                "parts": len(guarantees)}
-    return Guarantee(
-        name, unit, adjacency, rho, eps, dlt, all(g.ex_ante for g in guarantees), details,
-        any(g.public_seed for g in guarantees),
-    )
+    if any(g.rho is None for g in guarantees):
+        composed = Guarantee.approximate(name, unit, adjacency,
+                                         max(g.epsilon for g in guarantees),
+                                         max(g.delta for g in guarantees), details=details)
+    else:  # the worst part's (ρ, ε, δ), as it was stated
+        composed = replace(worst, mechanism=name, details=details)
+    return _labelled(composed, guarantees)
+
+
+def _labelled(composed: Guarantee, parts: Sequence[Guarantee]) -> Guarantee:
+    """``composed`` with the labels of its parts: data-dependent if one part is, a toy run if
+    one part's seed is public (one public seed voids the whole)."""
+    return replace(composed, ex_ante=all(g.ex_ante for g in parts),
+                   public_seed=any(g.public_seed for g in parts))

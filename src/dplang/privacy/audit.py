@@ -2,19 +2,27 @@
 
 Exact checks take the two output distributions of a mechanism on neighbouring inputs (as
 probability vectors over the same finite outcome space) and compute the pure privacy loss
-max_y |log p(y) − log q(y)| and Rényi divergences D_α(p‖q). They are how the tests show that a
-mechanism meets its stated ε or ρ, and that a deliberately broken one does not.
+max_y |log p(y) − log q(y)| (:func:`max_log_ratio`, or :func:`max_log_loss` from log-laws), the
+exact δ at a given ε (:func:`delta_at_epsilon`: the hockey-stick divergence) and Rényi
+divergences D_α(p‖q). They are how the tests show that a mechanism meets its stated ε, δ or ρ,
+and that a deliberately broken one does not.
 
 The Monte Carlo auditor runs a black-box mechanism many times on two neighbouring inputs and
 returns a statistically valid *lower bound* on its ε (Clopper–Pearson intervals on the
 probability of an event): a lower bound above the claimed ε proves a violation.
+
+Every audit of dplang — these, the samplers' (:mod:`dplang.sampling.evaluation`) and the formal
+lab's (:mod:`dplang.formal.audit`) — returns one :class:`AuditResult`. Which test audits which
+mechanism is recorded on the tests themselves (``@pytest.mark.audits("name")``) and listed in
+``docs/privacy.md`` by ``scripts/audit_table.py``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.stats import beta as beta_dist
@@ -37,10 +45,41 @@ def max_log_ratio(p: Sequence[float] | np.ndarray, q: Sequence[float] | np.ndarr
     p, q = _as_prob(p), _as_prob(q)
     if p.shape != q.shape:
         raise ValueError("distributions over different outcome spaces")
-    if np.any((p > _TINY) != (q > _TINY)):
+    with np.errstate(divide="ignore"):
+        return max_log_loss(np.log(p), np.log(q))
+
+
+def max_log_loss(log_p: Sequence[float] | np.ndarray, log_q: Sequence[float] | np.ndarray
+                 ) -> float:
+    """:func:`max_log_ratio` from log-laws (log 0 = −∞, for laws whose probabilities underflow):
+    max |log p − log q| over the common support, ``inf`` when the supports (or the outcome
+    spaces) differ, 0 when both are empty."""
+    lp = np.asarray(log_p, dtype=np.float64).ravel()
+    lq = np.asarray(log_q, dtype=np.float64).ravel()
+    fp, fq = np.isfinite(lp), np.isfinite(lq)
+    if lp.shape != lq.shape or np.any(fp != fq):
         return math.inf
-    support = p > _TINY
-    return float(np.max(np.abs(np.log(p[support]) - np.log(q[support]))))
+    return float(np.max(np.abs(lp[fp] - lq[fp]))) if fp.any() else 0.0
+
+
+def delta_at_epsilon(p: Sequence[float] | np.ndarray, q: Sequence[float] | np.ndarray,
+                     epsilon: float) -> float:
+    """The exact δ(ε) of the ordered pair (p on D, q on D′): the smallest δ with
+    P(E) ≤ e^ε·Q(E) + δ for every event E, Σ_y (p(y) − e^ε q(y))⁺ (the hockey-stick
+    divergence; check both orders for a symmetric neighbour relation). Where e^ε overflows
+    only the outputs that q cannot produce count; ε = ∞ gives 0."""
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    if p.shape != q.shape:
+        raise ValueError("distributions over different outcome spaces")
+    if not epsilon >= 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    if math.isinf(epsilon):  # an infinite ε bounds nothing: no δ is needed
+        return 0.0
+    e_eps = math.exp(epsilon) if epsilon < 709.0 else math.inf  # exp overflows from 709.8
+    with np.errstate(invalid="ignore", over="ignore"):
+        excess = np.where(q > 0, p - e_eps * q, p)
+    return float(np.maximum(excess, 0.0).sum())
 
 
 def renyi_divergence(
@@ -63,12 +102,49 @@ DEFAULT_ALPHAS = (1.01, 1.1, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 100.0, 1000.0)
 
 
 @dataclass(frozen=True)
-class ExactAudit:
-    """Worst privacy loss found between pairs of neighbouring output distributions."""
+class AuditResult:
+    """What a privacy audit found, and its verdict on the claim it was given.
 
-    max_log_ratio: float
-    #: max over pairs and both directions of D_α / α, per α.
-    renyi_over_alpha: dict[float, float]
+    The one result type of every audit in dplang: exact audits (the output laws on
+    neighbouring inputs are known exactly) fill ``max_log_ratio``, ``delta_at_epsilon`` and
+    ``renyi_over_alpha``; Monte Carlo audits fill ``epsilon_lower_bound`` (a lower bound on the
+    true ε, so ``passed`` means only that no violation was detected). Fields an audit does not
+    compute keep their defaults (NaN, None, empty).
+
+    Attributes:
+        mechanism: what was audited (a label).
+        method: ``"exact"`` or ``"monte-carlo"``; ``output_space`` and ``reason`` say why, where
+            an audit chooses (:mod:`dplang.formal.audit`).
+        epsilon, delta: the claim audited (ε = None: no claim, ``passed`` is None).
+        passed: the verdict, by the audit's own rule (and tolerance).
+        pairs: the neighbour pairs compared; ``worst_pair`` the one that attained the maximum.
+        max_log_ratio: max over pairs, both directions and outputs of |log p − log q| (∞ when
+            the supports differ, NaN when not computed).
+        delta_at_epsilon: max over pairs (both directions) of the exact δ at the claimed ε.
+        renyi_over_alpha: max over pairs and both directions of D_α/α, per α.
+        epsilon_lower_bound: the Monte Carlo lower bound ε̂.
+        sensitivity, claimed_sensitivity: the largest change of the released statistic found,
+            and the one the calibration assumes.
+        detail: what was compared, in words; ``notes``: audit-specific numbers.
+    """
+
+    mechanism: str = ""
+    method: str = "exact"
+    epsilon: float | None = None
+    delta: float = 0.0
+    passed: bool | None = None
+    pairs: int = 0
+    worst_pair: Any = None
+    max_log_ratio: float = math.nan
+    delta_at_epsilon: float | None = None
+    renyi_over_alpha: dict[float, float] = field(default_factory=dict)
+    epsilon_lower_bound: float | None = None
+    sensitivity: float | None = None
+    claimed_sensitivity: float | None = None
+    output_space: float | None = None
+    reason: str = ""
+    detail: str = ""
+    notes: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rho_lower_bound(self) -> float:
@@ -81,21 +157,58 @@ class ExactAudit:
     def satisfies_zcdp(self, rho: float, tol: float = 1e-9) -> bool:
         return self.rho_lower_bound <= rho + tol
 
+    @property
+    def statistic(self) -> float:
+        """The number the verdict rests on: ε̂ (Monte Carlo), the exact δ(ε) (a claim with
+        δ > 0 audited through δ), or the exact pure loss."""
+        if self.method == "monte-carlo":
+            return math.nan if self.epsilon_lower_bound is None else self.epsilon_lower_bound
+        if self.delta > 0 and self.delta_at_epsilon is not None:
+            return self.delta_at_epsilon
+        return self.max_log_ratio
+
+    def line(self) -> str:
+        """One line: the verdict, the statistic against the claim, and what was compared."""
+        verdict = "PASS" if self.passed else "FAIL"
+        eps = math.inf if self.epsilon is None else self.epsilon
+        if self.method == "exact":
+            what = (f"max δ(ε) = {self.statistic:.3g} (target δ = {self.delta:g}, "
+                    f"ε = {eps:g})" if self.delta > 0 else
+                    f"max exact privacy loss = {self.statistic:.6g} (ε = {eps:g})")
+        else:
+            what = (f"Monte Carlo lower bound ε̂ = {self.statistic:.4g} (claimed ε = "
+                    f"{eps:g}" + (f", δ = {self.delta:g}" if self.delta else "") + ")")
+        over = self.detail or f"{self.pairs} neighbour pairs"
+        return f"{verdict} {self.mechanism}: {what} over {over}"
+
+    def method_line(self) -> str:
+        return f"method: {self.method} ({self.reason})"
+
 
 def exact_audit(
     pairs: Iterable[tuple[Sequence[float] | np.ndarray, Sequence[float] | np.ndarray]],
     alphas: Sequence[float] = DEFAULT_ALPHAS,
-) -> ExactAudit:
+    epsilon: float | None = None,
+) -> AuditResult:
     """Audit a mechanism exactly from (law on D, law on D') pairs for neighbouring D ≃ D'.
 
-    Both directions of each pair are checked (zCDP and pure DP are symmetric notions)."""
+    Both directions of each pair are checked (zCDP and pure DP are symmetric notions). With
+    ``epsilon``, also the exact δ at that ε (``delta_at_epsilon``)."""
     worst = 0.0
     renyi = dict.fromkeys(alphas, 0.0)
+    worst_delta = 0.0
+    count = 0
     for p, q in pairs:
+        count += 1
         worst = max(worst, max_log_ratio(p, q))
         for a in alphas:
             renyi[a] = max(renyi[a], renyi_divergence(p, q, a) / a, renyi_divergence(q, p, a) / a)
-    return ExactAudit(worst, renyi)
+        if epsilon is not None:
+            worst_delta = max(worst_delta, delta_at_epsilon(p, q, epsilon),
+                              delta_at_epsilon(q, p, epsilon))
+    return AuditResult(epsilon=epsilon, pairs=count, max_log_ratio=worst,
+                       delta_at_epsilon=worst_delta if epsilon is not None else None,
+                       renyi_over_alpha=renyi)
 
 
 def clopper_pearson(successes: int, trials: int, confidence: float) -> tuple[float, float]:
@@ -110,17 +223,6 @@ def clopper_pearson(successes: int, trials: int, confidence: float) -> tuple[flo
     return lo, hi
 
 
-@dataclass(frozen=True)
-class MonteCarloAudit:
-    """A black-box audit: a lower bound on ε valid with the stated confidence."""
-
-    epsilon_lower_bound: float
-    p_hat: float
-    q_hat: float
-    trials: int
-    confidence: float
-
-
 def monte_carlo_epsilon_lower_bound(
     run_on_d: Callable[[np.random.Generator], object],
     run_on_d_prime: Callable[[np.random.Generator], object],
@@ -129,7 +231,7 @@ def monte_carlo_epsilon_lower_bound(
     rng: np.random.Generator,
     confidence: float = 0.99,
     delta: float = 0.0,
-) -> MonteCarloAudit:
+) -> AuditResult:
     """Lower-bound ε from P[M(D) ∈ E] ≤ e^ε P[M(D') ∈ E] + δ, with Clopper–Pearson intervals.
 
     ``run_on_d``/``run_on_d_prime`` each take a Generator and return one output; ``event``
@@ -149,7 +251,9 @@ def monte_carlo_epsilon_lower_bound(
 
     lb = max(bound(d_lo, p_hi), bound(1 - d_hi, 1 - p_lo),
              bound(p_lo, d_hi), bound(1 - p_hi, 1 - d_lo))
-    return MonteCarloAudit(lb, hits_d / trials, hits_p / trials, trials, confidence)
+    return AuditResult(method="monte-carlo", delta=delta, epsilon_lower_bound=lb, pairs=1,
+                       notes={"p_hat": hits_d / trials, "q_hat": hits_p / trials,
+                              "trials": trials, "confidence": confidence})
 
 
 def gaussian_privacy_profile(epsilon: float, distance_over_sigma: float) -> float:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
+
+from .conversions import rho_to_delta, rho_to_epsilon
 
 
 class Adjacency(StrEnum):
@@ -55,14 +58,21 @@ class Guarantee:
 
     ``rho`` is the zero-concentrated DP parameter when the mechanism is analysed in zCDP (then
     ``epsilon`` is its tight conversion at ``delta``); for a pure ε-DP release ``rho`` may be
-    ``None`` and ``delta`` is 0. ``epsilon = ∞`` (with ``ex_ante`` False) marks a release that
-    is not private at all (the ``nonprivate`` ceiling of experiments): its summary says so.
-    ``ex_ante`` is False for data-dependent guarantees (their value
-    depends on the private data and is itself not private); ``details`` holds mechanism
+    ``None`` and ``delta`` is 0. ``epsilon = ∞`` (:meth:`non_private`) marks a release that is
+    not private at all (a non-private baseline, e.g. the ``nonprivate`` ceiling of experiments):
+    its summary says so. ``ex_ante`` is False for data-dependent and non-private guarantees
+    (no bound fixed before the data is read); ``details`` holds mechanism
     parameters worth recording (clip norm, batch size, ...). ``public_seed`` is True for a *toy
     run*: a release whose random seed is public (written in a configuration file), so anyone
     can recompute its noise and the release promises nothing; (ρ, ε, δ) are then what the
     mechanism would promise with a secret seed.
+
+    A mechanism states its guarantee with a named constructor — :meth:`zcdp`, :meth:`pure`,
+    :meth:`approximate`, or one of the not-DP labels :meth:`data_dependent` and
+    :meth:`non_private` (and :meth:`as_toy` for a toy run) — so that the ρ → ε conversion, and
+    the check that a target ε really follows from ρ, are written once, here (composition, in
+    :mod:`dplang.privacy.accounting`, uses them too, with :func:`dataclasses.replace` for the
+    labels). The field-by-field constructor is for deserialisation (:meth:`from_dict`).
     """
 
     mechanism: str
@@ -83,6 +93,51 @@ class Guarantee:
             raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
         if not 0 <= self.delta < 1:
             raise ValueError(f"delta must be in [0, 1), got {self.delta}")
+
+    # -- named constructors: how a mechanism states what it promises ---------------------
+
+    @classmethod
+    def zcdp(cls, mechanism: str, unit: str, adjacency: Adjacency | str, rho: float,
+             delta: float, *, epsilon: float | None = None,
+             details: Mapping[str, Any] | None = None) -> Guarantee:
+        """ρ-zCDP, stated with the (ε, δ)-DP it implies: ε is the tight conversion of ρ at δ
+        (rounded up; 0 when ρ = 0), or ``epsilon`` when the mechanism was calibrated for that
+        target, which is checked: ρ-zCDP must imply (ε, δ)-DP (``ValueError`` otherwise)."""
+        if epsilon is None:
+            epsilon = 0.0 if rho == 0 else rho_to_epsilon(rho, delta)
+        elif not rho_to_delta(rho, epsilon) <= delta:
+            raise ValueError(f"{rho:.17g}-zCDP does not imply ({epsilon:.17g}, {delta:g})-DP")
+        return cls(mechanism, unit, adjacency, rho, epsilon, delta, details=_details(details))
+
+    @classmethod
+    def pure(cls, mechanism: str, unit: str, adjacency: Adjacency | str, epsilon: float, *,
+             details: Mapping[str, Any] | None = None) -> Guarantee:
+        """Pure ε-DP (δ = 0, no ρ)."""
+        return cls(mechanism, unit, adjacency, None, epsilon, 0.0, details=_details(details))
+
+    @classmethod
+    def approximate(cls, mechanism: str, unit: str, adjacency: Adjacency | str, epsilon: float,
+                    delta: float, *, details: Mapping[str, Any] | None = None) -> Guarantee:
+        """(ε, δ)-DP without a zCDP analysis (δ = 0 is pure ε-DP)."""
+        return cls(mechanism, unit, adjacency, None, epsilon, delta, details=_details(details))
+
+    @classmethod
+    def data_dependent(cls, mechanism: str, unit: str, adjacency: Adjacency | str,
+                       epsilon: float, delta: float, *,
+                       details: Mapping[str, Any] | None = None) -> Guarantee:
+        """NOT differential privacy: a data-dependent accounting that stops at a target
+        (ε, δ) computed from the private data (``ex_ante`` False; :meth:`summary` says so)."""
+        return cls(mechanism, unit, adjacency, None, epsilon, delta, ex_ante=False,
+                   details=_details(details))
+
+    @classmethod
+    def non_private(cls, mechanism: str, unit: str, adjacency: Adjacency | str, *,
+                    details: Mapping[str, Any] | None = None) -> Guarantee:
+        """No privacy at all (a non-private baseline): ε = ∞, marked ``private: False``, and
+        not ex ante (:attr:`is_dp` False), so a ledger records it outside every DP total, as
+        it records a data-dependent release, and a dataset with a DP budget refuses it."""
+        return cls(mechanism, unit, adjacency, None, math.inf, 0.0, ex_ante=False,
+                   details={"private": False, **(details or {})})
 
     @property
     def is_dp(self) -> bool:
@@ -120,9 +175,9 @@ class Guarantee:
             return (
                 f"The {self.mechanism} release is NOT PRIVATE: it satisfies no differential "
                 f"privacy guarantee (ε = ∞). Its outputs were computed from the private data "
-                f"with no clipping and no noise, so a single {self.unit} can change them "
-                f"arbitrarily (with respect to {neighbours}). It is a non-private reference "
-                f"point for experiments, never a private release."
+                f"with no privacy mechanism (no clipping, no noise), so a single {self.unit} "
+                f"can change them arbitrarily (with respect to {neighbours}). It is a "
+                f"non-private reference point for experiments, never a private release."
             )
         if not self.ex_ante:
             return (
@@ -174,3 +229,19 @@ class Guarantee:
     @classmethod
     def from_json(cls, text: str) -> Guarantee:
         return cls.from_dict(json.loads(text))
+
+
+def _details(details: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {} if details is None else dict(details)
+
+
+class GuaranteeSource(Protocol):
+    """A calibrated mechanism (its frozen, public parameters), with the one signature every
+    params object, sampler and algorithm of dplang gives :meth:`guarantee`."""
+
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        """What one release with these parameters promises, on data of ``n`` records of
+        dimension ``d`` (both public under the adjacency the guarantee states). Mechanisms
+        whose guarantee does not depend on them ignore them; those whose guarantee does
+        refuse ``None`` (``ValueError``)."""
+        ...

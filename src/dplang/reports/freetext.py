@@ -37,7 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..models.base import LogitsModel
-from ..privacy.accounting import epsilon_to_rho, rho_to_epsilon
+from ..privacy.accounting import epsilon_to_rho
 from ..privacy.guarantees import Guarantee
 from ..privacy.mechanisms import exponential_mechanism_probabilities
 from ..privacy.randomness import RandomStreams
@@ -90,8 +90,9 @@ class FreeTextMechanism(Protocol):
 
     name: str
 
-    def guarantee(self, n: int) -> Guarantee:
-        """The ex-ante guarantee of a release on a corpus of n records."""
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        """The ex-ante guarantee of a release on a corpus of n records (the one signature of
+        :class:`~dplang.privacy.guarantees.GuaranteeSource`)."""
         ...
 
     def generate(self, records: Sequence[str | None], seed: int | None = None
@@ -204,12 +205,13 @@ class InvisibleInkReport:
                                    tokens=self.max_tokens, batch_size=self.batch_size,
                                    temperature=self.temperature, adjacency="replace-by-null")
 
-    def guarantee(self, n: int) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        if n is None:
+            raise ValueError("the report's guarantee needs n, the number of records")
         b = self._budget()
         rho = float(b["rho"]) * (4.0 if self.adjacency == "replace-one" else 1.0)
-        return Guarantee(
-            mechanism="invisibleink-report", unit="record", adjacency=self.adjacency,
-            rho=rho, epsilon=rho_to_epsilon(rho, self.delta), delta=self.delta,
+        return Guarantee.zcdp(
+            "invisibleink-report", "record", self.adjacency, rho, self.delta,
             details={"clip": float(b["clip"]), "batch_size": self.batch_size,
                      "max_tokens": self.max_tokens, "temperature": self.temperature,
                      "top_k": self.top_k, "generations": len(_batches(n, self.batch_size,
@@ -259,9 +261,8 @@ class PublicPromptReport:
     prompt: PromptTemplate = REPORT_PROMPT
     name: str = "unfiltered LLM (no data)"
 
-    def guarantee(self, n: int) -> Guarantee:
-        return Guarantee(mechanism="public-prompt", unit="record", adjacency="replace-one",
-                         rho=0.0, epsilon=0.0, delta=0.0)
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return Guarantee.zcdp("public-prompt", "record", "replace-one", 0.0, 0.0)
 
     def generate(self, records: Sequence[str | None], seed: int | None = None
                  ) -> FreeTextReport:
@@ -299,11 +300,10 @@ class ExponentialSelectionReport:
         if not self.epsilon > 0:
             raise ValueError(f"epsilon must be > 0, got {self.epsilon}")
 
-    def guarantee(self, n: int) -> Guarantee:
-        return Guarantee(mechanism="exponential-selection", unit="record",
-                         adjacency="replace-one", rho=None, epsilon=self.epsilon, delta=0.0,
-                         details={"sentences": self.sentences,
-                                  "epsilon_per_draw": self.epsilon / self.sentences})
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return Guarantee.pure("exponential-selection", "record", "replace-one", self.epsilon,
+                              details={"sentences": self.sentences,
+                                       "epsilon_per_draw": self.epsilon / self.sentences})
 
     def select(self, counts: np.ndarray, rng: np.random.Generator) -> list[int]:
         """The indices drawn given the vote counts (the mechanism's core; counts are private).

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Literal
 
@@ -145,19 +145,19 @@ def calibrate(config: FilterConfig, m: int, n: int) -> tuple[SupportTest, Guaran
         rho_total = epsilon_to_rho(config.epsilon, config.delta)
         test = SupportTest.calibrate("gaussian", n, beta, rho=_share(rho_total, m),
                                      delta=config.delta / m)
-        parts = [test.guarantee(MECHANISM)] * m
+        parts = [test.guarantee()] * m
         composed = compose_sequential(parts, delta=config.delta, mechanism=MECHANISM)
     else:
         eps0 = _share(config.epsilon, m)
         delta0 = _share(config.delta, m) if config.noise == "gaussian" else 0.0
         test = SupportTest.calibrate(config.noise, n, beta, epsilon=eps0, delta=delta0)
-        parts = [test.guarantee(MECHANISM)] * m
+        parts = [test.guarantee()] * m
         compose_sequential(parts, mechanism=MECHANISM)  # checks units/adjacency agree
         # Basic composition: the exact sum m·ε₀ is ≤ ε by construction of _share, so the
         # report is (ε, δ)-DP for the budget asked for (the float sum could differ in the last
         # bit).
-        composed = Guarantee(MECHANISM, "record", "replace-one", None, config.epsilon,
-                             config.effective_delta)
+        composed = Guarantee.approximate(MECHANISM, "record", "replace-one", config.epsilon,
+                                         config.effective_delta)
     details = {
         "composition": ("zCDP over the m support tests" if config.composition == "zcdp"
                         else "basic (sequential) composition over the m support tests"),
@@ -172,8 +172,7 @@ def calibrate(config: FilterConfig, m: int, n: int) -> tuple[SupportTest, Guaran
         "threshold": config.theta,
         "proposer": "data-independent (fixed before the data is read)",
     }
-    guarantee = Guarantee(MECHANISM, "record", "replace-one", composed.rho, composed.epsilon,
-                          composed.delta, details=details)
+    guarantee = replace(composed, details=details)
     return test, guarantee
 
 

@@ -42,6 +42,7 @@ from typing import Literal
 import numpy as np
 from scipy.stats import norm
 
+from ..privacy.calibration import calibrate
 from ..privacy.guarantees import Guarantee
 from ..privacy.mechanisms import discrete_laplace, gaussian, laplace
 
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 NoiseFamily = Literal["discrete-laplace", "laplace", "gaussian"]
+#: the mechanism named in the guarantee of one test
+MECHANISM = "dp-support-test"
 NOISE_FAMILIES: tuple[str, ...] = ("discrete-laplace", "laplace", "gaussian")
 
 
@@ -65,7 +68,12 @@ def exact_decimal(x: float) -> Fraction:
 
 def analytic_gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1.0) -> float:
     """Smallest δ for which N(0, σ²) noise on a query of ℓ2 sensitivity Δ is (ε, δ)-DP
-    (Balle & Wang 2018, Thm 8): Φ(Δ/(2σ) − εσ/Δ) − e^ε Φ(−Δ/(2σ) − εσ/Δ)."""
+    (Balle & Wang 2018, Thm 8): Φ(Δ/(2σ) − εσ/Δ) − e^ε Φ(−Δ/(2σ) − εσ/Δ).
+
+    The same profile as :func:`dplang.privacy.audit.gaussian_privacy_profile` (which works in
+    log space, for audits of tiny δ); this evaluation is kept because the σ of every report so
+    far was calibrated with it, and the other rounds differently in the last bits of σ for about
+    a quarter of budgets. ``tests/privacy/test_calibration.py`` checks the σ against both."""
     a = sensitivity / (2.0 * sigma)
     b = epsilon * sigma / sensitivity
     first = norm.cdf(a - b)
@@ -78,18 +86,10 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
     mechanism, Balle & Wang 2018), by bisection on the decreasing map σ ↦ δ(σ)."""
     if not (epsilon > 0 and math.isfinite(epsilon)) or not 0 < delta < 1:
         raise ValueError("need epsilon > 0 and 0 < delta < 1")
-    lo, hi = 1e-12 * sensitivity, sensitivity
-    while analytic_gaussian_delta(hi, epsilon, sensitivity) > delta:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if analytic_gaussian_delta(mid, epsilon, sensitivity) > delta:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-14 * hi:
-            break
-    return hi
+    # slide=False: the bracket's lower end stays at 1e-12·Δ while it grows, the probes that
+    # fixed the σ of every report so far
+    return calibrate(lambda sigma: analytic_gaussian_delta(sigma, epsilon, sensitivity) <= delta,
+                     1e-12 * sensitivity, sensitivity, safe="above", rtol=1e-14, slide=False)
 
 
 def _dlap_upper_tail(k: int, epsilon: float) -> float:
@@ -99,6 +99,16 @@ def _dlap_upper_tail(k: int, epsilon: float) -> float:
         return math.exp(-epsilon * k) / (1.0 + q)
     # P(Z ≥ k) = 1 − P(Z ≤ k − 1) = 1 − P(Z ≥ 1 − k) by symmetry
     return 1.0 - math.exp(-epsilon * (1 - k)) / (1.0 + q)
+
+
+def _dlap_margin(epsilon: float, beta: float) -> float:
+    """τ_c: the smallest integer k ≥ 1 with P(Z ≥ k) ≤ β for the discrete Laplace of parameter
+    ε (the tail, hence the condition, is evaluated exactly as the test uses it; the closed form
+    ⌈ln(1/(β(1+e^{−ε})))/ε⌉ is the first guess of the bracket)."""
+    q = math.exp(-epsilon)
+    guess = max(1, math.ceil(math.log(1.0 / (beta * (1.0 + q))) / epsilon))
+    return float(calibrate(lambda k: _dlap_upper_tail(k, epsilon) <= beta, 1, guess + 1,
+                           safe="above", integer=True))
 
 
 @dataclass(frozen=True)
@@ -149,10 +159,9 @@ class SupportTest:
                     raise ValueError("give rho > 0 (and no epsilon) for a zCDP Gaussian test")
                 if not 0 < delta < 1:
                     raise ValueError(f"a zCDP Gaussian test needs delta in (0, 1), got {delta}")
-                from ..privacy.accounting import rho_to_epsilon
-
                 sigma = 1.0 / math.sqrt(2.0 * rho)
-                eps0 = rho_to_epsilon(rho, delta)  # what ρ₀-zCDP implies at δ₀ on its own
+                # what ρ₀-zCDP implies at δ₀ on its own
+                eps0 = Guarantee.zcdp(MECHANISM, "record", "replace-one", rho, delta).epsilon
                 tau = sigma * float(norm.isf(beta))
                 return cls(family, int(n), eps0, float(delta), float(rho), sigma, beta, tau)
             if epsilon is None or not (epsilon > 0 and math.isfinite(epsilon)):
@@ -170,13 +179,8 @@ class SupportTest:
         if family == "laplace":
             tau = b * math.log(1.0 / (2.0 * beta))
             return cls(family, int(n), float(epsilon), 0.0, None, b, beta, tau)
-        q = math.exp(-epsilon)
-        k = max(1, math.ceil(math.log(1.0 / (beta * (1.0 + q))) / epsilon))
-        while _dlap_upper_tail(k, epsilon) > beta:  # guard against rounding of the formula
-            k += 1
-        while k > 1 and _dlap_upper_tail(k - 1, epsilon) <= beta:
-            k -= 1
-        return cls(family, int(n), float(epsilon), 0.0, None, b, beta, float(k))
+        return cls(family, int(n), float(epsilon), 0.0, None, b, beta,
+                   _dlap_margin(epsilon, beta))
 
     def at_level(self, beta: float) -> SupportTest:
         """The same noise (family, n, ε₀/δ₀/ρ₀, scale) with the margin τ_c of level ``beta``.
@@ -190,13 +194,7 @@ class SupportTest:
         elif self.family == "laplace":
             tau = self.scale * math.log(1.0 / (2.0 * beta))
         else:
-            q = math.exp(-self.epsilon)
-            k = max(1, math.ceil(math.log(1.0 / (beta * (1.0 + q))) / self.epsilon))
-            while _dlap_upper_tail(k, self.epsilon) > beta:
-                k += 1
-            while k > 1 and _dlap_upper_tail(k - 1, self.epsilon) <= beta:
-                k -= 1
-            tau = float(k)
+            tau = _dlap_margin(self.epsilon, beta)
         return replace(self, beta=float(beta), tau_count=tau)
 
     # ------------------------------------------------------------------ public quantities
@@ -306,8 +304,12 @@ class SupportTest:
             return _dlap_upper_tail(1 - math.ceil(t), self.epsilon)
         return self.upper_tail(-(theta * self.n + self.tau_count - count))
 
-    def guarantee(self, mechanism: str = "dp-support-test") -> Guarantee:
-        """The guarantee of this one test (unit = record, replace-one adjacency)."""
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        """The guarantee of this one test (unit = record, replace-one adjacency; its n is the
+        test's own)."""
         details = {"noise": self.family, "scale_counts": self.scale, "n": self.n}
-        return Guarantee(mechanism, "record", "replace-one", self.rho, self.epsilon, self.delta,
-                         details=details)
+        if self.rho is not None:
+            return Guarantee.zcdp(MECHANISM, "record", "replace-one", self.rho, self.delta,
+                                  epsilon=self.epsilon, details=details)
+        return Guarantee.approximate(MECHANISM, "record", "replace-one", self.epsilon,
+                                     self.delta, details=details)

@@ -71,7 +71,8 @@ class Sampler(Protocol):
     """What every sampler offers.
 
     ``kind`` is ``"kary"`` or ``"product"``. ``guarantee(n, d)`` is the ex-ante privacy
-    guarantee of one draw on ``n`` records (``d`` only for products). ``sample(x, rng)``
+    guarantee of one draw on ``n`` records (``d`` only for products; ``n`` is required: the
+    signature is :class:`~dplang.privacy.guarantees.GuaranteeSource`'s). ``sample(x, rng)``
     releases one draw and that guarantee. ``output_law(x, rng)`` returns the law of the output
     given the data and one draw of the sampler's internal noise (a probability vector of length
     k, or the ``d`` biases of a product law); averaging it over noise and data gives Q
@@ -80,7 +81,7 @@ class Sampler(Protocol):
 
     kind: str
 
-    def guarantee(self, n: int, d: int | None = None) -> Guarantee: ...
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee: ...
 
     def sample(self, x: np.ndarray, rng: np.random.Generator) -> SampleResult: ...
 
@@ -155,9 +156,9 @@ def check_delta(delta: float) -> float:
     return dl
 
 
-def check_n(n: int) -> int:
+def check_n(n: int | None) -> int:
     """n must be a positive integer. (Parameter check; no privacy contract needed.)"""
-    if isinstance(n, bool) or int(n) != n or n < 1:
+    if n is None or isinstance(n, bool) or int(n) != n or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
     return int(n)
 

@@ -47,10 +47,9 @@ class FirstRecordSampler:
         self.k = None if k is None else int(k)
         self.kind = "kary" if k is not None else "product"
 
-    def guarantee(self, n: int, d: int | None = None) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         check_n(n)
-        return Guarantee(self.name, UNIT, ADJACENCY, None, math.inf, 0.0, True,
-                         {"private": False})
+        return Guarantee.non_private(self.name, UNIT, ADJACENCY)
 
     def conditional_law(self, x: np.ndarray) -> np.ndarray:
         """k-ary: the point mass at x[0]; binary: the biases x[0] (a point mass)."""
@@ -84,13 +83,13 @@ class RandomRecordSampler:
         self.kind = "kary" if k is not None else "product"
         self.symmetric = k is not None
 
-    def guarantee(self, n: int, d: int | None = None) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         n = check_n(n)
         if n == 1:  # the only record is output: not private at all
-            return Guarantee(self.name, UNIT, ADJACENCY, None, math.inf, 0.0, True,
-                             {"private": False})
-        return Guarantee(self.name, UNIT, ADJACENCY, None, 0.0, 1.0 / n, True,
-                         {"note": "trivial: exactly distributed as P, delta = 1/n"})
+            return Guarantee.non_private(self.name, UNIT, ADJACENCY)
+        return Guarantee.approximate(self.name, UNIT, ADJACENCY, 0.0, 1.0 / n,
+                                     details={"note": "trivial: exactly distributed as P, "
+                                              "delta = 1/n"})
 
     def conditional_law(self, x: np.ndarray) -> np.ndarray:
         """k-ary only: counts/n."""
@@ -153,12 +152,12 @@ class LearnThenSampleSampler(KarySampler):
     def noise_scale(self) -> float:
         return 2.0 / self.epsilon
 
-    def guarantee(self, n: int, d: int | None = None) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         """Pure ε-DP, replace-one, whatever n."""
         check_n(n)
-        return self._guarantee(self.epsilon, projection=self.projection,
-                               threshold=self.threshold if self.projection == "threshold"
-                               else None, noise_scale=self.noise_scale)
+        return self._pure(self.epsilon, projection=self.projection,
+                          threshold=self.threshold if self.projection == "threshold" else None,
+                          noise_scale=self.noise_scale)
 
     def _estimate(self, noisy_counts: np.ndarray) -> np.ndarray:
         v = np.asarray(noisy_counts, dtype=np.float64)

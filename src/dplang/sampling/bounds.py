@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from ..privacy.calibration import CalibrationError, calibrate
 from .base import check_delta, check_epsilon, check_n
 
 __all__ = [
@@ -92,24 +93,15 @@ def kary_learning_n(k: int, alpha: float, epsilon: float, constant: float = 1.0)
 
 def min_n(ok: Callable[[int], bool], lo: int = 1, hi: int | None = None,
           limit: int = 10**9) -> int:
-    """Smallest integer n ≥ lo with ok(n) True, for a predicate monotone in n (exponential
-    search then bisection). Raises ValueError when none is found below ``limit``."""
+    """Smallest integer n ≥ lo with ok(n) True, for a predicate monotone in n
+    (:func:`dplang.privacy.calibration.calibrate`: doubling, then integer bisection). Raises
+    ValueError when none is found up to ``limit``."""
     lo = max(1, int(lo))
-    if ok(lo):
-        return lo
-    h = max(lo + 1, 2 * lo) if hi is None else int(hi)
-    while not ok(h):
-        lo = h
-        h *= 2
-        if h > limit:
-            raise ValueError("no n below the limit satisfies the condition")
-    while h - lo > 1:
-        mid = (lo + h) // 2
-        if ok(mid):
-            h = mid
-        else:
-            lo = mid
-    return h
+    start = max(lo + 1, 2 * lo) if hi is None else int(hi)
+    try:
+        return int(calibrate(ok, lo, start, safe="above", integer=True, limit=limit))
+    except CalibrationError:
+        raise ValueError("no n below the limit satisfies the condition") from None
 
 
 def clipped_mean_min_n(d: int, epsilon: float, delta: float | None = None,

@@ -17,7 +17,8 @@ The output law of a sampler A on P with n records is
   never single draws), with a conservative confidence interval (:func:`estimate_tv`).
 
 :func:`exact_privacy_audit` enumerates all pairs of neighbouring datasets for small n and
-reports the largest privacy loss of the exact output laws (and the exact δ at the claimed ε).
+reports the largest privacy loss of the exact output laws (and the exact δ at the claimed ε) as
+a :class:`~dplang.privacy.audit.AuditResult`.
 """
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ import numpy as np
 from scipy.special import gammaln
 from scipy.stats import norm, poisson
 
+from ..privacy.audit import AuditResult, delta_at_epsilon, max_log_loss
+from ..privacy.calibration import CalibrationError, calibrate
 from . import _histlaw
 from .baselines import FirstRecordSampler, RandomRecordSampler
+from .distance import tv_distance
 from .kary import KarySampler, LaplaceHistogramSampler, RevealOrObscureSampler
 from .product_tv import (  # re-exported: the product part of this module's job
     ProductTV,
@@ -45,7 +49,6 @@ from .product_tv import (  # re-exported: the product part of this module's job
 
 __all__ = [
     "LawEstimate",
-    "PrivacyAudit",
     "ProductTV",
     "TVEstimate",
     "bucketed_product_tv",
@@ -63,11 +66,6 @@ __all__ = [
     "support_miss_probability",
     "tv_distance",
 ]
-
-
-def tv_distance(p: np.ndarray, q: np.ndarray) -> float:
-    """½‖p − q‖₁."""
-    return 0.5 * float(np.abs(np.asarray(p, dtype=np.float64) - np.asarray(q, np.float64)).sum())
 
 
 def _check_p(p: np.ndarray) -> np.ndarray:
@@ -290,82 +288,32 @@ def claim24_probability(k: int, n: float, alpha: float, epsilon: float, reps: in
 
 def minimal_n(tv_at: Callable[[float], float], alpha: float, lo: float, hi: float,
               rel_tol: float = 1e-3, integer: bool = False) -> float:
-    """Smallest n in [lo, hi] with tv_at(n) ≤ α (tv_at assumed non-increasing): doubling from
-    ``lo`` until the condition holds (so n far above the answer is never evaluated), then
-    bisection on log n to relative precision ``rel_tol``. Raises ValueError when even
-    tv_at(hi) > α. With ``integer`` the result is an integer."""
-    if tv_at(lo) <= alpha:
-        return lo
-    cur = lo
-    while True:
-        nxt = min(hi, cur * 2.0)
-        if integer:
-            nxt = float(math.ceil(nxt))
-        if tv_at(nxt) <= alpha:
-            lo, hi = cur, nxt
-            break
-        if nxt >= hi:
-            raise ValueError(f"TV at n = {hi} is above alpha = {alpha}; raise hi")
-        cur = nxt
-    while hi / lo > 1 + rel_tol and (not integer or hi - lo > 1):
-        mid = math.sqrt(lo * hi)
-        if integer:
-            mid = float(round(mid))
-            if mid <= lo or mid >= hi:
-                break
-        if tv_at(mid) <= alpha:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    """Smallest n in [lo, hi] with tv_at(n) ≤ α (tv_at assumed non-increasing), by
+    :func:`dplang.privacy.calibration.calibrate`: doubling from ``lo`` until the condition holds
+    (so n far above the answer is never evaluated), then bisection on log n to relative
+    precision ``rel_tol``. Raises ValueError when even tv_at(hi) > α. With ``integer`` the
+    result is an integer."""
+    try:
+        n = calibrate(lambda n: tv_at(float(n)) <= alpha, lo, min(hi, 2.0 * lo), safe="above",
+                      rtol=rel_tol, log_scale=True, integer=integer, limit=hi)
+    except CalibrationError:
+        raise ValueError(f"TV at n = {hi} is above alpha = {alpha}; raise hi") from None
+    return float(n)
 
 
 # --------------------------------------------------------------------------------------------
 # Exact privacy audit
 
 
-@dataclass(frozen=True)
-class PrivacyAudit:
-    """The result of enumerating neighbouring datasets.
-
-    ``max_log_ratio``: the largest |log Pr[A(x)=y] − log Pr[A(x')=y]| over all neighbours and
-    outputs (∞ when supports differ); ``delta_at_claimed``: the largest Σ_y (Pr[A(x)=y] −
-    e^ε Pr[A(x')=y])⁺ at the claimed ε (the exact δ); ``worst_pair``: the datasets (count
-    vectors or row-type counts) attaining the maximum."""
-
-    max_log_ratio: float
-    delta_at_claimed: float
-    claimed_epsilon: float
-    claimed_delta: float
-    pairs: int
-    worst_pair: tuple[Any, Any]
-
-    @property
-    def satisfied(self) -> bool:
-        """True when the exact δ at the claimed ε is within the claimed δ (1e-9 slack)."""
-        return self.delta_at_claimed <= self.claimed_delta + 1e-9
-
-
 def _kary_pairs(n: int, k: int) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Every ordered pair of count vectors over k types (n items) that differ by moving one
+    item: the replace-one neighbours of frequency-count data (k-ary records, or the 2^d row
+    types of binary records)."""
     for c in compositions(n, k):
         for a in range(k):
             if c[a] == 0:
                 continue
             for b in range(k):
-                if b != a:
-                    c2 = c.copy()
-                    c2[a] -= 1
-                    c2[b] += 1
-                    yield tuple(int(v) for v in c), tuple(int(v) for v in c2)
-
-
-def _binary_pairs(n: int, d: int) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
-    types = 1 << d
-    for c in compositions(n, types):
-        for a in range(types):
-            if c[a] == 0:
-                continue
-            for b in range(types):
                 if b != a:
                     c2 = c.copy()
                     c2[a] -= 1
@@ -382,7 +330,7 @@ def _rows_from_types(counts: tuple[int, ...], d: int) -> np.ndarray:
 
 
 def exact_privacy_audit(sampler: Any, n: int, k: int | None = None, d: int | None = None,
-                        guarantee: Any = None) -> PrivacyAudit:
+                        guarantee: Any = None) -> AuditResult:
     """Enumerate every pair of neighbouring datasets of size n and compare the exact output
     laws.
 
@@ -391,10 +339,15 @@ def exact_privacy_audit(sampler: Any, n: int, k: int | None = None, d: int | Non
     ones (first record) over all of [k]^n. Product samplers (give ``d``): datasets are
     multisets of n rows in {0,1}^d, the output law is the product with the sampler's exact
     conditional biases, over all 2^d outputs. The claimed guarantee defaults to
-    ``sampler.guarantee(n, d)``."""
+    ``sampler.guarantee(n, d)``.
+
+    Returns the :class:`~dplang.privacy.audit.AuditResult` with ``max_log_ratio`` (the largest
+    |log Pr[A(x)=y] − log Pr[A(x')=y]| over all neighbours and outputs, ∞ when supports differ),
+    ``delta_at_epsilon`` (the largest exact δ at the claimed ε), ``worst_pair`` (the datasets —
+    count vectors or row-type counts — attaining the maximum) and ``passed``: the exact δ at
+    the claimed ε is within the claimed δ (1e-9 slack)."""
     g = guarantee if guarantee is not None else sampler.guarantee(n, d)
     eps, dl = float(g.epsilon), float(g.delta)
-    e_eps = math.exp(eps) if eps < 709.0 else math.inf  # exp overflows from ε ≈ 709.8
     cache: dict[tuple[int, ...], np.ndarray] = {}
     if k is not None:
         if getattr(sampler, "symmetric", True):
@@ -423,7 +376,7 @@ def exact_privacy_audit(sampler: Any, n: int, k: int | None = None, d: int | Non
             if key not in cache:
                 cache[key] = _product_pmf(sampler.conditional_law(_rows_from_types(key, d)))
             return cache[key]
-        pairs = _binary_pairs(n, d)
+        pairs = _kary_pairs(n, 1 << d)
     else:
         raise ValueError("give k (k-ary samplers) or d (product samplers)")
     worst = -1.0
@@ -433,14 +386,11 @@ def exact_privacy_audit(sampler: Any, n: int, k: int | None = None, d: int | Non
     for a, b in pairs:
         p, q = law(a), law(b)
         count += 1
-        pos = (p > 0) | (q > 0)
-        if np.any((p > 0) != (q > 0)):
-            ratio = math.inf
-        else:
-            s = p > 0
-            ratio = float(np.max(np.abs(np.log(p[s]) - np.log(q[s]))))
+        with np.errstate(divide="ignore"):
+            ratio = max_log_loss(np.log(p), np.log(q))
         if ratio > worst:
             worst, worst_pair = ratio, (a, b)
-        if math.isfinite(e_eps):
-            delta_max = max(delta_max, float(np.maximum(p[pos] - e_eps * q[pos], 0).sum()))
-    return PrivacyAudit(worst, delta_max, eps, dl, count, worst_pair)
+        delta_max = max(delta_max, delta_at_epsilon(p, q, eps))
+    return AuditResult(mechanism=getattr(sampler, "name", type(sampler).__name__),
+                       epsilon=eps, delta=dl, passed=delta_max <= dl + 1e-9, pairs=count,
+                       worst_pair=worst_pair, max_log_ratio=worst, delta_at_epsilon=delta_max)

@@ -108,13 +108,14 @@ class KarySampler:
         self.k = int(k)
 
     # -- privacy ---------------------------------------------------------------------------
-    def guarantee(self, n: int, d: int | None = None) -> Guarantee:  # pragma: no cover
+    def guarantee(self, n: int | None = None,
+                  d: int | None = None) -> Guarantee:  # pragma: no cover
         raise NotImplementedError
 
-    def _guarantee(self, epsilon: float, delta: float = 0.0, rho: float | None = None,
-                   **details: object) -> Guarantee:
-        return Guarantee(self.name, UNIT, ADJACENCY, rho, epsilon, delta, True,
-                         {"k": self.k, **details})
+    def _pure(self, epsilon: float, **details: object) -> Guarantee:
+        """Pure ε-DP, replace-one, with k and ``details`` recorded."""
+        return Guarantee.pure(self.name, UNIT, ADJACENCY, epsilon,
+                              details={"k": self.k, **details})
 
     # -- laws --------------------------------------------------------------------------------
     def counts(self, x: np.ndarray) -> np.ndarray:
@@ -179,11 +180,11 @@ class LaplaceHistogramSampler(KarySampler):
         """Scale b of the noise on each count: Δ₁/ε = 2/ε."""
         return 2.0 / self.epsilon
 
-    def guarantee(self, n: int, d: int | None = None) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         """Pure ε-DP, replace-one, whatever n (ex ante)."""
         check_n(n)
-        return self._guarantee(self.epsilon, noise=self.noise, noise_scale=self.noise_scale,
-                               projection="l1 (clip and renormalise)")
+        return self._pure(self.epsilon, noise=self.noise, noise_scale=self.noise_scale,
+                          projection="l1 (clip and renormalise)")
 
     def batch_law_given_counts(self, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         c = np.asarray(counts, dtype=np.float64)
@@ -316,9 +317,9 @@ class RevealOrObscureSampler(KarySampler):
         below)."""
         return mixing_probability(self.k, check_n(n), self.epsilon)
 
-    def guarantee(self, n: int, d: int | None = None) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         """Pure ε-DP, replace-one (q is computed from the public n)."""
-        return self._guarantee(self.epsilon, mixing_probability=self.mixing_probability(n))
+        return self._pure(self.epsilon, mixing_probability=self.mixing_probability(n))
 
     def batch_law_given_counts(self, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         # The coins (uniform vs record) are integrated out exactly: the law given the data is

@@ -35,7 +35,6 @@ from ..privacy.accounting import (
     bounded_range_to_zcdp,
     epsilon_to_rho,
     pure_to_zcdp,
-    rho_to_epsilon,
 )
 from ..privacy.guarantees import Guarantee
 from ..privacy.mechanisms import gaussian_noisy_sum, laplace_noisy_sum
@@ -72,10 +71,6 @@ class _ProductSampler:
     kind = "product"
     symmetric = True
     name = "product-sampler"
-
-    def _guarantee(self, epsilon: float, delta: float, rho: float | None,
-                   **details: object) -> Guarantee:
-        return Guarantee(self.name, UNIT, ADJACENCY, rho, epsilon, delta, True, details)
 
     def conditional_law(self, x: np.ndarray) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
@@ -161,29 +156,33 @@ class ClippedMeanSampler(_ProductSampler):
         basic = d * e1
         advanced = e1 * math.sqrt(2 * d * math.log(1 / delta)) + d * e1 * math.expm1(e1)
         rho = d * self.rho_per_coordinate(n)
-        zcdp = rho_to_epsilon(rho, delta) if rho > 0 else 0.0
+        zcdp = Guarantee.zcdp(self.name, UNIT, ADJACENCY, rho, delta).epsilon
         return {"basic": basic, "advanced": advanced, "zcdp": zcdp}
 
-    def guarantee(self, n: int, d: int | None = None, delta: float | None = None) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         """The guarantee of one draw on n records of dimension d (see the class docstring)."""
         n = check_n(n)
         d = 1 if d is None else int(d)
-        dl = self.delta if delta is None else check_delta(delta)
+        dl = self.delta
         e1 = self.epsilon_per_coordinate(n)
         details = {"d": d, "epsilon_per_coordinate": e1, "clip": [self.lo, self.hi]}
         if d == 1 or dl is None or self.accountant == "basic":
-            return self._guarantee(d * e1, 0.0, None, accountant="basic", **details)
+            return Guarantee.pure(self.name, UNIT, ADJACENCY, d * e1,
+                                  details={"accountant": "basic", **details})
         eps = self.composed_epsilons(n, d, dl)
         choice = self.accountant
         if choice == "best":
             choice = min(eps, key=lambda a: eps[a])
         details["epsilon_by_accountant"] = eps
         if choice == "basic":
-            return self._guarantee(eps["basic"], 0.0, None, accountant="basic", **details)
+            return Guarantee.pure(self.name, UNIT, ADJACENCY, eps["basic"],
+                                  details={"accountant": "basic", **details})
         if choice == "advanced":
-            return self._guarantee(eps["advanced"], dl, None, accountant="advanced", **details)
+            return Guarantee.approximate(self.name, UNIT, ADJACENCY, eps["advanced"], dl,
+                                         details={"accountant": "advanced", **details})
         rho = d * self.rho_per_coordinate(n)
-        return self._guarantee(eps["zcdp"], dl, rho, accountant="zcdp", **details)
+        return Guarantee.zcdp(self.name, UNIT, ADJACENCY, rho, dl, epsilon=eps["zcdp"],
+                              details={"accountant": "zcdp", **details})
 
     def conditional_law(self, x: np.ndarray) -> np.ndarray:
         """The output law given the data is the product with biases clip(p̂_j, lo, hi)."""
@@ -227,9 +226,10 @@ class PerCoordinateLaplaceSampler(_ProductSampler):
     def noise_scale(self, n: int, d: int) -> float:
         return d / (check_n(n) * self.epsilon)
 
-    def guarantee(self, n: int, d: int | None = None) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         d = 1 if d is None else int(d)
-        return self._guarantee(self.epsilon, 0.0, None, d=d, noise_scale=self.noise_scale(n, d))
+        return Guarantee.pure(self.name, UNIT, ADJACENCY, self.epsilon,
+                              details={"d": d, "noise_scale": self.noise_scale(n, d)})
 
     def output_law(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         arr = as_binary_matrix(x)
@@ -269,9 +269,10 @@ class GaussianMarginalSampler(_ProductSampler):
     def sigma(self, n: int, d: int) -> float:
         return math.sqrt(d) / (check_n(n) * math.sqrt(2 * self.rho))
 
-    def guarantee(self, n: int, d: int | None = None) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         d = 1 if d is None else int(d)
-        return self._guarantee(self.epsilon, self.delta, self.rho, d=d, sigma=self.sigma(n, d))
+        return Guarantee.zcdp(self.name, UNIT, ADJACENCY, self.rho, self.delta,
+                              epsilon=self.epsilon, details={"d": d, "sigma": self.sigma(n, d)})
 
     def output_law(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         arr = as_binary_matrix(x)
@@ -390,13 +391,14 @@ class BucketedProductSampler(_ProductSampler):
         """Noise standard deviation (in count units) for a truncated column sum."""
         return min(math.sqrt(2.0 * threshold), math.sqrt(cols)) / math.sqrt(2.0 * rho)
 
-    def guarantee(self, n: int, d: int | None = None) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         """ρ-zCDP ⇒ (ε, δ)-DP, replace-one, ex ante (depends on nothing but the parameters)."""
         d = 1 if d is None else int(d)
         self.blocks(n)
-        return self._guarantee(self.epsilon, self.delta, self.rho, d=d, alpha=self.alpha,
-                               split=list(self.split), c_T=self.c_T, u0=self.u0,
-                               eta=self.eta(n, d))
+        return Guarantee.zcdp(self.name, UNIT, ADJACENCY, self.rho, self.delta,
+                              epsilon=self.epsilon,
+                              details={"d": d, "alpha": self.alpha, "split": list(self.split),
+                                       "c_T": self.c_T, "u0": self.u0, "eta": self.eta(n, d)})
 
     # -- the algorithm -----------------------------------------------------------------------
     def _noisy_sum(self, rows: _Rows, start: int, stop: int, cols: np.ndarray,

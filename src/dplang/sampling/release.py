@@ -21,7 +21,7 @@ import io
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -297,9 +297,8 @@ def _overall(per_draw: Guarantee, req: ReleaseRequest) -> Guarantee:
         g = compose_parallel(parts, mechanism=per_draw.mechanism)
     else:
         g = compose_sequential(parts, delta=req.delta, mechanism=per_draw.mechanism)
-    return Guarantee(g.mechanism, g.unit, g.adjacency, g.rho, g.epsilon, g.delta, g.ex_ante,
-                     {**per_draw.details, **g.details, "samples": req.num,
-                      "disjoint_blocks": bool(req.split)})
+    return replace(g, details={**per_draw.details, **g.details, "samples": req.num,
+                               "disjoint_blocks": bool(req.split)})
 
 
 def _render(plan: ReleasePlan, values: list[tuple[str, ...]]) -> str:

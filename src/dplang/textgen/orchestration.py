@@ -31,7 +31,7 @@ import functools
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,74 +63,22 @@ from ..release import (
     write_json,
 )
 from .batching import BATCH_ORDERS, Batch, make_batches
-from .defaults import DEFAULT_CONCURRENT_GROUPS
 from .engine import DecodingParams, GroupJob, GroupResult, StepPolicy
 from .errors import GenerationError
 from .executors import Executor, dispatch_plan, executor_session, plan_recipe
 from .methods.registry import MethodInputs, MethodParams, MethodSpec, get_method
 from .prompts import (
     BUILTIN_TEMPLATES,
-    DEFAULT_MAX_REFERENCE_TOKENS,
-    DEFAULT_TEMPLATE,
     PromptTemplate,
     get_template,
 )
-from .resume import check_existing, finished_groups
+from .request import GenerationRequest
+from .resume import check_existing, truncate_to_finished_groups
 
 # Which methods exist, their adjacencies, budget forms and options: the method registry
 # (dplang.textgen.methods). No method offers add-remove at the data-set level: removing a row
 # shifts every later reference into another batch (and changes ⌊N/B⌋), so a per-batch
 # add-remove bound says nothing about the data set (docs/deviations.md).
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """Everything a ``dplang generate`` run needs (all of it public except the data)."""
-
-    data: Path
-    out: Path
-    batch_size: int
-    max_tokens: int
-    temperature: float
-    top_k: int
-    epsilon: float | None = None
-    delta: float = 1e-6
-    rho: float | None = None
-    clip: float | None = None
-    adjacency: str = "replace-by-null"
-    num: int | None = None
-    seed: int | None = field(default=None, repr=False)  # secret
-    concurrent_groups: int = DEFAULT_CONCURRENT_GROUPS
-    prompt: str = DEFAULT_TEMPLATE
-    system: str | None = None
-    text_column: str = "text"
-    group_by: tuple[str, ...] = ()
-    #: How grouped batches are listed, hence which the first ``num`` are: ``"grouped"``
-    #: (group by group, the default) or ``"interleaved"`` (every group in proportion;
-    #: :func:`~dplang.textgen.batching.make_batches`). Public: positions and labels only.
-    batch_order: str = "grouped"
-    model: str = "default"
-    max_reference_tokens: int = DEFAULT_MAX_REFERENCE_TOKENS
-    sparse_head: bool = True
-    #: Compute dtype of the model body (a TransformersModel option; logits stay float32).
-    dtype: str = "float32"
-    ledger: str | Path | None = field(default=None, repr=False)  # may hold a password
-    #: Ledger name of the dataset (default: the data file's resolved path).
-    dataset: str | None = None
-    method: str = "invisibleink"
-    #: The method's own options by name (``{"sigma": 0.3}`` for ``--amin-sigma 0.3``); those
-    #: not given take the defaults of the method's :class:`~dplang.textgen.methods.MethodSpec`.
-    method_options: Mapping[str, Any] = field(default_factory=dict)
-    #: Replace what ``out`` holds (another run, or a stale private side file) with a new run.
-    #: The old files are removed only once the new release has been charged.
-    overwrite: bool = False
-    #: The seed is public (written in a configuration file): a *toy run*, whose guarantee is
-    #: void; it is labelled so in the public manifest and the ledger (``Guarantee.public_seed``).
-    public_seed: bool = False
-    #: Audits only (a toy run): draw the noise from streams rooted at (seed, this key) instead
-    #: of (seed, release id), so that runs on neighbouring datasets sharing seed and key are
-    #: coupled (:attr:`dplang.release.Release.coupling`).
-    coupling: str | None = None
 
 
 @dataclass
@@ -208,7 +156,7 @@ def _validate(req: GenerationRequest) -> None:
     given = [n for n, v in (("--epsilon", req.epsilon), ("--rho", req.rho), ("--clip", req.clip))
              if v is not None]
     spec = _method(req)
-    if not spec.budget_forms:  # not private at all (the nonprivate ceiling): no budget
+    if not spec.takes_budget:  # not private at all (the nonprivate ceiling): no budget
         if given:
             raise GenerationError(f"--method {spec.name} is not private and takes no "
                                   f"privacy budget; leave out {', '.join(given)}")
@@ -580,7 +528,7 @@ def _execute_locked(
         seed_source="resumed from the private side file" if resuming else None,
         coupling=req.coupling,
     )
-    done = set() if req.overwrite else finished_groups(req.out)
+    done = set() if req.overwrite else truncate_to_finished_groups(req.out)
     pending = [j for j in plan.jobs if j.index not in done]
     population = plan.method.spec.run_population
     if population is not None and not isinstance(plan.model, LogitsModel):

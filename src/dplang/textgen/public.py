@@ -22,10 +22,8 @@ from ..release import OutputPaths
 from .engine import run_plain
 from .prompts import PromptTemplate
 
-PUBLIC_GUARANTEE = Guarantee(
-    mechanism="public-only", unit="reference", adjacency="replace-by-null",
-    rho=0.0, epsilon=0.0, delta=0.0, details={"note": "reads no private data"},
-)
+PUBLIC_GUARANTEE = Guarantee.zcdp("public-only", "reference", "replace-by-null", 0.0, 0.0,
+                                  details={"note": "reads no private data"})
 
 
 def generate_public_texts(

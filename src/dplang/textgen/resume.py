@@ -5,8 +5,8 @@ folder ``.dplang-private`` (mode 700) that holds its private side file ``OUT.pri
 (mode 600: the secret seed, data path and digest): :class:`dplang.release.OutputPaths`.
 :func:`check_existing` decides, before anything is charged or written, whether a request is
 the same run (resume with the stored seed), a new one (nothing there) or a different one
-(refused, naming what differs, unless ``--overwrite``); :func:`finished_groups` reads which
-groups are already in the output, cutting a torn last line.
+(refused, naming what differs, unless ``--overwrite``); :func:`truncate_to_finished_groups`
+cuts a torn last line off the output (a write killed midway) and returns the groups it holds.
 
 Privacy contract: reads the data holder's own files and prints only to the data holder; the
 messages name which private field differs (path, content, dataset name), never its value.
@@ -22,13 +22,15 @@ from ..release import OutputPaths
 from .errors import GenerationError
 
 if TYPE_CHECKING:
-    from .orchestration import GenerationRequest
+    from .request import GenerationRequest
 
-__all__ = ["check_existing", "differences", "finished_groups"]
+__all__ = ["check_existing", "differences", "truncate_to_finished_groups"]
 
 
-def finished_groups(out: Path) -> set[int]:
-    """Groups already in ``out``; a torn last line (killed mid-write) is cut off."""
+def truncate_to_finished_groups(out: Path) -> set[int]:
+    """Truncate ``out`` to its whole lines and return the groups they hold: a torn last line
+    (a write killed midway), or anything after the first line that is not a finished group,
+    is cut off the file. A missing file holds none."""
     if not out.exists():
         return set()
     done: set[int] = set()

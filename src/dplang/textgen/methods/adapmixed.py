@@ -71,10 +71,9 @@ class AdaPMixEDParams:
         if not self.epsilon > 0 or not 0 < self.delta < 1 or not self.alpha > 1:
             raise ValueError("epsilon > 0, delta in (0, 1) and alpha > 1 are required")
 
-    def guarantee(self) -> Guarantee:
-        return Guarantee(
-            "adapmixed", "reference", self.adjacency, None, self.epsilon, self.delta,
-            ex_ante=False,
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return Guarantee.data_dependent(
+            "adapmixed", "reference", self.adjacency, self.epsilon, self.delta,
             details={"accounting": "data-dependent Rényi DP (order alpha), generation stops "
                      "when the running epsilon would exceed the target", "alpha": self.alpha,
                      "sigma": self.sigma, "beta": self.beta, "lambda": self.mix_lambda},
@@ -195,7 +194,7 @@ class AdaPMixEDRun:
                                    temperature=inputs.temperature,
                                    adjacency=str(inputs.adjacency)), inputs.batch_size)
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         return self.params.guarantee()
 
     def policy_factory(self, vocab_size: int) -> Callable[[GroupJob], StepPolicy]:

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from ..._lazy import lazy_module
-from ...privacy.accounting import epsilon_to_rho, rho_to_epsilon
+from ...privacy import calibration
+from ...privacy.accounting import epsilon_to_rho
 from ...privacy.guarantees import Adjacency, Guarantee
 from ...privacy.mechanisms import exponential_mechanism, laplace
 from ..distributions import softmax64
@@ -70,20 +71,6 @@ class AminBudget:
     rho_svt: float
     private_tokens: int
     convention: str
-
-    def guarantee(self, delta: float, epsilon: float | None = None) -> Guarantee:
-        adjacency = "replace-by-null" if self.convention == "correct" else "zero-out"
-        eps = epsilon if epsilon is not None else rho_to_epsilon(self.rho, delta)
-        details = {
-            "clip": self.clip, "private_tokens_cap": self.private_tokens,
-            "rho_private_token": self.rho_private_token, "rho_svt": self.rho_svt,
-            "convention": self.convention,
-            "charged": "for the cap on private tokens, whatever is emitted",
-        }
-        if self.convention == "paper":
-            details["warning"] = ("paper convention: logit sensitivity C/B (zero-out only) and "
-                                  "an assumed SVT query sensitivity 1/B; not verified by dplang")
-        return Guarantee("amin", "reference", adjacency, self.rho, eps, delta, True, details)
 
 
 def logit_sensitivity(clip: float, batch_size: int, convention: str) -> float:
@@ -138,16 +125,10 @@ def calibrate(
             )
         clip = temperature * batch_size * math.sqrt(2.0 * (rho_tok - rho_svt))
     else:
-        lo, hi = 0.0, 1.0
-        while sum(step_costs(hi, batch_size, temperature, sigma, convention)) < rho_tok:
-            hi *= 2.0
-        for _ in range(200):
-            mid = 0.5 * (lo + hi)
-            if sum(step_costs(mid, batch_size, temperature, sigma, convention)) <= rho_tok:
-                lo = mid
-            else:
-                hi = mid
-        clip = lo
+        # the largest C whose per-token cost ρ_prv(C) + ρ_SVT(C) is within ρ/T_prv
+        clip = calibration.calibrate(
+            lambda c: sum(step_costs(c, batch_size, temperature, sigma, convention)) <= rho_tok,
+            0.0, 1.0, safe="below")
     rho_prv, rho_svt = step_costs(clip, batch_size, temperature, sigma, convention)
     return AminBudget(clip, private_tokens * (rho_prv + rho_svt), rho_prv, rho_svt,
                       private_tokens, convention)
@@ -260,8 +241,22 @@ class AminParams:
     def clip(self) -> float:
         return self.budget.clip
 
-    def guarantee(self) -> Guarantee:
-        return self.budget.guarantee(self.delta, self.epsilon)
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        """The guarantee of every run with these parameters, calibrated for (ε, δ) (checked:
+        the charged ρ must imply it)."""
+        budget = self.budget
+        adjacency = "replace-by-null" if budget.convention == "correct" else "zero-out"
+        details = {
+            "clip": budget.clip, "private_tokens_cap": budget.private_tokens,
+            "rho_private_token": budget.rho_private_token, "rho_svt": budget.rho_svt,
+            "convention": budget.convention,
+            "charged": "for the cap on private tokens, whatever is emitted",
+        }
+        if budget.convention == "paper":
+            details["warning"] = ("paper convention: logit sensitivity C/B (zero-out only) and "
+                                  "an assumed SVT query sensitivity 1/B; not verified by dplang")
+        return Guarantee.zcdp("amin", "reference", adjacency, budget.rho, self.delta,
+                              epsilon=self.epsilon, details=details)
 
     def policy_factory(self, vocab_size: int) -> Callable[[GroupJob], StepPolicy]:
         return lambda _job: AminPolicy(self.budget, self.batch_size, self.temperature,

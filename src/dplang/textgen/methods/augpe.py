@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...evaluation.embedders import Embedder, resolve_embedder
-from ...privacy.accounting import epsilon_to_rho, rho_to_epsilon
+from ...privacy.accounting import epsilon_to_rho
 from ...privacy.guarantees import Adjacency, Guarantee
 from ...privacy.mechanisms import gaussian
 from ...privacy.randomness import RandomStreams
@@ -282,7 +282,7 @@ class AugPEParams:
         """Full-sequence generations of a run: n (random API) + n·L·T (variation API)."""
         return self.num_texts * (1 + self.variations * self.iterations)
 
-    def guarantee(self, details: dict[str, Any] | None = None) -> Guarantee:
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
         """The (true, ex-ante) guarantee of a run with these parameters."""
         rho = self.rho
         info: dict[str, Any] = {
@@ -299,16 +299,16 @@ class AugPEParams:
         if self.sensitivity_convention == "paper":
             claimed = augpe_rho(self.sigma, self.iterations, 1.0)
             info["paper_claimed_rho"] = claimed
-            info["paper_claimed_epsilon"] = rho_to_epsilon(claimed, self.delta)
+            info["paper_claimed_epsilon"] = Guarantee.zcdp(
+                "augpe", "reference", self.adjacency, claimed, self.delta).epsilon
             if self.sensitivity > 1.0:
                 info["warning"] = (
                     "paper convention: sigma calibrated with sensitivity 1, but the histogram "
                     f"has sensitivity {self.sensitivity:.6g} under {self.adjacency}; the "
                     "guarantee recorded here is the true one"
                 )
-        info.update(details or {})
-        return Guarantee("augpe", "reference", self.adjacency, rho,
-                         rho_to_epsilon(rho, self.delta), self.delta, True, info)
+        return Guarantee.zcdp("augpe", "reference", self.adjacency, rho, self.delta,
+                              details=info)
 
 
 # --------------------------------------------------------------------------------------------
@@ -584,8 +584,9 @@ def run_augpe(
     # The guarantee is public (it goes into manifests): only public quantities. Never the
     # seed (secret: it inverts the noise) nor the wall clock (a duration of the computation on
     # the private references: a timing side channel), which stays in ``stats`` for the caller.
-    guarantee = params.guarantee({
-        "embedder": stats["embedder"],
+    stated = params.guarantee()
+    guarantee = replace(stated, details={
+        **stated.details, "embedder": stats["embedder"],
         "model_calls": counter.calls, "generation_calls": generation_calls,
         "variation_calls": stats["variation_calls"],
     })
@@ -646,8 +647,10 @@ SPEC = register_method(MethodSpec(
     adjacencies=(Adjacency.REPLACE_BY_NULL,),
     calibrate=_calibrate,
     options=(
-        MethodOption("iterations", int, 3, "Iterations T (noisy histograms).", at_least(1)),
-        MethodOption("variations", int, 7, "Variations L per selected text.", at_least(0)),
+        MethodOption("iterations", int, 3, "Iterations T (noisy histograms).", at_least(1),
+                     in_sweeps=True),
+        MethodOption("variations", int, 7, "Variations L per selected text.", at_least(0),
+                     in_sweeps=True),
     ),
     run_population=run_population,
     prepare=_load_embedder,

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..._lazy import lazy_module
-from ...privacy.accounting import epsilon_to_rho, exponential_mechanism_rho, rho_to_epsilon
+from ...privacy.accounting import epsilon_to_rho, exponential_mechanism_rho
 from ...privacy.guarantees import Adjacency, Guarantee
 from ...privacy.mechanisms import exponential_mechanism
 from ...privacy.randomness import RandomStreams
@@ -441,10 +441,11 @@ def invisibleink_budget(
     else:
         clip_value = clip
         rho_value = invisibleink_rho(tokens, clip, batch_size, temperature, adjacency)
-    eps_value = epsilon if epsilon is not None else rho_to_epsilon(rho_value, delta)
+    stated = Guarantee.zcdp("invisibleink", "reference", adjacency, rho_value, delta,
+                            epsilon=epsilon)  # ε as asked for, else ρ's tight conversion at δ
     return {
         "rho": rho_value,
-        "epsilon": eps_value,
+        "epsilon": stated.epsilon,
         "delta": delta,
         "clip": clip_value,
         "margin": topk_plus_margin(clip_value, batch_size),
@@ -490,10 +491,10 @@ class InvisibleInkParams:
                    inputs.max_tokens, float(budget["rho"]), float(budget["epsilon"]),
                    inputs.delta, Adjacency(inputs.adjacency))
 
-    def guarantee(self) -> Guarantee:
-        return Guarantee(
-            mechanism="invisibleink", unit="reference", adjacency=self.adjacency, rho=self.rho,
-            epsilon=self.epsilon, delta=self.delta,
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        return Guarantee.zcdp(
+            "invisibleink", "reference", self.adjacency, self.rho, self.delta,
+            epsilon=self.epsilon,
             details={"clip": self.clip, "batch_size": self.batch_size,
                      "max_tokens": self.max_tokens, "temperature": self.temperature,
                      "top_k": self.top_k,

@@ -15,7 +15,7 @@ can add at all with this model and prompt.
 
 Privacy contract: **none.** One reference can change a generation arbitrarily, so the release
 does not satisfy differential privacy for any ε. Its guarantee says so in words
-(``Guarantee.summary``: ``epsilon = ∞``, ``ex_ante = False``, mechanism ``nonprivate``): the
+(``Guarantee.non_private``: ``epsilon = ∞``, ``ex_ante = False``, mechanism ``nonprivate``): the
 public manifest, the ledger (recorded outside every DP total; a dataset with a budget refuses
 it, as it refuses AdaPMixED) and the sweep's results (ε = ∞) all carry that label, so the
 output cannot be mistaken for a private release. It takes no privacy budget (no ``--epsilon``,
@@ -24,7 +24,6 @@ output cannot be mistaken for a private release. It takes no privacy budget (no 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -99,10 +98,10 @@ class NonPrivateParams:
         return cls(inputs.batch_size, inputs.temperature, inputs.top_k, inputs.max_tokens,
                    Adjacency(inputs.adjacency))
 
-    def guarantee(self) -> Guarantee:
-        return Guarantee(
-            mechanism="nonprivate", unit="reference", adjacency=self.adjacency, rho=None,
-            epsilon=math.inf, delta=0.0, ex_ante=False,
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        """ε = ∞, not ex ante: no guarantee at all, whatever ``n`` and ``d``."""
+        return Guarantee.non_private(
+            "nonprivate", "reference", self.adjacency,
             details={"accounting": f"{NOT_PRIVATE}: no clipping, no noise (ε = ∞); a "
                      "non-private ceiling for experiments, never a private release",
                      "batch_size": self.batch_size, "temperature": self.temperature,

@@ -62,7 +62,9 @@ class MethodInputs:
 class MethodOption:
     """One option of a method: ``--<method>-<name>`` on the command line (``_`` → ``-``).
 
-    ``check(value)`` returns an error message, or None when the value is acceptable."""
+    ``check(value)`` returns an error message, or None when the value is acceptable.
+    ``in_sweeps``: an experiment config may set it (``[generation].<method>_<name>``) and each
+    cell of the method records its value; in sweeps the other options keep their defaults."""
 
     name: str
     type: type
@@ -70,6 +72,7 @@ class MethodOption:
     help: str
     check: Callable[[Any], str | None] | None = None
     choices: tuple[str, ...] = ()
+    in_sweeps: bool = False
 
     def flag(self, method: str) -> str:
         return f"--{method}-{self.name}".replace("_", "-")
@@ -115,8 +118,10 @@ class MethodParams(Protocol):
         """The clip norm the manifest records (0 when the method has none)."""
         ...
 
-    def guarantee(self) -> Guarantee:
-        """What every release of this method, with these parameters, satisfies."""
+    def guarantee(self, n: int | None = None, d: int | None = None) -> Guarantee:
+        """What every release of this method, with these parameters, satisfies (the one
+        signature of :class:`~dplang.privacy.guarantees.GuaranteeSource`; a method's guarantee
+        does not depend on the number of references)."""
         ...
 
 
@@ -136,6 +141,7 @@ class MethodSpec:
     adjacencies: tuple[Adjacency, ...]
     calibrate: Callable[[MethodInputs, Mapping[str, Any]], MethodParams]
     options: tuple[MethodOption, ...] = ()
+    #: The budget forms it accepts; none for a method that is not private (``takes_budget``).
     budget_forms: tuple[str, ...] = ("epsilon",)
     #: Set for a population method (all texts from one run over all references); the params
     #: then need no step policies.
@@ -159,13 +165,19 @@ class MethodSpec:
         unknown = set(self.budget_forms) - set(BUDGET_FORMS)
         if unknown:
             raise ValueError(f"{self.name}: budget forms must be among {BUDGET_FORMS}")
-        # no budget form: a method that is not private at all (the ``nonprivate`` ceiling);
-        # its guarantee must say so (ε = ∞, not ex ante)
         if not self.adjacencies:
             raise ValueError(f"{self.name}: a method must hold for at least one adjacency")
         names = [o.name for o in self.options]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: duplicate option names {names}")
+
+    @property
+    def takes_budget(self) -> bool:
+        """False for a method that is not private at all (no budget form: the ``nonprivate``
+        ceiling): a request gives it no ``--epsilon``, ``--rho`` or ``--clip``, a sweep gives
+        it one cell per point at ε = ∞, and its guarantee says that it is not private
+        (:meth:`~dplang.privacy.guarantees.Guarantee.non_private`)."""
+        return bool(self.budget_forms)
 
     def resolve_options(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """Every option of this method, ``given`` ones parsed and checked, defaults for the

@@ -80,6 +80,15 @@ def test_rms_norm(monkeypatch: pytest.MonkeyPatch) -> None:
                                                   lambda: exact.rms_norm(x, w, 1e-6)))
 
 
+@pytest.mark.parametrize("shape", [(9, 256), (3, 5, 64), (2, 1)])
+def test_hadamard(monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...]) -> None:
+    x = _nasty(9, 256, 5).reshape(-1)[: torch.Size(shape).numel()].reshape(shape)
+    _same(exact.hadamard(x), _torch_path(monkeypatch, lambda: exact.hadamard(x)))
+    before = x.clone()
+    exact.hadamard(x)
+    _same(x, before)  # the input is not changed
+
+
 @pytest.mark.parametrize("kind", ["gelu_tanh", "silu"])
 def test_gated(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     gate = _nasty(9, 300, 4) * 10

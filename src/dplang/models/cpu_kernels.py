@@ -34,6 +34,7 @@ __all__ = [
     "available",
     "combine",
     "gelu_tanh_mul",
+    "hadamard",
     "quantize_limbs",
     "rms_norm",
     "silu_mul",
@@ -245,6 +246,20 @@ def _kernels() -> dict[str, Any]:
                 out[i, j] = (x[i, j] * inv) * weight[j]
 
     @njit(parallel=True, **opts)
+    def hadamard_rows(y: Any) -> None:  # dplang.models.exact.hadamard, in place, per row
+        rows, width = y.shape
+        for i in prange(rows):
+            half = 1
+            while half < width:
+                for start in range(0, width, 2 * half):
+                    for j in range(start, start + half):
+                        a = y[i, j]
+                        b = y[i, j + half]
+                        y[i, j] = a + b
+                        y[i, j + half] = a - b
+                half *= 2
+
+    @njit(parallel=True, **opts)
     def gelu_tanh_mul(gate: Any, up: Any, out: Any) -> None:
         rows, width = gate.shape
         for i in prange(rows):
@@ -434,7 +449,8 @@ def _kernels() -> dict[str, Any]:
 
     _KERNELS.update(attend_tokens=attend_tokens, quantize_limbs=quantize_limbs,
                     quantize=quantize, combine=combine, combine_cols=combine_cols,
-                    rms_norm=rms_norm, gelu_tanh_mul=gelu_tanh_mul,
+                    rms_norm=rms_norm, hadamard_rows=hadamard_rows,
+                    gelu_tanh_mul=gelu_tanh_mul,
                     silu_mul=silu_mul, softmax_counts=softmax_counts,
                     attention_output=attention_output)
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
@@ -502,6 +518,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _kernels()["rms_norm"](_np(flat), _np(weight.contiguous()), float(eps), headroom,
                            _np(out))
     return out.view(shape)
+
+
+def hadamard(x: torch.Tensor) -> torch.Tensor:
+    """:func:`~dplang.models.exact.hadamard` of float32 ``x`` (last dimension a power of two):
+    the same butterflies in the same order, one row per loop."""
+    shape = x.shape
+    y = x.reshape(-1, shape[-1]).clone(memory_format=torch.contiguous_format)
+    _kernels()["hadamard_rows"](_np(y))
+    return y.view(shape)
 
 
 def _gated(name: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

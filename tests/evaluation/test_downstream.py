@@ -8,6 +8,7 @@ import random
 import stat
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dplang.evaluation import evaluate_files, evaluate_texts, parse_metrics
@@ -100,6 +101,23 @@ def test_one_training_class_is_the_constant_classifier() -> None:
                           train.labels, resamples=50)
     assert score.trivial is not None
     assert score.accuracy == pytest.approx(1 / 3)
+
+
+def test_macro_f1_is_scikit_learns() -> None:
+    """The bincount macro-F1 equals scikit-learn's to the bit, classes never predicted or
+    never true included."""
+    from sklearn.metrics import f1_score
+
+    from dplang.evaluation.downstream import _macro_f1
+
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        classes = np.array(sorted(f"c{i}" for i in range(int(rng.integers(1, 7)))))
+        n = int(rng.integers(1, 60))
+        t = classes[rng.integers(0, classes.size, n)]
+        p = classes[rng.integers(0, max(1, classes.size - trial % 3), n)]
+        want = f1_score(t, p, labels=classes, average="macro", zero_division=0)
+        assert _macro_f1(t, p, classes) == want, (t, p)
 
 
 def test_bootstrap_interval_narrows_with_more_test_texts() -> None:

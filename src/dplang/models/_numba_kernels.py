@@ -1,0 +1,397 @@
+"""The compiled loops behind :mod:`dplang.models.cpu_kernels` (imported only when numba is).
+
+Every kernel and the helpers it calls are module-level functions over module-level constants:
+numba keys its on-disk cache by a function's code and the values of its closure variables, and
+a helper dispatcher held in a closure pickles differently in every process, which made the
+cache miss (and the kernels recompile, seconds each) in every new process.
+
+The definitions each loop reproduces bit for bit are the torch functions of
+:mod:`dplang.models.exact` and :mod:`dplang.models.attention`; see :mod:`cpu_kernels`.
+"""
+
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+
+f32 = np.float32
+limb = f32(256.0)
+limb_inv = f32(1.0 / 256.0)
+half_limb = f32(128.0)
+log2e = f32(1.4426950408889634)
+ln2_hi = f32(0.693359375)
+ln2_lo = f32(-2.12194440e-4)
+c0, c1, c2, c3, c4, c5 = (f32(c) for c in (1.9875691500e-4, 1.3981999507e-3,
+                                             8.3334519073e-3, 4.1665795894e-2,
+                                             1.6666665459e-1, 5.0000001201e-1))
+lo_clamp, hi_clamp, one = f32(-87.0), f32(88.0), f32(1.0)
+gelu_a = f32(0.044715)
+gelu_b = f32(2.0 * math.sqrt(2.0 / math.pi))
+opts = {"cache": True, "fastmath": False, "error_model": "numpy"}
+
+
+@njit(inline="always", **opts)
+def exp32(x: Any) -> Any:  # dplang.models.exact.exp, element by element
+    if x < lo_clamp:
+        x = lo_clamp
+    elif x > hi_clamp:
+        x = hi_clamp
+    n = np.rint(x * log2e)
+    r = x - n * ln2_hi
+    r = r - n * ln2_lo
+    p = c0
+    p = p * r
+    p = p + c1
+    p = p * r
+    p = p + c2
+    p = p * r
+    p = p + c3
+    p = p * r
+    p = p + c4
+    p = p * r
+    p = p + c5
+    p = p * (r * r)
+    p = p + r
+    p = p + one
+    k = 0 if n != n else int(n)
+    return p * f32(math.ldexp(1.0, k))
+
+
+@njit(inline="always", **opts)
+def grid_of(top: Any, headroom: Any) -> Any:  # dplang.models.exact.fixed_point_sum's grid
+    biased = 1023
+    if top > 0:
+        biased = math.frexp(top)[1] + 1022 if top < np.inf else 2047
+    return math.ldexp(1.0, max(-1000, min(1000, headroom - (biased - 1022))))
+
+
+@njit(parallel=True, **opts)
+def quantize_limbs(x: Any, levels: Any, limbs: Any, scale: Any, as_float: Any) -> None:
+    rows, width = x.shape
+    lv = f32(levels)
+    for i in prange(rows):
+        top = f32(0.0)
+        nan = False
+        for j in range(width):
+            a = abs(x[i, j])
+            if a != a:
+                nan = True
+            elif a > top:
+                top = a
+        s = f32(np.nan) if nan else top / lv
+        usable = s > 0 and s < np.inf
+        if not usable:
+            s = one
+        scale[i] = s
+        for j in range(width):
+            q = np.rint(x[i, j] / s) if usable else f32(0.0)
+            hi = np.floor((q + half_limb) * limb_inv)
+            lo = q - hi * limb
+            if as_float:
+                limbs[i, j] = hi
+                limbs[rows + i, j] = lo
+            else:
+                limbs[i, j] = np.int8(hi)
+                limbs[rows + i, j] = np.int8(lo)
+
+
+@njit(parallel=True, **opts)
+def quantize(x: Any, levels: Any, q: Any, scale: Any) -> None:
+    rows, width = x.shape
+    lv = f32(levels)
+    for i in prange(rows):
+        top = f32(0.0)
+        nan = False
+        for j in range(width):
+            a = abs(x[i, j])
+            if a != a:
+                nan = True
+            elif a > top:
+                top = a
+        s = f32(np.nan) if nan else top / lv
+        usable = s > 0 and s < np.inf
+        if not usable:
+            s = one
+        scale[i] = s
+        for j in range(width):
+            q[i, j] = np.rint(x[i, j] / s) if usable else f32(0.0)
+
+
+@njit(parallel=True, **opts)
+def combine(high: Any, low: Any, low2: Any, row_scale: Any, col_scale: Any, bias: Any,
+            high_shift: Any, low_shift: Any, out: Any) -> None:
+    rows, cols = out.shape
+    two = low2.shape[0] > 0
+    has_bias = bias.shape[0] > 0
+    for i in prange(rows):
+        a = row_scale[i] * high_shift
+        b = row_scale[i] * low_shift
+        for j in range(cols):
+            lw = low[i, j] + low2[i, j] if two else low[i, j]
+            y = f32(high[i, j]) * a
+            y = y + f32(lw) * b
+            y = y * col_scale[j]
+            if has_bias:
+                y = y + bias[j]
+            out[i, j] = y
+
+
+@njit(parallel=True, **opts)
+def combine_cols(high: Any, low: Any, low2: Any, row_scale: Any, col_scale: Any,
+                 bias: Any, high_shift: Any, low_shift: Any, out: Any) -> None:
+    # high/low/low2: [N, M] (the weight was the left operand); out: [M, N].
+    cols, rows = high.shape
+    two = low2.shape[0] > 0
+    has_bias = bias.shape[0] > 0
+    chunk = 4096
+    for c in prange((cols + chunk - 1) // chunk):
+        for i in range(rows):
+            a = row_scale[i] * high_shift
+            b = row_scale[i] * low_shift
+            for j in range(c * chunk, min(cols, (c + 1) * chunk)):
+                lw = low[j, i] + low2[j, i] if two else low[j, i]
+                y = f32(high[j, i]) * a
+                y = y + f32(lw) * b
+                y = y * col_scale[j]
+                if has_bias:
+                    y = y + bias[j]
+                out[i, j] = y
+
+
+@njit(parallel=True, **opts)
+def rms_norm(x: Any, weight: Any, eps: Any, headroom: Any, out: Any) -> None:
+    rows, width = x.shape
+    for i in prange(rows):
+        top = 0.0
+        nan = False
+        for j in range(width):
+            v = np.float64(x[i, j])
+            sq = v * v
+            if sq != sq:
+                nan = True
+            elif sq > top:
+                top = sq
+        if nan:
+            top = np.nan
+        grid = grid_of(top, headroom)
+        total = 0.0
+        for j in range(width):
+            v = np.float64(x[i, j])
+            total += np.rint((v * v) * grid)
+        mean = (total / grid) / np.float64(width)
+        inv = f32(1.0 / math.sqrt(mean + eps))
+        for j in range(width):
+            out[i, j] = (x[i, j] * inv) * weight[j]
+
+
+@njit(parallel=True, **opts)
+def hadamard_rows(y: Any) -> None:  # dplang.models.exact.hadamard, in place, per row
+    rows, width = y.shape
+    for i in prange(rows):
+        half = 1
+        while half < width:
+            for start in range(0, width, 2 * half):
+                for j in range(start, start + half):
+                    a = y[i, j]
+                    b = y[i, j + half]
+                    y[i, j] = a + b
+                    y[i, j + half] = a - b
+            half *= 2
+
+
+@njit(parallel=True, **opts)
+def gelu_tanh_mul(gate: Any, up: Any, out: Any) -> None:
+    rows, width = gate.shape
+    for i in prange(rows):
+        for j in range(width):
+            x = gate[i, j]
+            inner = x * x
+            inner = inner * x
+            inner = inner * gelu_a
+            inner = inner + x
+            inner = inner * gelu_b
+            out[i, j] = (x / (exp32(-inner) + one)) * up[i, j]
+
+
+@njit(parallel=True, **opts)
+def silu_mul(gate: Any, up: Any, out: Any) -> None:
+    rows, width = gate.shape
+    for i in prange(rows):
+        for j in range(width):
+            x = gate[i, j]
+            out[i, j] = (x / (exp32(-x) + one)) * up[i, j]
+
+
+@njit(parallel=True, **opts)
+def softmax_counts(both: Any, q_scale: Any, key_scale: Any, value_scale: Any,
+                   visible: Any, scaling: Any, softcap: Any, inv_softcap: Any,
+                   levels: Any, headroom: Any, counts: Any, largest: Any,
+                   denominator: Any) -> None:
+    # both [B, 2*R, L] (high-limb scores, then low-limb scores); q_scale [B, R];
+    # key_scale/value_scale [B, L]; visible [B, R, L]; counts [B, R, L] out.
+    batch, rows2, length = both.shape
+    rows = rows2 // 2
+    capped = softcap > 0
+    for item in prange(batch * rows):
+        b = item // rows
+        r = item - b * rows
+        qs = q_scale[b, r]
+        top = -np.inf
+        nan = False
+        for p in range(length):
+            if visible[b, r, p]:
+                s = both[b, r, p] * limb + both[b, rows + r, p]
+                s = s * qs
+                s = s * key_scale[b, p]
+                s = s * scaling
+                if capped:
+                    s = s * inv_softcap
+                    s = (f32(2.0) / (exp32(f32(-2.0) * s) + one) - one) * softcap
+                counts[b, r, p] = s
+                if s != s:
+                    nan = True
+                elif s > top:
+                    top = s
+        if nan or not (top > -np.inf and top < np.inf):
+            top = f32(0.0)
+        top32 = f32(top)
+        wtop = 0.0
+        for p in range(length):
+            if visible[b, r, p]:
+                w = exp32(counts[b, r, p] - top32)
+                counts[b, r, p] = w
+                if w > wtop or w != w:
+                    wtop = w if w == w else np.nan
+            else:
+                counts[b, r, p] = f32(0.0)
+        # the denominator: exact fixed-point sum of the weights in float64
+        grid = grid_of(wtop, headroom)
+        total = 0.0
+        mtop = f32(0.0)
+        mnan = False
+        for p in range(length):
+            w = counts[b, r, p]
+            total += np.rint(np.float64(w) * grid)
+            m = w * value_scale[b, p]
+            counts[b, r, p] = m
+            if m != m:
+                mnan = True
+            elif m > mtop:
+                mtop = m
+        denominator[b, r] = total / grid
+        if mnan or not mtop > 0:
+            mtop = one
+        largest[b, r] = mtop
+        factor = levels / mtop
+        for p in range(length):
+            counts[b, r, p] = np.rint(counts[b, r, p] * factor)
+
+
+@njit(parallel=True, **opts)
+def attention_output(total: Any, largest: Any, denominator: Any, levels: Any,
+                     out: Any) -> None:
+    rows, width = total.shape
+    for i in prange(rows):
+        f = np.float64(largest[i]) / levels
+        for j in range(width):
+            out[i, j] = f32((np.float64(total[i, j]) * f) / denominator[i])
+
+
+@njit(parallel=True, **opts)
+def attend_tokens(q_hi: Any, q_lo: Any, q_scale: Any, q_slot: Any, q_pos: Any, keys: Any,
+                  key_scale: Any, values: Any, value_scale: Any, window: Any,
+                  scaling: Any, softcap: Any, inv_softcap: Any, levels: Any,
+                  headroom: Any, out: Any) -> None:
+    # q_hi/q_lo [T, H, d] int32 limbs, q_scale [T, H]; keys/values [S, kvh, C, d];
+    # scales [S, kvh, C]; token t sees positions [pos - window + 1, pos] of its slot.
+    tokens, heads, dim = q_hi.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    capped = softcap > 0
+    for item in prange(tokens * kv_heads):
+        t = item // kv_heads
+        kv = item - t * kv_heads
+        slot = q_slot[t]
+        pos = q_pos[t]
+        first = 0 if window <= 0 else max(0, pos - window + 1)
+        n = pos - first + 1
+        weights = np.empty((group, n), dtype=np.float32)
+        qk_hi = np.empty((group, dim), dtype=np.int32)
+        qk_lo = np.empty((group, dim), dtype=np.int32)
+        for j in range(group):
+            for c in range(dim):
+                qk_hi[j, c] = q_hi[t, kv * group + j, c]
+                qk_lo[j, c] = q_lo[t, kv * group + j, c]
+        # scores: exact integer dot products, then the float formula of `attend`
+        for p in range(n):
+            kvec = np.empty(dim, dtype=np.int32)
+            for c in range(dim):
+                kvec[c] = np.int32(keys[slot, kv, first + p, c])
+            ks = key_scale[slot, kv, first + p]
+            for j in range(group):
+                shi = 0
+                slo = 0
+                for c in range(dim):
+                    shi += qk_hi[j, c] * kvec[c]
+                    slo += qk_lo[j, c] * kvec[c]
+                sc = f32(shi) * limb + f32(slo)
+                sc = sc * q_scale[t, kv * group + j]
+                sc = sc * ks
+                sc = sc * scaling
+                if capped:
+                    sc = sc * inv_softcap
+                    sc = (f32(2.0) / (exp32(f32(-2.0) * sc) + one) - one) * softcap
+                weights[j, p] = sc
+        for j in range(group):
+            h = kv * group + j
+            top = -np.inf
+            nan = False
+            for p in range(n):
+                sc = weights[j, p]
+                if sc != sc:
+                    nan = True
+                elif sc > top:
+                    top = sc
+            if nan or not (top > -np.inf and top < np.inf):
+                top = f32(0.0)
+            top32 = f32(top)
+            wtop = 0.0
+            for p in range(n):
+                w = exp32(weights[j, p] - top32)
+                weights[j, p] = w
+                if w != w:
+                    wtop = np.nan
+                elif w > wtop:
+                    wtop = w
+            grid = grid_of(wtop, headroom)
+            total = 0.0
+            mtop = f32(0.0)
+            mnan = False
+            for p in range(n):
+                w = weights[j, p]
+                total += np.rint(np.float64(w) * grid)
+                m = w * value_scale[slot, kv, first + p]
+                weights[j, p] = m
+                if m != m:
+                    mnan = True
+                elif m > mtop:
+                    mtop = m
+            denominator = total / grid
+            if mnan or not mtop > 0:
+                mtop = one
+            factor = levels / mtop
+            acc = np.zeros(dim, dtype=np.float64)
+            for p in range(n):
+                count = np.rint(weights[j, p] * factor)
+                if count != 0:
+                    cnt = np.float64(count)
+                    for c in range(dim):
+                        acc[c] += cnt * np.float64(values[slot, kv, first + p, c])
+            f = np.float64(mtop) / np.float64(levels)
+            for c in range(dim):
+                out[t, h, c] = f32((acc[c] * f) / denominator)
+

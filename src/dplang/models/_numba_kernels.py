@@ -69,23 +69,40 @@ def grid_of(top: Any, headroom: Any) -> Any:  # dplang.models.exact.fixed_point_
     return math.ldexp(1.0, max(-1000, min(1000, headroom - (biased - 1022))))
 
 
+@njit(inline="always", **opts)
+def row_scale(x: Any, i: Any, lv: Any) -> Any:  # dplang.models.exact.quantize_rows's scale
+    top = f32(0.0)
+    nan = False
+    for j in range(x.shape[1]):
+        a = abs(x[i, j])
+        if a != a:
+            nan = True
+        elif a > top:
+            top = a
+    s = f32(np.nan) if nan else top / lv
+    usable = s > 0 and s < np.inf
+    if not usable:
+        s = one
+    return s, usable
+
+
+@njit(inline="always", **opts)
+def recombined(high: Any, lw: Any, a: Any, b: Any, col: Any, has_bias: Any, bias: Any) -> Any:
+    # IntegerLinear.combine for one element: (high * a + low * b) * col (+ bias)
+    y = f32(high) * a
+    y = y + f32(lw) * b
+    y = y * col
+    if has_bias:
+        y = y + bias
+    return y
+
+
 @njit(parallel=True, **opts)
 def quantize_limbs(x: Any, levels: Any, limbs: Any, scale: Any, as_float: Any) -> None:
     rows, width = x.shape
     lv = f32(levels)
     for i in prange(rows):
-        top = f32(0.0)
-        nan = False
-        for j in range(width):
-            a = abs(x[i, j])
-            if a != a:
-                nan = True
-            elif a > top:
-                top = a
-        s = f32(np.nan) if nan else top / lv
-        usable = s > 0 and s < np.inf
-        if not usable:
-            s = one
+        s, usable = row_scale(x, i, lv)
         scale[i] = s
         for j in range(width):
             q = np.rint(x[i, j] / s) if usable else f32(0.0)
@@ -104,18 +121,7 @@ def quantize(x: Any, levels: Any, q: Any, scale: Any) -> None:
     rows, width = x.shape
     lv = f32(levels)
     for i in prange(rows):
-        top = f32(0.0)
-        nan = False
-        for j in range(width):
-            a = abs(x[i, j])
-            if a != a:
-                nan = True
-            elif a > top:
-                top = a
-        s = f32(np.nan) if nan else top / lv
-        usable = s > 0 and s < np.inf
-        if not usable:
-            s = one
+        s, usable = row_scale(x, i, lv)
         scale[i] = s
         for j in range(width):
             q[i, j] = np.rint(x[i, j] / s) if usable else f32(0.0)
@@ -132,12 +138,8 @@ def combine(high: Any, low: Any, low2: Any, row_scale: Any, col_scale: Any, bias
         b = row_scale[i] * low_shift
         for j in range(cols):
             lw = low[i, j] + low2[i, j] if two else low[i, j]
-            y = f32(high[i, j]) * a
-            y = y + f32(lw) * b
-            y = y * col_scale[j]
-            if has_bias:
-                y = y + bias[j]
-            out[i, j] = y
+            out[i, j] = recombined(high[i, j], lw, a, b, col_scale[j], has_bias,
+                                   bias[j] if has_bias else f32(0.0))
 
 
 @njit(parallel=True, **opts)
@@ -154,12 +156,8 @@ def combine_cols(high: Any, low: Any, low2: Any, row_scale: Any, col_scale: Any,
             b = row_scale[i] * low_shift
             for j in range(c * chunk, min(cols, (c + 1) * chunk)):
                 lw = low[j, i] + low2[j, i] if two else low[j, i]
-                y = f32(high[j, i]) * a
-                y = y + f32(lw) * b
-                y = y * col_scale[j]
-                if has_bias:
-                    y = y + bias[j]
-                out[i, j] = y
+                out[i, j] = recombined(high[j, i], lw, a, b, col_scale[j], has_bias,
+                                       bias[j] if has_bias else f32(0.0))
 
 
 @njit(parallel=True, **opts)

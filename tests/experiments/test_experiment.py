@@ -1,5 +1,6 @@
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -8,29 +9,8 @@ from dplang.cli.app import main
 from dplang.experiments import ConfigError, load_config
 from dplang.models import ToyModel
 
-CONFIG = """
-name = "toy-sweep"
-[data]
-path = "data.csv"
-references = [0, 60]
-real = [60, 90]
-prompt = "template.toml"
-[generation]
-model = "toy"
-max_tokens = 6
-num = 20
-concurrent_groups = 4
-[sweep]
-methods = ["invisibleink"]
-epsilon = [1, 10]
-batch_size = [2]
-top_k = [3, 5]
-temperature = [1.0]
-public_baseline = true
-[evaluation]
-metrics = ["mauve", "topk"]
-embedder = "hashing"
-"""
+#: The toy sweep both experiment test files start from.
+CONFIG = (Path(__file__).parent / "toy_sweep.toml").read_text(encoding="utf-8")
 
 
 @pytest.fixture

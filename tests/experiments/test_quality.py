@@ -19,30 +19,8 @@ from dplang.models import ToyModel
 
 REPO = Path(__file__).resolve().parents[2]
 
-# the toy sweep of test_experiment.py (not importable by name under --import-mode=importlib)
-CONFIG = """
-name = "toy-sweep"
-[data]
-path = "data.csv"
-references = [0, 60]
-real = [60, 90]
-prompt = "template.toml"
-[generation]
-model = "toy"
-max_tokens = 6
-num = 20
-concurrent_groups = 4
-[sweep]
-methods = ["invisibleink"]
-epsilon = [1, 10]
-batch_size = [2]
-top_k = [3, 5]
-temperature = [1.0]
-public_baseline = true
-[evaluation]
-metrics = ["mauve", "topk"]
-embedder = "hashing"
-"""
+#: The toy sweep of test_experiment.py.
+CONFIG = (Path(__file__).parent / "toy_sweep.toml").read_text(encoding="utf-8")
 GROUPED = ('prompt = "template.toml"', 'prompt = "template.toml"\ngroup_by = ["cat"]')
 
 

@@ -17,20 +17,17 @@ import resource
 import statistics
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
-from dplang.io import load_references
 from dplang.models import cpu_kernels, exact
 from dplang.models.default import load_default_model
 from dplang.privacy import RandomStreams, epsilon_to_rho
-from dplang.textgen.engine import DecodingParams, GroupJob
+from dplang.textgen.engine import DecodingParams
 from dplang.textgen.methods.invisibleink import calibrate_clip, run_invisibleink
-from dplang.textgen.prompts import get_template
+from row_invariance import B, yelp_jobs  # the same jobs as the side-by-side benchmark
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "yelp" / "dev.csv"
-B, K, TAU, EPS, DELTA = 7, 50, 1.2, 10.0, 1e-6
+K, TAU, EPS, DELTA = 50, 1.2, 10.0, 1e-6
 
 
 def main() -> None:
@@ -56,17 +53,7 @@ def main() -> None:
     start = time.perf_counter()
     model = load_default_model(dtype=args.dtype)
     load_s = time.perf_counter() - start
-    records, _ = load_references(DATA, "text", ("label1", "label2"), limit=args.groups * B)
-    template = get_template("yelp", chat=False)
-    jobs = []
-    for g in range(args.groups):
-        chunk = records[g * B:(g + 1) * B]
-        labels = chunk[0].labels
-        public = model.render_prompt(template.render(None, labels), template.system)
-        private = tuple(model.render_prompt(
-            template.render(model.truncate_tokens(r.text or "", 256), labels), template.system)
-            for r in chunk)
-        jobs.append(GroupJob(g, public, private))
+    jobs = yelp_jobs(model, args.groups)
     clip = calibrate_clip(epsilon_to_rho(EPS, DELTA), args.tokens, B, TAU)
     params = DecodingParams(clip, B, TAU, K, args.tokens, sparse_head=True, stop_at_eos=False)
     stamps: list[float] = []

@@ -44,6 +44,32 @@ DATA = ROOT.parent / "shared" / "data" / "yelp" / "dev.csv"
 B, K, TAU, EPS, DELTA = 7, 50, 1.2, 10.0, 1e-6
 
 
+def yelp_jobs(model, groups: int, form: str = "completion") -> list:
+    """``groups`` groups of B Yelp references (in file order) as the engine's jobs, prompts
+    rendered and references cut to 256 tokens as ``dplang generate`` does, with the shared
+    public prefix where the code being measured has one (since 2f50b1f)."""
+    from dplang.io import load_references
+    from dplang.textgen.engine import GroupJob
+    from dplang.textgen.prompts import get_template
+
+    records, _ = load_references(DATA, "text", ("label1", "label2"), limit=groups * B)
+    template = get_template("yelp", chat=form == "instruction")
+    takes_prefix = "prefix" in {f.name for f in dataclasses.fields(GroupJob)}
+    jobs = []
+    for g in range(groups):
+        chunk = records[g * B:(g + 1) * B]
+        labels = chunk[0].labels
+        public = model.render_prompt(template.render(None, labels), template.system)
+        private = tuple(model.render_prompt(
+            template.render(model.truncate_tokens(r.text or "", 256), labels), template.system)
+            for r in chunk)
+        if takes_prefix:
+            jobs.append(GroupJob(g, public, private, _prefix(model, template, labels, public)))
+        else:
+            jobs.append(GroupJob(g, public, private))
+    return jobs
+
+
 def _prefix(model, template, labels: dict, public: str) -> str:
     """The rendered text every prompt of a group starts with (as orchestration computes it)."""
     sentinel = "\x00dplang-reference\x00"
@@ -78,35 +104,19 @@ def worker(groups: int, tokens: int, dtype: str, eos: bool = False,
     import dplang
     if unchecked:
         _skip_invariance_check()
-    from dplang.io import load_references
     from dplang.models import load_default_model
     from dplang.privacy import RandomStreams, epsilon_to_rho
-    from dplang.textgen.engine import DecodingParams, GroupJob
+    from dplang.textgen.engine import DecodingParams
     try:  # this checkout
         from dplang.textgen.methods.invisibleink import calibrate_clip, run_invisibleink
     except ImportError:  # an earlier commit (before the method registry)
         from dplang.privacy import calibrate_clip  # type: ignore[attr-defined,no-redef]
         from dplang.textgen.engine import run_invisibleink  # type: ignore[attr-defined,no-redef]
-    from dplang.textgen.prompts import get_template
 
     start = time.perf_counter()
     model = load_default_model(dtype=dtype)
     load_s = time.perf_counter() - start
-    records, _ = load_references(DATA, "text", ("label1", "label2"), limit=groups * B)
-    template = get_template("yelp", chat=form == "instruction")
-    takes_prefix = "prefix" in {f.name for f in dataclasses.fields(GroupJob)}
-    jobs = []
-    for g in range(groups):
-        chunk = records[g * B:(g + 1) * B]
-        labels = chunk[0].labels
-        public = model.render_prompt(template.render(None, labels), template.system)
-        private = tuple(model.render_prompt(
-            template.render(model.truncate_tokens(r.text or "", 256), labels), template.system)
-            for r in chunk)
-        if takes_prefix:  # shared public prefix (since 2f50b1f)
-            jobs.append(GroupJob(g, public, private, _prefix(model, template, labels, public)))
-        else:
-            jobs.append(GroupJob(g, public, private))
+    jobs = yelp_jobs(model, groups, form)
     clip = calibrate_clip(epsilon_to_rho(EPS, DELTA), tokens, B, TAU)
     params = DecodingParams(clip, B, TAU, K, tokens, sparse_head=True, stop_at_eos=eos)
     emitted: list[int] = []

@@ -16,12 +16,16 @@ Prints one line per step and, last, one JSON summary:
 2. a neighbour test: G groups decoded with InvisibleInk, then again with one reference of
    group 0 replaced by the empty one: every other group's tokens must be identical;
 3. ``pytest -m gpu`` (if pytest is installed there);
-4. DP tokens/s at each G of ``--groups`` (B = 7, T tokens, EOS ignored) beside non-private
+4. a profile of a short DP run (64 groups, 8 tokens): top operators by GPU and CPU time;
+5. DP tokens/s at each G of ``--groups`` (B = 7, T tokens, EOS ignored) beside non-private
    decoding of the same rows (one text per private prompt) measured in the same run, and the
    DP cost multiple per token.
 
-``--budget`` seconds bounds the throughput part: larger G are skipped (and said so) once it is
-spent. ``--quick`` is a smoke test on any device (two layers, a vocabulary of 512, tiny sizes).
+``--budget`` seconds bounds the throughput part: a G whose projected time (the last G's
+seconds per group and token, times G and T) would overrun it runs with fewer tokens (at least
+8; its row says T), or is skipped and said so. Every finished step
+is written to ``$OUT/gpu_check.json`` at once. ``--quick`` is a smoke test on any device (two
+layers, a vocabulary of 512, tiny sizes).
 """
 
 from __future__ import annotations
@@ -168,6 +172,7 @@ def main() -> None:
     summary["neighbours"] = {"other_groups_identical": same,
                              "group_0_changed": runs[0][0] != runs[1][0]}
     print(f"neighbours: {summary['neighbours']}", flush=True)
+    save(summary)
 
     # 3. the GPU tests
     try:
@@ -187,14 +192,36 @@ def main() -> None:
         summary["pytest_gpu"] = {"exit": None, "tail": ["pytest is not installed here"]}
     print(f"pytest -m gpu: {summary['pytest_gpu']}", flush=True)
 
-    # 4. throughput: DP beside non-private decoding of the same private prompts
+    save(summary)
+
+    # 4. the profile of a short run (before the throughput, whose length is the least certain)
+    if args.profile:
+        try:
+            summary["profile"] = profile(model, params, groups[-1] if args.quick else 64, words,
+                                         args.device)
+        except Exception as exc:  # the summary must still be printed
+            summary["profile"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        save(summary)
+
+    # 5. throughput: DP beside non-private decoding of the same private prompts
     rng = random.Random(2)
     start = time.perf_counter()
-    rows = []
+    rows: list[dict] = []
+    summary["throughput"] = rows
+    per_token_group_s = 0.0  # seconds per token and group at the last G (DP + non-private)
     for g in groups:
-        if time.perf_counter() - start > args.budget:
-            rows.append({"G": g, "skipped": "budget spent"})
-            continue
+        left = args.budget - (time.perf_counter() - start)
+        run_tokens = tokens
+        if per_token_group_s * g * tokens > left:
+            # Too long at T tokens: measure fewer (at least 8), said so in the row.
+            run_tokens = int(left / (per_token_group_s * g))
+            if run_tokens < 8:
+                rows.append({"G": g, "skipped": f"budget: ~{per_token_group_s * g * tokens:.0f} "
+                                                f"s projected, {left:.0f} s left"})
+                print(f"throughput: {rows[-1]}", flush=True)
+                continue
+        params = type(params)(params.clip, B, TAU, K, run_tokens, params.sparse_head,
+                              params.stop_at_eos)
         batch = jobs(model, g, rng, words)
         sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
         sync()
@@ -204,24 +231,25 @@ def main() -> None:
         dp_s = time.perf_counter() - t0
         prompts = [p for j in batch for p in j.private_prompts]
         t0 = time.perf_counter()
-        run_plain(model, prompts, tokens, TAU, K, RandomStreams(4), stop_at_eos=False)
+        run_plain(model, prompts, run_tokens, TAU, K, RandomStreams(4), stop_at_eos=False)
         sync()
         plain_s = time.perf_counter() - t0
-        dp_tps = g * tokens / dp_s
-        plain_tps = len(prompts) * tokens / plain_s
-        rows.append({"G": g, "dp_tokens_per_s": round(dp_tps, 1),
+        dp_tps = g * run_tokens / dp_s
+        plain_tps = len(prompts) * run_tokens / plain_s
+        rows.append({"G": g, "T": run_tokens, "dp_tokens_per_s": round(dp_tps, 1),
                      "plain_tokens_per_s_same_prompts": round(plain_tps, 1),
                      "dp_cost_per_token_vs_plain": round(plain_tps / dp_tps, 2),
                      "dp_seconds": round(dp_s, 2), "plain_seconds": round(plain_s, 2)})
         print(f"throughput: {rows[-1]}", flush=True)
-    summary["throughput"] = rows
-    if args.profile:
-        try:
-            summary["profile"] = profile(model, params, groups[-1] if args.quick else 64, words,
-                                         args.device)
-        except Exception as exc:  # the summary above must still be printed
-            summary["profile"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        per_token_group_s = (dp_s + plain_s) / (g * run_tokens)
+        save(summary)
+    save(summary)
     print(json.dumps(summary))
+
+
+def save(summary: dict) -> None:
+    """Write what is known so far to ``$OUT/gpu_check.json`` (a run stopped at its limit keeps
+    every finished step)."""
     out = os.environ.get("OUT")
     if out:
         Path(out, "gpu_check.json").write_text(json.dumps(summary, indent=1))

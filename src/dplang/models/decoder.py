@@ -42,6 +42,7 @@ from dplang.models.attention import (
 )
 from dplang.models.errors import UnsupportedModelError
 from dplang.models.exact import TWO_LIMB_LEVELS, IntegerLinear, hadamard, quantize_rows, rms_norm
+from dplang.models.memory import release_file_pages
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "ExactDecoder", "Norm"]
 
@@ -130,11 +131,13 @@ def _norm(module: Any) -> Norm:
 
 
 def _free(*modules: Any) -> None:
-    """Drop the float weights of ``modules`` (their integer copies are made)."""
+    """Drop the float weights of ``modules`` (their integer copies are made), and their
+    resident pages where they are a memory-mapped file's (:mod:`dplang.models.memory`)."""
     for module in modules:
         for name in ("weight", "bias"):
             param = getattr(module, name, None)
             if isinstance(param, torch.Tensor):
+                release_file_pages(param.data)
                 param.data = param.data.new_empty(0)
 
 
@@ -242,11 +245,12 @@ class ExactDecoder:
 
         head = model.get_output_embeddings()
         embed = body.embed_tokens
-        self.head = IntegerLinear(head.weight, getattr(head, "bias", None),
-                                  weight_bits=head_bits, layout="nk")
         tied = head.weight.data_ptr() == embed.weight.data_ptr()
+        self.head = IntegerLinear(head.weight, getattr(head, "bias", None),
+                                  weight_bits=head_bits, layout="nk",
+                                  release_source=release and not (tied and head_bits != 16))
         self.embedding = self.head if tied and head_bits == 16 else IntegerLinear(
-            embed.weight, None, weight_bits=16, layout="nk")
+            embed.weight, None, weight_bits=16, layout="nk", release_source=release)
         self.embed_scale = self._embedding_scale(body, model_type)
         self.vocab_size = int(self.head.out_features)
         if release:
@@ -283,11 +287,11 @@ class ExactDecoder:
                 qkv=IntegerLinear(qkv_weight, qkv_bias, weight_bits=body_bits),
                 o=IntegerLinear(o_weight, attn.o_proj.bias, weight_bits=body_bits),
                 gate=IntegerLinear(mlp.gate_proj.weight, getattr(mlp.gate_proj, "bias", None),
-                                   weight_bits=body_bits),
+                                   weight_bits=body_bits, release_source=release),
                 up=IntegerLinear(mlp.up_proj.weight, getattr(mlp.up_proj, "bias", None),
-                                 weight_bits=body_bits),
+                                 weight_bits=body_bits, release_source=release),
                 down=IntegerLinear(mlp.down_proj.weight, getattr(mlp.down_proj, "bias", None),
-                                   weight_bits=body_bits),
+                                   weight_bits=body_bits, release_source=release),
                 input_norm=_norm(hf_layer.input_layernorm),
                 post_attention_norm=_norm(hf_layer.post_attention_layernorm) if sandwich
                 else None,

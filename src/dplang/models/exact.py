@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from dplang.models import cpu_kernels
+from dplang.models.memory import release_file_pages
 
 __all__ = [
     "LIMB",
@@ -360,12 +361,17 @@ class IntegerLinear:
     ``y = (hh * 2**16 + (lh + hl) * 2**8) * s_row * s_col`` (16-bit weights) or
     ``y = (hh * 2**8 + lh) * s_row * s_col`` (8-bit weights), then ``+ b``.
 
+    ``release_source=True`` (a load that releases the float weights): each block of rows of
+    ``weight``, once rounded, has its resident file pages dropped
+    (:func:`dplang.models.memory.release_file_pages`; values unchanged), so a memory-mapped
+    checkpoint is never resident whole.
+
     Privacy contract: row ``i`` of the result is a function of row ``i`` of ``x`` only, bit for
     bit, whatever the number of rows, their order or the kernel used."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                 weight_bits: int = 16, layout: str = "kn", stacked: bool | None = None
-                 ) -> None:
+                 weight_bits: int = 16, layout: str = "kn", stacked: bool | None = None,
+                 release_source: bool = False) -> None:
         if weight_bits not in (8, 16):
             raise ValueError(f"weight bits must be 8 or 16, got {weight_bits}")
         if layout not in ("kn", "nk"):
@@ -394,6 +400,8 @@ class IntegerLinear:
             parts = split_limbs(q) if weight_bits == 16 else (q,)
             for limb, part in enumerate(parts):
                 rows[limb, start:start + step] = part.to(torch.int8)
+            if release_source:  # the block's float pages, where a file's, are not read again
+                release_file_pages(w[start:start + step])
         if self.stacked:
             if layout == "nk":
                 self._stack = rows.view(2 * n, k)  # [2N, K]

@@ -64,6 +64,7 @@ from dplang.models.invariance import (
     verification_key,
     verified_on_record,
 )
+from dplang.models.memory import trim_heap
 from dplang.models.prompt_side import (
     BLOCK_SIZE,
     TokenizerText,
@@ -221,6 +222,7 @@ class TransformersModel(TokenizerText):
                 record_verification(verification)
         if not keep_reference:
             self.model = None  # the decoder holds integer copies of every weight it uses
+            trim_heap()  # the float weights' freed heap pages go back to the system
         if check_invariance == "cached":
             check_row_invariance_cached(self)
         elif check_invariance:

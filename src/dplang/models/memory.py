@@ -1,0 +1,93 @@
+"""Resident memory of a model load: file pages of released weights, and the C heap after it.
+
+A safetensors checkpoint is memory-mapped when ``transformers`` loads it: a float32 weight's
+pages become resident when dplang makes its integer copy, and they stay resident (counted in
+the process's RSS) until the whole mapping is closed, even once that weight is released, so a
+load used to peak at the float model plus its integer copy. :func:`release_file_pages` tells
+the kernel that a released weight's pages are not needed (``madvise(MADV_DONTNEED)`` on the
+page-aligned interior of its bytes, and only where they lie in a file-backed mapping: such
+pages are dropped and, should anything read them again, read back from the file, so no value
+can change). :func:`trim_heap` returns the C heap's free pages to the system (glibc's
+``malloc_trim``). Both act on Linux with glibc only and do nothing elsewhere.
+
+Privacy: neither changes a number dplang computes or writes; they change memory use only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+from functools import cache
+
+import torch
+
+__all__ = ["release_file_pages", "trim_heap"]
+
+_MADV_DONTNEED = 4  # Linux
+
+
+@cache
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        lib = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:  # not glibc (musl, ...): nothing to do
+        return None
+    if not hasattr(lib, "madvise") or not hasattr(lib, "malloc_trim"):
+        return None
+    lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    lib.madvise.restype = ctypes.c_int
+    lib.malloc_trim.argtypes = [ctypes.c_size_t]
+    lib.malloc_trim.restype = ctypes.c_int
+    return lib
+
+
+def _file_mappings() -> list[tuple[int, int]]:
+    """``(start, end)`` of this process's mappings of regular files (``/proc/self/maps``)."""
+    found = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) < 6 or fields[4] == "0" or not fields[5].startswith("/"):
+                    continue  # anonymous, or a pseudo-file such as [heap] or [stack]
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                found.append((start, end))
+    except OSError:
+        return []
+    return found
+
+
+def release_file_pages(tensor: torch.Tensor) -> int:
+    """Drop the resident file pages under a released CPU ``tensor``'s bytes.
+
+    Only the whole pages inside the tensor's bytes are advised, and only if they lie within
+    one file-backed mapping; anonymous memory (whose pages would be lost) is never touched.
+    Returns the number of bytes advised (0 where nothing was done). The tensor stays valid: a
+    page read again is read back from the file."""
+    lib = _libc()
+    if lib is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return 0
+    size = tensor.numel() * tensor.element_size()
+    if size == 0:
+        return 0
+    page = mmap.PAGESIZE
+    start = tensor.data_ptr()
+    low = -(-start // page) * page
+    high = (start + size) // page * page
+    if high <= low:
+        return 0
+    if not any(begin <= low and high <= end for begin, end in _file_mappings()):
+        return 0
+    if lib.madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), _MADV_DONTNEED) != 0:
+        return 0
+    return high - low
+
+
+def trim_heap() -> bool:
+    """Return the C heap's free pages to the system (glibc ``malloc_trim(0)``); True if
+    anything was returned."""
+    lib = _libc()
+    return bool(lib is not None and lib.malloc_trim(0))

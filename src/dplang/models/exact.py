@@ -72,6 +72,10 @@ _LIMB_MAX = 128
 #: Integers up to 2**24 are exact in float32; a float32 chunk of k products of limbs is exact
 #: when k * 2**14 <= 2**24.
 _FLOAT32_CHUNK = 2**24 // (_LIMB_MAX * _LIMB_MAX)
+#: Element budget of a block of :meth:`IntegerLinear.gathered` (its gathered weight limbs, their
+#: float32 chunks, or the outputs of its full product): 2**24 elements are 16 MiB of int8 or
+#: 64 MiB of float32, whatever the number of rows and candidates.
+_GATHER_BUDGET = 2**24
 
 
 # ------------------------------------------------------------------------ exact constructions
@@ -603,13 +607,50 @@ class IntegerLinear:
         int64): the same bits as ``self(x)[i, ids[i]]`` (layout "nk" only).
 
         The integer dot products are float32 sums of at most :data:`_FLOAT32_CHUNK` limb
-        products per chunk (exact), so they equal the full product's integers."""
+        products per chunk (exact), so they equal the full product's integers. When the
+        candidates are a large share of the columns (``4 C >= N``), the full product of a block
+        of rows is computed instead and the candidates' columns are gathered from it (the same
+        bits, by the above).
+
+        Memory is bounded whatever ``M`` and ``C``: the rows (and, where one row's do not fit, the
+        candidates) are processed in blocks whose gathered weight limbs and their float32
+        chunks have at most :data:`_GATHER_BUDGET` elements each, and a block's full product
+        at most that many outputs (its int32 integer parts a few times as many). The result
+        does not depend on the blocking: each row's integers are exact sums of its own limbs,
+        and the float32 formula that turns them into outputs is elementwise (:meth:`combine`),
+        so a row gives the same bits in any block, alone or beside any other rows."""
+        if self.layout != "nk":
+            raise ValueError("gathered needs the 'nk' layout")
         rows, width = ids.shape
-        prepared = prepare_rows(x.float())
-        hi = prepared.limbs[:rows].float()
-        lo = prepared.limbs[rows:].float()
-        scale = prepared.scale
-        limbs = self.weight_rows(ids)  # [M, C, K] int8 each
+        x = x.reshape(rows, self.in_features)
+        out = torch.empty((rows, width), dtype=torch.float32, device=x.device)
+        if rows == 0 or width == 0:
+            return out
+        n, k = self.out_features, self.in_features
+        if 4 * width >= n:
+            step = max(1, _GATHER_BUDGET // n)
+            for r0 in range(0, rows, step):
+                full = self(x[r0:r0 + step])
+                out[r0:r0 + step] = full.gather(1, ids[r0:r0 + step])
+            return out
+        col_step = min(width, max(1, _GATHER_BUDGET // k))
+        row_step = max(1, _GATHER_BUDGET // (col_step * k))
+        for r0 in range(0, rows, row_step):
+            prepared = prepare_rows(x[r0:r0 + row_step].float())
+            count = prepared.count
+            hi = prepared.limbs[:count].float()
+            lo = prepared.limbs[count:].float()
+            for c0 in range(0, width, col_step):
+                block = ids[r0:r0 + row_step, c0:c0 + col_step]
+                out[r0:r0 + row_step, c0:c0 + col_step] = self._gathered_block(
+                    hi, lo, prepared.scale, block)
+        return out
+
+    def _gathered_block(self, hi: torch.Tensor, lo: torch.Tensor, scale: torch.Tensor,
+                        ids: torch.Tensor) -> torch.Tensor:
+        """:meth:`gathered` for float32 limbs ``hi``, ``lo [B, K]`` of prepared rows with
+        ``scale [B, 1]`` on columns ``ids [B, W]``."""
+        limbs = self.weight_rows(ids)  # [B, W, K] int8 each
         k = self.in_features
 
         def dot(vec: torch.Tensor, limb: torch.Tensor) -> torch.Tensor:
@@ -627,4 +668,4 @@ class IntegerLinear:
         if self.weight_bits == 16:
             low = low + dot(hi, limbs[1])
         bias = None if self.bias is None else self.bias[ids]
-        return self.combine(high, low, scale, self.col_scale[ids], bias).reshape(rows, width)
+        return self.combine(high, low, scale, self.col_scale[ids], bias)

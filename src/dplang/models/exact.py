@@ -73,6 +73,10 @@ _LIMB_MAX = 128
 #: Integers up to 2**24 are exact in float32; a float32 chunk of k products of limbs is exact
 #: when k * 2**14 <= 2**24.
 _FLOAT32_CHUNK = 2**24 // (_LIMB_MAX * _LIMB_MAX)
+#: Element budget of a block of :meth:`IntegerLinear.gathered` (its gathered weight limbs, their
+#: float32 chunks, or the outputs of its full product): 2**24 elements are 16 MiB of int8 or
+#: 64 MiB of float32, whatever the number of rows and candidates.
+_GATHER_BUDGET = 2**24
 
 
 # ------------------------------------------------------------------------ exact constructions
@@ -285,7 +289,7 @@ def int8_kernel_is_exact(device: str, k: int) -> bool:
                 want = left.double() @ right.double()
                 a8 = left.to(torch.int8).contiguous().to(dev)
                 b8 = right.to(torch.int8).contiguous().to(dev)
-                got = _padded_int_mm(a8, b8) if dev.type == "cuda" else torch._int_mm(a8, b8)
+                got = _tn_int_mm(a8, b8) if dev.type == "cuda" else torch._int_mm(a8, b8)
                 if not torch.equal(got.cpu().double(), want):
                     return False
     except (RuntimeError, NotImplementedError):
@@ -293,32 +297,85 @@ def int8_kernel_is_exact(device: str, k: int) -> bool:
     return True
 
 
-def _padded_int_mm(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+#: Shape classes ``(rows, K, N)`` (after the zero padding) for which CUDA's int8 kernel raised
+#: ``CUBLAS_STATUS_NOT_SUPPORTED`` in this process: their products go to the float32 chunks at
+#: once instead of failing again in cuBLASLt on every call.
+_INT_MM_UNSUPPORTED: set[tuple[int, int, int]] = set()
+
+
+def _padded_shape(rows: int, k: int, cols: int) -> tuple[int, int, int]:
+    """The shape that :func:`_tn_int_mm` hands to CUDA's int8 kernel: more than 16 rows, and a
+    reduction length and a column count that are multiples of 8."""
+    return max(rows, 17), k + (-k % 8), cols + (-cols % 8)
+
+
+def _column_major(t: torch.Tensor) -> torch.Tensor:
+    """``t [K, N]`` as a column-major view (the ``.t()`` of a contiguous ``[N, K]`` tensor):
+    the layout of the right operand of CUDA's int8 kernel. The same values; a copy is made
+    only when ``t`` is not column-major already."""
+    return t.t().contiguous().t()
+
+
+def _tn_int_mm(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
     """``torch._int_mm`` on CUDA, whose kernel needs more than 16 rows and a reduction length
     and a column count that are multiples of 8: the operands are padded with zeros (a zero row,
-    column or reduction term changes no other entry's integer sum) and the result cut back."""
+    column or reduction term changes no other entry's integer sum) and the result cut back.
+
+    The operands are handed over in the one layout cuBLASLt's int8 (IMMA) kernels support
+    reliably, "TN": ``left`` row-major contiguous and ``right`` column-major (torch passes
+    ``right`` to cuBLASLt as its first, transposed operand). Both operands row-major ("NN")
+    fails with ``CUBLAS_STATUS_NOT_SUPPORTED`` on some GPUs and shapes (seen on an H100 at
+    m 64 n 72 k 32; pytorch/pytorch#169956 on an A100). ``right`` is padded as its transpose,
+    so a column-major ``right`` (IntegerLinear's weights on CUDA) is not copied when no padding
+    is needed."""
     rows, k = left.shape
     cols = right.shape[1]
     pad_rows, pad_k, pad_cols = max(17 - rows, 0), -k % 8, -cols % 8
     if pad_rows or pad_k:
         left = torch.nn.functional.pad(left, (0, pad_k, 0, pad_rows))
+    right_t = right.t()  # [N, K]
     if pad_k or pad_cols:
-        right = torch.nn.functional.pad(right, (0, pad_cols, 0, pad_k))
-    out = torch._int_mm(left.contiguous(), right.contiguous())
+        right_t = torch.nn.functional.pad(right_t, (0, pad_k, 0, pad_cols))
+    out = torch._int_mm(left.contiguous(), right_t.contiguous().t())
     return out[:rows, :cols] if pad_rows or pad_cols else out
+
+
+def _padded_int_mm(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """The int8 kernel on CUDA (:func:`_tn_int_mm`: zero padding, "TN" layout).
+
+    Last line of defence: if cuBLASLt still answers ``CUBLAS_STATUS_NOT_SUPPORTED`` for a shape,
+    that product is computed with the exact float32 chunks of :func:`exact_products` instead
+    (the same integers, so the same bits), and the padded shape class ``(rows, K, N)`` is
+    remembered (:data:`_INT_MM_UNSUPPORTED`) so that it goes there directly from then on. Any
+    other error is raised."""
+    key = _padded_shape(left.shape[0], left.shape[1], right.shape[1])
+    if key not in _INT_MM_UNSUPPORTED:
+        try:
+            return _tn_int_mm(left, right)
+        except RuntimeError as exc:
+            if "CUBLAS_STATUS_NOT_SUPPORTED" not in str(exc):
+                raise
+            _INT_MM_UNSUPPORTED.add(key)
+    return _float32_products(left, right)
 
 
 def exact_products(left: torch.Tensor, right: torch.Tensor, kernel: str) -> torch.Tensor:
     """``left @ right`` for int8 ``left [M, K]`` and ``right [K, N]`` as exact int32.
 
     ``kernel="int8"``: ``torch._int_mm`` (on CUDA with zero padding to the shapes its kernel
-    needs: :func:`_padded_int_mm`). ``kernel="float32"``: float32 products of
+    needs, in its "TN" layout, falling back to the float32 chunks for a shape cuBLASLt does
+    not support: :func:`_padded_int_mm`). ``kernel="float32"``: float32 products of
     chunks of at most :data:`_FLOAT32_CHUNK` along ``K``, each exact (every partial sum is an
     integer below 2**24), converted to int32 and added."""
     if kernel == "int8":
         if left.device.type == "cuda":
             return _padded_int_mm(left, right)
         return torch._int_mm(left, right)
+    return _float32_products(left, right)
+
+
+def _float32_products(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """:func:`exact_products` with ``kernel="float32"``."""
     total: torch.Tensor | None = None
     for start in range(0, left.shape[1], _FLOAT32_CHUNK):
         stop = start + _FLOAT32_CHUNK
@@ -414,6 +471,8 @@ class IntegerLinear:
         else:
             self.limbs = [rows[limb].t().contiguous() for limb in range(count)]
         self.bias = None if bias is None else bias.detach().float().contiguous()
+        if self.device.type == "cuda":
+            self._place_kn_weights()
         self.kernel = "int8" if int8_kernel_is_exact(str(self.device), self.in_features) \
             else "float32"
 
@@ -440,13 +499,19 @@ class IntegerLinear:
         return sum(t.numel() * t.element_size() for t in self.limbs)
 
     def to(self, device: torch.device) -> IntegerLinear:
-        """Move the weights to ``device`` (in place; the kernel is chosen again there)."""
+        """Move the weights to ``device`` (in place; the kernel is chosen again there).
+
+        On CUDA the "kn" layout's ``[K, N]`` limbs (and stacked matrix) are stored column-major
+        (views of contiguous ``[N, K]`` tensors), the right operand's layout of the int8
+        kernel there (:func:`_tn_int_mm`), so that no call copies them; elsewhere they are
+        row-major as built. The same integers either way."""
         self.device = torch.device(device)
-        if self.stacked:
+        if self.layout == "kn":
+            self._place_kn_weights()
+        elif self.stacked:
             self._stack = self._stack.to(self.device)
             n = self.out_features
-            self.limbs = ([self._stack[:n], self._stack[n:]] if self.layout == "nk"
-                          else [self._stack[:, :n], self._stack[:, n:]])
+            self.limbs = [self._stack[:n], self._stack[n:]]
         else:
             self.limbs = [t.to(self.device) for t in self.limbs]
         self.col_scale = self.col_scale.to(self.device)
@@ -456,13 +521,36 @@ class IntegerLinear:
             else "float32"
         return self
 
+    def _place_kn_weights(self, column_major: bool | None = None) -> None:
+        """The "kn" weights on ``self.device``: column-major (default: on CUDA) or row-major
+        (default elsewhere; as built)."""
+        if column_major is None:
+            column_major = self.device.type == "cuda"
+
+        def place(t: torch.Tensor) -> torch.Tensor:
+            if column_major:
+                return t.t().contiguous().to(self.device).t()
+            return t.to(self.device).contiguous()
+
+        if self.stacked:
+            self._stack = place(self._stack)
+            n = self.out_features
+            self.limbs = [self._stack[:, :n], self._stack[:, n:]]
+        else:
+            self.limbs = [place(t) for t in self.limbs]
+
     # -- products -----------------------------------------------------------------------
 
     def _mm(self, left: torch.Tensor, limb: torch.Tensor) -> torch.Tensor:
         """Exact int32 products of int8 ``left [M, K]`` with a weight limb: ``[M, N]`` for the
-        "kn" layout, ``[N, M]`` (the weight as the left operand) for "nk"."""
+        "kn" layout, ``[N, M]`` (the weight as the left operand) for "nk".
+
+        On CUDA the right operand is handed over column-major (the int8 kernel's layout
+        there): ``left.t()`` of the contiguous ``left`` is that already, with no copy."""
         if self.layout == "kn":
             return exact_products(left, limb, self.kernel)
+        if left.device.type == "cuda":
+            return exact_products(limb, left.t(), self.kernel)
         return exact_products(limb, left.t().contiguous(), self.kernel)
 
     def prepare(self, x: torch.Tensor) -> PreparedRows:
@@ -527,13 +615,50 @@ class IntegerLinear:
         int64): the same bits as ``self(x)[i, ids[i]]`` (layout "nk" only).
 
         The integer dot products are float32 sums of at most :data:`_FLOAT32_CHUNK` limb
-        products per chunk (exact), so they equal the full product's integers."""
+        products per chunk (exact), so they equal the full product's integers. When the
+        candidates are a large share of the columns (``4 C >= N``), the full product of a block
+        of rows is computed instead and the candidates' columns are gathered from it (the same
+        bits, by the above).
+
+        Memory is bounded whatever ``M`` and ``C``: the rows (and, where one row's do not fit, the
+        candidates) are processed in blocks whose gathered weight limbs and their float32
+        chunks have at most :data:`_GATHER_BUDGET` elements each, and a block's full product
+        at most that many outputs (its int32 integer parts a few times as many). The result
+        does not depend on the blocking: each row's integers are exact sums of its own limbs,
+        and the float32 formula that turns them into outputs is elementwise (:meth:`combine`),
+        so a row gives the same bits in any block, alone or beside any other rows."""
+        if self.layout != "nk":
+            raise ValueError("gathered needs the 'nk' layout")
         rows, width = ids.shape
-        prepared = prepare_rows(x.float())
-        hi = prepared.limbs[:rows].float()
-        lo = prepared.limbs[rows:].float()
-        scale = prepared.scale
-        limbs = self.weight_rows(ids)  # [M, C, K] int8 each
+        x = x.reshape(rows, self.in_features)
+        out = torch.empty((rows, width), dtype=torch.float32, device=x.device)
+        if rows == 0 or width == 0:
+            return out
+        n, k = self.out_features, self.in_features
+        if 4 * width >= n:
+            step = max(1, _GATHER_BUDGET // n)
+            for r0 in range(0, rows, step):
+                full = self(x[r0:r0 + step])
+                out[r0:r0 + step] = full.gather(1, ids[r0:r0 + step])
+            return out
+        col_step = min(width, max(1, _GATHER_BUDGET // k))
+        row_step = max(1, _GATHER_BUDGET // (col_step * k))
+        for r0 in range(0, rows, row_step):
+            prepared = prepare_rows(x[r0:r0 + row_step].float())
+            count = prepared.count
+            hi = prepared.limbs[:count].float()
+            lo = prepared.limbs[count:].float()
+            for c0 in range(0, width, col_step):
+                block = ids[r0:r0 + row_step, c0:c0 + col_step]
+                out[r0:r0 + row_step, c0:c0 + col_step] = self._gathered_block(
+                    hi, lo, prepared.scale, block)
+        return out
+
+    def _gathered_block(self, hi: torch.Tensor, lo: torch.Tensor, scale: torch.Tensor,
+                        ids: torch.Tensor) -> torch.Tensor:
+        """:meth:`gathered` for float32 limbs ``hi``, ``lo [B, K]`` of prepared rows with
+        ``scale [B, 1]`` on columns ``ids [B, W]``."""
+        limbs = self.weight_rows(ids)  # [B, W, K] int8 each
         k = self.in_features
 
         def dot(vec: torch.Tensor, limb: torch.Tensor) -> torch.Tensor:
@@ -551,4 +676,4 @@ class IntegerLinear:
         if self.weight_bits == 16:
             low = low + dot(hi, limbs[1])
         bias = None if self.bias is None else self.bias[ids]
-        return self.combine(high, low, scale, self.col_scale[ids], bias).reshape(rows, width)
+        return self.combine(high, low, scale, self.col_scale[ids], bias)

@@ -35,6 +35,7 @@ import torch
 
 from dplang.models import cpu_kernels
 from dplang.models.exact import TWO_LIMB_LEVELS, exp, fixed_point_sum, quantize_rows, split_limbs
+from dplang.models.memory import trim_heap
 
 __all__ = ["BLOCK_SIZE", "MAX_POSITIONS", "TILE", "WEIGHT_LEVELS", "AttentionStep", "PromptTile",
            "SlotCache", "attend", "gather_queries", "key_levels", "prompt_tiles", "value_levels"]
@@ -66,9 +67,12 @@ def value_levels(block: int) -> int:
 class SlotCache:
     """Integer keys and values of every row, one slot of ``capacity`` positions per row.
 
-    Per layer: ``keys``/``values`` ``[slots, kv_heads, capacity, head_dim]`` float32 holding
-    integers in [-levels, levels], ``key_scale``/``value_scale`` ``[slots, kv_heads,
-    capacity]``. The capacity is a multiple of ``block`` (the positions of one exact value
+    Per layer: ``keys``/``values`` ``[slots, kv_heads, capacity, head_dim]`` holding
+    integers in [-levels, levels] (at most 2**15 - 1: :func:`key_levels`, :func:`value_levels`),
+    as int16 on the CPU (half the memory; dplang's CPU kernels read them as integers) and as
+    float32 elsewhere (the batched products read them as they are); either way the same
+    integers. ``key_scale``/``value_scale`` ``[slots, kv_heads, capacity]`` float32. The
+    capacity is a multiple of ``block`` (the positions of one exact value
     sum) and grows when a row needs more; the number of slots grows when more rows are live.
     Slots are reused: a new row's positions beyond its length are never read (masked), and
     every stored number is finite."""
@@ -79,6 +83,7 @@ class SlotCache:
             raise ValueError(f"block size must be >= 1, got {block}")
         self.num_layers, self.kv_heads, self.head_dim = num_layers, kv_heads, head_dim
         self.block, self.device = block, device
+        self.dtype = torch.int16 if torch.device(device).type == "cpu" else torch.float32
         self.slots = 0
         self.capacity = 0
         self.keys: list[torch.Tensor] = []
@@ -119,18 +124,23 @@ class SlotCache:
         new_free = list(range(slots - 1, self.slots - 1, -1))
         shape = (slots, self.kv_heads, capacity, self.head_dim)
         for name in ("keys", "values", "key_scale", "value_scale"):
-            old = getattr(self, name)
-            new: list[torch.Tensor] = []
+            tensors = getattr(self, name)
+            dims = shape if name in ("keys", "values") else shape[:3]
             for layer in range(self.num_layers):
-                dims = shape if name in ("keys", "values") else shape[:3]
-                tensor = torch.zeros(dims, dtype=torch.float32, device=self.device)
-                if old:
-                    src = old[layer]
+                # One layer at a time, the old tensor dropped at once: a resize holds one
+                # layer's tensors twice, not the whole store.
+                dtype = self.dtype if name in ("keys", "values") else torch.float32
+                tensor = torch.zeros(dims, dtype=dtype, device=self.device)
+                if layer < len(tensors):
+                    src = tensors[layer]
                     tensor[: src.shape[0], :, : src.shape[2]] = src
-                new.append(tensor)
-            setattr(self, name, new)
+                    tensors[layer] = tensor
+                    del src
+                else:
+                    tensors.append(tensor)
         self._free = new_free + self._free
         self.slots, self.capacity = slots, capacity
+        trim_heap()  # the replaced tensors' heap pages go back to the system
 
     # -- data --------------------------------------------------------------------------
 
@@ -140,8 +150,8 @@ class SlotCache:
         (``slots[i]``, ``positions[i]``), as integers on a scale per token and head."""
         k_int, k_scale = quantize_rows(keys, key_levels(self.head_dim))
         v_int, v_scale = quantize_rows(values, value_levels(self.block))
-        self.keys[layer].permute(0, 2, 1, 3)[slots, positions] = k_int
-        self.values[layer].permute(0, 2, 1, 3)[slots, positions] = v_int
+        self.keys[layer].permute(0, 2, 1, 3)[slots, positions] = k_int.to(self.dtype)
+        self.values[layer].permute(0, 2, 1, 3)[slots, positions] = v_int.to(self.dtype)
         self.key_scale[layer].permute(0, 2, 1)[slots, positions] = _finite(k_scale[..., 0])
         self.value_scale[layer].permute(0, 2, 1)[slots, positions] = _finite(v_scale[..., 0])
 
@@ -150,7 +160,9 @@ class SlotCache:
         hold for its next owner; the load-time check uses it to show it is never read)."""
         for tensors in (self.keys, self.values, self.key_scale, self.value_scale):
             for tensor in tensors:
-                tensor[slot] = value
+                fill = (min(value, torch.iinfo(tensor.dtype).max) if not tensor.is_floating_point()
+                        else value)
+                tensor[slot] = fill
 
     def copy_positions(self, source: int, target: int, count: int) -> None:
         """Copy positions ``0..count-1`` of slot ``source`` into slot ``target`` (every layer;
@@ -250,6 +262,7 @@ def attend(
     of its own query, its own visible positions' keys and values, bit for bit."""
     batch, kvh, nq, g, d = q.shape
     length = keys.shape[2]
+    keys, values = keys.float(), values.float()  # int16 stores: the same integers
     rows = nq * g
     hi, lo = split_limbs(q.reshape(batch * kvh, rows, d))
     both = torch.bmm(torch.cat([hi, lo], dim=1),

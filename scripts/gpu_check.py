@@ -127,7 +127,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=420.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
-                    help="profile a short DP run (8 tokens, 64 groups; 2 with --quick) last")
+                    help="profile a short DP run (8 tokens, 64 groups; 2 with --quick) before "
+                         "the throughput")
     args = ap.parse_args()
     from dplang.privacy import RandomStreams, epsilon_to_rho
     from dplang.textgen.engine import DecodingParams, run_plain

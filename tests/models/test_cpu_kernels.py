@@ -140,3 +140,25 @@ def test_whole_model_with_and_without_kernels(monkeypatch: pytest.MonkeyPatch,
         return tuple(seen)
 
     _same(decode(), _torch_path(monkeypatch, decode))
+
+
+@pytest.mark.parametrize("top", [1e-40, 3e-39, 1e-36, 1e-30, 1.0])
+def test_rows_too_small_to_scale_become_zeros_in_both_definitions(
+        top: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row whose scale max|row| / levels would be subnormal is rounded to zeros (a
+    subnormal scale has a few significant bits, and |x / scale| could exceed levels by half,
+    overflowing an int16 key or an int8 limb); otherwise every |q| <= levels. The torch
+    definition and the fused kernel agree bit for bit."""
+    from dplang.models.exact import TWO_LIMB_LEVELS, quantize_rows
+
+    x = torch.tensor([[top, -top * 0.7, top * 0.3, 0.0]], dtype=torch.float32)
+    fused = quantize_rows(x, TWO_LIMB_LEVELS)
+    monkeypatch.setattr(cpu_kernels, "available", lambda tensor: False)
+    plain = quantize_rows(x, TWO_LIMB_LEVELS)
+    assert torch.equal(fused[0], plain[0]) and torch.equal(fused[1], plain[1])
+    q, scale = plain
+    assert float(q.abs().max()) <= TWO_LIMB_LEVELS
+    if float(scale) != 1.0 or top >= 1.0:
+        assert float(scale) >= torch.finfo(torch.float32).tiny
+    if top / TWO_LIMB_LEVELS < torch.finfo(torch.float32).tiny:
+        assert float(q.abs().max()) == 0.0 and float(scale) == 1.0

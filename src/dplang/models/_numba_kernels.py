@@ -31,6 +31,7 @@ c0, c1, c2, c3, c4, c5 = (f32(c) for c in (1.9875691500e-4, 1.3981999507e-3,
 lo_clamp, hi_clamp, one = f32(-87.0), f32(88.0), f32(1.0)
 gelu_a = f32(0.044715)
 gelu_b = f32(2.0 * math.sqrt(2.0 / math.pi))
+tiny32 = f32(np.finfo(np.float32).tiny)  # the smallest normal float32
 opts = {"cache": True, "fastmath": False, "error_model": "numpy"}
 
 
@@ -80,7 +81,7 @@ def row_scale(x: Any, i: Any, lv: Any) -> Any:  # dplang.models.exact.quantize_r
         elif a > top:
             top = a
     s = f32(np.nan) if nan else top / lv
-    usable = s > 0 and s < np.inf
+    usable = s >= tiny32 and s < np.inf  # a subnormal scale counts as too small
     if not usable:
         s = one
     return s, usable

@@ -160,8 +160,11 @@ class SlotCache:
         hold for its next owner; the load-time check uses it to show it is never read)."""
         for tensors in (self.keys, self.values, self.key_scale, self.value_scale):
             for tensor in tensors:
-                fill = (min(value, torch.iinfo(tensor.dtype).max) if not tensor.is_floating_point()
-                        else value)
+                if tensor.is_floating_point():
+                    fill = value
+                else:  # the int16 store: the largest magnitude it holds, with value's sign
+                    info = torch.iinfo(tensor.dtype)
+                    fill = max(info.min + 1, min(info.max, value))
                 tensor[slot] = fill
 
     def copy_positions(self, source: int, target: int, count: int) -> None:

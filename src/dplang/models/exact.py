@@ -106,7 +106,9 @@ def quantize_rows(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Ten
         return cpu_kernels.quantize(x, levels)
     amax = x.abs().amax(dim=-1, keepdim=True)
     scale = amax / levels
-    usable = torch.isfinite(scale) & (scale > 0)
+    # A subnormal scale is rounded to a few significant bits, so |x / scale| could exceed
+    # levels by half: such a row (largest magnitude below ~1e-34) counts as too small.
+    usable = torch.isfinite(scale) & (scale >= torch.finfo(torch.float32).tiny)
     scale = torch.where(usable, scale, torch.ones_like(scale))
     # For a usable row every |x / scale| <= levels * (1 + 2**-23) < levels + 0.5.
     q = torch.where(usable, torch.round(x / scale), torch.zeros_like(x))
@@ -471,7 +473,7 @@ class IntegerLinear:
         else:
             self.limbs = [rows[limb].t().contiguous() for limb in range(count)]
         self.bias = None if bias is None else bias.detach().float().contiguous()
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.layout == "kn":
             self._place_kn_weights()
         self.kernel = "int8" if int8_kernel_is_exact(str(self.device), self.in_features) \
             else "float32"

@@ -3,11 +3,14 @@
 A safetensors checkpoint is memory-mapped when ``transformers`` loads it: a float32 weight's
 pages become resident when dplang makes its integer copy, and they stay resident (counted in
 the process's RSS) until the whole mapping is closed, even once that weight is released, so a
-load used to peak at the float model plus its integer copy. :func:`release_file_pages` tells
-the kernel that a released weight's pages are not needed (``madvise(MADV_DONTNEED)`` on the
-page-aligned interior of its bytes, and only where they lie in a file-backed mapping: such
-pages are dropped and, should anything read them again, read back from the file, so no value
-can change). :func:`trim_heap` returns the C heap's free pages to the system (glibc's
+load used to peak at the float model plus its integer copy. :func:`release_file_pages` drops a
+released weight's pages (``madvise(MADV_DONTNEED)`` on the page-aligned interior of its bytes)
+only where every one of them is a clean page of a regular file: the range must lie in one
+mapping of a file that exists, and ``/proc/self/pagemap`` must show no page of it that was
+written (a private copy, which ``MADV_DONTNEED`` would discard) or swapped. A clean file page
+that is dropped is read back from the file if it is ever touched again, so no value can change,
+whoever else holds the tensor; a range with a written page is left as it is.
+:func:`trim_heap` returns the C heap's free pages to the system (glibc's
 ``malloc_trim``). Both act on Linux with glibc only and do nothing elsewhere.
 
 Privacy: neither changes a number dplang computes or writes; they change memory use only.
@@ -17,14 +20,17 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import sys
 from functools import cache
 
+import numpy as np
 import torch
 
 __all__ = ["release_file_pages", "trim_heap"]
 
 _MADV_DONTNEED = 4  # Linux
+_PRESENT, _SWAPPED, _FILE_OR_SHARED = 1 << 63, 1 << 62, 1 << 61  # /proc/self/pagemap bits
 
 
 @cache
@@ -45,7 +51,8 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def _file_mappings() -> list[tuple[int, int]]:
-    """``(start, end)`` of this process's mappings of regular files (``/proc/self/maps``)."""
+    """``(start, end)`` of this process's mappings of regular files that still exist
+    (``/proc/self/maps``)."""
     found = []
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
@@ -53,6 +60,9 @@ def _file_mappings() -> list[tuple[int, int]]:
                 fields = line.split(maxsplit=5)
                 if len(fields) < 6 or fields[4] == "0" or not fields[5].startswith("/"):
                     continue  # anonymous, or a pseudo-file such as [heap] or [stack]
+                path = fields[5].rstrip("\n")
+                if path.endswith(" (deleted)") or not os.path.isfile(path):
+                    continue  # a device (/dev/...) or a file that is gone: leave it alone
                 start, end = (int(x, 16) for x in fields[0].split("-"))
                 found.append((start, end))
     except OSError:
@@ -64,9 +74,9 @@ def release_file_pages(tensor: torch.Tensor) -> int:
     """Drop the resident file pages under a released CPU ``tensor``'s bytes.
 
     Only the whole pages inside the tensor's bytes are advised, and only if they lie within
-    one file-backed mapping; anonymous memory (whose pages would be lost) is never touched.
-    Returns the number of bytes advised (0 where nothing was done). The tensor stays valid: a
-    page read again is read back from the file."""
+    one mapping of a regular file and none of them was written or swapped; anonymous memory
+    is never touched. Returns the number of bytes advised (0 where nothing was done). The
+    tensor stays valid and its values unchanged: a dropped page is read back from the file."""
     lib = _libc()
     if lib is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
         return 0
@@ -81,9 +91,31 @@ def release_file_pages(tensor: torch.Tensor) -> int:
         return 0
     if not any(begin <= low and high <= end for begin, end in _file_mappings()):
         return 0
+    if not _clean_file_pages(low, high):
+        return 0
     if lib.madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), _MADV_DONTNEED) != 0:
         return 0
     return high - low
+
+
+def _clean_file_pages(low: int, high: int) -> bool:
+    """Whether no page in ``[low, high)`` is a written private copy or swapped out (a page not
+    present is fine: there is nothing to drop)."""
+    page = mmap.PAGESIZE
+    count = (high - low) // page
+    try:
+        with open("/proc/self/pagemap", "rb") as pagemap:
+            pagemap.seek(low // page * 8)
+            raw = pagemap.read(count * 8)
+    except OSError:
+        return False
+    if len(raw) != count * 8:
+        return False
+    entries = np.frombuffer(raw, dtype="<u8")
+    present = (entries & np.uint64(_PRESENT)) != 0
+    swapped = (entries & np.uint64(_SWAPPED)) != 0
+    file_page = (entries & np.uint64(_FILE_OR_SHARED)) != 0
+    return not bool(np.any(swapped | (present & ~file_page)))
 
 
 def trim_heap() -> bool:

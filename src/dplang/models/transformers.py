@@ -220,6 +220,7 @@ class TransformersModel(TokenizerText):
             self._verify_head()
             if verification is not None:
                 record_verification(verification)
+        del model, body, head  # self.model is the one reference left to the float model
         if not keep_reference:
             self.model = None  # the decoder holds integer copies of every weight it uses
             trim_heap()  # the float weights' freed heap pages go back to the system

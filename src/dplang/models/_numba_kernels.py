@@ -32,6 +32,10 @@ lo_clamp, hi_clamp, one = f32(-87.0), f32(88.0), f32(1.0)
 gelu_a = f32(0.044715)
 gelu_b = f32(2.0 * math.sqrt(2.0 / math.pi))
 tiny32 = f32(np.finfo(np.float32).tiny)  # the smallest normal float32
+# 2**k for every k exp32 can reach (its argument is clamped to [-87, 88]): the same float32 as
+# math.ldexp(1.0, k), read from a table so that the loops around exp32 need no library call.
+pow2_first = -126
+pow2_32 = np.array([2.0**k for k in range(pow2_first, 128)], dtype=np.float32)
 opts = {"cache": True, "fastmath": False, "error_model": "numpy"}
 
 
@@ -59,7 +63,7 @@ def exp32(x: Any) -> Any:  # dplang.models.exact.exp, element by element
     p = p + r
     p = p + one
     k = 0 if n != n else int(n)
-    return p * f32(math.ldexp(1.0, k))
+    return p * pow2_32[k - pow2_first]  # 2**k exactly: n is in [-126, 127] after the clamp
 
 
 @njit(inline="always", **opts)

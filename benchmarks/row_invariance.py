@@ -153,9 +153,13 @@ def measure(src: Path | None, args: argparse.Namespace) -> dict[str, float]:
          *(["--eos"] if args.eos else []),
          *(["--unchecked"] if args.unchecked and src is not None and "earlier" in str(src)
            else [])],
-        check=True, capture_output=True, text=True, env=env,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+        check=False, capture_output=True, text=True, env=env,
+    )
+    if out.returncode != 0:  # say why: the worker's own error, not only its exit status
+        tail = "\n".join(out.stderr.strip().splitlines()[-15:])
+        raise SystemExit(f"the measurement of {src or 'this checkout'} failed "
+                         f"(exit {out.returncode}):\n{tail}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:

@@ -75,6 +75,40 @@ def grid_of(top: Any, headroom: Any) -> Any:  # dplang.models.exact.fixed_point_
 
 
 @njit(inline="always", **opts)
+def score_of(s: Any, qs: Any, ks: Any, scaling: Any, capped: Any, inv_softcap: Any,
+             softcap: Any) -> Any:  # `attend`'s float formula for an exact integer score s
+    s = s * qs
+    s = s * ks
+    s = s * scaling
+    if capped:
+        s = s * inv_softcap
+        s = (f32(2.0) / (exp32(f32(-2.0) * s) + one) - one) * softcap
+    return s
+
+
+@njit(inline="always", **opts)
+def masses(w: Any, value_scale: Any, wtop: Any, headroom: Any) -> Any:
+    # `attend`'s denominator (the exact fixed-point sum of the weights w, largest wtop) and
+    # masses w * value_scale, written over w; returns (denominator, largest mass or 1).
+    grid = grid_of(wtop, headroom)
+    total = 0.0
+    mtop = f32(0.0)
+    mnan = False
+    for p in range(w.shape[0]):
+        x = w[p]
+        total += np.rint(np.float64(x) * grid)
+        m = x * value_scale[p]
+        w[p] = m
+        if m != m:
+            mnan = True
+        elif m > mtop:
+            mtop = m
+    if mnan or not mtop > 0:
+        mtop = one
+    return total / grid, mtop
+
+
+@njit(inline="always", **opts)
 def row_scale(x: Any, i: Any, lv: Any) -> Any:  # dplang.models.exact.quantize_rows's scale
     top = f32(0.0)
     nan = False
@@ -247,13 +281,8 @@ def softmax_counts(both: Any, q_scale: Any, key_scale: Any, value_scale: Any,
         nan = False
         for p in range(length):
             if visible[b, r, p]:
-                s = both[b, r, p] * limb + both[b, rows + r, p]
-                s = s * qs
-                s = s * key_scale[b, p]
-                s = s * scaling
-                if capped:
-                    s = s * inv_softcap
-                    s = (f32(2.0) / (exp32(f32(-2.0) * s) + one) - one) * softcap
+                s = score_of(both[b, r, p] * limb + both[b, rows + r, p], qs,
+                             key_scale[b, p], scaling, capped, inv_softcap, softcap)
                 counts[b, r, p] = s
                 if s != s:
                     nan = True
@@ -271,23 +300,7 @@ def softmax_counts(both: Any, q_scale: Any, key_scale: Any, value_scale: Any,
                     wtop = w if w == w else np.nan
             else:
                 counts[b, r, p] = f32(0.0)
-        # the denominator: exact fixed-point sum of the weights in float64
-        grid = grid_of(wtop, headroom)
-        total = 0.0
-        mtop = f32(0.0)
-        mnan = False
-        for p in range(length):
-            w = counts[b, r, p]
-            total += np.rint(np.float64(w) * grid)
-            m = w * value_scale[b, p]
-            counts[b, r, p] = m
-            if m != m:
-                mnan = True
-            elif m > mtop:
-                mtop = m
-        denominator[b, r] = total / grid
-        if mnan or not mtop > 0:
-            mtop = one
+        denominator[b, r], mtop = masses(counts[b, r], value_scale[b], wtop, headroom)
         largest[b, r] = mtop
         factor = levels / mtop
         for p in range(length):
@@ -341,14 +354,8 @@ def attend_tokens(q_hi: Any, q_lo: Any, q_scale: Any, q_slot: Any, q_pos: Any, k
                 for c in range(dim):
                     shi += qk_hi[j, c] * kvec[c]
                     slo += qk_lo[j, c] * kvec[c]
-                sc = f32(shi) * limb + f32(slo)
-                sc = sc * q_scale[t, kv * group + j]
-                sc = sc * ks
-                sc = sc * scaling
-                if capped:
-                    sc = sc * inv_softcap
-                    sc = (f32(2.0) / (exp32(f32(-2.0) * sc) + one) - one) * softcap
-                weights[j, p] = sc
+                weights[j, p] = score_of(f32(shi) * limb + f32(slo), q_scale[t, kv * group + j],
+                                         ks, scaling, capped, inv_softcap, softcap)
         for j in range(group):
             h = kv * group + j
             top = -np.inf
@@ -370,22 +377,8 @@ def attend_tokens(q_hi: Any, q_lo: Any, q_scale: Any, q_slot: Any, q_pos: Any, k
                     wtop = np.nan
                 elif w > wtop:
                     wtop = w
-            grid = grid_of(wtop, headroom)
-            total = 0.0
-            mtop = f32(0.0)
-            mnan = False
-            for p in range(n):
-                w = weights[j, p]
-                total += np.rint(np.float64(w) * grid)
-                m = w * value_scale[slot, kv, first + p]
-                weights[j, p] = m
-                if m != m:
-                    mnan = True
-                elif m > mtop:
-                    mtop = m
-            denominator = total / grid
-            if mnan or not mtop > 0:
-                mtop = one
+            denominator, mtop = masses(weights[j], value_scale[slot, kv, first:first + n],
+                                       wtop, headroom)
             factor = levels / mtop
             acc = np.zeros(dim, dtype=np.float64)
             for p in range(n):

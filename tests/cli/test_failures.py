@@ -331,3 +331,33 @@ def test_first_use_default_prompt_on_a_plain_text_column(tmp_path, capsys, toy):
     assert json.loads(capsys.readouterr().out)["clip"] == pytest.approx(params["clip"])
     assert len(out.read_text().splitlines()) == 20 // 7
     os.remove(out)
+
+
+def test_a_default_model_that_fails_its_checks_is_a_defect_not_unsupported(
+        tmp_path, capsys, monkeypatch):
+    """The embedded default model is built to load everywhere (issue 33): if a load-time check
+    ever refuses it, the user is told it is a defect to report, not that the model is not
+    supported; another model's refusal keeps naming what differs."""
+    from dplang.models.errors import UnsupportedModelError
+
+    world = _world(tmp_path)
+    why = "rotary embedding R (full_attention): its cos differs ... by up to 0.5"
+
+    def refuse(spec, dtype="float32"):
+        raise UnsupportedModelError(why)
+
+    monkeypatch.setattr(gen_cli, "_load_model", refuse)
+    _charges()
+    charges = _charges()
+    assert main(gen(world, *eps("--model", "default"), "-q")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "defect of dplang" in err and why in err, err
+    assert "please report" in err and "cannot load it" not in err
+    assert _charges() == charges
+    other = tmp_path / "empty_model"
+    (other / "config.json").write_text("{}")
+    (other / "model.safetensors").write_bytes(b"0")
+    (other / "tokenizer.json").write_text("{}")
+    assert main(gen(world, *eps("--model", str(other)), "-q")) == 2
+    err = capsys.readouterr().err
+    assert f"--model {other}: cannot load it (UnsupportedModelError: {why})" in err, err

@@ -84,6 +84,10 @@ class EvaluationSettings:
 
 
 def _load_error(spec: str, exc: BaseException) -> str:
+    if spec == "default":  # built to load everywhere: a failure is a defect to report
+        from ..models.errors import load_failure_message
+
+        return load_failure_message("--model", spec, exc)
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return first if first.startswith("model not found") else f"cannot load model {spec!r}: {first}"
 

@@ -76,6 +76,12 @@ def default_embedder_path() -> Path:
 def _load_sentence_transformer(folder: str, device: str) -> Any:
     from sentence_transformers import SentenceTransformer
 
+    from ..models.vml import resolve_vml_dispatch
+
+    # a racing first call of oneMKL's vector math would compute one thread's share of the
+    # first batch with a low-accuracy kernel (dplang.models.vml): one record's embedding would
+    # then depend on which records shared its batch
+    resolve_vml_dispatch()
     return SentenceTransformer(folder, device=device, local_files_only=True)
 
 

@@ -146,42 +146,104 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+#: Rotary types whose frequencies are fixed when the module is built: the cos/sin of a
+#: position are then ``cos(position * inv_freq) * attention_scaling`` whatever the sequence
+#: length, which is what :class:`PositionTables` computes. ``dynamic`` and ``longrope``
+#: recompute their frequencies from the sequence length; any other type is not one dplang read.
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+#: Largest difference accepted between the model's own rotary cos/sin and dplang's table (per
+#: unit of attention scaling) at the load-time comparison. Both evaluate the *same* float32
+#: angle (``position * inv_freq``: one float32 product in both). dplang's value is the float64
+#: cosine rounded to float32 (within 0.5 ulp: 6e-8 for values in [-1, 1]). A library's float32
+#: cos/sin is documented within 1 ulp (oneMKL's VML_HA kernels, SLEEF's u10, glibc) or 3.5 ulp
+#: (SLEEF's u35 on some ARM builds); oneMKL's low-accuracy "EP" kernel, which a racing first
+#: call can run (:mod:`dplang.models.vml`), keeps about half the mantissa bits: 2**-12 relative,
+#: up to ~4,000 ulp (2.4e-4) reported upstream, 1.5e-4 measured here (issue 33). 2**-10 (9.8e-4)
+#: accepts all of these with room to spare and stays far below what the check exists to catch:
+#: a forward pass that is not ``cos(position * inv_freq)`` (another base, a scaled or partial
+#: rotation, another pairing of dimensions) moves some value of the first 256 positions by more
+#: than 0.01 (tests/models/test_rope_check.py measures each).
+ROPE_VALUE_TOLERANCE = 2.0**-10
+
+
 class PositionTables:
     """Rotary cos/sin of every position, per rotary variant (public: functions of the position
     only), computed from the model's inverse frequencies: the angle ``position * inv_freq`` in
     float32 as ``transformers`` computes it, its cosine and sine in float64 rounded to float32
-    (so the tables are the same on every machine), times the variant's attention scaling. At
-    construction each variant's first positions are compared with the model's own rotary
-    module; a variant that differs (e.g. a dynamic rope) is refused."""
+    (so the tables are the same on every machine), times the variant's attention scaling.
+
+    At construction each variant is identified and checked against the model's own rotary
+    module: its type must be one with fixed frequencies (:data:`STATIC_ROPE_TYPES`), its
+    frequencies unchanged since it was built, its scaling finite, and its cos/sin of the first
+    positions equal to the table within :data:`ROPE_VALUE_TOLERANCE` (the accuracy of a
+    library's float32 cos/sin, not of dplang's table: the table is what runs). A variant that
+    differs is refused with what differs and by how much."""
 
     def __init__(self, body: Any, keys: set[str], head_dim: int) -> None:
+        from dplang.models.vml import resolve_vml_dispatch
+
+        resolve_vml_dispatch()  # the module's first cos/sin may be a process's first VML call
         self._head_dim = head_dim
         self._sources: dict[str, tuple[torch.Tensor, float]] = {}
         self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for key in keys:
+        for key in sorted(keys):
             module, prefix, args = body.rotary_emb, "", ()
             if key.startswith("local:"):
                 module = body.rotary_emb_local
             elif key != "default":
                 prefix, args = f"{key}_", (key,)
+            name = f"rotary embedding {type(module).__name__} ({key})"
             inv_freq = getattr(module, f"{prefix}inv_freq", None)
+            original = getattr(module, f"{prefix}original_inv_freq", None)
             if inv_freq is None:
                 inv_freq = getattr(module, "inv_freq", None)
+                original = getattr(module, "original_inv_freq", None)
             if inv_freq is None:
-                raise UnsupportedModelError(f"rotary module {type(module).__name__} has no "
-                                          "inverse frequencies dplang can read")
+                raise UnsupportedModelError(f"{name} has no inverse frequencies dplang can read")
+            rope_type = _rope_type(module, key)
+            if rope_type not in STATIC_ROPE_TYPES:
+                raise UnsupportedModelError(
+                    f"{name}: rope type {rope_type!r} is not one dplang reproduces (it "
+                    f"reproduces ropes whose frequencies are fixed: "
+                    f"{', '.join(STATIC_ROPE_TYPES)})")
+            inv_freq = inv_freq.detach().float().cpu().clone()
+            if not bool(torch.isfinite(inv_freq).all()):
+                raise UnsupportedModelError(f"{name}: its inverse frequencies are not finite")
+            if original is not None and not torch.equal(
+                    original.detach().float().cpu(), inv_freq):
+                moved = float((original.detach().float().cpu() - inv_freq).abs().max())
+                raise UnsupportedModelError(
+                    f"{name}: its frequencies changed after it was built (by up to "
+                    f"{moved:.3g}), as a dynamic rope's do")
             scaling = getattr(module, f"{prefix}attention_scaling",
                               getattr(module, "attention_scaling", 1.0))
-            self._sources[key] = (inv_freq.detach().float().cpu().clone(), float(scaling))
+            scaling = float(scaling)
+            if not (scaling > 0 and scaling < float("inf")):
+                raise UnsupportedModelError(f"{name}: attention scaling {scaling!r} is not a "
+                                            "positive finite number")
+            self._sources[key] = (inv_freq, scaling)
             positions = torch.arange(_ROPE_CHUNK, dtype=torch.int64)
             with torch.no_grad():
                 want_cos, want_sin = module(torch.zeros(1, _ROPE_CHUNK, head_dim),
                                             positions.unsqueeze(0), *args)
             cos, sin = self._compute(key, positions)
-            if not (torch.allclose(cos, want_cos[0].float(), atol=2e-6, rtol=0)
-                    and torch.allclose(sin, want_sin[0].float(), atol=2e-6, rtol=0)):
-                raise UnsupportedModelError(
-                    f"rotary embedding {type(module).__name__} ({key}) is not one dplang knows")
+            tolerance = ROPE_VALUE_TOLERANCE * max(1.0, scaling)
+            for what, mine, theirs in (("cos", cos, want_cos), ("sin", sin, want_sin)):
+                theirs = theirs[0].detach().float().cpu()
+                if theirs.shape != mine.shape:
+                    raise UnsupportedModelError(
+                        f"{name}: its {what} table has shape {tuple(theirs.shape)}, dplang's "
+                        f"{tuple(mine.shape)} (a partial or differently laid-out rotation)")
+                gap = (mine - theirs).abs()
+                worst = float(gap.max())
+                if not worst <= tolerance:  # NaN fails too
+                    where = int(gap.argmax())
+                    raise UnsupportedModelError(
+                        f"{name}: its {what} differs from dplang's table by up to "
+                        f"{worst:.3g} (position {where // head_dim}, dimension "
+                        f"{where % head_dim}; a library's float32 {what} is within "
+                        f"{tolerance:.1e}), so it is not cos/sin(position * inv_freq)")
 
     def _compute(self, key: str, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         inv_freq, scaling = self._sources[key]
@@ -205,6 +267,15 @@ class PositionTables:
         index = positions.cpu()
         found = cos.index_select(0, index), sin.index_select(0, index)
         return found[0].to(positions.device), found[1].to(positions.device)
+
+
+def _rope_type(module: Any, key: str) -> str:
+    """The ``rope_type`` of a rotary module for one layer kind (``"default"`` when the module
+    records none, as older ``transformers`` modules of the default type do)."""
+    kind = getattr(module, "rope_type", None)
+    if isinstance(kind, dict):
+        kind = kind.get(key.split(":", 1)[-1], kind.get(key))
+    return str(kind) if kind is not None else "default"
 
 
 class ExactDecoder:

@@ -155,8 +155,9 @@ class TransformersModel(TokenizerText):
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         torch.set_num_threads(self.threads)
-        from dplang.models import cpu_kernels
+        from dplang.models import cpu_kernels, vml
 
+        vml.resolve_vml_dispatch()  # before any float op of the load (dplang.models.vml)
         cpu_kernels.set_threads(self.threads)
         self.block_size = int(block_size)
         if not 1 <= self.block_size <= 64:

@@ -288,8 +288,10 @@ def _candidates(req: ReportRequest, load_model: LoadModel) -> tuple[list[Stateme
     try:
         model = load_model(req.proposer_model)
     except Exception as exc:  # any loading failure is one line; nothing is charged yet
-        raise ReportError(f"--proposer-model {req.proposer_model}: cannot load it "
-                          f"({_first_line(exc)})") from None
+        from ..models.errors import load_failure_message
+
+        raise ReportError(load_failure_message("--proposer-model", req.proposer_model,
+                                               exc)) from None
     raw = LanguageModelProposer(model, req.task, num=req.proposals,
                                 seed=req.proposal_seed).propose()
     return raw, {"source": "language model",

@@ -359,9 +359,9 @@ def _load(load_model: Callable[[str], PromptModel], spec: str) -> PromptModel:
     except GenerationError:
         raise
     except Exception as exc:  # third-party loaders raise anything
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise GenerationError(f"--model {spec}: cannot load it ({type(exc).__name__}"
-                              + (f": {first}" if first else "") + ")") from None
+        from ..models.errors import load_failure_message
+
+        raise GenerationError(load_failure_message("--model", spec, exc)) from None
 
 
 def _job(plan: GenerationPlan, batch: Batch) -> GroupJob:

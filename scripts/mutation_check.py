@@ -187,6 +187,26 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/textgen/test_amin.py",),
     ),
     Mutation(
+        "amin-svt-query-sensitivity-scaled",
+        "Amin et al.'s sparse vector test takes its query sensitivity as expm1(Δ/2) instead of "
+        "the safe bound (its noise then too small for the charged ρ)",
+        (("src/dplang/textgen/methods/amin.py",
+          "    return min(2.0, math.expm1(2.0 * delta_inf))",
+          "    return min(2.0, math.expm1(0.5 * delta_inf))"),),
+        ("tests/textgen/test_amin.py",),
+    ),
+    Mutation(
+        "unproven-accounting-as-dp",
+        "a guarantee resting on an unproven assumption (Amin et al.'s paper convention) is "
+        "counted as ex-ante DP again (charged under a budget)",
+        (("src/dplang/privacy/guarantees.py",
+          "        return cls(mechanism, unit, adjacency, None, epsilon, delta, ex_ante=False,\n"
+          "                   details={**(details or {}), \"unproven\": assumption})",
+          "        return cls(mechanism, unit, adjacency, None, epsilon, delta, ex_ante=True,\n"
+          "                   details={**(details or {}), \"unproven\": assumption})"),),
+        ("tests/textgen/test_amin.py",),
+    ),
+    Mutation(
         "augpe-sigma-one-iteration",
         "Aug-PE's histograms get noise σ/√T (calibrated for one of its T iterations)",
         (("src/dplang/textgen/methods/augpe.py",

@@ -103,6 +103,7 @@ __all__ = [
     "make_seed_tag",
     "make_stream_seed",
     "private_dir",
+    "publish",
     "write_atomic",
     "write_json",
 ]
@@ -116,6 +117,8 @@ PRIVATE_MODE = 0o600
 PRIVATE_DIR_MODE = 0o700
 #: The folder, beside an output, that holds its private side files (mode 700 from creation).
 PRIVATE_DIR = ".dplang-private"
+#: Suffix of an unfinished resumable output in the private folder (:attr:`OutputPaths.partial`).
+PARTIAL_SUFFIX = ".partial"
 #: Public-manifest fields that hold wall-clock times (the only fields allowed to differ between
 #: runs on neighbouring datasets besides the released content). Each is taken *before* the
 #: release's computation on the private data (when the :class:`Release` is opened, or when a
@@ -223,6 +226,14 @@ class OutputPaths:
                    output.with_name(f".{output.name}.lock"))
 
     @property
+    def partial(self) -> Path:
+        """Where a resumable output grows while its run computes
+        (``DIR/.dplang-private/NAME.EXT.partial``, mode 600 in the private folder): nobody
+        else can see it grow or ``stat`` it; :func:`publish` moves it to :attr:`output` when
+        the run is complete."""
+        return self.private.parent / (self.output.name + PARTIAL_SUFFIX)
+
+    @property
     def legacy_manifests(self) -> tuple[Path, ...]:
         """Where an older dplang put the public manifest (``NAME.EXT.manifest.json``)."""
         return self._others(self.manifest, self.output.with_name(self.output.name
@@ -260,14 +271,14 @@ class OutputPaths:
     def existing(self) -> list[Path]:
         """The files of this output that exist, legacy names included."""
         paths = (self.output, self.manifest, *self.legacy_manifests, self.private,
-                 *self.legacy_privates)
+                 *self.legacy_privates, self.partial)
         return [p for p in paths if p.exists()]
 
     def remove(self) -> None:
-        """Remove the output, its manifest and its private side file, legacy names included
-        (``--overwrite``, once the new release is charged)."""
+        """Remove the output, its manifest, its private side file and an unfinished output,
+        legacy names included (``--overwrite``, once the new release is charged)."""
         for path in (self.output, self.manifest, *self.legacy_manifests, self.private,
-                     *self.legacy_privates):
+                     *self.legacy_privates, self.partial):
             path.unlink(missing_ok=True)
 
     def adopt_legacy_private(self) -> None:
@@ -281,12 +292,15 @@ class OutputPaths:
             fsync_dir(found.parent)
 
 
-def write_atomic(path: str | Path, data: str | bytes, *, private: bool = False) -> None:
+def write_atomic(path: str | Path, data: str | bytes, *, private: bool = False,
+                 times: float | None = None) -> None:
     """Write ``data`` to ``path`` atomically: a temporary file in the same directory (mode 600
     from creation when ``private``), flushed and fsynced, renamed over ``path``, then the
     directory fsynced. A reader sees the old file or the new one, never a torn one. A private
     file whose folder is a :data:`PRIVATE_DIR` gets that folder as :func:`private_dir` makes
-    it (mode 700).
+    it (mode 700). With ``times`` the file's access and modification times are set to it
+    before the rename (a public file written after a computation on private data carries the
+    release's public start time, not the end of the computation).
 
     Privacy contract: none by itself; ``private=True`` guarantees the bytes are never readable
     by others at any moment (the mode is set by ``os.open``, not by a later chmod)."""
@@ -303,6 +317,8 @@ def write_atomic(path: str | Path, data: str | bytes, *, private: bool = False) 
             fh.write(raw)
             fh.flush()
             os.fsync(fh.fileno())
+        if times is not None:
+            os.utime(tmp, (times, times))
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -310,10 +326,28 @@ def write_atomic(path: str | Path, data: str | bytes, *, private: bool = False) 
     fsync_dir(path.parent)
 
 
-def write_json(path: str | Path, obj: Mapping[str, Any], *, private: bool = False) -> None:
+def write_json(path: str | Path, obj: Mapping[str, Any], *, private: bool = False,
+               times: float | None = None) -> None:
     """:func:`write_atomic` of ``obj`` as indented, key-sorted JSON (one trailing newline)."""
     text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n"
-    write_atomic(path, text, private=private)
+    write_atomic(path, text, private=private, times=times)
+
+
+def publish(staging: str | Path, target: str | Path, data: str | bytes, *,
+            times: float) -> None:
+    """Publish a finished output at once: ``data`` (the output's final bytes, typically the
+    staged file's lines put in a canonical order) is written atomically to ``target`` with
+    its access and modification times set to ``times`` (the release's public start time),
+    then the staged file (``OutputPaths.partial``) is removed.
+
+    Privacy contract: while a run computes, its output grows only in the private folder
+    (mode 700), where nobody else can watch it or ``stat`` it; the public file appears once,
+    with the start time as its modification time. What an observer can still see is its
+    change time (``st_ctime``, set by the kernel at the rename: the end of the run) and the
+    folders' times: docs/privacy.md, "What file times show"."""
+    write_atomic(target, data, times=times)
+    Path(staging).unlink(missing_ok=True)
+    fsync_dir(Path(staging).parent)
 
 
 class AppendLog:
@@ -768,19 +802,35 @@ class Release:
             legacy.unlink(missing_ok=True)
 
     def write_manifest(self, paths: OutputPaths, manifest: Mapping[str, Any]) -> None:
-        """Write the public manifest ``paths.manifest`` atomically (after the charge); a
-        manifest an older dplang wrote under a legacy name is removed."""
+        """Write the public manifest ``paths.manifest`` atomically (after the charge), its
+        modification time set to :attr:`opened` (however late it is written); a manifest an
+        older dplang wrote under a legacy name is removed."""
         self._require_charge()
-        write_json(paths.manifest, manifest)
+        write_json(paths.manifest, manifest, times=self.opened)
         for legacy in paths.legacy_manifests:
             legacy.unlink(missing_ok=True)
 
     def write_output(self, path: str | Path, data: str | bytes) -> None:
-        """Write released content atomically (after the charge)."""
+        """Write released content atomically (after the charge), its modification time set
+        to :attr:`opened`: the file's times do not show how long the computation took."""
         self._require_charge()
-        write_atomic(path, data)
+        write_atomic(path, data, times=self.opened)
 
-    def append_log(self, path: str | Path) -> AppendLog:
-        """Open a resumable line-by-line output (after the charge)."""
+    def publish(self, paths: OutputPaths, data: str | bytes) -> None:
+        """Publish a resumable output that grew in ``paths.partial`` (:func:`publish`, with
+        the times of :attr:`opened`)."""
         self._require_charge()
-        return AppendLog(path)
+        publish(paths.partial, paths.output, data, times=self.opened)
+
+    def append_log(self, paths: OutputPaths) -> AppendLog:
+        """Open a resumable line-by-line output (after the charge) in ``paths.partial``
+        (mode 600 in the private folder): it is made public by :meth:`publish` once complete.
+        A run an older dplang left growing at ``paths.output`` moves there first."""
+        self._require_charge()
+        private_dir(paths.partial.parent)
+        if paths.output.exists() and not paths.partial.exists():
+            os.replace(paths.output, paths.partial)
+            os.chmod(paths.partial, PRIVATE_MODE)
+            fsync_dir(paths.partial.parent)
+            fsync_dir(paths.output.parent)
+        return AppendLog(paths.partial, private=True)

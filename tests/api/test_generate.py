@@ -238,7 +238,11 @@ def test_ctrl_c_mid_run_says_what_was_kept_and_charged_and_resumes(tmp_path, cap
         err.count("\n") == 1, err
     assert "the release was charged to dataset" in err and "ε=3" in err
     assert "run the same command again to resume" in err and "part.private.json" in err
-    assert len(out.read_text().splitlines()) == 2
+    # the finished generations are kept in the private folder until the run is complete
+    partial = out.parent / ".dplang-private" / "part.jsonl.partial"
+    assert "part.jsonl.partial" in err and not out.exists()
+    assert len(partial.read_text().splitlines()) == 2
+    assert partial.stat().st_mode & 0o077 == 0
     model.after = 0  # no more interruptions: the rerun resumes, charged nothing new
     assert main(args) == 0
     capsys.readouterr()
@@ -290,3 +294,43 @@ def test_the_model_loaders_bars_are_folded_into_the_status(tmp_path, monkeypatch
                  "--epsilon", "3", "-B", "3", "-T", "2"]) == 0
     assert seen == [False] and hf_logging.is_progress_bar_enabled()
     assert "Loading weights" not in capsys.readouterr().err
+
+
+def test_a_loaded_model_runs_a_release_only_with_a_passed_check(tiny_llama_dir, monkeypatch):
+    """Issue 34 §2: a model passed in must have passed the row-invariance check for its
+    configuration as it is now; one loaded for scoring (check_invariance=False) is checked at
+    the call, and refused with the command line's message when it fails; a duck-typed object
+    that cannot show a check is refused. Nothing is charged either way."""
+    from dplang.models import attention, decoder, resolve_model
+
+    monkeypatch.setenv("DPLANG_CACHE_DIR", str(tiny_llama_dir.parent / "cache-api"))
+    scoring = resolve_model(str(tiny_llama_dir), check_invariance=False)
+    assert not scoring.row_invariance_checked()
+
+    def leaky(q, *args, **kwargs):  # a row's result depends on how many rows share the call
+        return attention.attend(q, *args, **kwargs) * (1 + 1e-6 * q.shape[0])
+
+    from dplang.models import cpu_kernels
+
+    monkeypatch.setattr(cpu_kernels, "_NUMBA", False)
+    monkeypatch.setattr(decoder, "attend", leaky)
+    with pytest.raises(dplang.DPLangError, match="differs from the same row decoded alone"
+                       ) as info:
+        dplang.generate(TEXTS, epsilon=3, dataset="unchecked", model=scoring, batch_size=3,
+                        max_tokens=2, quiet=True)
+    assert info.value.code == 2 and "\n" not in str(info.value)
+    assert _releases("unchecked") == []
+    monkeypatch.undo()  # (the refusal is on record in that cache: another one now)
+    monkeypatch.setenv("DPLANG_CACHE_DIR", str(tiny_llama_dir.parent / "cache-api-2"))
+    result = dplang.generate(TEXTS, epsilon=3, dataset="checked", model=scoring,
+                             batch_size=3, max_tokens=2, quiet=True)
+    assert scoring.row_invariance_checked() and len(result.texts) == 4
+
+    class DuckTyped(ToyModel):
+        def row_invariance_checked(self) -> bool:
+            return False
+
+    with pytest.raises(dplang.DPLangError, match="has not passed dplang's row-invariance"):
+        dplang.generate(TEXTS, epsilon=3, dataset="duck", batch_size=3, max_tokens=2,
+                        model=DuckTyped(vocab_size=30, eos_after=None), quiet=True)
+    assert _releases("duck") == []

@@ -423,3 +423,37 @@ def test_threads_option_sets_the_models_thread_count(tmp_path, monkeypatch) -> N
     main(["generate", "--data", str(tmp_path / "missing.csv"), "--out",
           str(tmp_path / "o.jsonl"), "--epsilon", "1", "--threads", "3"])
     assert os.environ["DPLANG_THREADS"] == "3" and available_cores() == 3
+
+
+def test_public_files_show_the_start_time_and_appear_whole(tmp_path, capsys, monkeypatch):
+    """Issue 34 §5: while the run computes, nothing public grows (the output is in the private
+    folder); at the end it appears whole, in group order, and the output and manifest carry
+    the release's start time as their modification time, not the end of a computation whose
+    length depends on the references."""
+    import time
+
+    class Slow(ToyModel):
+        def next_hidden(self, *args, **kw):
+            time.sleep(0.05)  # a computation that takes a while
+            assert not out.exists()  # nothing public is growing meanwhile
+            return super().next_hidden(*args, **kw)
+
+    model = Slow(vocab_size=30, eos_after=None)
+    monkeypatch.setattr(gen_cli, "_load_model", lambda spec, dtype="float32": model)
+    data = write_csv(tmp_path / "d.csv", 12)
+    out = tmp_path / "o" / "x.jsonl"
+    run(capsys, *base_args(data, out, "-G", "3"))
+    manifest_path = out.with_name("x.manifest.json")
+    started = json.loads(manifest_path.read_text())["started"]
+    for path in (out, manifest_path):
+        assert abs(path.stat().st_mtime - started) < 0.05, (path, path.stat().st_mtime - started)
+    groups = [json.loads(line)["group"] for line in out.read_text().splitlines()]
+    assert groups == sorted(groups) and len(groups) == 4
+    assert not (out.parent / ".dplang-private" / "x.jsonl.partial").exists()
+    assert (out.stat().st_mode & 0o777) == (0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -170,14 +170,16 @@ def test_driver_killed_mid_run_resumes_to_the_same_bytes(tmp_path, capsys, toy):
     driver = subprocess.Popen([sys.executable, str(script), "0.05", str(pid_file), *argv],
                               env=env, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
+    partial = tmp_path / ".dplang-private" / "local.jsonl.partial"  # private while running
     while time.monotonic() < deadline and driver.poll() is None:
-        if out.exists() and out.read_text().count("\n") >= 2:
+        if partial.exists() and partial.read_text().count("\n") >= 2:
             break
         time.sleep(0.05)
     assert driver.poll() is None, driver.stderr.read().decode()[-2000:]
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    part = out.read_bytes()
+    assert not out.exists()
+    part = partial.read_bytes()
     total = (tmp_path / "inline.jsonl").read_bytes()
     assert 0 < len(part) < len(total) and total.startswith(part)  # a prefix, in group order
     workers = [int(p) for p in pid_file.read_text().split()]

@@ -73,7 +73,7 @@ def test_a_second_process_is_refused_while_the_first_writes(tmp_path):
     gate = tmp_path / "go"
     first = _start(tmp_path, out, str(gate))
     try:
-        _wait_for(out, first)  # it holds the lock, has opened its output and waits
+        _wait_for(OutputPaths.of(out).partial, first)  # holds the lock, opened its output, waits
         second = _start(tmp_path, out, "-")
         _stdout, err = second.communicate(timeout=300)
         assert second.returncode == 2, err
@@ -91,7 +91,7 @@ def test_a_second_process_is_refused_while_the_first_writes(tmp_path):
 def test_a_lock_left_by_kill_9_is_harmless(tmp_path):
     out = tmp_path / "x.jsonl"
     first = _start(tmp_path, out, str(tmp_path / "never"))
-    _wait_for(out, first)
+    _wait_for(OutputPaths.of(out).partial, first)
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=60)
     assert OutputPaths.of(out).lock.exists()  # left behind, but nobody holds it

@@ -117,6 +117,88 @@ def test_the_key_covers_weights_and_backend_source(tiny_llama_dir: Path, cache: 
     key = inv._record_key(model)
     monkeypatch.setattr(model, "_digest", "0" * 64)
     assert inv._record_key(model) != key
-    monkeypatch.setattr(inv, "_BACKEND_MODULES", ("invariance.py",))
     monkeypatch.setattr(model, "_digest", None)
+    assert inv._record_key(model) == key
+    monkeypatch.setattr(inv, "_ARITHMETIC_ROOTS", ("dplang.models.errors",))
     assert inv._record_key(model) != key
+
+
+def test_a_changed_kernel_module_is_checked_again(tiny_llama_dir: Path, cache: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34 §1: the record was keyed on seven hand-listed modules, not the fused kernels
+    that compute most of the CPU bits. A kernel made row-dependent (here: its source read
+    back changed, as a copy with one level fewer for rows >= 3 would be) must not find the
+    earlier pass on record."""
+    calls = _calls(monkeypatch)
+    TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance="cached")
+    assert calls == [1]
+    kernels = Path(inv.__file__).with_name("_numba_kernels.py").resolve()
+    real_read = Path.read_bytes
+
+    def edited(self: Path) -> bytes:
+        data = real_read(self)
+        if self.resolve() == kernels:
+            data += b"\n# quantize_limbs: one level fewer when rows >= 3\n"
+        return data
+
+    monkeypatch.setattr(Path, "read_bytes", edited)
+    TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance="cached")
+    assert calls == [1, 1]
+
+
+@pytest.mark.parametrize("change", ["numba version", "triton installed", "threads",
+                                    "kernels off", "ISA variable"])
+def test_what_chooses_the_kernels_is_in_the_key(change: str, tiny_llama_dir: Path, cache: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    model = TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance=False)
+    key = inv._record_key(model)
+    real_version = metadata.version
+    if change == "numba version":
+        monkeypatch.setattr(metadata, "version", lambda name: "0.0.1" if name == "numba"
+                            else real_version(name))
+    elif change == "triton installed":
+        monkeypatch.setattr(metadata, "version", lambda name: "9.9" if name == "triton"
+                            else real_version(name))
+    elif change == "threads":
+        monkeypatch.setattr(model, "threads", 1)
+        torch.set_num_threads(1)
+    elif change == "kernels off":
+        from dplang.models import cpu_kernels
+
+        monkeypatch.setattr(cpu_kernels, "_NUMBA", not cpu_kernels._load())
+    else:
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    try:
+        assert inv._record_key(model) != key
+    finally:
+        torch.set_num_threads(2)
+
+
+def test_every_module_the_decoder_runs_is_in_the_key(tiny_gemma_dir: Path) -> None:
+    """The list is derived from the imports; this checks it against what a real load and
+    decode imports (in a fresh process): a module of dplang.models the decoder runs that the
+    key does not cover fails here."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from dplang.models import TransformersModel\n"
+            "from dplang.models.invariance import arithmetic_modules\n"
+            f"m = TransformersModel({str(tiny_gemma_dir)!r}, check_invariance=True)\n"
+            "s = m.encode_prompts(['a b c', 'd'])\n"
+            "m.logits_from_hidden(m.next_hidden(s, None))\n"
+            "m.logits_from_hidden(m.next_hidden(s, torch.tensor([1, 2])))\n"
+            "keyed = {str(p.resolve()) for p in arithmetic_modules()}\n"
+            "used = {str(__import__('pathlib').Path(mod.__file__).resolve())\n"
+            "        for name, mod in list(sys.modules.items())\n"
+            "        if name.startswith('dplang.models') and getattr(mod, '__file__', None)}\n"
+            "print('MISSING', sorted(used - keyed))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "MISSING []" in done.stdout, done.stdout
+    names = {p.name for p in inv.arithmetic_modules()}
+    assert {"_numba_kernels.py", "cpu_kernels.py", "exact.py", "attention.py", "decoder.py",
+            "vml.py"} <= names

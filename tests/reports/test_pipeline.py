@@ -112,3 +112,51 @@ def test_over_budget_raises_budget_exceeded_and_writes_nothing(tmp_path) -> None
         run_report(_request(tmp_path, dataset="corpus", out=tmp_path / "b", seed=8))
     assert not any((tmp_path / f"b{s}").exists() for s in (".json", ".md"))
     assert not (tmp_path / ".dplang-private" / "b.private.json").exists()
+
+
+def test_the_charge_comes_before_the_first_computation_on_the_records(tmp_path,
+                                                                      monkeypatch) -> None:
+    """Issue 34 §3: a crash that depends on a record (or a Ctrl-C) in the middle of the
+    mechanism leaves the release charged; a refused charge computes nothing."""
+    import dplang.reports.pipeline as pipeline
+
+    ledger = PrivacyLedger(os.environ["DPLANG_LEDGER"])
+    calls: list[int] = []
+
+    def crashing(*args, **kwargs):
+        calls.append(len(ledger.releases("corpus")) if "corpus" in ledger.datasets() else 0)
+        raise KeyboardInterrupt  # as a record that crashes the predicate would, midway
+
+    monkeypatch.setattr(pipeline, "proposal_and_filter", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        run_report(_request(tmp_path, dataset="corpus", out=tmp_path / "a"))
+    assert calls == [1]  # already charged when the mechanism started
+    assert len(ledger.releases("corpus")) == 1
+    assert not (tmp_path / "a.json").exists()
+    # a refused charge: the mechanism never runs
+    ledger.set_budget("corpus", ledger.spent("corpus").epsilon_at(1e-6) + 0.1, 1e-6)
+    calls.clear()
+    with pytest.raises(BudgetExceeded):
+        run_report(_request(tmp_path, dataset="corpus", out=tmp_path / "b", seed=9))
+    assert calls == []
+
+
+def test_report_files_carry_the_start_time_not_the_end(tmp_path, monkeypatch) -> None:
+    """Issue 34 §5: OUT.json / OUT.md are written after the mechanism; their modification
+    time is the release's start (the manifest's ``created``), so ``stat`` does not show how
+    long the computation on the records took."""
+    import time
+
+    import dplang.reports.pipeline as pipeline
+
+    real = pipeline.proposal_and_filter
+
+    def slow(*args, **kwargs):
+        time.sleep(1.5)  # a computation whose length depends on the records
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "proposal_and_filter", slow)
+    run_report(_request(tmp_path, out=tmp_path / "out" / "rep"))
+    created = json.loads((tmp_path / "out" / "rep.json").read_text())["created"]
+    for name in ("rep.json", "rep.md"):
+        assert (tmp_path / "out" / name).stat().st_mtime == pytest.approx(created, abs=1e-3)

@@ -189,3 +189,70 @@ def test_svt_noise_drawn_is_what_the_guarantee_charges(monkeypatch):
         d_sens = amin.svt_query_sensitivity(budget.clip, b, "correct")
         spent = d_sens / threshold_scale + 2 * d_sens / query_scales[0]
         assert spent <= math.sqrt(2 * budget.rho_svt) * (1 + 1e-12)
+
+
+def _worst_l1_shift(shift: float, vocab: int, grid: int = 9) -> float:
+    """Brute force, independent of amin.py's formulas: the largest change of
+    ‖softmax(φ)‖ in ℓ1 when every logit moves by at most ``shift`` (ℓ∞), over logits φ on a
+    grid of [-6, 6]^vocab and shifts at the corners of the box (the ℓ1 change is convex in the
+    shift vector's direction for fixed signs, so a corner attains it) and at its centre
+    lines."""
+    import itertools
+
+    values = np.linspace(-6.0, 6.0, grid)
+    corners = [np.array(c) * shift for c in itertools.product((-1.0, 1.0, 0.0), repeat=vocab)]
+    worst = 0.0
+    for logits in itertools.product(values, repeat=vocab):
+        phi = np.array(logits)
+        p = np.exp(phi - phi.max())
+        p /= p.sum()
+        for s in corners:
+            q = np.exp(phi + s - (phi + s).max())
+            q /= q.sum()
+            worst = max(worst, float(np.abs(p - q).sum()))
+    return worst
+
+
+@pytest.mark.audits("amin")
+@pytest.mark.parametrize(("clip", "b"), [(0.05, 7), (0.4, 3), (2.0, 4), (6.0, 2)])
+def test_svt_query_sensitivity_bounds_the_brute_forced_worst_case(clip, b):
+    """The sparse vector test's query d = ‖softmax(φ̄_A) − softmax(φ_pub)‖₁ moves by at most
+    the ℓ1 change of softmax(φ̄_A) (triangle inequality), and φ̄_A moves by at most 2C/B per
+    logit under replace-by-null: the code's Δ_d must be at least the brute-forced worst ℓ1
+    change (a Δ_d scaled down, e.g. expm1(Δ/2), fails here)."""
+    shift = 2.0 * clip / b
+    worst = max(_worst_l1_shift(shift, v) for v in (2, 3))
+    assert worst > 0
+    assert amin.svt_query_sensitivity(clip, b, "correct") >= worst - 1e-12
+    # and the worst case is what the tight formula says: 2·tanh(shift/2), attained
+    assert worst == pytest.approx(2 * math.tanh(shift / 2), rel=0.08)
+
+
+def test_the_paper_convention_is_labelled_not_dp_and_refused_under_a_budget(tmp_path):
+    """Its 1/B sparse-vector sensitivity is exceeded (up to 2·tanh(C/2B)): the run is labelled
+    like AdaPMixED (not DP), never counted as DP, refused by a budgeted ledger, and records
+    what the same run provably costs."""
+    from dplang.privacy.guarantees import Adjacency
+    from dplang.privacy.ledger import BudgetExceeded, PrivacyLedger
+    from dplang.textgen.methods.registry import MethodInputs
+
+    inputs = MethodInputs(epsilon=10.0, delta=1e-6, rho=None, clip=None, batch_size=100,
+                          max_tokens=64, temperature=1.2, top_k=50,
+                          adjacency=Adjacency.ZERO_OUT)
+    options = {"sigma": 0.3, "threshold": 0.7, "private_tokens": 100,
+               "public_temperature": 1.0, "convention": "paper"}
+    params = amin.AminParams.calibrate(inputs, options)
+    g = params.guarantee()
+    assert not g.ex_ante and not g.is_dp and g.kind == "unproven accounting, NOT DP"
+    assert "does NOT satisfy a differential privacy guarantee" in g.summary()
+    assert "2·tanh(C/2B)" in g.summary()
+    # the issue's numbers: B = 100, ε = 10 gives C ≈ 19.5 and a provable ρ of about 85
+    assert params.clip == pytest.approx(19.5, abs=0.1)
+    assert g.details["rho_provable"] == pytest.approx(85, rel=0.05)
+    assert g.details["claimed_rho"] == pytest.approx(1.54, abs=0.01)
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.set_budget("d", 20.0, 1e-6)
+    with pytest.raises(BudgetExceeded, match="unproven assumption"):
+        ledger.charge("d", "r1", g, "amin paper")
+    assert amin.AminParams.calibrate(inputs, {**options, "convention": "correct"}
+                                     ).guarantee().is_dp

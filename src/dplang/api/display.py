@@ -103,7 +103,7 @@ class GenerationProgress:
 def short_guarantee(g: Guarantee) -> str:
     """``ρ=0.185-zCDP, (ε=3, δ=1e-06)-DP, invisibleink, replace-by-null`` (one line)."""
     rho = f"ρ={g.rho:.4g}-zCDP, " if g.rho is not None else ""
-    kind = "DP" if g.ex_ante else "data-dependent, NOT DP"
+    kind = g.kind
     return f"{rho}(ε={g.epsilon:.4g}, δ={g.delta:g})-{kind}, {g.mechanism}, {g.adjacency}"
 
 

@@ -129,6 +129,8 @@ def plan_line(plan: GenerationPlan) -> str:
             f"T={req.max_tokens}, k={req.top_k}, {clip}"
             + (f"ρ={g.rho:.4g} " if g.rho is not None else "")
             + (f"(ε={g.epsilon:.4g}, δ={g.delta:g}), " if g.ex_ante else
+               f"(claimed ε={g.epsilon:.4g}, δ={g.delta:g}: unproven accounting, NOT a DP "
+               "guarantee), " if g.details.get("unproven") else
                f"(stopping target ε={g.epsilon:.4g}, δ={g.delta:g}: data-dependent, NOT a DP "
                "guarantee), ")
             + f"model {plan.model.model_id}")
@@ -164,8 +166,9 @@ class _RunState:
                     f"only at the end, so none were kept; run the same command again to start "
                     f"it over with the same seed (kept in {plan.private_path}): no new charge")
         kept = self.done_before + self.written
-        return (f"interrupted: {kept} of {self.total} generations are kept in {out}; {charged}; "
-                f"run the same command again to resume (the seed is kept in "
+        return (f"interrupted: {kept} of {self.total} generations are kept in "
+                f"{plan.paths.partial} (private until the run is complete; {out} appears "
+                f"then); {charged}; run the same command again to resume (the seed is kept in "
                 f"{plan.private_path}): resuming charges nothing new")
 
 
@@ -318,8 +321,27 @@ def _model_spec(model: Any, dtype: str) -> tuple[str, str, Callable[[str], Any] 
         raise DPLangError("model must be 'default', a path (a Hugging Face folder or a GGUF "
                           "file) or a model from dplang.models.resolve_model, not a "
                           f"{type(model).__name__}")
+    _require_checked(model)
     own = str(getattr(model, "dtype", "float32")).replace("torch.", "")
     return str(model.model_id), own if own in DTYPES else dtype, lambda _spec: model
+
+
+def _require_checked(model: Any) -> None:
+    """A model passed in runs a release only if it passed the row-invariance check for its
+    configuration as it is now: a backend that can run the check runs it here (its record
+    when on file), before anything is read or charged; any other model must say it passed
+    (``row_invariance_checked()``), else the call is refused with the command line's
+    message (a configuration that is not row-invariant, exit code 2)."""
+    from ..models.errors import RowInvarianceError
+    from ..textgen.engine import require_row_invariance
+
+    try:
+        ensure = getattr(model, "ensure_row_invariance", None)
+        if callable(ensure):
+            ensure()
+        require_row_invariance(model)
+    except RowInvarianceError as exc:
+        raise DPLangError(one_line(exc)) from None
 
 
 def generate(

@@ -351,7 +351,8 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
     run does not inflate), plus ``resumed: True`` when an interrupted generation was continued
     (its times then cover the continuation only). The model is loaded before the clocks start."""
     out = cell_dir / "gen.jsonl"
-    resumed = not overwrite and out.exists() and out.stat().st_size > 0
+    started = [p for p in (out, OutputPaths.of(out).partial) if p.exists()]
+    resumed = not overwrite and any(p.stat().st_size > 0 for p in started)
     model = load_model(config.model)
     start, cpu_start = time.time(), time.process_time()
 
@@ -492,7 +493,8 @@ def run_experiment(
 def _remove_unused_split(out_dir: Path) -> None:
     """A sweep that stops before any cell has generated leaves no copy of private rows: the
     split it wrote this time is removed (a later run writes it again)."""
-    if any((out_dir / "cells").glob("*/gen.jsonl")):
+    if any((out_dir / "cells").glob("*/gen.jsonl")) or any(
+            (out_dir / "cells").glob("*/.dplang-private/gen.jsonl.partial")):
         return  # a generation may resume from these rows
     data_dir = out_dir / "data"
     for name in ("references.jsonl", "real.jsonl", "split.private.json", "references.tmp",
@@ -549,14 +551,14 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
             write_json(cell_dir / CELL_SPEC, specs[cell.key], private=True)
             say(f"{tag}: " + ("generating anew (--overwrite)" if state == "changed"
                                else "generating" if new
-                               or not (cell_dir / "gen.jsonl").exists()
+                               or not _started(cell_dir / "gen.jsonl")
                                else "evaluation settings changed, re-evaluating"
                                if state == "re-evaluate" else "resuming"))
             try:
                 gen, timing = _generate(config, cell, refs, cell_dir, generation_model,
                                         ledger, name, overwrite=state == "changed")
             except BaseException:
-                if new and not (cell_dir / "gen.jsonl").exists():
+                if new and not _started(cell_dir / "gen.jsonl"):
                     _remove_empty_cell(cell_dir)  # a cell that never started leaves nothing
                 raise
             if not timing_path.exists():  # a duration: a side channel, so private
@@ -575,6 +577,12 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
         timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
         rows.append(_row(cell, config, metrics, timing))
     return rows
+
+
+def _started(gen: Path) -> bool:
+    """Whether a cell's generation has begun: its output is published, or growing in the
+    private folder (:attr:`~dplang.release.OutputPaths.partial`)."""
+    return gen.exists() or OutputPaths.of(gen).partial.exists()
 
 
 def _remove_empty_cell(cell_dir: Path) -> None:

@@ -133,6 +133,12 @@ class LogitsModel(Protocol):
         Backends may update ``state`` in place; callers must use the returned state."""
         ...
 
+    def row_invariance_checked(self) -> bool:
+        """Whether each row's logits are known to be a function of that row alone, for the
+        configuration as it is now (DESIGN invariant 7): by the load-time check, or by
+        construction. A private run refuses a model that says no."""
+        ...
+
     def decode(self, token_ids: Sequence[int]) -> str:
         """Detokenize generated ids (special tokens skipped)."""
         ...

@@ -25,16 +25,25 @@ from dplang.models.row_state import RowDecodeState
 
 __all__ = [
     "RowInvarianceError",
+    "arithmetic_modules",
     "bitwise_equal",
     "check_row_invariance",
     "check_row_invariance_cached",
+    "is_checked",
+    "mark_checked",
 ]
 
 #: Set to 1 to run the check at every load even when an earlier pass is on record.
 RECHECK_ENV = "DPLANG_RECHECK_INVARIANCE"
-#: The modules whose code decides the bits (their source is part of the record's key).
-_BACKEND_MODULES = ("invariance.py", "exact.py", "attention.py", "decoder.py", "transformers.py",
-                    "prompt_side.py", "row_state.py")
+#: Where the derivation of the arithmetic's modules starts: the backend and this check.
+_ARITHMETIC_ROOTS = ("dplang.models.transformers", "dplang.models.invariance")
+#: Environment variables that choose kernels, vector paths or thread counts of the libraries
+#: the arithmetic runs on (their values are part of the record's key).
+_KERNEL_ENV_PREFIXES = ("ATEN_", "ONEDNN_", "DNNL_", "MKL_", "NUMBA_", "TRITON_", "CUBLAS",
+                        "TORCH_", "PYTORCH_")
+_KERNEL_ENV_NAMES = ("DPLANG_NO_KERNELS", "DPLANG_THREADS")
+#: Packages whose code computes the bits (their installed versions are part of the key).
+_ARITHMETIC_PACKAGES = ("torch", "numpy", "numba", "llvmlite", "triton", "transformers")
 
 
 class CheckedModel(Protocol):
@@ -190,8 +199,11 @@ def check_row_invariance_cached(model: CheckedModel) -> bool:
 
     The record (a small file in dplang's cache folder, ``invariance/<key>.json``) is keyed by
     everything that could decide the bits: the weights digest and model configuration, the
-    backend's numerics (library versions, arithmetic, precision, block size, device), the CPU
-    model and flags, the Python and dplang versions, and the source of the backend's modules.
+    backend's numerics (arithmetic, precision, block size, device), the source of every module
+    of the arithmetic (:func:`arithmetic_modules`, derived from the imports), the versions of
+    torch, numpy, numba, llvmlite, triton and transformers, whether the fused kernels run,
+    the thread counts, the CUDA device, the environment variables that steer kernels, the CPU
+    model and flags, and the Python and dplang versions.
     Any change runs the check again. ``DPLANG_RECHECK_INVARIANCE=1`` runs it whatever is on
     record. The check is deterministic for a fixed key, so a recorded pass is the same
     decision taken again, at a fraction of the start-up time.
@@ -215,6 +227,7 @@ def check_row_invariance_cached(model: CheckedModel) -> bool:
             info = {}
         if info.get("arithmetic") == "reference":
             model.use_reference_arithmetic()
+        mark_checked(model)
         return True
     arithmetic = "fast"
     try:
@@ -235,7 +248,22 @@ def check_row_invariance_cached(model: CheckedModel) -> bool:
         arithmetic = "reference"
     _write_json(folder, record, {"model_id": model.model_id, "numerics": model.numerics,
                                  "arithmetic": arithmetic})
+    mark_checked(model)
     return False
+
+
+def mark_checked(model: CheckedModel) -> None:
+    """Record on ``model`` that the check passed for its configuration as it is now (the key
+    of :func:`check_row_invariance_cached`'s record: code, libraries, threads, device...)."""
+    model._row_invariance_key = _record_key(model)  # type: ignore[attr-defined]
+
+
+def is_checked(model: CheckedModel) -> bool:
+    """Whether ``model`` passed the check for the configuration it has now: marked by
+    :func:`mark_checked` with the key its configuration has at this moment (a thread count,
+    library or arithmetic changed since is another configuration, not yet checked)."""
+    key = getattr(model, "_row_invariance_key", None)
+    return key is not None and key == _record_key(model)
 
 
 def _write_json(folder: Path, path: Path, data: dict[str, Any]) -> None:
@@ -260,13 +288,11 @@ def refusal_key(files: list[Path], numerics: dict[str, Any]) -> str:
         except OSError:
             continue
         parts.append([str(file.resolve()), stat.st_size, stat.st_mtime_ns])
-    here = Path(__file__).parent
-    digest = hashlib.sha256()
-    for name in _BACKEND_MODULES:
-        digest.update(name.encode() + b"\0" + (here / name).read_bytes())
+    source = arithmetic_source_digest()
     blob = json.dumps({"files": parts, "numerics": numerics, "cpu": _cpu_identity(),
                        "python": platform.python_version(), "dplang": dplang.__version__,
-                       "backend_source": digest.hexdigest()}, sort_keys=True, default=str)
+                       "backend_source": source, "machine": _machine_identity(None)},
+                      sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -296,6 +322,93 @@ def _record_folder() -> Path:
     return cache_dir() / "invariance"
 
 
+def arithmetic_modules(root: Path | None = None) -> list[Path]:
+    """The source files of every module of dplang's model arithmetic: the modules of
+    ``dplang.models`` that the backend and this check import, directly or through each other,
+    at module level or inside functions (found by reading their import statements, so a new
+    kernel module joins the list by being imported, never by being listed by hand).
+
+    ``root`` is the folder of the ``dplang`` package (default: this one)."""
+    import ast
+
+    root = root or Path(__file__).resolve().parent.parent
+    found: dict[str, Path] = {}
+    todo = list(_ARITHMETIC_ROOTS)
+    while todo:
+        name = todo.pop()
+        if name in found or not name.startswith("dplang.models"):
+            continue
+        parts = name.split(".")[1:]
+        path = root.joinpath(*parts).with_suffix(".py")
+        package = root.joinpath(*parts) / "__init__.py"
+        if package.is_file():
+            path = package
+        if not path.is_file():
+            continue
+        found[name] = path
+        base = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_bytes())):
+            if isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    anchor = base.split(".")[: len(base.split(".")) - node.level + 1]
+                    module = ".".join(anchor + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                todo.append(module)
+                todo += [f"{module}.{alias.name}" for alias in node.names]
+    return [found[name] for name in sorted(found)]
+
+
+def arithmetic_source_digest(root: Path | None = None) -> str:
+    """sha256 over the sources of :func:`arithmetic_modules` (with their paths)."""
+    root = root or Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in arithmetic_modules(root):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _package_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    versions = {}
+    for name in _ARITHMETIC_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    versions["torch_runtime"] = torch.__version__
+    return versions
+
+
+def _machine_identity(model: CheckedModel | None) -> dict[str, Any]:
+    """What besides the code decides which kernels compute the bits: the library versions,
+    whether the fused kernels are on, the thread counts, the device and the environment
+    variables that steer kernels (the CPU model and ISA flags are :func:`_cpu_identity`)."""
+    from dplang.models import cpu_kernels
+
+    numba = cpu_kernels._load()
+    device = getattr(model, "device_type", "cpu") if model is not None else "cpu"
+    identity: dict[str, Any] = {
+        "packages": _package_versions(),
+        "fused_kernels": bool(numba),
+        "torch_threads": torch.get_num_threads(),
+        "numba_threads": numba.get_num_threads() if numba else None,
+        "model_threads": getattr(model, "threads", None),
+        "device": device,
+        "environment": {k: v for k, v in sorted(os.environ.items())
+                        if k.startswith(_KERNEL_ENV_PREFIXES) or k in _KERNEL_ENV_NAMES},
+    }
+    if device == "cuda" and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        identity["cuda"] = {"name": torch.cuda.get_device_name(index),
+                            "capability": list(torch.cuda.get_device_capability(index)),
+                            "runtime": torch.version.cuda}
+    return identity
+
+
 def _cpu_identity() -> str:
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
@@ -309,10 +422,7 @@ def _cpu_identity() -> str:
 def _record_key(model: CheckedModel) -> str:
     import dplang
 
-    here = Path(__file__).parent
-    digest = hashlib.sha256()
-    for name in _BACKEND_MODULES:
-        digest.update(name.encode() + b"\0" + (here / name).read_bytes())
+    source = arithmetic_source_digest()
     config = getattr(model.config, "to_json_string", None)
     identity = {
         "weights": model.weights_digest(),
@@ -321,7 +431,8 @@ def _record_key(model: CheckedModel) -> str:
         "cpu": _cpu_identity(),
         "python": platform.python_version(),
         "dplang": dplang.__version__,
-        "backend_source": digest.hexdigest(),
+        "backend_source": source,
+        "machine": _machine_identity(model),
     }
     blob = json.dumps(identity, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
@@ -336,12 +447,10 @@ def verification_key(weights_digest: str, config_text: str, dtype: str) -> str:
     forward): the weights, the configuration, the precision and the backend's source."""
     import dplang
 
-    here = Path(__file__).parent
-    digest = hashlib.sha256()
-    for name in _BACKEND_MODULES:
-        digest.update(name.encode() + b"\0" + (here / name).read_bytes())
+    source = arithmetic_source_digest()
     blob = json.dumps({"weights": weights_digest, "config": config_text, "dtype": dtype,
-                       "dplang": dplang.__version__, "backend_source": digest.hexdigest()},
+                       "dplang": dplang.__version__, "backend_source": source,
+                       "packages": _package_versions()},
                       sort_keys=True)
     return "verified-" + hashlib.sha256(blob.encode()).hexdigest()[:32]
 

@@ -596,4 +596,22 @@ class TransformersModel(TokenizerText):
         """Verify this configuration is row-invariant here (see
         :func:`dplang.models.invariance.check_row_invariance`); raises
         :class:`~dplang.models.invariance.RowInvarianceError` if not."""
+        from dplang.models.invariance import mark_checked
+
         check_row_invariance(self)
+        mark_checked(self)
+
+    def row_invariance_checked(self) -> bool:
+        """Whether the row-invariance check passed for this model's configuration as it is
+        now (its code, libraries, threads and device: :func:`~dplang.models.invariance.
+        is_checked`). A model loaded with ``check_invariance=False`` (for scoring) has not."""
+        from dplang.models.invariance import is_checked
+
+        return is_checked(self)
+
+    def ensure_row_invariance(self) -> None:
+        """Run the check (its record, when on file: :func:`~dplang.models.invariance.
+        check_row_invariance_cached`) unless it passed for the configuration as it is now;
+        raises :class:`~dplang.models.invariance.RowInvarianceError` if it fails."""
+        if not self.row_invariance_checked():
+            check_row_invariance_cached(self)

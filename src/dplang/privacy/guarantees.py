@@ -131,6 +131,32 @@ class Guarantee:
                    details=_details(details))
 
     @classmethod
+    def unproven(cls, mechanism: str, unit: str, adjacency: Adjacency | str, epsilon: float,
+                 delta: float, *, assumption: str,
+                 details: Mapping[str, Any] | None = None) -> Guarantee:
+        """NOT differential privacy as far as dplang can tell: an accounting (typically a
+        paper's own code, kept to reproduce its numbers) that rests on ``assumption``, which
+        dplang cannot prove. ``ex_ante`` False, so a ledger records it outside every DP total
+        and a dataset with a DP budget refuses it; :meth:`summary` says what is assumed."""
+        return cls(mechanism, unit, adjacency, None, epsilon, delta, ex_ante=False,
+                   details={**(details or {}), "unproven": assumption})
+
+    @property
+    def kind(self) -> str:
+        """What the (ε, δ) of this guarantee is, in a few words: ``DP``, ``data-dependent,
+        NOT DP``, ``unproven accounting, NOT DP``, ``NOT PRIVATE`` or (a toy run) ``toy run,
+        NOT DP``."""
+        if self.public_seed:
+            return "toy run, NOT DP"
+        if math.isinf(self.epsilon):
+            return "NOT PRIVATE"
+        if self.ex_ante:
+            return "DP"
+        if self.details.get("unproven"):
+            return "unproven accounting, NOT DP"
+        return "data-dependent, NOT DP"
+
+    @classmethod
     def non_private(cls, mechanism: str, unit: str, adjacency: Adjacency | str, *,
                     details: Mapping[str, Any] | None = None) -> Guarantee:
         """No privacy at all (a non-private baseline): ε = ∞, marked ``private: False``, and
@@ -178,6 +204,15 @@ class Guarantee:
                 f"with no privacy mechanism (no clipping, no noise), so a single {self.unit} "
                 f"can change them arbitrarily (with respect to {neighbours}). It is a "
                 f"non-private reference point for experiments, never a private release."
+            )
+        if not self.ex_ante and self.details.get("unproven"):
+            return (
+                f"The {self.mechanism} release does NOT satisfy a differential privacy "
+                f"guarantee that dplang can prove. Its accounting claims (ε = "
+                f"{self.epsilon:.4g}, δ = {self.delta:.3g}) with respect to {neighbours}, "
+                f"but rests on an assumption dplang cannot prove: "
+                f"{self.details['unproven']}. It reproduces a paper's numbers; it is never "
+                f"charged as a private release."
             )
         if not self.ex_ante:
             return (

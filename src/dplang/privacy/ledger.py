@@ -463,8 +463,9 @@ class PrivacyLedger:
             raise BudgetExceeded(
                 f"release refused: dataset {dataset} has a differential-privacy "
                 f"budget and this {guarantee.mechanism} release has only a "
-                "data-dependent bound (not differential privacy), which no DP budget "
-                "can account for"
+                + ("bound resting on an unproven assumption" if guarantee.details.get(
+                    "unproven") else "data-dependent bound")
+                + " (not differential privacy), which no DP budget can account for"
             )
         if budget is not None:
             before = self._spent(db, dataset)

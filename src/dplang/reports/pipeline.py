@@ -8,10 +8,11 @@ work)"; ``docs/privacy.md``, "Public and private files")::
     plan_report(request, ...)   the candidates (public, deduplicated) and the predicate, both
                                 fixed BEFORE the data is read; then the data (n = every row)
                                 and the calibration; writes and charges nothing
-    execute_report(plan, ...)   opens the release (:mod:`dplang.release`), runs the mechanism
-                                (:func:`~dplang.reports.mechanism.proposal_and_filter`),
-                                charges the ledger BEFORE anything is written, then writes the
-                                private side file (mode 600), OUT.json and OUT.md
+    execute_report(plan, ...)   opens the release (:mod:`dplang.release`), charges the ledger,
+                                runs the mechanism
+                                (:func:`~dplang.reports.mechanism.proposal_and_filter`), then
+                                writes the private side file (mode 600), OUT.json and OUT.md
+                                (their times set to the release's start)
     run_report(request, ...)    the three, under the output's :class:`~dplang.release.RunLock`
 
 The mechanism itself lives in :mod:`dplang.reports.mechanism`; this module only orders the
@@ -352,7 +353,7 @@ def plan_report(request: ReportRequest, load_model: LoadModel | None = None) -> 
 
 def execute_report(plan: ReportPlan, *, on_warning: Callable[[str], None] | None = None,
                    status: Status | None = None) -> ReportResult:
-    """Run the mechanism, charge the ledger, write the private side file and the report.
+    """Charge the ledger, run the mechanism, write the private side file and the report.
 
     ``on_warning`` receives the ledger's warnings (for the data holder's terminal only: they
     compare private digests); ``status(message)`` is entered around the evaluation of the
@@ -364,8 +365,9 @@ def execute_report(plan: ReportPlan, *, on_warning: Callable[[str], None] | None
     :func:`~dplang.reports.mechanism.proposal_and_filter` for the plan's m and n); the release
     (public fingerprint, dataset name, data digest, seed) is recorded in the ledger before
     anything is written; the public files hold post-processed certificates and public metadata
-    only, the private side file holds the rest and never the seed. Runs under the output's
-    lock."""
+    only, the private side file holds the rest and never the seed. The charge comes before
+    the mechanism's first computation on the records: a run stopped by an error, a Ctrl-C or
+    a refusal after it is charged all the same. Runs under the output's lock."""
     req = plan.request
     try:
         with RunLock(req.paths.output):
@@ -389,13 +391,16 @@ def _execute_locked(plan: ReportPlan, on_warning: Callable[[str], None] | None,
     except (ReleaseError, io.ReferenceDataError) as exc:
         raise ReportError(str(exc)) from None
     n, m = len(plan.texts), len(plan.candidates)
-    with (status or _no_status)(f"evaluating {m} statements on {n} records…"):
-        report = proposal_and_filter(plan.candidates, plan.texts, plan.predicate, plan.config,
-                                     seed=release.stream_seed)
-    try:  # the charge comes before anything is written
+    # the charge comes right before the first computation on the records (as generate's):
+    # a crash that depends on a record, a Ctrl-C or a refusal can then never leave a
+    # computation on the data unrecorded, and a refusal costs nothing because nothing ran
+    try:
         charge = release.charge(on_warning)
     except LedgerError as exc:
         raise ReportError(str(exc)) from None
+    with (status or _no_status)(f"evaluating {m} statements on {n} records…"):
+        report = proposal_and_filter(plan.candidates, plan.texts, plan.predicate, plan.config,
+                                     seed=release.stream_seed)
     release.write_private(req.paths, release.private_record(
         keep_seed=False,
         data={"n_records": n, "text_column": req.text_column,

@@ -158,6 +158,7 @@ def run_groups(
         raise ValueError(f"concurrent groups must be >= 1, got {concurrent_groups}")
     if max_tokens < 1:
         raise ValueError(f"max tokens must be >= 1, got {max_tokens}")
+    require_row_invariance(model)
     results: list[GroupResult] = []
     for res in _run_continuous(model, jobs, make_policy, batch_size, max_tokens, streams,
                                concurrent_groups, on_step, sparse_head, stop_at_eos):
@@ -165,6 +166,28 @@ def run_groups(
         if on_result is not None:
             on_result(res)
     return results
+
+
+def require_row_invariance(model: Any) -> None:
+    """Refuse a model that cannot show that each row's logits depend on that row alone for its
+    configuration as it is now (DESIGN invariant 7: the parallel composition of the groups and
+    the public-only candidate sets rest on it). A backend that can run the check
+    (``ensure_row_invariance``) runs it for a configuration not yet checked (its record when on
+    file). Raises :class:`~dplang.models.errors.RowInvarianceError`."""
+    from ..models.errors import RowInvarianceError
+
+    checked = getattr(model, "row_invariance_checked", None)
+    if callable(checked) and checked() is True:
+        return
+    ensure = getattr(model, "ensure_row_invariance", None)
+    if callable(ensure):  # e.g. its thread count changed since its load: checked again here
+        ensure()
+    if not (callable(checked) and checked() is True):
+        raise RowInvarianceError(
+            f"model {getattr(model, 'model_id', type(model).__name__)!r} has not passed "
+            "dplang's row-invariance check for its present configuration (a model loaded with "
+            "check_invariance=False is for scoring only): load it with "
+            "dplang.models.resolve_model(spec), or pass its spec")
 
 
 def _run_continuous(

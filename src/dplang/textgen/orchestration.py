@@ -528,7 +528,8 @@ def _execute_locked(
         seed_source="resumed from the private side file" if resuming else None,
         coupling=req.coupling,
     )
-    done = set() if req.overwrite else truncate_to_finished_groups(req.out)
+    done = set() if req.overwrite else truncate_to_finished_groups(
+        plan.paths.partial if plan.paths.partial.exists() else req.out)
     pending = [j for j in plan.jobs if j.index not in done]
     population = plan.method.spec.run_population
     if population is not None and not isinstance(plan.model, LogitsModel):
@@ -591,7 +592,7 @@ def _execute_locked(
         written = 0
         tokens = 0
 
-        with release.append_log(req.out) as log:
+        with release.append_log(plan.paths) as log:
 
             def persist(res: GroupResult) -> None:
                 nonlocal written, tokens
@@ -616,15 +617,29 @@ def _execute_locked(
                               on_step)
                 status = "complete"
             finally:
+                log.close()
+                if status == "complete":
+                    # the output appears now, whole, in group order (not the order the groups
+                    # finished in, which timing decides), with the release's start time as its
+                    # modification time; an interrupted run's stays in the private folder
+                    release.publish(plan.paths, _canonical_lines(plan.paths.partial))
                 manifest["status"] = status
                 # no "finished" time: with "started" it would publish how long the generation
                 # on the private references took (a timing side channel;
-                # release.TIMESTAMP_FIELDS)
+                # release.TIMESTAMP_FIELDS); the file's own times are the start's too
                 manifest["generations_written"] = len(done) + written
                 with contextlib.suppress(OSError):
-                    write_json(plan.manifest_path, manifest)
+                    write_json(plan.manifest_path, manifest, times=release.opened)
         return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                           time.time() - start, tokens)
+
+
+def _canonical_lines(path: Path) -> str:
+    """The finished output's lines ordered by group index: the published bytes are a
+    function of the released texts alone."""
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines.sort(key=lambda line: int(json.loads(line)["group"]))
+    return "".join(line + "\n" for line in lines)
 
 
 def params_policy_factory(params: MethodParams, vocab: int

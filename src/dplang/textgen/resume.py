@@ -93,7 +93,7 @@ def check_existing(
     manifest_path = paths.find_manifest()
     private_path = paths.find_private()  # an older run's may be beside the output
     if not manifest_path.exists():
-        if req.out.exists():
+        if req.out.exists() or paths.partial.exists():
             raise GenerationError(f"{req.out} exists without a manifest; choose another --out "
                                   "or --overwrite")
         if private_path.exists():

@@ -21,9 +21,12 @@ Accounting (charged for the cap ``T_prv``): per private token, the exponential m
   [−C, C]; paper Property 9), and Δ_d = min(2, e^{2Δ} − 1) (a logit shift of at most Δ in
   ℓ∞ moves every softmax probability by a factor within e^{±2Δ}).
 * ``paper``: the authors' code — Δ = C/B (valid under zero-out adjacency only) and Δ_d = 1/B
-  (an assumption of their code that dplang cannot prove). With it, σ = 0.3, T_prv = 100 and
-  δ = 1e-6 reproduce the paper's infeasible (INF) cells exactly. Its guarantee is recorded as
-  zero-out adjacency and marked unverified.
+  (an assumption of their code that does not hold: a logit shift within ±C/B moves the ℓ1
+  distance by up to 2·tanh(C/2B), attained, 19 times 1/B at B = 100, C = 19.5). With it,
+  σ = 0.3, T_prv = 100 and δ = 1e-6 reproduce the paper's infeasible (INF) cells exactly. Its
+  guarantee is :meth:`~dplang.privacy.guarantees.Guarantee.unproven` — NOT DP: never charged
+  as DP, refused under a budget — and records what the same run provably costs
+  (``rho_provable``, with Δ_d = 2·tanh(C/2B)).
 """
 
 from __future__ import annotations
@@ -85,6 +88,18 @@ def svt_query_sensitivity(clip: float, batch_size: int, convention: str) -> floa
         return 1.0 / batch_size
     delta_inf = logit_sensitivity(clip, batch_size, convention)
     return min(2.0, math.expm1(2.0 * delta_inf))
+
+
+def provable_paper_rho(budget: AminBudget, batch_size: int, temperature: float,
+                       sigma: float) -> float:
+    """What a run calibrated with the ``paper`` convention provably costs under zero-out
+    adjacency: ρ_prv with Δ = C/B, and the sparse vector test with the sensitivity the shift
+    of φ̄_A within ±C/B (a range of 2C/B) can give the ℓ1 distance, 2·tanh(C/2B) (attained
+    by a two-block split of the probabilities; at most 2)."""
+    clip = budget.clip
+    rho_prv = (clip / batch_size) ** 2 / (2.0 * temperature * temperature)
+    eps_svt = 2.0 * min(2.0, 2.0 * math.tanh(clip / (2.0 * batch_size))) / sigma
+    return budget.private_tokens * (rho_prv + eps_svt * eps_svt / 2.0)
 
 
 def step_costs(clip: float, batch_size: int, temperature: float, sigma: float,
@@ -253,8 +268,16 @@ class AminParams:
             "charged": "for the cap on private tokens, whatever is emitted",
         }
         if budget.convention == "paper":
-            details["warning"] = ("paper convention: logit sensitivity C/B (zero-out only) and "
-                                  "an assumed SVT query sensitivity 1/B; not verified by dplang")
+            details["claimed_rho"] = budget.rho
+            details["rho_provable"] = provable_paper_rho(budget, self.batch_size,
+                                                         self.temperature, self.sigma)
+            return Guarantee.unproven(
+                "amin", "reference", adjacency, self.epsilon, self.delta,
+                assumption=("the paper's code takes the sensitivity of its sparse vector "
+                            "test's distance to be 1/B, but a logit shift within ±C/B moves "
+                            "it by up to 2·tanh(C/2B); with that sensitivity this run costs "
+                            f"ρ = {details['rho_provable']:.4g}, not {budget.rho:.4g}"),
+                details=details)
         return Guarantee.zcdp("amin", "reference", adjacency, budget.rho, self.delta,
                               epsilon=self.epsilon, details=details)
 

@@ -63,6 +63,7 @@ import json
 import os
 import secrets
 import stat
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -102,6 +103,7 @@ __all__ = [
     "make_release_id",
     "make_seed_tag",
     "make_stream_seed",
+    "output_label",
     "private_dir",
     "publish",
     "write_atomic",
@@ -331,6 +333,24 @@ def write_json(path: str | Path, obj: Mapping[str, Any], *, private: bool = Fals
     """:func:`write_atomic` of ``obj`` as indented, key-sorted JSON (one trailing newline)."""
     text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n"
     write_atomic(path, text, private=private, times=times)
+
+
+#: Prefix of the private temporary folder that holds an API call's files when it is given no
+#: ``out=`` (:func:`dplang.api.outputs.output_location`): nothing of it is kept.
+TEMPORARY_RUN_PREFIX = "dplang-run-"
+
+
+def output_label(path: str | Path) -> str:
+    """How a release's ledger description names its output: the path, or, for an API call's
+    temporary file (removed when the call returns), that nothing was kept."""
+    path = Path(path)
+    try:
+        inside = path.resolve().parent.parent == Path(tempfile.gettempdir()).resolve()
+    except OSError:
+        inside = False
+    if inside and path.parent.name.startswith(TEMPORARY_RUN_PREFIX):
+        return "returned in memory (no out=)"
+    return str(path)
 
 
 def publish(staging: str | Path, target: str | Path, data: str | bytes, *,

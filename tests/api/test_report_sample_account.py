@@ -26,7 +26,7 @@ def test_account_returns_what_account_json_prints(capsys):
     assert result == json.loads(capsys.readouterr().out)
     assert result["clip"] > 0 and result["rho"] == pytest.approx(
         dplang.account(rho=result["rho"], tokens=100, batch_size=5)["rho"])
-    with pytest.raises(dplang.DPLangError, match="exactly one of --epsilon, --rho or --clip"):
+    with pytest.raises(dplang.DPLangError, match="exactly one of epsilon, rho or clip"):
         dplang.account(epsilon=1, rho=1)
     with pytest.raises(dplang.DPLangError, match="ε ≤ 100"):
         dplang.account(clip=1e300)

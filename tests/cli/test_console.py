@@ -20,23 +20,42 @@ class Clock:
         return self.now
 
 
-def test_eta_from_the_first_finished_group_on():
+def test_one_eta_from_the_first_tokens_on():
+    """Issue 35 §3: the ETA appears with the first decoded tokens (tokens/s × tokens left, a
+    group counted at T until one finishes), not after the first wave of groups."""
     clock = Clock()
-    meter = GenerationProgress(pending=10, clock=clock)
-    assert meter.eta_seconds() is None and meter.eta_text() == "ETA after the first group"
+    meter = GenerationProgress(pending=10, clock=clock, max_tokens=5)
+    assert meter.eta_seconds() is None and meter.eta_text() == "ETA after the first tokens"
     clock.now += 2.0
-    meter.step(4)  # four groups decoded together, one token each
-    assert meter.eta_seconds() is None and meter.rate_text() == "2.0 tok/s"
+    meter.step(4)  # four groups decoded together, one token each: 2 tok/s
+    assert meter.rate_text() == "2.0 tok/s"
+    # 10 groups × T = 5 tokens expected, 4 decoded, at 2 tok/s: 23 s left
+    assert meter.eta_seconds() == pytest.approx(23.0) and meter.eta_text() == "ETA 0:00:23"
     for _ in range(4):
         clock.now += 2.0
         meter.step(4)
     meter.group_done(5)  # the first group ended after 5 tokens: 20 tokens in 10 s
-    # 10 groups × 5 tokens expected, 20 decoded, at 2 tok/s: 15 s left
+    # from now on the finished groups' mean length: 10 × 5 expected, 20 decoded: 15 s left
     assert meter.eta_seconds() == pytest.approx(15.0)
     assert meter.eta_text() == "ETA 0:00:15"
     for _ in range(9):
         meter.group_done(5)
     assert meter.eta_seconds() == 0.0
+    # without a known T, the ETA waits for the first finished group
+    assert GenerationProgress(pending=2, clock=clock).eta_seconds() is None
+
+
+def test_the_python_bar_shows_one_eta(capsys):
+    """The Python API's tqdm bar shows the meter's ETA only (tqdm's own remaining time, from
+    finished texts, disagreed with it)."""
+    from dplang.api.display import TqdmDisplay
+
+    display = TqdmDisplay()
+    display.start(8, 0, max_tokens=4)
+    display.step(8)
+    display.finish()
+    err = capsys.readouterr().err
+    assert err.count("ETA") >= 1 and "<" not in err and "s/text" not in err, err
 
 
 def test_quiet_libraries_silences_and_restores():

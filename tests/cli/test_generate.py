@@ -457,3 +457,34 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_an_interrupted_grouped_population_run_is_redone_whole(tmp_path, capsys, toy,
+                                                               monkeypatch):
+    """Aug-PE runs whole (one run per label group): a rerun after a Ctrl-C in its second group
+    makes every text again with the same seed, never appending them to the first group's
+    (the output once held groups 0, 0, 1, 1, 2, 3)."""
+    import dplang.textgen.methods.augpe as augpe_mod
+
+    real_run = augpe_mod.run_augpe
+    calls = {"n": 0, "fail": True}
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["fail"] and calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real_run(*args, **{**kwargs, "embedder": "hashing"})
+
+    monkeypatch.setattr(augpe_mod, "run_augpe", interrupted)
+    data = write_csv(tmp_path / "d.csv", 12)
+    out = tmp_path / "o" / "g.jsonl"
+    args = base_args(data, out, "--method", "augpe", "--augpe-iterations", "2",
+                     "--augpe-variations", "1", "--group-by", "label")
+    code, _, err = run(capsys, *args)
+    assert code == 130 and "runs whole" in err and not out.exists(), err
+    calls["fail"] = False
+    assert run(capsys, *args)[0] == 0
+    groups = [json.loads(line)["group"] for line in out.read_text().splitlines()]
+    assert groups == sorted(set(groups)) == [0, 1, 2, 3]
+    manifest = json.loads(out.with_name("g.manifest.json").read_text())
+    assert manifest["generations_written"] == 4 and manifest["status"] == "complete"

@@ -202,3 +202,40 @@ def test_every_module_the_decoder_runs_is_in_the_key(tiny_gemma_dir: Path) -> No
     names = {p.name for p in inv.arithmetic_modules()}
     assert {"_numba_kernels.py", "cpu_kernels.py", "exact.py", "attention.py", "decoder.py",
             "vml.py"} <= names
+
+
+def test_a_refusal_is_found_by_the_next_process_before_any_load(tiny_llama_dir: Path,
+                                                                tmp_path: Path) -> None:
+    """The refusal's key must not depend on what a refused check changed in its own process
+    (the fused kernels switched off, numba's cache folder set): another process finds it
+    before it loads a weight."""
+    import os
+    import subprocess
+    import sys
+
+    child = ("import sys\n"
+             "import dplang.models.invariance as inv\n"
+             "from dplang.models import resolve_model\n"
+             "from dplang.models.default import check_refusal_on_record\n"
+             "from dplang.models.errors import RowInvarianceError\n"
+             "try:\n"
+             "    check_refusal_on_record(sys.argv[1])\n"
+             "    print('NOT ON RECORD')\n"
+             "except RowInvarianceError:\n"
+             "    print('ON RECORD')\n"
+             "if sys.argv[2] == 'fail':\n"
+             "    def refuse(model):\n"
+             "        raise RowInvarianceError('simulated: rows differ')\n"
+             "    inv.check_row_invariance = refuse\n"
+             "    try:\n"
+             "        resolve_model(sys.argv[1], threads=2)\n"
+             "    except RowInvarianceError:\n"
+             "        print('REFUSED')\n")
+    env = {**os.environ, "DPLANG_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop(inv.RECHECK_ENV, None)
+    env.pop("NUMBA_CACHE_DIR", None)
+    outs = [subprocess.run([sys.executable, "-c", child, str(tiny_llama_dir), mode],
+                           capture_output=True, text=True, env=env, timeout=600)
+            for mode in ("fail", "check")]
+    assert "NOT ON RECORD" in outs[0].stdout and "REFUSED" in outs[0].stdout, outs[0].stderr
+    assert "ON RECORD" in outs[1].stdout.replace("NOT ON RECORD", ""), outs[1]

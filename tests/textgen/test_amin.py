@@ -113,7 +113,7 @@ def _policy_scores(monkeypatch, rows, public, clip, b):
     is forced to answer "private")."""
     seen = []
 
-    def record(scores, temperature, rng):
+    def record(scores, temperature, rng, **_kwargs):
         seen.append(np.array(scores, dtype=np.float64))
         return 0
 

@@ -18,6 +18,7 @@ from ..privacy.accounting import (
     check_epsilon_limit,
 )
 from .errors import DPLangError
+from .params import python_api
 
 __all__ = ["ADJACENCY_CHOICES", "account"]
 
@@ -52,6 +53,7 @@ def _check(epsilon: float | None, rho: float | None, clip: float | None, delta: 
                           f"{adjacency}")
 
 
+@python_api
 def account(
     *,
     epsilon: float | None = None,

@@ -50,18 +50,21 @@ def _duration(seconds: float) -> str:
 
 
 class GenerationProgress:
-    """Tokens per second and an ETA for a generation run, from the first finished group on.
+    """Tokens per second and one ETA for a generation run, from its first decoded tokens on.
 
-    The ETA assumes the groups still to come are as long as the finished ones on average:
-    ``remaining tokens ≈ pending groups × mean tokens per finished group − tokens already
-    decoded``, at the tokens-per-second rate measured so far (several groups are decoded at
-    once, so counting finished groups alone would be off by the concurrency). A population
-    method (Aug-PE) writes every text at the end: it has no ETA (``population=True``)."""
+    ``ETA = tokens still to decode / tokens per second so far``, where the tokens still to
+    decode are ``pending groups × tokens per group − tokens decoded``, and a group's tokens are
+    the mean of the finished groups once one has finished, ``max_tokens`` (T, which most
+    groups reach) before that. Several groups decode at once, so counting finished groups
+    alone would be off by the concurrency; the same meter feeds the command line's bar and the
+    Python API's, so both show the same ETA. A population method (Aug-PE) writes every text at
+    the end: it has no ETA (``population=True``)."""
 
     def __init__(self, pending: int, clock: Callable[[], float] = time.monotonic, *,
-                 population: bool = False) -> None:
+                 population: bool = False, max_tokens: int | None = None) -> None:
         self.pending = pending
         self.population = population
+        self.max_tokens = max_tokens
         self._clock = clock
         self.start = clock()
         self.tokens = 0
@@ -83,21 +86,26 @@ class GenerationProgress:
         return f"{self.rate():.1f} tok/s" if self.tokens else ""
 
     def eta_seconds(self) -> float | None:
-        """None until a group has finished (or while no token has been counted), and always
-        for a population method."""
+        """None before the first decoded tokens (and without a group length to expect), and
+        always for a population method."""
         rate = self.rate()
-        if self.population or self.finished == 0 or rate <= 0:
+        if self.population or self.tokens == 0 or rate <= 0:
             return None
         if self.finished >= self.pending:
             return 0.0
-        expected = self.pending * max(self.finished_tokens / self.finished, 1.0)
-        return max(expected - self.tokens, 0.0) / rate
+        if self.finished:
+            per_group = max(self.finished_tokens / self.finished, 1.0)
+        elif self.max_tokens:
+            per_group = float(self.max_tokens)
+        else:
+            return None
+        return max(self.pending * per_group - self.tokens, 0.0) / rate
 
     def eta_text(self) -> str:
         if self.population:
             return "" if self.finished else "all texts come at the end"
         eta = self.eta_seconds()
-        return "ETA after the first group" if eta is None else f"ETA {_duration(eta)}"
+        return "ETA after the first tokens" if eta is None else f"ETA {_duration(eta)}"
 
 
 def short_guarantee(g: Guarantee) -> str:
@@ -131,9 +139,12 @@ class Display:
         """dplang's own warning (privacy or correctness): shown even when quiet."""
         warnings.warn(message, DPLangWarning, stacklevel=2)
 
-    def start(self, total: int, done: int, *, population: bool = False) -> None:
-        """Decoding starts: ``total`` generations, ``done`` of them already in the output."""
-        self.meter = GenerationProgress(total - done, population=population)
+    def start(self, total: int, done: int, *, population: bool = False,
+              max_tokens: int | None = None) -> None:
+        """Decoding starts: ``total`` generations, ``done`` of them already in the output,
+        each of at most ``max_tokens`` tokens."""
+        self.meter = GenerationProgress(total - done, population=population,
+                                        max_tokens=max_tokens)
 
     def step(self, tokens: int) -> None:
         self.meter.step(tokens)
@@ -167,12 +178,17 @@ class TqdmDisplay(Display):
         else:
             print(message, file=sys.stderr, flush=True)
 
-    def start(self, total: int, done: int, *, population: bool = False) -> None:
-        super().start(total, done, population=population)
+    def start(self, total: int, done: int, *, population: bool = False,
+              max_tokens: int | None = None) -> None:
+        super().start(total, done, population=population, max_tokens=max_tokens)
         from tqdm.auto import tqdm
 
+        # tqdm's own rate and remaining time count finished texts, which arrive in waves of
+        # concurrent groups: only the meter's ETA (from the tokens) is shown
         self._bar = tqdm(total=total, initial=done, desc="generations", unit="text",
-                         file=sys.stderr, dynamic_ncols=True)
+                         file=sys.stderr, dynamic_ncols=True,
+                         bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
+                                    "[{elapsed}{postfix}]")
         self._refresh()
 
     def _refresh(self) -> None:

@@ -51,6 +51,7 @@ from .data import data_input
 from .display import Display, TqdmDisplay, library_bars_off, quiet_libraries, short_guarantee
 from .errors import BUDGET, DPLangError, Interrupted, one_line
 from .outputs import output_location
+from .params import python_api, unknown_keyword
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -120,6 +121,14 @@ def _check_budget_early(request: GenerationRequest, guarantee: Guarantee) -> Non
         raise DPLangError(str(exc), BUDGET) from None
 
 
+#: Said when a run uses the generic prompt with no description of the texts.
+BARE_PROMPT_WARNING = (
+    "the generic prompt does not say what your texts are, and the model then writes about "
+    "anything (off-topic texts): describe them with --describe \"restaurant reviews from Yelp\" "
+    "(describe= in Python; public: it goes into the prompts and the manifest) or give a "
+    "template, --prompt FILE.toml (docs/generation.md, \"Prompts\")")
+
+
 def plan_line(plan: GenerationPlan) -> str:
     """The run's plan in one line (method, n, B, T, k, C when the method has a clip norm, the
     guarantee, the model)."""
@@ -162,9 +171,10 @@ class _RunState:
                     "not kept (no out=); calling again draws a new seed, a new charge: pass "
                     "out= to make a run resumable")
         if plan.method.spec.run_population is not None:
-            return (f"interrupted: {charged}; --method {plan.request.method} writes its texts "
-                    f"only at the end, so none were kept; run the same command again to start "
-                    f"it over with the same seed (kept in {plan.private_path}): no new charge")
+            return (f"interrupted: {charged}; --method {plan.request.method} runs whole, so "
+                    f"no text is published; run the same command again to start it over with "
+                    f"the same seed (kept in {plan.private_path}: the same texts), no new "
+                    "charge")
         kept = self.done_before + self.written
         return (f"interrupted: {kept} of {self.total} generations are kept in "
                 f"{plan.paths.partial} (private until the run is complete; {out} appears "
@@ -229,6 +239,8 @@ def _run_locked(request: GenerationRequest, display: Display, execution: Executi
                           "was charged or written") from None
     display.info(plan_line(plan))
     display.info(plan.reference_usage())
+    if str(request.prompt).lower() == "generic" and request.describe is None:
+        display.warning(BARE_PROMPT_WARNING)
     state = _RunState(plan, keep)
     population = plan.method.spec.run_population is not None
 
@@ -237,7 +249,7 @@ def _run_locked(request: GenerationRequest, display: Display, execution: Executi
 
     def on_start(total: int, done: int) -> None:
         state.total, state.done_before = total, done
-        display.start(total, done, population=population)
+        display.start(total, done, population=population, max_tokens=request.max_tokens)
         if done:
             display.info(f"resuming: {done} of {total} generations already in {request.out}")
 
@@ -326,6 +338,29 @@ def _model_spec(model: Any, dtype: str) -> tuple[str, str, Callable[[str], Any] 
     return str(model.model_id), own if own in DTYPES else dtype, lambda _spec: model
 
 
+def _check_method_options(method: str, options: dict[str, Any]) -> None:
+    """Every extra keyword must be an option of ``method`` (``sigma=`` for amin); an unknown
+    one is a typo of a keyword or an option of another method, and is refused by name."""
+    import inspect
+
+    from ..textgen.methods.registry import all_methods, get_method
+
+    try:
+        spec = get_method(method)
+    except (KeyError, ValueError):
+        return  # the unknown method is refused with its own message
+    own = [opt.name for opt in spec.options]
+    for name in options:
+        if name in own:
+            continue
+        others = [m.name for m in all_methods() if name in {o.name for o in m.options}]
+        if others:
+            raise DPLangError(f"generate(): {name}= is an option of method "
+                              f"{' and '.join(others)}, not of method={method!r}")
+        params = [p for p in inspect.signature(generate).parameters if p != "method_options"]
+        raise unknown_keyword("generate", name, [*params, *own])
+
+
 def _require_checked(model: Any) -> None:
     """A model passed in runs a release only if it passed the row-invariance check for its
     configuration as it is now: a backend that can run the check runs it here (its record
@@ -344,6 +379,7 @@ def _require_checked(model: Any) -> None:
         raise DPLangError(one_line(exc)) from None
 
 
+@python_api
 def generate(
     data: Any,
     *,
@@ -367,9 +403,11 @@ def generate(
     seed: int | None = None,
     prompt: str | Path = "generic",
     system: str | None = None,
+    describe: str | None = None,
     adjacency: str = "replace-by-null",
     max_reference_tokens: int | None = None,
     dense: bool = False,
+    special_tokens: bool = False,
     dtype: str = "float32",
     device: str = "cpu",
     executor: str = "inline",
@@ -405,6 +443,7 @@ def generate(
     with the command line's message (``code`` 2, or 3 for the budget), nothing charged;
     Ctrl-C raises :class:`Interrupted` saying what was kept and charged. ``quiet=True``
     shows nothing (dplang's privacy warnings still go out as ``DPLangWarning``)."""
+    _check_method_options(method, method_options)
     # the command line's types (3 and 3.0 would be two releases: the fingerprint is JSON)
     epsilon, rho, clip = (None if v is None else float(v) for v in (epsilon, rho, clip))
     delta = float(delta)
@@ -427,11 +466,13 @@ def generate(
             adjacency=adjacency, num=num, seed=seed,
             concurrent_groups=(DEFAULT_CONCURRENT_GROUPS if concurrent_groups is None
                                else concurrent_groups),
-            prompt=str(prompt), system=system, text_column=text_column, group_by=groups,
+            prompt=str(prompt), system=system, describe=describe, text_column=text_column,
+            group_by=groups,
             model=spec,
             max_reference_tokens=(DEFAULT_MAX_REFERENCE_TOKENS if max_reference_tokens is None
                                   else max_reference_tokens),
-            sparse_head=not dense, ledger=ledger, dataset=source.dataset, method=method,
+            sparse_head=not dense, special_tokens=special_tokens, ledger=ledger,
+            dataset=source.dataset, method=method,
             method_options=method_options, dtype=dtype, overwrite=overwrite,
             batch_order=batch_order)
         run = run_generation(request, display=display,

@@ -24,7 +24,9 @@ def output_location(out: str | Path | None, name: str) -> Iterator[tuple[Path, b
     if out is not None:
         yield Path(out).expanduser(), True
         return
-    folder = Path(tempfile.mkdtemp(prefix="dplang-run-"))
+    from ..release import TEMPORARY_RUN_PREFIX
+
+    folder = Path(tempfile.mkdtemp(prefix=TEMPORARY_RUN_PREFIX))
     try:
         yield folder / name, False
     finally:

@@ -29,6 +29,7 @@ from .data import data_input
 from .display import Display, TqdmDisplay, quiet_libraries, short_guarantee
 from .errors import BUDGET, DPLangError, Interrupted, one_line
 from .outputs import output_location
+from .params import python_api
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -140,6 +141,7 @@ def _statements_file(statements: str | Path | Sequence[Any] | None) -> Iterator[
         yield path
 
 
+@python_api
 def report(
     data: Any,
     *,

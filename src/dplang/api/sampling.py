@@ -37,6 +37,7 @@ from .data import data_input
 from .display import Display, TqdmDisplay, quiet_libraries, short_guarantee
 from .errors import BUDGET, DPLangError, Interrupted, one_line
 from .outputs import output_location
+from .params import python_api
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -152,6 +153,7 @@ def _read_samples(path: Path, plan: ReleasePlan) -> list[dict[str, Any]]:
             for row in csv.DictReader(io.StringIO(text))]
 
 
+@python_api
 def sample(
     data: Any,
     *,

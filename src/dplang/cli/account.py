@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from ..api.accounting import account as api_account
+from ..api.accounting import account as api_account  # its undecorated form: flags' names
 from ..api.errors import DPLangError
 from ..privacy.accounting import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
 from .errors import fail
@@ -33,7 +33,7 @@ def account(
 ) -> None:
     """InvisibleInk privacy calculation: ρ ↔ (ε, δ), the clip norm C, the Top-k+ margin."""
     try:  # dplang.account: the same checks and numbers
-        r = api_account(epsilon=epsilon, rho=rho, clip=clip, delta=delta, tokens=tokens,
+        r = api_account.__wrapped__(epsilon=epsilon, rho=rho, clip=clip, delta=delta, tokens=tokens,
                         batch_size=batch_size, temperature=temperature, adjacency=adjacency)
     except DPLangError as exc:
         fail(str(exc), exc.code)

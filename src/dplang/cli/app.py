@@ -153,6 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     except ModelConfigurationError as exc:  # refused by the load-time check, or unsupported
         echo_error(f"the model cannot be used: {_one_line(exc)}")
         return 2
+    except ModuleNotFoundError as exc:  # an optional extra that is not installed
+        from ..extras import missing_extra_message
+
+        message = missing_extra_message(exc, f"dplang {_command_name(argv)}")
+        if message is None:
+            if os.environ.get("DPLANG_TRACEBACK"):
+                raise
+            echo_error(f"unexpected ModuleNotFoundError: {_one_line(exc)} (a bug in dplang; "
+                       "DPLANG_TRACEBACK=1 shows the traceback)")
+            return 1
+        echo_error(message)
+        return 2
     except Exception as exc:  # a bug: one line, not a traceback (unless asked for)
         if os.environ.get("DPLANG_TRACEBACK"):
             raise
@@ -195,6 +207,12 @@ class _Interrupted(Exception):
     def __init__(self, interrupt: KeyboardInterrupt) -> None:
         super().__init__(str(interrupt))
         self.interrupt = interrupt
+
+
+def _command_name(args: Any) -> str:
+    """The command of an argument list (its first word that is not a flag)."""
+    words = [a for a in (args if args is not None else sys.argv[1:]) if not a.startswith("-")]
+    return words[0] if words else "this command"
 
 
 def _one_line(exc: BaseException) -> str:

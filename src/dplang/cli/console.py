@@ -51,7 +51,8 @@ class RichDisplay(Display):
     def warning(self, message: str) -> None:
         warn(message)
 
-    def start(self, total: int, done: int, *, population: bool = False) -> None:
+    def start(self, total: int, done: int, *, population: bool = False,
+              max_tokens: int | None = None) -> None:
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -60,7 +61,7 @@ class RichDisplay(Display):
             TimeElapsedColumn,
         )
 
-        super().start(total, done, population=population)
+        super().start(total, done, population=population, max_tokens=max_tokens)
         self._progress = Progress(
             TextColumn("[progress.description]{task.description}"), BarColumn(),
             MofNCompleteColumn(), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),

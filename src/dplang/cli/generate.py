@@ -99,6 +99,11 @@ def _generate(
         help="generic (default: any text column), yelp (needs --group-by label columns), tab, "
         "mimic or a .toml file."),
     system: str | None = typer.Option(None, "--system", help="System prompt (chat models)."),
+    describe: str | None = typer.Option(
+        None, "--describe", metavar="PHRASE",
+        help="What the texts are, e.g. \"restaurant reviews from Yelp\": PUBLIC (written in "
+        "the prompts and the manifest), never a secret. The generic prompt needs it for "
+        "on-topic text (docs/generation.md, Prompts)."),
     text_column: str = typer.Option("text", "--text-column", help="Column with the text."),
     group_by: str | None = typer.Option(
         None, "--group-by", help="Comma-separated PUBLIC label columns to batch within."
@@ -115,6 +120,10 @@ def _generate(
         help="References are cut to their first this-many tokens.",
     ),
     dense: bool = typer.Option(False, "--dense", help="Full LM head for private rows."),
+    allow_special_tokens: bool = typer.Option(
+        False, "--allow-special-tokens",
+        help="Let the model sample its special and control tokens (<start_of_image>, "
+        "<pad>...), which are otherwise never sampled."),
     method: str = typer.Option("invisibleink", "--method", help="(from the method registry)"),
     ledger: str | None = ledger_option(),
     dataset: str | None = dataset_option(),
@@ -149,9 +158,10 @@ def _generate(
         data=data, out=out, batch_size=batch_size, max_tokens=max_tokens,
         temperature=temperature, top_k=top_k, epsilon=epsilon, delta=delta, rho=rho, clip=clip,
         adjacency=adjacency, num=num, seed=seed, concurrent_groups=concurrent_groups,
-        prompt=prompt, system=system, text_column=text_column,
+        prompt=prompt, system=system, describe=describe, text_column=text_column,
         group_by=tuple(c.strip() for c in group_by.split(",") if c.strip()) if group_by else (),
         model=model, max_reference_tokens=max_reference_tokens, sparse_head=not dense,
+        special_tokens=allow_special_tokens,
         ledger=ledger, dataset=dataset, method=method, method_options=method_options or {},
         dtype=dtype, overwrite=overwrite, batch_order=batch_order,
     )

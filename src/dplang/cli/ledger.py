@@ -123,6 +123,7 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
              "rho": r["guarantee"].get("rho"),
              "epsilon": r["guarantee"].get("epsilon"), "delta": r["guarantee"].get("delta"),
              "ex_ante": r["ex_ante"], "toy": bool(r["guarantee"].get("public_seed")),
+             "unproven": bool((r["guarantee"].get("details") or {}).get("unproven")),
              "description": r["description"]}
             for r in releases
         ],
@@ -206,8 +207,8 @@ def show(
             nominal = ("∞: one or more are NOT PRIVATE at all, --method nonprivate"
                        if math.isinf(nominal) else f"{nominal:.4g} in all")
             lines.append(
-                f"  DATA-DEPENDENT  {dd['releases']} release(s) with only a data-dependent "
-                f"bound (nominal ε = {nominal}): NOT differential "
+                f"  NOT DP          {dd['releases']} release(s) with only a data-dependent "
+                f"bound or an unproven accounting (nominal ε = {nominal}): NOT differential "
                 "privacy and not in the total above; while they exist the dataset as a whole "
                 "has no DP guarantee")
         if s["toy"]["releases"]:
@@ -223,7 +224,9 @@ def show(
             for r in s["releases"]:
                 kind = ("TOY RUN (public seed, not DP)" if r["toy"] else
                         "DP" if r["ex_ante"] else
-                        "NOT PRIVATE (ε = ∞)" if _not_private(r) else "DATA-DEPENDENT (not DP)")
+                        "NOT PRIVATE (ε = ∞)" if _not_private(r) else
+                        "UNPROVEN ACCOUNTING (not DP)" if r.get("unproven") else
+                        "DATA-DEPENDENT (not DP)")
                 lines.append(f"    {_fmt_time(r['created'])}  {r['mechanism']:<20} "
                              f"{_level(r):<34} {r['adjacency'] or '?':<15} {kind}  "
                              f"{r['description']}  [{r['release_id'][:12]}]")
@@ -238,8 +241,12 @@ def budget(
     ledger: str | None = ledger_option(),
 ) -> None:
     """Set (or replace) a dataset's total (ε, δ) budget; refused below what it has spent."""
-    if not (epsilon > 0 and math.isfinite(epsilon)):
-        fail(f"--epsilon must be > 0, got {epsilon}")
+    from ..privacy.accounting import BudgetLimitError, check_budget_limit
+
+    try:  # a budget above the limit would let releases with no meaningful privacy through
+        check_budget_limit(epsilon, name="--epsilon")
+    except BudgetLimitError as exc:
+        fail(str(exc))
     if not 0 < delta < 1:
         fail(f"--delta must be in (0, 1), got {delta}")
     key = _key(dataset, data)

@@ -234,7 +234,12 @@ def _same_model(run: SyntheticRun, model: Any) -> bool:
     if recorded == model:
         return True
     if "default" in (recorded, model):
-        return False
+        # the default model is recorded by its id when a loaded model was passed to the API
+        from ..models.default import DEFAULT_MODEL_ID
+
+        fp = (run.manifest or {}).get("fingerprint") or {}
+        named = {recorded, model, fp.get("model_id")} - {"default", None}
+        return named == {DEFAULT_MODEL_ID}
     try:
         return Path(recorded).expanduser().resolve() == Path(model).expanduser().resolve()
     except OSError:

@@ -68,12 +68,29 @@ def plot_lengths(
     return path
 
 
+#: Panels whose values lie in a known range: their error bars stop at its ends (a Wald
+#: interval of an AUC near 1 would otherwise reach above 1).
+PANEL_RANGES: dict[str, tuple[float, float]] = {
+    "classifier AUC": (0.0, 1.0), "label TVD": (0.0, 1.0), "MAUVE (%)": (0.0, 100.0),
+    "downstream accuracy (%)": (0.0, 100.0), "downstream macro-F1 (%)": (0.0, 100.0),
+    "length (tokens)": (0.0, float("inf")), "perplexity": (0.0, float("inf")),
+}
+
+
+def _error_bars(title: str, heights: Sequence[float], errors: Sequence[float]
+                ) -> list[list[float]]:
+    """``[[below...], [above...]]`` error bars, cut at the panel's range."""
+    low, high = PANEL_RANGES.get(title, (-float("inf"), float("inf")))
+    return [[max(0.0, min(e, h - low)) for h, e in zip(heights, errors, strict=True)],
+            [max(0.0, min(e, high - h)) for h, e in zip(heights, errors, strict=True)]]
+
+
 def plot_metrics(panels: Mapping[str, Sequence[tuple[str, float, float | None]]],
                  path: str | Path) -> Path:
     """One bar panel per metric.
 
-    ``panels`` maps a panel title to ``(label, value, half_width or None)`` bars. Returns
-    ``path``."""
+    ``panels`` maps a panel title to ``(label, value, half_width or None)`` bars; error bars
+    stop at the ends of a panel's range (:data:`PANEL_RANGES`). Returns ``path``."""
     plt = _pyplot()
     path = Path(path)
     count = max(1, len(panels))
@@ -88,7 +105,8 @@ def plot_metrics(panels: Mapping[str, Sequence[tuple[str, float, float | None]]]
             errors = [b[2] if b[2] is not None else 0.0 for b in bars]
             colors = ["gray" if label == "real" else f"C{i % 10}" for i, label in
                       enumerate(labels)]
-            ax.bar(range(len(bars)), heights, yerr=errors, capsize=4, color=colors, alpha=0.8)
+            ax.bar(range(len(bars)), heights, yerr=_error_bars(title, heights, errors),
+                   capsize=4, color=colors, alpha=0.8)
             ax.set_xticks(range(len(bars)))
             ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
             ax.set_title(title, fontsize=9)

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from dplang.models import cpu_kernels, exact
+from dplang.models.architectures import SUPPORTED_MODEL_TYPES
 from dplang.models.attention import (
     MAX_POSITIONS,
     TILE,
@@ -46,9 +47,6 @@ from dplang.models.memory import release_file_pages
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "ExactDecoder", "Norm"]
 
-#: ``config.model_type`` values whose forward pass :class:`ExactDecoder` reproduces.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-                         "gemma3")
 #: Positions per chunk of a position table (each chunk computed once, by the same call).
 _ROPE_CHUNK = 256
 

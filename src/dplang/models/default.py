@@ -207,10 +207,19 @@ def check_model_spec(spec: str, flag: str = "--model") -> None:
         raise ModelSpecError(f"{flag} {spec}: not a Hugging Face model folder (no "
                              f"config.json){hint}")
     try:
-        json.loads(config.read_text(encoding="utf-8"))
+        raw = json.loads(config.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ModelSpecError(f"{flag} {spec}: config.json is not valid JSON "
                              f"({str(exc).splitlines()[0]})") from None
+    from dplang.models.architectures import SUPPORTED_MODEL_TYPES
+
+    parts = [raw, raw.get("text_config")] if isinstance(raw, dict) else []
+    kinds = [p["model_type"] for p in parts if isinstance(p, dict)
+             and isinstance(p.get("model_type"), str)]
+    if kinds and not set(kinds) & set(SUPPORTED_MODEL_TYPES):
+        raise ModelSpecError(f"{flag} {spec}: its architecture {kinds[0]!r} (config.json) is "
+                             "not one dplang's exact decoder reproduces (supported: "
+                             f"{', '.join(SUPPORTED_MODEL_TYPES)})")
     if not _has_weights(path):
         raise ModelSpecError(f"{flag} {spec}: incomplete model folder (no weights: "
                              f"{', '.join(_WEIGHT_FILES)}, *.safetensors or a complete index)")

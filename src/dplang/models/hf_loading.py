@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,39 @@ def find_eos_ids(model: Any, tokenizer: Any, vocab_size: int) -> frozenset[int]:
         if token in vocab:
             ids.add(int(vocab[token]))
     return frozenset(i for i in ids if 0 <= i < vocab_size)
+
+
+#: Added tokens that are control tokens by their form though a tokenizer may not flag them
+#: special (Gemma's ``<start_of_image>``, Llama's ``<|eot_id|>``, ``[multimodal]``, ``[@BOS@]``);
+#: HTML-like tags (``<table>``) and whitespace runs are text.
+_CONTROL_FORM = re.compile(r"^(<\|[^|\s]+\|>|<[a-z]+(_[a-z0-9]+)+>|<unused\d+>"
+                           r"|\[[A-Za-z_]+\]|\[@[A-Za-z_]+@\])$")
+
+
+def control_token_ids(tokenizer: Any, vocab_size: int,
+                      eos_ids: frozenset[int]) -> frozenset[int]:
+    """The tokenizer's special and control tokens, which a generation never samples (their
+    text is markup for the model, not content): its special ids, the added tokens it flags
+    special, and added tokens of a control token's form; end-of-sequence ids excepted (they
+    end a text). Public: a function of the tokenizer only."""
+    ids = {int(i) for i in getattr(tokenizer, "all_special_ids", []) or []}
+    for index, token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        content = str(getattr(token, "content", token))
+        if getattr(token, "special", False) or _CONTROL_FORM.match(content):
+            ids.add(int(index))
+    return frozenset(i for i in ids if 0 <= i < vocab_size and i not in eos_ids)
+
+
+def context_length_of(config: Any) -> int | None:
+    """The context window of a model configuration (``max_position_embeddings``), capped by
+    what the exact decoder holds; ``None`` when the configuration does not say."""
+    from dplang.models.attention import MAX_POSITIONS
+
+    text = getattr(config, "text_config", None) or config
+    value = getattr(text, "max_position_embeddings", None)
+    if not isinstance(value, int) or value <= 0:
+        return None
+    return min(value, MAX_POSITIONS)
 
 
 def model_files(path: Path, gguf_name: str | None) -> list[Path]:

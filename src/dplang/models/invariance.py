@@ -383,24 +383,38 @@ def _package_versions() -> dict[str, str]:
     return versions
 
 
+#: Words of environment variable names that locate files or logs: not kernel choices
+#: (``NUMBA_CACHE_DIR`` is set by dplang itself when numba loads).
+_NOT_KERNEL_WORDS = ("CACHE", "DIR", "HOME", "PATH", "LOG", "DEBUG", "VERBOSE")
+
+
+def _kernel_environment() -> dict[str, str]:
+    """The environment variables that may steer the libraries' kernels (prefixes
+    :data:`_KERNEL_ENV_PREFIXES`), without those that only locate files or logs."""
+    return {k: v for k, v in sorted(os.environ.items())
+            if (k.startswith(_KERNEL_ENV_PREFIXES) or k in _KERNEL_ENV_NAMES)
+            and not any(word in k for word in _NOT_KERNEL_WORDS)}
+
+
 def _machine_identity(model: CheckedModel | None) -> dict[str, Any]:
     """What besides the code decides which kernels compute the bits: the library versions,
-    whether the fused kernels are on, the thread counts, the device and the environment
-    variables that steer kernels (the CPU model and ISA flags are :func:`_cpu_identity`)."""
-    from dplang.models import cpu_kernels
-
-    numba = cpu_kernels._load()
+    the device and the environment variables that steer kernels (the CPU model and ISA flags
+    are :func:`_cpu_identity`) and, for a loaded ``model``, whether the fused kernels are on
+    and the thread counts (torch's, process-wide, and the model's; numba's is per calling
+    thread and set from the model's). Without a model (a refusal's key, computed before the
+    load, after a refused check has switched the fused kernels off) only the stable part."""
     device = getattr(model, "device_type", "cpu") if model is not None else "cpu"
     identity: dict[str, Any] = {
         "packages": _package_versions(),
-        "fused_kernels": bool(numba),
-        "torch_threads": torch.get_num_threads(),
-        "numba_threads": numba.get_num_threads() if numba else None,
-        "model_threads": getattr(model, "threads", None),
         "device": device,
-        "environment": {k: v for k, v in sorted(os.environ.items())
-                        if k.startswith(_KERNEL_ENV_PREFIXES) or k in _KERNEL_ENV_NAMES},
+        "environment": _kernel_environment(),
     }
+    if model is not None:
+        from dplang.models import cpu_kernels
+
+        identity.update({"fused_kernels": bool(cpu_kernels._load()),
+                         "torch_threads": torch.get_num_threads(),
+                         "model_threads": getattr(model, "threads", None)})
     if device == "cuda" and torch.cuda.is_available():
         index = torch.cuda.current_device()
         identity["cuda"] = {"name": torch.cuda.get_device_name(index),

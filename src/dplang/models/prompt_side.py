@@ -154,6 +154,25 @@ def numerics_for(threads: int, dtype: torch.dtype, block_size: int,
     }
 
 
+def _context_from_folder(folder: Path) -> int | None:
+    """``max_position_embeddings`` of ``folder/config.json`` (of its text part), capped as
+    :func:`~dplang.models.hf_loading.context_length_of` caps it."""
+    import json
+    import types
+
+    from dplang.models.hf_loading import context_length_of
+
+    try:
+        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    return context_length_of(types.SimpleNamespace(**{
+        "max_position_embeddings": text.get("max_position_embeddings")}))
+
+
 def model_id_for(folder: Path, gguf_name: str | None) -> str:
     """The default model id of a model loaded from ``folder`` (or its GGUF file)."""
     return str(folder / gguf_name if gguf_name else folder)
@@ -206,6 +225,8 @@ class PromptSide(TokenizerText):
         self.model_id = model_id if model_id is not None else model_id_for(folder,
                                                                            self._gguf_name)
         self._digest = weights_digest
+        #: The context window from the folder's config.json (None when it has none).
+        self.context_length: int | None = _context_from_folder(folder)
 
     @property
     def numerics(self) -> dict[str, Any]:

@@ -49,6 +49,8 @@ from dplang.models.decoder import ExactDecoder, logits_postprocess
 from dplang.models.dtypes import available_cores
 from dplang.models.errors import UnsupportedModelError
 from dplang.models.hf_loading import (
+    context_length_of,
+    control_token_ids,
     find_body,
     find_eos_ids,
     load_pretrained,
@@ -207,8 +209,18 @@ class TransformersModel(TokenizerText):
         self._num_layers = len(self._decoder.layers)
 
         prepare_tokenizer(self.tokenizer)
+        if len(self.tokenizer) > self.vocab_size:
+            raise UnsupportedModelError(
+                f"the tokenizer has {len(self.tokenizer):,} tokens but the model's output layer "
+                f"{self.vocab_size:,}: they do not belong together (a token id beyond the "
+                "output layer could not be scored)")
         self.eos_token_ids: frozenset[int] = find_eos_ids(model, self.tokenizer,
                                                           self.vocab_size)
+        #: Most positions a row may hold: the model's context window (public).
+        self.context_length: int | None = context_length_of(self.config)
+        #: Special and control tokens, never sampled unless a run asks for them (public).
+        self.special_token_ids: frozenset[int] = control_token_ids(
+            self.tokenizer, self.vocab_size, self.eos_token_ids)
         if model_id is not None:
             self.model_id = model_id
         elif self._path is not None:

@@ -52,6 +52,7 @@ from ..release import (
     RunLock,
     check_output_path,
     dataset_name,
+    output_label,
 )
 from .mechanism import FilterConfig, Report, ReportConfigError, calibrate, proposal_and_filter
 from .noise import SupportTest
@@ -387,7 +388,7 @@ def _execute_locked(plan: ReportPlan, on_warning: Callable[[str], None] | None,
         release = Release.open("report", data=req.data, guarantee=plan.guarantee,
                                fingerprint=plan.fingerprint(), dataset=req.dataset,
                                seed=req.seed, ledger=req.ledger,
-                               description=f"dplang report → {req.out}")
+                               description=f"dplang report → {output_label(req.out)}")
     except (ReleaseError, io.ReferenceDataError) as exc:
         raise ReportError(str(exc)) from None
     n, m = len(plan.texts), len(plan.candidates)

@@ -31,7 +31,14 @@ from ..privacy.accounting import BudgetLimitError, check_budget_limit
 from ..privacy.guarantees import Guarantee
 from ..privacy.ledger import LedgerError, check_ledger_path
 from ..privacy.randomness import RandomStreams
-from ..release import OutputPaths, Release, RunLock, check_output_path, dataset_name
+from ..release import (
+    OutputPaths,
+    Release,
+    RunLock,
+    check_output_path,
+    dataset_name,
+    output_label,
+)
 from ..release import ReleaseError as PipelineError
 from .base import sample_repeated
 from .kary import DiscreteLaplaceHistogramSampler, LaplaceHistogramSampler, RevealOrObscureSampler
@@ -354,7 +361,8 @@ def _execute_locked(plan: ReleasePlan,
     release = Release.open(
         "sample", data=req.data, guarantee=plan.guarantee, fingerprint=fingerprint,
         dataset=plan.dataset, seed=req.seed, ledger=req.ledger,
-        description=f"dplang sample ({req.method}, {req.num} draw(s)) → {req.out}")
+        description=f"dplang sample ({req.method}, {req.num} draw(s)) → "
+                    f"{output_label(req.out)}")
     release.charge(on_warning)  # before anything is written
     streams = RandomStreams(release.stream_seed)  # fresh for every release
     result = sample_repeated(plan.sampler, plan.records, req.num, streams, split=req.split,

@@ -146,6 +146,7 @@ def run_groups(
     on_step: Callable[[int], None] | None = None,
     sparse_head: bool = True,
     stop_at_eos: bool = True,
+    special_tokens: bool = False,
 ) -> list[GroupResult]:
     """Decode every job with its policy, ``concurrent_groups`` groups at a time.
 
@@ -153,7 +154,9 @@ def run_groups(
     decode step with the number of tokens produced in it (for progress). Returns all results
     in completion order. ``streams`` is a :class:`RandomStreams` (the driver, which holds the
     seed) or a :class:`~dplang.privacy.randomness.StreamStates` (an executor's worker, which
-    holds only its groups' initial stream states): the draws are the same."""
+    holds only its groups' initial stream states): the draws are the same. The model's special
+    and control tokens (``special_token_ids``) are never sampled unless ``special_tokens``
+    (:func:`banned_tokens`)."""
     if concurrent_groups < 1:
         raise ValueError(f"concurrent groups must be >= 1, got {concurrent_groups}")
     if max_tokens < 1:
@@ -161,11 +164,40 @@ def run_groups(
     require_row_invariance(model)
     results: list[GroupResult] = []
     for res in _run_continuous(model, jobs, make_policy, batch_size, max_tokens, streams,
-                               concurrent_groups, on_step, sparse_head, stop_at_eos):
+                               concurrent_groups, on_step, sparse_head, stop_at_eos,
+                               banned_tokens(model, special_tokens)):
         results.append(res)
         if on_result is not None:
             on_result(res)
     return results
+
+
+def banned_tokens(model: Any, special_tokens: bool = False) -> torch.Tensor | None:
+    """The token ids a generation never samples: the model's special and control tokens
+    (``special_token_ids``: markup such as ``<start_of_image>``, never the end of sequence),
+    or none when ``special_tokens`` asks for them. Public: a function of the tokenizer.
+
+    Privacy contract: the engine sets these tokens' logits to −∞ in the public row and in
+    every private row alike (a fixed, public change of the model), so a method's candidate
+    set, computed from the public logits, never holds them, and no record can change that."""
+    ids = getattr(model, "special_token_ids", None)
+    if special_tokens or not ids:
+        return None
+    return torch.tensor(sorted(ids), dtype=torch.long)
+
+
+def _ban(logits: torch.Tensor, banned: torch.Tensor | None,
+         ids: torch.Tensor | None = None) -> torch.Tensor:
+    """``logits`` ``[rows, V]`` (or ``[rows, K]`` on ``ids``) with the banned tokens at −∞."""
+    if banned is None or logits.numel() == 0:
+        return logits
+    if ids is None:
+        logits[:, banned] = -math.inf
+    else:
+        hit = torch.isin(ids, banned)
+        if bool(hit.any()):
+            logits[:, hit] = -math.inf
+    return logits
 
 
 def require_row_invariance(model: Any) -> None:
@@ -201,6 +233,7 @@ def _run_continuous(
     on_step: Callable[[int], None] | None,
     sparse_head: bool,
     stop_at_eos: bool,
+    banned: torch.Tensor | None = None,
 ) -> Iterator[GroupResult]:
     """Continuous batching at the level of groups: up to ``concurrent_groups`` groups are
     decoded together, and a new group is admitted (its prompts run in the same model call as
@@ -241,9 +274,10 @@ def _run_continuous(
         step_tokens = (torch.tensor(tokens_of_started, dtype=torch.long)
                        if tokens_of_started else None)
         hidden = model.next_hidden(state, step_tokens)
-        public = model.logits_from_hidden(hidden[[g.public_row for g in live]])
+        public = _ban(model.logits_from_hidden(hidden[[g.public_row for g in live]]), banned)
         cand_ids = [g.policy.candidates(public[j]) for j, g in enumerate(live)]
-        blocks = _private_logits(model, hidden, live, cand_ids, sparse_head)
+        blocks = [_ban(block, banned, cand_ids[j]) for j, block in
+                  enumerate(_private_logits(model, hidden, live, cand_ids, sparse_head))]
 
         row_tokens = [0] * hidden.shape[0]
         finished: list[tuple[int, str]] = []
@@ -338,6 +372,7 @@ def run_plain(
     stop_at_eos: bool = True,
     on_step: Callable[[int], None] | None = None,
     first_stream: int = 0,
+    special_tokens: bool = False,
 ) -> list[list[int]]:
     """Non-private top-k sampling, one independent text per prompt (row ``i`` uses stream
     ``first_stream + i``). Used for public-only generation (no references: no privacy cost)
@@ -348,8 +383,9 @@ def run_plain(
     state = model.encode_prompts(list(prompts))
     next_tokens: torch.Tensor | None = None
     eos = model.eos_token_ids
+    banned = banned_tokens(model, special_tokens)
     while alive:
-        logits = model.logits_from_hidden(model.next_hidden(state, next_tokens))
+        logits = _ban(model.logits_from_hidden(model.next_hidden(state, next_tokens)), banned)
         if 0 < top_k < logits.shape[-1]:
             values, ids = torch.topk(logits, top_k, dim=-1)
         else:
@@ -359,7 +395,9 @@ def run_plain(
         keep: list[int] = []
         for j, row in enumerate(alive):
             scores = values[j].to(torch.float64).numpy()
-            token = int(ids[j, exponential_mechanism(scores, temperature, rngs[row])])
+            allowed = ~np.isneginf(scores) if banned is not None else None
+            token = int(ids[j, exponential_mechanism(scores, temperature, rngs[row],
+                                                     mask=allowed)])
             tokens[j] = token
             if token in eos and stop_at_eos:
                 continue

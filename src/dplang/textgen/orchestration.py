@@ -31,7 +31,7 @@ import functools
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,7 @@ from ..release import (
     RunLock,
     check_output_path,
     dataset_name,
+    output_label,
     write_json,
 )
 from .batching import BATCH_ORDERS, Batch, make_batches
@@ -123,6 +124,21 @@ class GenerationPlan:
 
         The numbers are row counts, which replace-by-null neighbours share; the line is still
         printed to the terminal only, never written into a public file."""
+        return self._usage() + self._unusable()
+
+    def _unusable(self) -> str:
+        """The rows whose text cannot be used (blank, missing, not a string), by reason: they
+        are empty references, whose generations see only the public prompt."""
+        skipped = {k: v for k, v in self.read_stats.skipped_by_reason.items() if v}
+        if not skipped:
+            return ""
+        total = sum(skipped.values())
+        reasons = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in skipped.items())
+        rows = "row has" if total == 1 else "rows have"
+        return (f"; {total} {rows} no usable text ({reasons}) and count as empty references "
+                "(the public prompt alone; check --text-column)")
+
+    def _usage(self) -> str:
         req, n, used = self.request, len(self.batches), self.references_used
         read = self.read_stats.rows_seen
         head = f"{n} generations × B = {req.batch_size} use {used} references"
@@ -145,6 +161,14 @@ class GenerationPlan:
     @property
     def private_path(self) -> Path:
         return self.paths.private
+
+
+#: The most positions (prompt and generated tokens) a row may have
+#: (:data:`dplang.models.attention.MAX_POSITIONS`, without importing the models here).
+MAX_TOKENS_LIMIT = 2**20
+#: Tokens a rendered private prompt may have beyond its template and reference (the pieces
+#: may tokenise differently where they join; a chat template adds a few).
+_JOIN_MARGIN = 8
 
 
 def _finite_positive(value: float) -> bool:
@@ -175,6 +199,12 @@ def _validate(req: GenerationRequest) -> None:
     checks = [
         (req.batch_size >= 1, f"--batch-size must be >= 1, got {req.batch_size}"),
         (req.max_tokens >= 1, f"--max-tokens must be >= 1, got {req.max_tokens}"),
+        (req.max_tokens <= MAX_TOKENS_LIMIT,
+         f"--max-tokens must be at most {MAX_TOKENS_LIMIT:,} (the most positions a row of "
+         f"the exact decoder holds), got {req.max_tokens:,}"),
+        (req.max_reference_tokens <= MAX_TOKENS_LIMIT,
+         f"--max-reference-tokens must be at most {MAX_TOKENS_LIMIT:,}, got "
+         f"{req.max_reference_tokens:,}"),
         (_finite_positive(req.temperature),
          f"--temperature must be finite and > 0, got {req.temperature}"),
         (req.top_k >= 0, f"--top-k must be >= 0 (0 = full vocabulary), got {req.top_k}"),
@@ -292,7 +322,7 @@ def check_request(
     except (ReleaseError, LedgerError) as exc:
         raise GenerationError(str(exc)) from None
     try:  # the model decides the form later; the labels are the same in both forms
-        template = get_template(req.prompt, chat=False)
+        template = get_template(req.prompt, chat=False, description=req.describe)
         template.check_labels(list(req.group_by))
     except (ValueError, OSError) as exc:
         raise GenerationError(f"--prompt: {exc}") from None
@@ -333,7 +363,13 @@ def plan_generation(
     check_existing(req, _public_parameters(req, method),
                     _private_identity(req, digest, dataset))
     model = _load(load_model, req.model)
-    template = get_template(req.prompt, chat=model.has_chat_template)
+    template = get_template(req.prompt, chat=model.has_chat_template, description=req.describe)
+    _check_context(req, model, template, batches)
+    if req.system is not None and not model.has_chat_template:
+        raise GenerationError(f"--system sets a chat model's system prompt; {req.model} has no "
+                              "chat template (a base model: it continues text), so it would be "
+                              "ignored: leave --system out, or write the instruction into the "
+                              "prompt (--prompt FILE.toml)")
     if req.system is not None:
         template = PromptTemplate(template.name, template.private_text, template.public_text,
                                   req.system, template.form, template.label_normaliser)
@@ -348,6 +384,28 @@ def plan_generation(
                           method, dataset=dataset)
     plan.jobs = [_job(plan, b) for b in batches]
     return plan
+
+
+def _check_context(req: GenerationRequest, model: PromptModel, template: PromptTemplate,
+                   batches: Sequence[Batch]) -> None:
+    """Refuse a run whose longest possible row does not fit the model's context window: the
+    template's tokens, ``--max-reference-tokens`` and ``-T``. A bound from public values only
+    (the template, the labels, the limits), never from the references' lengths."""
+    context = getattr(model, "context_length", None)
+    if not context:
+        return
+    longest_template = 0
+    for labels in {tuple(sorted(b.labels.items())) for b in batches} or {()}:
+        empty = model.render_prompt(template.render("x", dict(labels)), template.system)
+        longest_template = max(longest_template, model.count_tokens(empty))
+    longest = longest_template + req.max_reference_tokens + _JOIN_MARGIN + req.max_tokens
+    if longest > context:
+        raise GenerationError(
+            f"--max-tokens {req.max_tokens} after prompts of up to "
+            f"{longest_template + req.max_reference_tokens + _JOIN_MARGIN} tokens (the template "
+            f"and --max-reference-tokens {req.max_reference_tokens}) needs {longest} positions; "
+            f"{req.model} has a context of {context}: lower --max-tokens or "
+            "--max-reference-tokens")
 
 
 def _load(load_model: Callable[[str], PromptModel], spec: str) -> PromptModel:
@@ -413,6 +471,12 @@ def _public_parameters(req: GenerationRequest, method: CalibratedMethod) -> dict
     params["group_by"] = list(req.group_by)
     if req.batch_order == "grouped":  # the default: runs of older versions keep their identity
         del params["batch_order"]
+    if req.describe is None:  # likewise
+        del params["describe"]
+    else:
+        params["describe"] = " ".join(req.describe.split())
+    if not req.special_tokens:  # likewise
+        del params["special_tokens"]
     params["adjacency"] = str(req.adjacency)
     params["method_options"] = dict(method.options)
     if str(req.prompt).lower() not in BUILTIN_TEMPLATES:
@@ -524,14 +588,17 @@ def _execute_locked(
     release = Release.open(
         "generate", data=req.data, guarantee=plan.guarantee, fingerprint=fingerprint,
         dataset=plan.dataset, seed=seed, ledger=req.ledger, data_digest=plan.data_digest,
-        description=f"dplang generate ({req.method}) → {req.out}",
+        description=f"dplang generate ({req.method}) → {output_label(req.out)}",
         seed_source="resumed from the private side file" if resuming else None,
         coupling=req.coupling,
     )
     done = set() if req.overwrite else truncate_to_finished_groups(
         plan.paths.partial if plan.paths.partial.exists() else req.out)
-    pending = [j for j in plan.jobs if j.index not in done]
     population = plan.method.spec.run_population
+    restart = population is not None and 0 < len(done) < len(plan.jobs)
+    if restart:  # a population method runs whole: the rerun makes every text again (with the
+        done = set()  # same seed: the same texts), so the unfinished run's texts are dropped
+    pending = [j for j in plan.jobs if j.index not in done]
     if population is not None and not isinstance(plan.model, LogitsModel):
         raise GenerationError(f"--method {req.method} runs in the driver and needs the whole "
                               "model; use --executor inline")
@@ -551,6 +618,9 @@ def _execute_locked(
             on_charge(charge)
         if req.overwrite:  # the earlier run's files go only now that the new run is charged
             plan.paths.remove()
+        if restart:  # (see above) its unfinished texts, wherever an older dplang left them
+            plan.paths.partial.unlink(missing_ok=True)
+            req.out.unlink(missing_ok=True)
         if resuming:  # a run of an older dplang: its side file moves into the private folder
             plan.paths.adopt_legacy_private()
         if plan.read_stats.absent_columns and on_warning is not None:
@@ -627,7 +697,11 @@ def _execute_locked(
                 # no "finished" time: with "started" it would publish how long the generation
                 # on the private references took (a timing side channel;
                 # release.TIMESTAMP_FIELDS); the file's own times are the start's too
-                manifest["generations_written"] = len(done) + written
+                if status == "complete":  # an interrupted run's count would show how far
+                    # the computation got in the time it had (a timing side channel)
+                    manifest["generations_written"] = len(done) + written
+                else:
+                    manifest.pop("generations_written", None)
                 with contextlib.suppress(OSError):
                     write_json(plan.manifest_path, manifest, times=release.opened)
         return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,

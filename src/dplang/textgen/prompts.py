@@ -61,6 +61,7 @@ __all__ = [
     "DEFAULT_TEMPLATE",
     "SYSTEM_PROMPT",
     "PromptTemplate",
+    "check_description",
     "get_template",
     "load_template_file",
     "normalise_yelp_labels",
@@ -371,16 +372,68 @@ def load_template_file(
     return template
 
 
+#: Longest accepted ``--describe`` text (characters).
+MAX_DESCRIPTION = 300
+
+
+def check_description(description: str | None) -> str | None:
+    """``description`` stripped, or ``None``; ValueError for an empty or over-long one, or
+    one with a line break (it is one phrase inside the prompt)."""
+    if description is None:
+        return None
+    if "\n" in description.strip() or "\r" in description.strip():
+        raise ValueError("the description is one line (a phrase such as 'restaurant reviews "
+                         "from Yelp')")
+    text = " ".join(description.split())
+    if not text:
+        raise ValueError("the description is empty; say what the texts are, e.g. 'restaurant "
+                         "reviews from Yelp'")
+    if len(text) > MAX_DESCRIPTION:
+        raise ValueError(f"the description has {len(text)} characters; at most "
+                         f"{MAX_DESCRIPTION} (a phrase: for a longer prompt write a template "
+                         "file, --prompt FILE.toml)")
+    return text
+
+
+def _described(description: str, chat: bool) -> PromptTemplate:
+    """The generic template with a public description of the corpus in both forms."""
+    d = description.replace("{", "{{").replace("}", "}}")  # literal text, not slots
+    if chat:
+        private = (f"Here is a text from a collection of {d}.\n"
+                   "Text: “{reference}”\n"
+                   "Please output one more similar text: of the same kind, on a similar subject "
+                   "and in the same style and length.")
+        public = f"Please output a short text of the kind found in a collection of {d}."
+    else:
+        head = f"Here is a text from a collection of {d}:\n"
+        private = head + "{reference}\n\n" + f"Here is another text from the collection of {d}:\n"
+        public = head
+    return PromptTemplate(name=DEFAULT_TEMPLATE, private_text=private, public_text=public,
+                          system=SYSTEM_PROMPT if chat else None,
+                          form="instruction" if chat else "completion")
+
+
 def get_template(
-    name_or_path: str | Path, chat: bool, label_columns: Sequence[str] | None = None
+    name_or_path: str | Path, chat: bool, label_columns: Sequence[str] | None = None,
+    description: str | None = None,
 ) -> PromptTemplate:
     """A built-in template (``generic``, ``yelp``, ``tab``, ``mimic``) or a custom TOML file.
 
     ``chat=True`` picks the instruction form (model with a chat template), ``chat=False`` the
     completion form (base model). A custom file has a single form and ``chat`` is ignored.
     With ``label_columns`` the template's label slots are checked against those columns.
+    ``description`` (``--describe``: a PUBLIC phrase saying what the texts are, e.g.
+    "restaurant reviews from Yelp") goes into both forms of the generic template; the other
+    templates already say what their texts are, and refuse it.
     """
     key = str(name_or_path)
+    description = check_description(description)
+    if description is not None:
+        if key.lower() != DEFAULT_TEMPLATE:
+            raise ValueError(f"a description (--describe) applies to the {DEFAULT_TEMPLATE} "
+                             f"template; {key!r} already says what its texts are (write the "
+                             "description into a template file instead)")
+        return _described(description, chat)
     if key.lower() in _INSTRUCTION:
         template = _builtin(key.lower(), chat)
         if label_columns is not None:

@@ -38,6 +38,12 @@ class GenerationRequest:
     concurrent_groups: int = DEFAULT_CONCURRENT_GROUPS
     prompt: str = DEFAULT_TEMPLATE
     system: str | None = None
+    #: ``--allow-special-tokens``: let the model sample its special and control tokens
+    #: (``<start_of_image>``...), which are otherwise never sampled.
+    special_tokens: bool = False
+    #: ``--describe``: a PUBLIC phrase saying what the texts are ("restaurant reviews from
+    #: Yelp"), written into both prompts of the generic template (and into the manifest).
+    describe: str | None = None
     text_column: str = "text"
     group_by: tuple[str, ...] = ()
     #: How grouped batches are listed, hence which the first ``num`` are: ``"grouped"``

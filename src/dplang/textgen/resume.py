@@ -75,6 +75,23 @@ def _different_run(req: GenerationRequest, detail: str = "") -> GenerationError:
         "replace it with a new run")
 
 
+_PRIVATE_NAMES = {"path": "data path", "sha256": "data content", "dataset": "dataset name"}
+
+
+def _other_private(private_path: Path, private_fp: dict[str, Any]) -> str:
+    """Which of the data path, the data's content and the dataset name differ from what the
+    run in ``--out`` recorded (names only, never the values: the data holder's terminal), or
+    "" when none does or nothing is recorded."""
+    if not private_path.exists():
+        return ""
+    private = _read_json(private_path)
+    data = private.get("data") or {}
+    stored = {"path": data.get("path"), "sha256": data.get("sha256"),
+              "dataset": private.get("dataset")}
+    return ", ".join(_PRIVATE_NAMES[k] for k in ("path", "sha256", "dataset")
+                     if stored[k] != private_fp.get(k))
+
+
 def check_existing(
     req: GenerationRequest, parameters: dict[str, Any], private_fp: dict[str, Any],
     fingerprint: dict[str, Any] | None = None,
@@ -112,19 +129,15 @@ def check_existing(
                              {k: v for k, v in fingerprint.items() if k != "parameters"})
     if diff:
         shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
-        raise _different_run(req, f" ({shown})")
+        other = _other_private(private_path, private_fp)
+        raise _different_run(req, f" ({shown}" + (f"; and other {other}" if other else "") + ")")
     if not private_path.exists():
         raise GenerationError(f"cannot resume {req.out}: its private side file {private_path} "
                               "(with the secret seed) is gone; choose another --out")
+    other = _other_private(private_path, private_fp)
+    if other:
+        raise _different_run(req, f" (other {other})")
     private = _read_json(private_path)
-    data = private.get("data") or {}
-    stored_fp = {"path": data.get("path"), "sha256": data.get("sha256"),
-                 "dataset": private.get("dataset")}
-    if stored_fp != private_fp:
-        # which of them differs is told (the data holder's own terminal), not the values
-        what = [k for k in ("path", "sha256", "dataset") if stored_fp[k] != private_fp[k]]
-        names = {"path": "data path", "sha256": "data content", "dataset": "dataset name"}
-        raise _different_run(req, f" (other {', '.join(names[k] for k in what)})")
     try:
         stored = int(private["seed"])
     except (KeyError, TypeError, ValueError):

@@ -90,7 +90,13 @@ def check_executor(name: str, workers: int, method: str = "invisibleink",
         raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {name}")
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
+    if name == "inline" and workers != 1:
+        raise ValueError(f"--workers {workers} applies to --executor local or ray; the inline "
+                         "executor decodes in this process (add --executor local)")
     if worker_timeout is not None:
+        if name == "inline":
+            raise ValueError("--worker-timeout applies to --executor local or ray (the inline "
+                             "executor has no worker to time out)")
         check_stall_timeout(worker_timeout, "--worker-timeout")
     from ..methods import get_method
 
@@ -152,7 +158,8 @@ def plan_recipe(
     source = (ModelSource(spec=req.model, dtype=req.dtype) if inline
               else ModelSource.for_model(model, req.model, req.dtype))
     return WorkerRecipe(source, policy_factory, req.batch_size, req.max_tokens,
-                        req.concurrent_groups, req.sparse_head, model_identity(model))
+                        req.concurrent_groups, req.sparse_head, model_identity(model),
+                        special_tokens=req.special_tokens)
 
 
 def dispatch_plan(

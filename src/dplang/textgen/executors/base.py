@@ -199,6 +199,8 @@ class WorkerRecipe:
     concurrent_groups: int
     sparse_head: bool
     identity: dict[str, Any]
+    #: Whether the model's special and control tokens may be sampled (``--allow-special-tokens``).
+    special_tokens: bool = False
 
 
 def _identity_diffs(want: dict[str, Any], got: dict[str, Any]) -> list[str]:
@@ -291,7 +293,7 @@ def decode_tasks(
     make_policy = policy or recipe.policy_factory(model.vocab_size)
     run_groups(model, feed, make_policy, recipe.batch_size, recipe.max_tokens, feed.states,
                recipe.concurrent_groups, on_result=on_result, on_step=on_step,
-               sparse_head=recipe.sparse_head)
+               sparse_head=recipe.sparse_head, special_tokens=recipe.special_tokens)
 
 
 # ------------------------------------------------------------------ exactly once, in order

@@ -214,14 +214,19 @@ class AminPolicy:
         if self.noisy_threshold is None:
             self.noisy_threshold = self.threshold + float(laplace(self.sigma, rng))
         scores = aggregate(private, public, self.budget.clip, self.batch_size)
+        # tokens the public logits exclude (the engine's banned control tokens: the same for
+        # every neighbour) are excluded from the private distribution too
+        scores[np.isneginf(public.to(torch.float64).numpy())] = -np.inf
         p_pub = softmax64(public)
         distance = float(np.abs(softmax64(torch.from_numpy(scores)) - p_pub).sum())
         if distance + float(laplace(2.0 * self.sigma, rng)) > self.noisy_threshold:
             self.noisy_threshold = self.threshold + float(laplace(self.sigma, rng))
             self.private_tokens += 1
-            return int(exponential_mechanism(scores, self.temperature, rng))
+            return int(exponential_mechanism(scores, self.temperature, rng,
+                                             mask=~np.isneginf(scores)))
         scores = public.to(torch.float64).numpy()
-        return int(exponential_mechanism(scores, self.public_temperature, rng))
+        return int(exponential_mechanism(scores, self.public_temperature, rng,
+                                         mask=~np.isneginf(scores)))
 
     def stats(self) -> dict[str, int]:
         return {"private_tokens": self.private_tokens}

@@ -112,6 +112,10 @@ FORMATS: dict[str, str] = {
     ".feather": "arrow",
     ".txt": "txt",
 }
+#: What ``--data`` accepts, for the commands' help (every format of :data:`FORMATS`).
+DATA_FORMATS_HELP = ("CSV, TSV, JSONL (.jsonl, .ndjson), Parquet, Arrow (.arrow, .feather), "
+                     "text (.txt: one per line) or a Hugging Face dataset saved with "
+                     "save_to_disk (its folder)")
 #: The format of a folder: a Hugging Face dataset saved with ``save_to_disk``.
 DATASET_FOLDER = "hf_dataset"
 _FMT_NAMES = frozenset(FORMATS.values()) | {DATASET_FOLDER}

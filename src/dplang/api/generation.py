@@ -48,7 +48,14 @@ from ..textgen.orchestration import (
 )
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS
 from .data import data_input
-from .display import Display, TqdmDisplay, library_bars_off, quiet_libraries, short_guarantee
+from .display import (
+    Display,
+    TqdmDisplay,
+    _duration,
+    library_bars_off,
+    quiet_libraries,
+    short_guarantee,
+)
 from .errors import BUDGET, DPLangError, Interrupted, one_line
 from .outputs import output_location
 from .params import python_api, unknown_keyword
@@ -79,6 +86,8 @@ class GenerationRun:
 
     plan: GenerationPlan
     summary: RunSummary
+    #: A dry run: planned and shown, nothing charged or written.
+    dry_run: bool = False
 
 
 def model_loader(dtype: str, device: str, *, weights: bool = True
@@ -127,6 +136,46 @@ BARE_PROMPT_WARNING = (
     "anything (off-topic texts): describe them with --describe \"restaurant reviews from Yelp\" "
     "(describe= in Python; public: it goes into the prompts and the manifest) or give a "
     "template, --prompt FILE.toml (docs/generation.md, \"Prompts\")")
+
+
+def dry_run_lines(plan: GenerationPlan, probe_steps: int = 3) -> list[str]:
+    """What a dry run shows: the guarantee, the model calls, and an estimated time from a
+    probe of a few decode steps of the PUBLIC prompts (no reference is read for it; the
+    references' own prefill comes on top). Nothing is charged or written."""
+    import time
+
+    req = plan.request
+    groups = len(plan.jobs)
+    rows = req.batch_size + 1
+    lines = [f"dry run: nothing is charged, written or computed on the references; "
+             f"{plan.guarantee.summary()}",
+             f"model calls: {groups} generations × {rows} rows (B = {req.batch_size} "
+             f"references and the public prompt) × up to T = {req.max_tokens} tokens = "
+             f"{groups * rows * req.max_tokens:,} token rows"]
+    model = plan.model
+    if not (hasattr(model, "next_hidden") and hasattr(model, "logits_from_hidden")) \
+            or not plan.jobs:
+        return [*lines, "estimated time: not probed (the workers load the model)"]
+    concurrent = min(req.concurrent_groups, groups)
+    prompts = [job.public_prompt for job in plan.jobs[:concurrent] for _ in range(rows)]
+    state = model.encode_prompts(prompts)
+    import torch
+
+    start = time.perf_counter()
+    hidden = model.next_hidden(state, None)
+    prefill = time.perf_counter() - start
+    tokens = torch.zeros(len(prompts), dtype=torch.long)
+    start = time.perf_counter()
+    for _ in range(probe_steps):
+        model.logits_from_hidden(model.next_hidden(state, tokens))
+    step = (time.perf_counter() - start) / probe_steps
+    waves = -(-groups // concurrent)
+    estimate = waves * (prefill + req.max_tokens * step)
+    del hidden, state
+    return [*lines, f"estimated time: about {_duration(estimate)} ({waves} wave(s) of "
+                    f"{concurrent} groups; a decode step {step * 1000:.0f} ms, the public "
+                    f"prompts' prefill {prefill:.1f} s: references make the prefill longer, "
+                    "EOS the decoding shorter)"]
 
 
 def plan_line(plan: GenerationPlan) -> str:
@@ -186,12 +235,14 @@ def run_generation(request: GenerationRequest, *, display: Display,
                    execution: Execution | None = None,
                    load_model: Callable[[str], PromptModel] | None = None,
                    check_model: Callable[[str], None] | None = _check_model,
-                   keep: bool = True) -> GenerationRun:
+                   keep: bool = True, dry_run: bool = False) -> GenerationRun:
     """One whole generation run into ``request.out`` (see the module docstring for the order).
 
     ``load_model(spec)`` loads the driver's model (default :func:`model_loader` for the
     request's dtype and device: the prompt side only when workers decode); ``keep=False``
     says the output is temporary (the interruption message then does not offer a resume).
+    ``dry_run=True`` stops after the plan (:func:`dry_run_lines` shows it): nothing is
+    charged, written or computed on the references.
 
     Privacy contract: that of :func:`~dplang.textgen.orchestration.execute_plan`: the texts
     written satisfy the plan's guarantee, charged to the ledger under the request's dataset
@@ -220,14 +271,14 @@ def run_generation(request: GenerationRequest, *, display: Display,
     try:
         return _run_locked(request, display, Execution(
             execution.executor, execution.workers, execution.ray_address, device,
-            execution.worker_timeout), loader, check_model, keep)
+            execution.worker_timeout), loader, check_model, keep, dry_run)
     finally:
         lock.release()
 
 
 def _run_locked(request: GenerationRequest, display: Display, execution: Execution,
                 loader: Callable[[str], PromptModel], check_model: Callable[[str], None] | None,
-                keep: bool) -> GenerationRun:
+                keep: bool, dry_run: bool = False) -> GenerationRun:
     what = "the tokenizer" if execution.executor != "inline" else "the model"
     try:
         with display.status(f"reading the data and loading {what}…"), library_bars_off():
@@ -241,6 +292,11 @@ def _run_locked(request: GenerationRequest, display: Display, execution: Executi
     display.info(plan.reference_usage())
     if str(request.prompt).lower() == "generic" and request.describe is None:
         display.warning(BARE_PROMPT_WARNING)
+    if dry_run:
+        for line in dry_run_lines(plan):
+            display.info(line)
+        return GenerationRun(plan, RunSummary(0, 0, len(plan.jobs), plan.guarantee, 0.0, 0),
+                             dry_run=True)
     state = _RunState(plan, keep)
     population = plan.method.spec.run_population is not None
 

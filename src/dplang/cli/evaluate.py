@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from ..evaluation.registry import default_metrics, get_metric, metric_names, settings_problem
+from ..io import DATA_FORMATS_HELP
 from .errors import fail, output_lock
 from .options import overwrite_option
 
@@ -191,7 +192,7 @@ def _evaluate(real: Path, synthetic: list[Path], out: Path, text_column: str,
 
 @app.command("canaries")
 def canaries(
-    data: Path = typer.Option(..., "--data", help="References: CSV, TSV, JSONL, Parquet or text."),
+    data: Path = typer.Option(..., "--data", help=f"References: {DATA_FORMATS_HELP}."),
     out: Path = typer.Option(
         ..., "--out", help="Directory for canaries.md, canaries.png and canaries.json."),
     epsilon: str = typer.Option(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ..api.errors import DPLangError
+from ..io import DATA_FORMATS_HELP
 from ..privacy.accounting import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
 from ..textgen.defaults import DEFAULT_CONCURRENT_GROUPS
 from ..textgen.methods import all_methods
@@ -64,7 +65,7 @@ def _check_model(spec: str) -> None:  # milliseconds: is --model loadable at all
 
 
 def _generate(
-    data: Path = typer.Option(..., "--data", help="References: CSV, TSV, JSONL, Parquet or text."),
+    data: Path = typer.Option(..., "--data", help=f"References: {DATA_FORMATS_HELP}."),
     out: Path = typer.Option(..., "--out", help="Output JSONL; a manifest is written beside it."),
     model: str = typer.Option("default", "--model", help="'default' (Gemma 3 270M) or a path."),
     dtype: str = typer.Option(
@@ -133,6 +134,10 @@ def _generate(
         "refused."),
     quiet: bool = typer.Option(False, "--quiet", "-q",
                                help="Print only errors and warnings (no progress, no texts)."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run",
+        help="Check everything, read the data, load the model and print the plan, the "
+        "guarantee, the model calls and an estimated time; charge and write nothing."),
     method_options: dict[str, Any] | None = None,
     executor: str = typer.Option(
         "inline", "--executor",
@@ -167,7 +172,7 @@ def _generate(
     )
     with quiet_libraries(quiet):
         _checked_run(request, quiet, _Execution(executor, workers, ray_address, device,
-                                                worker_timeout))
+                                                worker_timeout), dry_run=dry_run)
 
 
 def _method_parameters() -> dict[str, tuple[str, str, inspect.Parameter]]:
@@ -260,7 +265,7 @@ class _Execution:
 
 
 def _checked_run(request: GenerationRequest, quiet: bool,
-                 execution: _Execution | None = None) -> None:
+                 execution: _Execution | None = None, *, dry_run: bool = False) -> None:
     """The run through :func:`dplang.api.generation.run_generation` (the one dplang.generate
     uses) with the command line's display; its refusals become one-line errors."""
     from ..api.generation import Execution, run_generation
@@ -283,10 +288,17 @@ def _checked_run(request: GenerationRequest, quiet: bool,
             execution=Execution(execution.executor, execution.workers, execution.ray_address,
                                 device, execution.worker_timeout),
             load_model=lambda spec: _load_model(spec, request.dtype, **loader_kw),
-            check_model=_check_model)
+            check_model=_check_model, dry_run=dry_run)
     except DPLangError as exc:
         fail(str(exc), exc.code)
     plan, summary = run.plan, run.summary
+    if run.dry_run:
+        if quiet:  # -q --dry-run: the plan still goes out (it is what was asked for)
+            from ..api.generation import dry_run_lines, plan_line
+
+            for line in (plan_line(plan), *dry_run_lines(plan)):
+                typer.echo(line, err=True)
+        return
     display.console.print(
         f"wrote {summary.written} new generations ({summary.skipped_existing} already there) "
         f"to {request.out}; public manifest {plan.manifest_path}, private side file "

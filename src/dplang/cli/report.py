@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ..io import DATA_FORMATS_HELP
 from .errors import fail
 from .options import dataset_option, ledger_option, overwrite_option, seed_option
 
@@ -27,7 +28,7 @@ def _load_model(spec: str) -> Any:  # indirection so tests can substitute a toy 
 
 
 def report(
-    data: Path = typer.Option(..., "--data", help="Private corpus: CSV, TSV, JSONL, Parquet."),
+    data: Path = typer.Option(..., "--data", help=f"Private corpus: {DATA_FORMATS_HELP}."),
     out: Path = typer.Option(..., "--out", help="Writes OUT.json and OUT.md."),
     epsilon: float = typer.Option(..., "--epsilon", help="Total ε over all candidates."),
     threshold: float = typer.Option(..., "--threshold", help="Reporting threshold θ in [0, 1]."),

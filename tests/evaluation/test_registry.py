@@ -80,3 +80,29 @@ def test_builtin_specs_say_which_direction_is_better() -> None:
     assert reg.get_metric("ppl").higher_is_better == {"delta_ppl": False, "ppl_synthetic": None}
     assert reg.get_metric("top-k").name == "topk"
     assert reg.metric_names()[:4] == ("mauve", "perplexity", "length", "topk")
+
+
+def test_no_mean_over_runs_of_different_configurations(tmp_path, isolated_registry) -> None:
+    """Issue 35 §6: runs made with other parameters or prompts are not seeds of one
+    configuration: no 'mean over runs' then, and a warning says what differs."""
+    import dplang
+    from dplang.evaluation import evaluate_files
+    from dplang.models import ToyModel
+
+    reg.register_metric(TOY)
+    real = tmp_path / "real.csv"
+    real.write_text("text\n" + "".join(f"{t}\n" for t in _texts("real")))
+    toy = ToyModel(vocab_size=30, eos_after=None)
+    texts = _texts("ref", 48)
+    runs = []
+    for name, eps, seed in (("a", 3, 1), ("b", 3, 2), ("c", 5, 3)):
+        dplang.generate(texts, epsilon=eps, dataset="refs", model=toy, batch_size=2,
+                        max_tokens=4, seed=seed, describe="reviews", quiet=True,
+                        out=tmp_path / f"{name}.jsonl")
+        runs.append(tmp_path / f"{name}.jsonl")
+    seeds = evaluate_files(real, runs[:2], metrics="chars", out_dir=tmp_path / "e1")
+    assert "mean_chars" in seeds["aggregate"]
+    mixed = evaluate_files(real, runs, metrics="chars", out_dir=tmp_path / "e2")
+    assert mixed["aggregate"] == {}
+    assert any("no mean over runs" in w and "parameters.clip" in w
+               for w in mixed["warnings"]), mixed["warnings"]

@@ -226,8 +226,29 @@ def evaluate_runs(
         for entry, value in zip(result["runs"], output.runs, strict=True):
             entry[spec.name] = value
 
-    result["aggregate"] = _aggregate(result["runs"], specs)
+    differing = _differing_configurations(runs)
+    if differing:  # a mean over runs is a mean over seeds of one configuration, or nothing
+        warnings.append("no mean over runs: the runs are not seeds of one configuration "
+                        f"({differing}); each is reported on its own")
+    else:
+        result["aggregate"] = _aggregate(result["runs"], specs)
     return result
+
+
+def _differing_configurations(runs: Sequence[Any]) -> str:
+    """What differs between the runs' public fingerprints (their configurations; a seed is
+    never in one), as ``field: a → b`` for the first difference, or "" when they are the
+    same configuration or a run has no manifest to tell."""
+    from ..textgen.resume import differences
+
+    prints = [((run.manifest or {}).get("fingerprint")) for run in runs]
+    if len(prints) < 2 or any(not isinstance(p, dict) for p in prints):
+        return ""
+    for other in prints[1:]:
+        diff = differences(prints[0], other)
+        if diff:
+            return diff[0] + (f"; and {len(diff) - 1} more" if len(diff) > 1 else "")
+    return ""
 
 
 def _aggregate(runs: list[dict[str, Any]], specs: Sequence[MetricSpec]) -> dict[str, Any]:

@@ -36,6 +36,20 @@ def resolve_model_path(path: Path, gguf_file: str | None) -> tuple[Path, str | N
     return path, gguf_file
 
 
+@contextlib.contextmanager
+def no_library_bars() -> Any:
+    """While active, transformers and huggingface_hub draw no progress bar (restored after)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def load_pretrained(folder: Path, gguf_name: str | None, tokenizer: Any) -> tuple[Any, Any]:
     """The float32 causal LM (GGUF blocks dequantised) and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -49,7 +63,8 @@ def load_pretrained(folder: Path, gguf_name: str | None, tokenizer: Any) -> tupl
             kwargs["quantization_config"] = GgufConfig(dequantize=True)
         except ImportError:  # pragma: no cover - older transformers always dequantise
             pass
-    model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+    with no_library_bars():  # transformers' "Loading weights" bar is not dplang's progress
+        model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
     strip_quantization(model)
     if tokenizer is None:
         tok_kwargs = {"gguf_file": gguf_name} if gguf_name is not None else {}

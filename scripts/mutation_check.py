@@ -207,6 +207,23 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/textgen/test_amin.py",),
     ),
     Mutation(
+        "triton-round-drops-sign",
+        "the Triton kernels round to even without putting the sign back (round(-0.3) = +0.0, "
+        "not torch's -0.0): other bits than the definition's",
+        (("src/dplang/models/kernels/triton_exact.py",
+          "    return (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)",
+          "    return mag"),),
+        ("tests/models/test_triton_kernels.py",),
+    ),
+    Mutation(
+        "triton-limb-split-off-by-one",
+        "the Triton kernels split a 15-bit integer into limbs with the wrong offset",
+        (("src/dplang/models/kernels/triton_exact.py",
+          "        hi = (qi + 128) >> 8",
+          "        hi = (qi + 127) >> 8"),),
+        ("tests/models/test_triton_kernels.py",),
+    ),
+    Mutation(
         "augpe-sigma-one-iteration",
         "Aug-PE's histograms get noise σ/√T (calibrated for one of its T iterations)",
         (("src/dplang/textgen/methods/augpe.py",

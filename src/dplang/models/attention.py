@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dplang.models import cpu_kernels
+from dplang.models import kernels
 from dplang.models.exact import TWO_LIMB_LEVELS, exp, fixed_point_sum, quantize_rows, split_limbs
 from dplang.models.memory import trim_heap
 
@@ -272,9 +272,12 @@ def attend(
                      keys.reshape(batch * kvh, length, d).transpose(1, 2))  # exact integers
     levels = WEIGHT_LEVELS
     blocks = length // block
-    if cpu_kernels.available(both):
+    softmax_counts = kernels.lookup("softmax_counts", both)
+    if softmax_counts is not None:
+        attention_output = kernels.lookup("attention_output", both)
+        assert attention_output is not None
         vis = visible.expand(batch, kvh, nq, g, length).reshape(batch * kvh, rows, length)
-        counts, largest, denominator = cpu_kernels.softmax_counts(
+        counts, largest, denominator = softmax_counts(
             both, q_scale.reshape(batch * kvh, rows), key_scale.reshape(batch * kvh, length),
             value_scale.reshape(batch * kvh, length), vis, scaling, softcap, levels,
             MAX_POSITIONS)
@@ -282,8 +285,8 @@ def attend(
         sums = torch.bmm(counts.reshape(batch * kvh * blocks, rows, block),
                          values.reshape(batch * kvh * blocks, block, d))  # exact per block
         total = sums.to(torch.int64).view(batch, kvh, blocks, rows, d).sum(dim=2)
-        out = cpu_kernels.attention_output(total.view(batch * kvh * rows, d),
-                                           largest.view(-1), denominator.view(-1), levels)
+        out = attention_output(total.view(batch * kvh * rows, d), largest.view(-1),
+                               denominator.view(-1), levels)
         return out.view(batch, kvh, nq, g, d)
     scores = both[:, :rows] * float(LIMB_SCALE) + both[:, rows:]
     scores = scores.view(batch, kvh, nq, g, length)

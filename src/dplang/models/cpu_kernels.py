@@ -62,11 +62,21 @@ def _load() -> Any:
     return _NUMBA
 
 
+_DISABLED = False
+
+
 def disable() -> None:
-    """Use the torch definitions from now on in this process (the load-time check's fallback
-    if a kernel ever gave row-dependent results)."""
-    global _NUMBA
+    """Use the torch definitions from now on in this process, on every device (the load-time
+    check's fallback if a kernel ever gave row-dependent results)."""
+    global _NUMBA, _DISABLED
     _NUMBA = False
+    _DISABLED = True
+
+
+def enabled() -> bool:
+    """Whether fused kernels may run in this process at all (not :func:`disable`-d, and
+    ``DPLANG_NO_KERNELS`` unset)."""
+    return not _DISABLED and os.environ.get("DPLANG_NO_KERNELS", "") in ("", "0")
 
 
 def available(tensor: torch.Tensor) -> bool:

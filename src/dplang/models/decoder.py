@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from dplang.models import cpu_kernels, exact
+from dplang.models import exact, kernels
 from dplang.models.architectures import SUPPORTED_MODEL_TYPES
 from dplang.models.attention import (
     MAX_POSITIONS,
@@ -501,8 +501,9 @@ class ExactDecoder:
         """Attention output ``[T, heads * head_dim]`` of the step's tokens (see
         :mod:`dplang.models.attention`)."""
         tokens = q.shape[0]
-        if cpu_kernels.available(q):  # the same bits, read straight from the slots
-            out = cpu_kernels.attend_tokens(
+        attend_tokens = kernels.lookup("attend_tokens", q)
+        if attend_tokens is not None:  # the same bits, read straight from the slots
+            out = attend_tokens(
                 q, step.slots, step.positions, cache.keys[index], cache.key_scale[index],
                 cache.values[index], cache.value_scale[index], layer.window, layer.scaling,
                 layer.softcap, WEIGHT_LEVELS, MAX_POSITIONS)

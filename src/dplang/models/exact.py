@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dplang.models import cpu_kernels
+from dplang.models import kernels
 from dplang.models.memory import release_file_pages
 
 __all__ = [
@@ -106,8 +106,9 @@ def quantize_rows(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Ten
     function of the row alone. A row whose scale is not a positive finite number (all zeros,
     a NaN or an infinity in it, or too small to scale) becomes zeros with scale 1, so that a
     multiplication by zero elsewhere can never produce NaN."""
-    if cpu_kernels.available(x) and x.numel():
-        return cpu_kernels.quantize(x, levels)
+    fused = kernels.lookup("quantize", x)
+    if fused is not None and x.numel():
+        return fused(x, levels)
     amax = x.abs().amax(dim=-1, keepdim=True)
     scale = amax / levels
     # A subnormal scale is rounded to a few significant bits, so |x / scale| could exceed
@@ -175,8 +176,9 @@ def ieee_sqrt(x: torch.Tensor) -> torch.Tensor:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x**2) + eps) * weight`` over the last dimension (``weight`` already in
     its final form, e.g. ``1 + w`` for Gemma), float32, with an order-free sum of squares."""
-    if cpu_kernels.available(x):
-        return cpu_kernels.rms_norm(x, weight, eps)
+    fused = kernels.lookup("rms_norm", x)
+    if fused is not None:
+        return fused(x, weight, eps)
     mean = sum_of_squares(x) / x.shape[-1]
     inv = (1.0 / ieee_sqrt(mean + eps)).float()
     return x * inv * weight
@@ -249,8 +251,9 @@ def hadamard(x: torch.Tensor) -> torch.Tensor:
     d = x.shape[-1]
     if d & (d - 1):
         raise ValueError(f"the Hadamard transform needs a power-of-two length, got {d}")
-    if x.dtype == torch.float32 and x.numel() and cpu_kernels.available(x):
-        return cpu_kernels.hadamard(x)
+    fused = kernels.lookup("hadamard", x)
+    if x.dtype == torch.float32 and x.numel() and fused is not None:
+        return fused(x)
     lead = x.shape[:-1]
     y = x.contiguous()
     half = 1
@@ -272,8 +275,8 @@ _GATED = {"gelu_tanh": gelu_tanh, "silu": silu, "relu": relu}
 
 def gated(kind: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``activation(gate) * up`` for a gated MLP (``kind``: gelu_tanh, silu or relu)."""
-    if kind != "relu" and cpu_kernels.available(gate):
-        fused = cpu_kernels.gelu_tanh_mul if kind == "gelu_tanh" else cpu_kernels.silu_mul
+    fused = None if kind == "relu" else kernels.lookup(f"{kind}_mul", gate)
+    if fused is not None:
         return fused(gate, up)
     return _GATED[kind](gate) * up
 
@@ -406,8 +409,9 @@ def _float32_products(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
 def prepare_rows(x: torch.Tensor) -> PreparedRows:
     """The rows of float32 ``x [M, K]`` as two 8-bit limbs each (:func:`quantize_rows` to
     :data:`TWO_LIMB_LEVELS`, then :func:`split_limbs`), high limbs first."""
-    if cpu_kernels.available(x):
-        limbs, scale = cpu_kernels.quantize_limbs(x, TWO_LIMB_LEVELS)
+    fused = kernels.lookup("quantize_limbs", x)
+    if fused is not None:
+        limbs, scale = fused(x, TWO_LIMB_LEVELS)
         return PreparedRows(limbs, scale, x.shape[0])
     q, scale = quantize_rows(x, TWO_LIMB_LEVELS)
     hi, lo = split_limbs(q)
@@ -599,11 +603,17 @@ class IntegerLinear:
 
     def apply(self, rows: PreparedRows) -> torch.Tensor:
         """The outputs ``[M, N]`` for prepared rows."""
+        fused_linear = kernels.lookup("linear", rows.limbs) if self.layout == "kn" else None
+        if fused_linear is not None:  # products and combination in one kernel (a GPU)
+            return fused_linear(rows.limbs, rows.scale, self.limbs[0],
+                                self.limbs[1] if self.weight_bits == 16 else None,
+                                self.col_scale, self.bias)
         high, low, low2 = self.integer_parts(rows)
         shift = float(LIMB) if self.weight_bits == 16 else 1.0
-        if cpu_kernels.available(high):
-            return cpu_kernels.combine(high, low, low2, rows.scale, self.col_scale, self.bias,
-                                       shift * LIMB, shift, transposed=self.layout == "nk")
+        fused = kernels.lookup("combine", high)
+        if fused is not None:
+            return fused(high, low, low2, rows.scale, self.col_scale, self.bias,
+                         shift * LIMB, shift, transposed=self.layout == "nk")
         if low2 is not None:
             low = low + low2
         if self.layout == "nk":

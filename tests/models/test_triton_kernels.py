@@ -1,0 +1,145 @@
+"""The Triton kernels of the exact operations compute the same bits as their torch definitions
+(issue 38): on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``, small shapes, part
+of ``make test``) and on a GPU under ``-m gpu``. The guarantee rests on it: a kernel that
+rounded once where torch rounds twice (a fused multiply-add), divided approximately, or read a
+neighbouring row would make one row's numbers depend on the machine or on the others.
+
+The interpreter must be chosen before triton is imported, so the CPU checks run in a fresh
+process (``_interpreted``) that imports the kernels under it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Each case: (name, code run in the interpreted process that prints a JSON verdict).
+_CHECKS = r'''
+import json, math, sys, torch
+from dplang.models import exact, cpu_kernels
+from dplang.models.kernels import triton_exact as tk
+cpu_kernels.disable()  # the torch definitions, not the numba kernels, are the reference
+g = torch.Generator().manual_seed(7)
+out = {}
+
+def same(a, b):
+    return bool(a.dtype == b.dtype and a.shape == b.shape and
+                torch.equal(a.view(torch.int32) if a.dtype == torch.float32 else a,
+                            b.view(torch.int32) if b.dtype == torch.float32 else b))
+
+def rows(m, k, spread=1.0):
+    x = torch.randn(m, k, generator=g) * spread
+    x[0, 0] = 0.0
+    if m > 2:
+        x[1] = 0.0                      # a zero row: zeros, scale 1
+        x[2, 1] = float("nan")          # a row with a NaN: zeros, scale 1
+    if m > 3:
+        x[3] *= 1e-36                   # a row too small to scale
+    if m > 4:
+        x[4, 2] = float("inf")
+    return x
+
+for levels in (exact.TWO_LIMB_LEVELS, exact.ONE_LIMB_LEVELS):
+    for m, k in ((1, 7), (5, 33), (19, 64), (40, 130)):
+        x = rows(m, k, 30.0)
+        q, s = exact.quantize_rows(x, levels)
+        tq, ts = tk.quantize(x, levels)
+        out[f"quantize {levels} {m}x{k}"] = same(q, tq) and same(s, ts)
+for m, k in ((1, 16), (6, 48), (23, 100)):
+    x = rows(m, k, 5.0)
+    ref = exact.prepare_rows(x)
+    limbs, scale = tk.quantize_limbs(x, exact.TWO_LIMB_LEVELS)
+    out[f"limbs {m}x{k}"] = same(ref.limbs, limbs) and same(ref.scale, scale)
+
+for bits in (16, 8):
+    for m, k, n, bias in ((1, 32, 16, True), (3, 70, 40, False), (37, 96, 130, True)):
+        w = torch.randn(n, k, generator=g) * 0.3
+        b = torch.randn(n, generator=g) if bias else None
+        lin = exact.IntegerLinear(w, b, weight_bits=bits)
+        x = torch.randn(m, k, generator=g) * 4
+        prepared = exact.prepare_rows(x)
+        ref = lin.apply(prepared)
+        got = tk.linear(prepared.limbs, prepared.scale, lin.limbs[0],
+                        lin.limbs[1] if bits == 16 else None, lin.col_scale, lin.bias)
+        # a column-major weight (CUDA's layout) gives the same bits
+        cm = lin.limbs[0].t().contiguous().t()
+        got_cm = tk.linear(prepared.limbs, prepared.scale, cm,
+                           lin.limbs[1].t().contiguous().t() if bits == 16 else None,
+                           lin.col_scale, lin.bias)
+        # and a row alone gives the bits it has among the others
+        alone = tk.linear(prepared.limbs[[0, m]], prepared.scale[:1], lin.limbs[0],
+                          lin.limbs[1] if bits == 16 else None, lin.col_scale, lin.bias)
+        out[f"linear {bits} {m}x{k}x{n}"] = (same(ref, got) and same(ref, got_cm)
+                                             and same(ref[:1], alone))
+
+for m, k in ((1, 8), (4, 64), (9, 200)):
+    x = torch.randn(m, k, generator=g) * 3
+    x[0, :3] = 0.0
+    w = 1.0 + torch.randn(k, generator=g) * 0.1
+    out[f"rms {m}x{k}"] = same(exact.rms_norm(x, w, 1e-6), tk.rms_norm(x, w, 1e-6))
+
+gate = torch.cat([torch.randn(3000, generator=g) * 6, torch.tensor([0.0, -0.0, 100.0,
+                                                                     -100.0, 1e-30])])
+up = torch.randn(gate.numel(), generator=g)
+out["gelu"] = same(exact.gelu_tanh(gate) * up, tk.gelu_tanh_mul(gate, up))
+out["silu"] = same(exact.silu(gate) * up, tk.silu_mul(gate, up))
+print("VERDICT " + json.dumps(out))
+'''
+
+
+def _interpreted() -> dict[str, bool]:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-c", _CHECKS], capture_output=True, text=True,
+                          env=env, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("VERDICT "))
+    return json.loads(line.removeprefix("VERDICT "))
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> dict[str, bool]:
+    return _interpreted()
+
+
+@pytest.mark.parametrize("family", ["quantize", "limbs", "linear", "rms", "gelu", "silu"])
+def test_each_kernel_gives_the_bits_of_its_torch_definition(verdicts, family):
+    cases = {name: ok for name, ok in verdicts.items() if name.split()[0] == family}
+    assert cases, f"no {family} case ran"
+    assert all(cases.values()), {n: ok for n, ok in cases.items() if not ok}
+
+
+@pytest.mark.gpu
+def test_the_kernels_on_a_gpu_give_the_bits_of_the_cpu_definitions():
+    """On CUDA (compiled, not interpreted): the same comparisons, the inputs made on the CPU,
+    the torch definitions computed on the CPU."""
+    from dplang.models import cpu_kernels, exact
+    from dplang.models.kernels import triton_exact as tk
+
+    cpu_kernels.disable()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(37, 640, generator=g) * 5
+    w = torch.randn(300, 640, generator=g) * 0.2
+    lin = exact.IntegerLinear(w, torch.randn(300, generator=g))
+    prepared = exact.prepare_rows(x)
+    ref = lin.apply(prepared)
+    limbs, scale = tk.quantize_limbs(x.cuda(), exact.TWO_LIMB_LEVELS)
+    assert torch.equal(limbs.cpu(), prepared.limbs) and torch.equal(scale.cpu(), prepared.scale)
+    got = tk.linear(limbs, scale, lin.limbs[0].cuda(), lin.limbs[1].cuda(),
+                    lin.col_scale.cuda(), lin.bias.cuda())
+    assert torch.equal(got.cpu().view(torch.int32), ref.view(torch.int32))
+    norm_w = 1 + torch.randn(640, generator=g) * 0.1
+    assert torch.equal(tk.rms_norm(x.cuda(), norm_w.cuda(), 1e-6).cpu(),
+                       exact.rms_norm(x, norm_w, 1e-6))
+    gate, up = torch.randn(5000, generator=g) * 6, torch.randn(5000, generator=g)
+    assert torch.equal(tk.gelu_tanh_mul(gate.cuda(), up.cuda()).cpu(),
+                       exact.gelu_tanh(gate) * up)
+    assert torch.equal(tk.silu_mul(gate.cuda(), up.cuda()).cpu(), exact.silu(gate) * up)

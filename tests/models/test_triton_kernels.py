@@ -92,6 +92,8 @@ gate = torch.cat([torch.randn(3000, generator=g) * 6, torch.tensor([0.0, -0.0, 1
 up = torch.randn(gate.numel(), generator=g)
 out["gelu"] = same(exact.gelu_tanh(gate) * up, tk.gelu_tanh_mul(gate, up))
 out["silu"] = same(exact.silu(gate) * up, tk.silu_mul(gate, up))
+for op in ("quantize", "quantize_limbs", "rms_norm", "gelu_tanh_mul", "silu_mul", "linear"):
+    out[f"selftest {op}"] = tk.self_test(op, torch.device("cpu"))
 print("VERDICT " + json.dumps(out))
 '''
 
@@ -110,20 +112,49 @@ def verdicts() -> dict[str, bool]:
     return _interpreted()
 
 
-@pytest.mark.parametrize("family", ["quantize", "limbs", "linear", "rms", "gelu", "silu"])
+@pytest.mark.parametrize("family", ["quantize", "limbs", "linear", "rms", "gelu", "silu",
+                                    "selftest"])
 def test_each_kernel_gives_the_bits_of_its_torch_definition(verdicts, family):
     cases = {name: ok for name, ok in verdicts.items() if name.split()[0] == family}
     assert cases, f"no {family} case ran"
     assert all(cases.values()), {n: ok for n, ok in cases.items() if not ok}
 
 
+def test_a_kernel_that_fails_its_self_test_is_not_used(monkeypatch):
+    """On a GPU where a Triton kernel does not compile or gives other bits than its
+    definition, the definition computes the operation (with a warning): speed is lost, never
+    the bits."""
+    pytest.importorskip("triton")
+    from dplang.models import kernels
+    from dplang.models.kernels import triton_exact
+
+    kernels._cuda.cache_clear()
+    monkeypatch.setattr(triton_exact, "self_test", lambda op, device: op != "rms_norm")
+    try:
+        with pytest.warns(UserWarning, match="'rms_norm' is not used on this GPU"):
+            assert kernels._cuda("rms_norm") is None
+        assert kernels._cuda("quantize") is triton_exact.quantize
+
+        def broken(op, device):
+            raise RuntimeError("PassManager::run failed")
+
+        monkeypatch.setattr(triton_exact, "self_test", broken)
+        with pytest.warns(UserWarning, match="RuntimeError: PassManager::run failed"):
+            assert kernels._cuda("linear") is None
+    finally:
+        kernels._cuda.cache_clear()
+
+
 @pytest.mark.gpu
 def test_the_kernels_on_a_gpu_give_the_bits_of_the_cpu_definitions():
     """On CUDA (compiled, not interpreted): the same comparisons, the inputs made on the CPU,
     the torch definitions computed on the CPU."""
-    from dplang.models import cpu_kernels, exact
+    from dplang.models import cpu_kernels, exact, kernels
     from dplang.models.kernels import triton_exact as tk
 
+    for op, devices in kernels.OPS.items():  # every kernel passes its self-test here
+        if "cuda" in devices:
+            assert tk.self_test(op, torch.device("cuda")), op
     cpu_kernels.disable()
     g = torch.Generator().manual_seed(3)
     x = torch.randn(37, 640, generator=g) * 5

@@ -25,16 +25,33 @@ definition, whatever the other rows (docs/privacy.md, the argument per operation
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Callable
+import threading
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from dplang.models import cpu_kernels
 
-__all__ = ["OPS", "lookup", "triton_available"]
+__all__ = ["OPS", "definitions_only", "lookup", "triton_available"]
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def definitions_only() -> Iterator[None]:
+    """While active (in this thread), :func:`lookup` answers ``None``: the torch definitions
+    compute every operation (the reference a kernel's self-test compares with)."""
+    before = getattr(_state, "off", False)
+    _state.off = True
+    try:
+        yield
+    finally:
+        _state.off = before
 
 #: The operations that have fused kernels, and the devices that have them.
 OPS: dict[str, tuple[str, ...]] = {
@@ -70,9 +87,24 @@ def triton_available() -> bool:
     return True
 
 
-def _cuda(op: str) -> Callable[..., Any]:
+@functools.cache
+def _cuda(op: str) -> Callable[..., Any] | None:
+    """The Triton kernel of ``op``, once it has given the bits of its torch definition on
+    this GPU (:func:`~dplang.models.kernels.triton_exact.self_test`, a few small cases, once
+    per process); ``None`` (the definition then runs) when it fails to compile or differs,
+    with a warning: a GPU or a Triton version on which a kernel misbehaves costs speed only."""
     from dplang.models.kernels import triton_exact
 
+    try:
+        ok = triton_exact.self_test(op, torch.device("cuda"))
+    except Exception as exc:  # a compiler or driver that refuses the kernel
+        ok, why = False, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+    else:
+        why = "its result differs from the definition's"
+    if not ok:
+        warnings.warn(f"dplang's Triton kernel {op!r} is not used on this GPU ({why}); the "
+                      "torch definition computes it (the same bits, slower)", stacklevel=3)
+        return None
     return getattr(triton_exact, op)
 
 
@@ -83,7 +115,7 @@ def lookup(op: str, tensor: torch.Tensor) -> Callable[..., Any] | None:
     if devices is None:
         raise KeyError(f"no exact operation {op!r} (known: {', '.join(OPS)})")
     device = tensor.device.type
-    if device not in devices:
+    if device not in devices or getattr(_state, "off", False):
         return None
     if device == "cpu":
         return _cpu(op) if cpu_kernels.available(tensor) else None

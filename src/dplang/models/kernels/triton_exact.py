@@ -297,3 +297,58 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``exact.silu(gate) * up``."""
     return _gated(gate, up, False)
+
+
+# ------------------------------------------------------------------------------ self-test
+
+
+def self_test(op: str, device: torch.device) -> bool:
+    """Whether kernel ``op`` gives, on ``device``, the bits of its torch definition there for
+    a few small inputs (zero, NaN and tiny rows included), the definition computed with every
+    kernel off (:func:`dplang.models.kernels.definitions_only`)."""
+    from dplang.models import exact
+    from dplang.models.kernels import definitions_only
+
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(21, 96, generator=g) * 7
+    x[1] = 0.0
+    x[2, 3] = float("nan")
+    x[3] *= 1e-36
+    x = x.to(device)
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        if a.dtype == torch.float32:
+            a, b = a.view(torch.int32), b.view(torch.int32)
+        return bool(a.shape == b.shape and torch.equal(a, b))
+
+    with definitions_only():
+        if op == "quantize":
+            ref = exact.quantize_rows(x, exact.TWO_LIMB_LEVELS)
+            got = quantize(x, exact.TWO_LIMB_LEVELS)
+            return same(ref[0], got[0]) and same(ref[1], got[1])
+        if op == "quantize_limbs":
+            ref_rows = exact.prepare_rows(x)
+            limbs, scale = quantize_limbs(x, exact.TWO_LIMB_LEVELS)
+            return same(ref_rows.limbs, limbs) and same(ref_rows.scale, scale)
+        if op == "rms_norm":
+            w = (1 + torch.randn(96, generator=g) * 0.1).to(device)
+            return same(exact.rms_norm(x.nan_to_num(), w, 1e-6),
+                        rms_norm(x.nan_to_num(), w, 1e-6))
+        if op in ("gelu_tanh_mul", "silu_mul"):
+            up = torch.randn(x.shape, generator=g).to(device)
+            fine = x.nan_to_num()
+            ref = (exact.gelu_tanh(fine) if op == "gelu_tanh_mul" else exact.silu(fine)) * up
+            return same(ref, globals()[op](fine, up))
+        if op == "linear":
+            ok = True
+            for bits in (16, 8):
+                w = torch.randn(70, 96, generator=g) * 0.3
+                lin = exact.IntegerLinear(w, torch.randn(70, generator=g), weight_bits=bits)
+                lin.to(device)
+                rows = exact.prepare_rows(x.nan_to_num())
+                ref = lin.apply(rows)
+                got = linear(rows.limbs, rows.scale, lin.limbs[0],
+                             lin.limbs[1] if bits == 16 else None, lin.col_scale, lin.bias)
+                ok = ok and same(ref, got)
+            return ok
+    raise KeyError(f"no self-test for {op!r}")

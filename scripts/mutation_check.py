@@ -224,6 +224,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/models/test_triton_kernels.py",),
     ),
     Mutation(
+        "triton-attention-counts-unrounded",
+        "the Triton attention kernel multiplies the values by unrounded masses instead of "
+        "their integer counts (sums no longer exact: other bits, order-dependent on a GPU)",
+        (("src/dplang/models/kernels/triton_exact.py",
+          "        count = (m * factor + 12582912.0) - 12582912.0",
+          "        count = m * factor"),),
+        ("tests/models/test_triton_kernels.py",),
+    ),
+    Mutation(
         "augpe-sigma-one-iteration",
         "Aug-PE's histograms get noise σ/√T (calibrated for one of its T iterations)",
         (("src/dplang/textgen/methods/augpe.py",

@@ -92,7 +92,25 @@ gate = torch.cat([torch.randn(3000, generator=g) * 6, torch.tensor([0.0, -0.0, 1
 up = torch.randn(gate.numel(), generator=g)
 out["gelu"] = same(exact.gelu_tanh(gate) * up, tk.gelu_tanh_mul(gate, up))
 out["silu"] = same(exact.silu(gate) * up, tk.silu_mul(gate, up))
-for op in ("quantize", "quantize_limbs", "rms_norm", "gelu_tanh_mul", "silu_mul", "linear"):
+from dplang.models.attention import BLOCK_SIZE, MAX_POSITIONS, WEIGHT_LEVELS
+S, KVH, D, H = 3, 2, 16, 4
+for capacity in (BLOCK_SIZE, 2 * BLOCK_SIZE):
+    keys = torch.randint(-2000, 2001, (S, KVH, capacity, D), generator=g).to(torch.int16)
+    values = torch.randint(-200, 201, (S, KVH, capacity, D), generator=g).to(torch.int16)
+    ks = torch.rand(S, KVH, capacity, generator=g) * 1e-3 + 1e-4
+    vs = torch.rand(S, KVH, capacity, generator=g) * 1e-2 + 1e-3
+    q = torch.randn(7, H, D, generator=g) * 3
+    slot = torch.tensor([0, 1, 2, 0, 1, 2, 2])
+    pos = torch.tensor([0, 5, capacity - 1, 17, 22, 3, 40])
+    for window, cap in ((None, None), (8, None), (None, 50.0), (16, 30.0)):
+        args = (q, slot, pos, keys, ks, values, vs, window, 0.125, cap)
+        ref = tk.reference_attend_tokens(*args)
+        got = tk.attend_tokens(*args, WEIGHT_LEVELS, MAX_POSITIONS)
+        alone = tk.attend_tokens(q[3:4], slot[3:4], pos[3:4], keys, ks, values, vs, window,
+                                 0.125, cap, WEIGHT_LEVELS, MAX_POSITIONS)
+        out[f"attend {capacity} {window} {cap}"] = same(ref, got) and same(ref[3:4], alone)
+for op in ("quantize", "quantize_limbs", "rms_norm", "gelu_tanh_mul", "silu_mul", "linear",
+           "attend_tokens"):
     out[f"selftest {op}"] = tk.self_test(op, torch.device("cpu"))
 print("VERDICT " + json.dumps(out))
 '''
@@ -113,7 +131,7 @@ def verdicts() -> dict[str, bool]:
 
 
 @pytest.mark.parametrize("family", ["quantize", "limbs", "linear", "rms", "gelu", "silu",
-                                    "selftest"])
+                                    "attend", "selftest"])
 def test_each_kernel_gives_the_bits_of_its_torch_definition(verdicts, family):
     cases = {name: ok for name, ok in verdicts.items() if name.split()[0] == family}
     assert cases, f"no {family} case ran"

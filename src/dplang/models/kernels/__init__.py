@@ -65,7 +65,7 @@ OPS: dict[str, tuple[str, ...]] = {
     "linear": ("cuda",),
     "softmax_counts": ("cpu",),
     "attention_output": ("cpu",),
-    "attend_tokens": ("cpu",),
+    "attend_tokens": ("cpu", "cuda"),
 }
 
 

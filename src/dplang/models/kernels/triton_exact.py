@@ -31,7 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["gelu_tanh_mul", "linear", "quantize", "quantize_limbs", "rms_norm", "silu_mul"]
+__all__ = ["attend_tokens", "gelu_tanh_mul", "linear", "quantize", "quantize_limbs",
+           "rms_norm", "self_test", "silu_mul"]
 
 #: Launch options of every kernel (see the module docstring).
 _LAUNCH = {"enable_fp_fusion": False}
@@ -339,6 +340,22 @@ def self_test(op: str, device: torch.device) -> bool:
             fine = x.nan_to_num()
             ref = (exact.gelu_tanh(fine) if op == "gelu_tanh_mul" else exact.silu(fine)) * up
             return same(ref, globals()[op](fine, up))
+        if op == "attend_tokens":
+            from dplang.models.attention import BLOCK_SIZE, MAX_POSITIONS, WEIGHT_LEVELS
+
+            keys = torch.randint(-3000, 3001, (2, 2, BLOCK_SIZE, 16), generator=g)
+            values = torch.randint(-200, 201, (2, 2, BLOCK_SIZE, 16), generator=g)
+            ks = torch.rand(2, 2, BLOCK_SIZE, generator=g) * 1e-3 + 1e-4
+            vs = torch.rand(2, 2, BLOCK_SIZE, generator=g) * 1e-2 + 1e-3
+            q = torch.randn(4, 4, 16, generator=g) * 3
+            slot, pos = torch.tensor([0, 1, 1, 0]), torch.tensor([0, 9, 63, 30])
+            args = [t.to(device) for t in (q, slot, pos, keys.float(), ks, values.float(), vs)]
+            ok = True
+            for window, cap in ((None, None), (8, 30.0)):
+                ref = reference_attend_tokens(*args, window, 0.25, cap)
+                got = attend_tokens(*args, window, 0.25, cap, WEIGHT_LEVELS, MAX_POSITIONS)
+                ok = ok and same(ref, got)
+            return ok
         if op == "linear":
             ok = True
             for bits in (16, 8):
@@ -352,3 +369,158 @@ def self_test(op: str, device: torch.device) -> bool:
                 ok = ok and same(ref, got)
             return ok
     raise KeyError(f"no self-test for {op!r}")
+
+
+# ------------------------------------------------------------------------------ attention
+
+
+@triton.jit
+def _scores(qh, ql, keys_ptr, kscale_ptr, base_k, base_s, offs_p, offs_d, visible, qs,
+            scaling, softcap, inv_softcap, D: tl.constexpr, CAPPED: tl.constexpr):
+    """A block of positions' scores: the exact integer dot products of the query's limbs
+    with the keys, then ``attend``'s float formula (``-inf`` where not visible)."""
+    k = tl.load(keys_ptr + base_k + offs_p[:, None] * D + offs_d[None, :],
+                mask=visible[:, None], other=0).to(tl.int32)
+    shi = tl.sum(qh[None, :] * k, axis=1)
+    slo = tl.sum(ql[None, :] * k, axis=1)
+    s = shi.to(tl.float32) * 256.0 + slo.to(tl.float32)
+    ks = tl.load(kscale_ptr + base_s + offs_p, mask=visible, other=1.0)
+    s = s * qs
+    s = s * ks
+    s = s * scaling
+    if CAPPED:
+        s = s * inv_softcap
+        s = (tl.math.div_rn(2.0, _exp(-2.0 * s) + 1.0) - 1.0) * softcap
+    return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def _attend_kernel(limbs_ptr, qscale_ptr, slot_ptr, pos_ptr, keys_ptr, kscale_ptr, values_ptr,
+                   vscale_ptr, out_ptr, TH, H, KVH, window, scaling, softcap, inv_softcap,
+                   levels, headroom, D: tl.constexpr, C: tl.constexpr, BLOCK_P: tl.constexpr,
+                   CAPPED: tl.constexpr):
+    """One (token, head): the whole of :func:`~dplang.models.attention.attend` over the
+    positions its slot holds within its window, read straight from the slot store, in three
+    passes (the largest score; the largest weight and mass; the fixed-point denominator and
+    the exact integer value sums)."""
+    item = tl.program_id(0)
+    t = item // H
+    h = item - t * H
+    kv = h // (H // KVH)
+    slot = tl.load(slot_ptr + t)
+    pos = tl.load(pos_ptr + t)
+    first = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
+    offs_d = tl.arange(0, D)
+    qh = tl.load(limbs_ptr + item * D + offs_d).to(tl.int32)
+    ql = tl.load(limbs_ptr + (TH + item) * D + offs_d).to(tl.int32)
+    qs = tl.load(qscale_ptr + item)
+    base_s = (slot * KVH + kv) * C
+    base_k = base_s * D
+    # loop-carried values with their types fixed (a compiled loop keeps them)
+    top = tl.full((), float("-inf"), tl.float32)
+    nan = tl.zeros((), tl.int32)
+    for p0 in range(0, C, BLOCK_P):
+        offs_p = p0 + tl.arange(0, BLOCK_P)
+        visible = (offs_p >= first) & (offs_p <= pos) & (offs_p < C)
+        s = _scores(qh, ql, keys_ptr, kscale_ptr, base_k, base_s, offs_p, offs_d, visible, qs,
+                    scaling, softcap, inv_softcap, D, CAPPED)
+        nan += tl.sum((s != s).to(tl.int32), axis=0)
+        top = tl.maximum(top, tl.max(tl.where(s == s, s, float("-inf")), axis=0))
+    top = tl.where((nan > 0) | (top == float("-inf")) | (top == float("inf")), 0.0, top)
+    wtop = tl.zeros((), tl.float32)
+    mtop = tl.zeros((), tl.float32)
+    mnan = tl.zeros((), tl.int32)
+    for p0 in range(0, C, BLOCK_P):
+        offs_p = p0 + tl.arange(0, BLOCK_P)
+        visible = (offs_p >= first) & (offs_p <= pos) & (offs_p < C)
+        s = _scores(qh, ql, keys_ptr, kscale_ptr, base_k, base_s, offs_p, offs_d, visible, qs,
+                    scaling, softcap, inv_softcap, D, CAPPED)
+        w = tl.where(visible, _exp(s - top), 0.0)
+        wtop = tl.maximum(wtop, tl.max(w, axis=0))
+        m = w * tl.load(vscale_ptr + base_s + offs_p, mask=visible, other=0.0)
+        mnan += tl.sum((m != m).to(tl.int32), axis=0)
+        mtop = tl.maximum(mtop, tl.max(tl.where(m == m, m, 0.0), axis=0))
+    mtop = tl.where((mnan > 0) | (mtop <= 0.0), 1.0, mtop)
+    top64 = wtop.to(tl.float64)
+    biased = (top64.to(tl.int64, bitcast=True) >> 52) & 0x7FF
+    biased = tl.where(wtop > 0, biased, 1023)
+    shift = tl.minimum(tl.maximum(headroom - (biased - 1022), -1000), 1000)
+    grid = ((shift + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+    factor = tl.math.div_rn(levels, mtop)
+    total = tl.zeros((), tl.float64)
+    acc = tl.zeros((D,), dtype=tl.float64)
+    for p0 in range(0, C, BLOCK_P):
+        offs_p = p0 + tl.arange(0, BLOCK_P)
+        visible = (offs_p >= first) & (offs_p <= pos) & (offs_p < C)
+        s = _scores(qh, ql, keys_ptr, kscale_ptr, base_k, base_s, offs_p, offs_d, visible, qs,
+                    scaling, softcap, inv_softcap, D, CAPPED)
+        w = tl.where(visible, _exp(s - top), 0.0)
+        scaled = w.to(tl.float64) * grid
+        total += tl.sum((scaled + 6755399441055744.0) - 6755399441055744.0, axis=0)
+        m = w * tl.load(vscale_ptr + base_s + offs_p, mask=visible, other=0.0)
+        count = (m * factor + 12582912.0) - 12582912.0
+        v = tl.load(values_ptr + base_k + offs_p[:, None] * D + offs_d[None, :],
+                    mask=visible[:, None], other=0).to(tl.float64)
+        acc += tl.sum(count.to(tl.float64)[:, None] * v, axis=0)
+    denominator = total / grid
+    f = mtop.to(tl.float64) / levels
+    out = ((acc * f) / denominator).to(tl.float32)
+    tl.store(out_ptr + item * D + offs_d, out)
+
+
+def attend_tokens(q: torch.Tensor, q_slot: torch.Tensor, q_pos: torch.Tensor,
+                  keys: torch.Tensor, key_scale: torch.Tensor, values: torch.Tensor,
+                  value_scale: torch.Tensor, window: int | None, scaling: float,
+                  softcap: float | None, levels: int, max_terms: int) -> torch.Tensor:
+    """:func:`dplang.models.cpu_kernels.attend_tokens` (the whole of
+    :func:`~dplang.models.attention.attend` for every token of a step, read from the slot
+    store) as one Triton kernel: ``q [T, H, d]`` float32 before rounding; token ``t`` sees
+    positions ``q_pos[t] - window + 1 .. q_pos[t]`` of slot ``q_slot[t]``."""
+    from dplang.models.exact import TWO_LIMB_LEVELS
+
+    tokens, heads, dim = q.shape
+    kv_heads, capacity = keys.shape[1], keys.shape[2]
+    out = torch.empty((tokens, heads, dim), dtype=torch.float32, device=q.device)
+    if tokens == 0:
+        return out
+    limbs, scale = quantize_limbs(q.reshape(tokens * heads, dim), TWO_LIMB_LEVELS)
+    cap = float(softcap) if softcap else 0.0
+    headroom = 52 - max(1, math.ceil(math.log2(max_terms)))
+    _attend_kernel[(tokens * heads,)](
+        limbs, scale.reshape(-1), q_slot.to(torch.int64).contiguous(),
+        q_pos.to(torch.int64).contiguous(), keys.contiguous(), key_scale.contiguous(),
+        values.contiguous(), value_scale.contiguous(), out, tokens * heads, heads, kv_heads,
+        int(window or 0), float(scaling), cap, 1.0 / cap if cap else 0.0, float(levels),
+        headroom, D=dim, C=capacity, BLOCK_P=min(32, _block(capacity)), CAPPED=bool(cap),
+        **_LAUNCH)
+    return out
+
+
+def reference_attend_tokens(q: torch.Tensor, q_slot: torch.Tensor, q_pos: torch.Tensor,
+                            keys: torch.Tensor, key_scale: torch.Tensor, values: torch.Tensor,
+                            value_scale: torch.Tensor, window: int | None, scaling: float,
+                            softcap: float | None) -> torch.Tensor:
+    """:func:`attend_tokens` by the torch definition, one token at a time:
+    :func:`~dplang.models.attention.attend` of its query over its slot (capacity a multiple
+    of the attention block), the positions it sees visible. The reference of the kernel's
+    tests and self-test (with :func:`~dplang.models.kernels.definitions_only`)."""
+    from dplang.models.attention import BLOCK_SIZE, attend
+    from dplang.models.exact import TWO_LIMB_LEVELS, quantize_rows
+
+    tokens, heads, dim = q.shape
+    kv_heads, capacity = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    q_int, q_scale = quantize_rows(q, TWO_LIMB_LEVELS)
+    out = torch.empty((tokens, heads, dim), dtype=torch.float32, device=q.device)
+    position = torch.arange(capacity, device=q.device)
+    for t in range(tokens):
+        s, p = int(q_slot[t]), int(q_pos[t])
+        visible = position <= p
+        if window:
+            visible &= position > p - window
+        res = attend(q_int[t].view(1, kv_heads, 1, group, dim),
+                     q_scale[t, :, 0].view(1, kv_heads, 1, group), keys[s:s + 1],
+                     key_scale[s:s + 1], values[s:s + 1], value_scale[s:s + 1],
+                     visible.view(1, 1, 1, 1, capacity), scaling, softcap, BLOCK_SIZE)
+        out[t] = res.view(heads, dim)
+    return out

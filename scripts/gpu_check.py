@@ -79,27 +79,56 @@ QUICK = {"num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_atte
          "vocab_size": 512, "sliding_window": 16}
 
 
-def random_model(device: str, quick: bool = False):
+#: 1B-class architectures of the InvisibleInk paper's models (issue 38), as configurations:
+#: random weights of these shapes decode at the real models' speed.
+ARCHITECTURES: dict[str, dict] = {
+    "tinyllama-1.1b": {
+        "model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632,
+        "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "vocab_size": 32000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+        "bos_token_id": 1, "eos_token_id": 2},
+    "llama3.2-1b": {
+        "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 64, "vocab_size": 128256, "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu",
+        "tie_word_embeddings": True, "bos_token_id": 128000, "eos_token_id": 128001,
+        "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+}
+#: ``--quick`` for the other architectures: two layers, a small vocabulary.
+QUICK_OTHER = {"num_hidden_layers": 2, "vocab_size": 512, "intermediate_size": 256,
+               "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 32, "bos_token_id": 1, "eos_token_id": 2}
+
+
+def random_model(device: str, quick: bool = False, arch: str = "default"):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    values = json.loads((ROOT / "scripts" / "gemma3_270m_config.json").read_text())
-    config = AutoConfig.for_model(**{**values, **(QUICK if quick else {})})
+    if arch == "default":
+        values = json.loads((ROOT / "scripts" / "gemma3_270m_config.json").read_text())
+        values = {**values, **(QUICK if quick else {})}
+    else:
+        values = {**ARCHITECTURES[arch], **(QUICK_OTHER if quick else {})}
+    config = AutoConfig.for_model(**values)
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model
 
 
-def load(device: str, dtype: str, check: bool, quick: bool = False):
+def load(device: str, dtype: str, check: bool, quick: bool = False, arch: str = "default"):
     from transformers import AutoTokenizer
 
     from dplang.models.transformers import TransformersModel
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir())
     start = time.perf_counter()
-    model = TransformersModel(model=random_model(device, quick), tokenizer=tok, device=device,
-                              dtype=dtype, check_invariance=check, verify=True,
-                              model_id=f"gemma-3-270m-architecture-random-{dtype}")
+    name = "gemma-3-270m" if arch == "default" else arch
+    model = TransformersModel(model=random_model(device, quick, arch), tokenizer=tok,
+                              device=device, dtype=dtype, check_invariance=check, verify=True,
+                              model_id=f"{name}-architecture-random-{dtype}")
     return model, time.perf_counter() - start
 
 
@@ -126,6 +155,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--budget", type=float, default=420.0)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--arch", default="default",
+                    help="architectures of the throughput part, comma-separated: default "
+                         f"(Gemma 3 270M), {', '.join(ARCHITECTURES)} (random weights)")
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                     help="profile a short DP run (8 tokens, 64 groups; 2 with --quick) before "
                          "the throughput")
@@ -209,16 +241,25 @@ def main() -> None:
     start = time.perf_counter()
     rows: list[dict] = []
     summary["throughput"] = rows
+    plan = [(arch, g) for arch in args.arch.split(",") for g in groups]
+    current = "default"
     per_token_group_s = 0.0  # seconds per token and group at the last G (DP + non-private)
-    for g in groups:
+    for arch, g in plan:
+        if arch != current:  # another architecture: its own model, checked at load
+            model, secs = load(args.device, "float32", check=True, quick=args.quick,
+                               arch=arch)
+            summary[f"invariance_{arch}"] = {"verdict": "pass", "seconds": round(secs, 1)}
+            print(f"invariance {arch}: {summary[f'invariance_{arch}']}", flush=True)
+            current, per_token_group_s = arch, 0.0
         left = args.budget - (time.perf_counter() - start)
         run_tokens = tokens
         if per_token_group_s * g * tokens > left:
             # Too long at T tokens: measure fewer (at least 8), said so in the row.
             run_tokens = int(left / (per_token_group_s * g))
             if run_tokens < 8:
-                rows.append({"G": g, "skipped": f"budget: ~{per_token_group_s * g * tokens:.0f} "
-                                                f"s projected, {left:.0f} s left"})
+                rows.append({"arch": arch, "G": g,
+                             "skipped": f"budget: ~{per_token_group_s * g * tokens:.0f} s "
+                                        f"projected, {left:.0f} s left"})
                 print(f"throughput: {rows[-1]}", flush=True)
                 continue
         params = type(params)(params.clip, B, TAU, K, run_tokens, params.sparse_head,
@@ -237,7 +278,8 @@ def main() -> None:
         plain_s = time.perf_counter() - t0
         dp_tps = g * run_tokens / dp_s
         plain_tps = len(prompts) * run_tokens / plain_s
-        rows.append({"G": g, "T": run_tokens, "dp_tokens_per_s": round(dp_tps, 1),
+        rows.append({"arch": arch, "G": g, "T": run_tokens,
+                     "dp_tokens_per_s": round(dp_tps, 1),
                      "plain_tokens_per_s_same_prompts": round(plain_tps, 1),
                      "dp_cost_per_token_vs_plain": round(plain_tps / dp_tps, 2),
                      "dp_seconds": round(dp_s, 2), "plain_seconds": round(plain_s, 2)})

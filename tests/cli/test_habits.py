@@ -88,3 +88,23 @@ def test_sample_help_names_every_sampler():
     from dplang.sampling.release import METHODS as SAMPLERS
 
     assert METHODS == SAMPLERS
+
+
+def test_a_refused_flag_imports_no_heavy_library(tmp_path):
+    """Issue 35 §6: a run refused for its flags (here --epsilon -1) answers in milliseconds,
+    as docs/generation.md says: no torch (1.5 s) is imported to say so."""
+    import subprocess
+    import sys
+
+    data = tmp_path / "d.csv"
+    data.write_text("text\nfine\n")
+    script = (
+        "import contextlib, io, json, sys\n"
+        "from dplang.cli.app import main\n"
+        "with contextlib.redirect_stderr(io.StringIO()):\n"
+        f"    assert main(['generate', '--data', {str(data)!r}, '--epsilon', '-1', '--out', "
+        f"{str(tmp_path / 'o.jsonl')!r}]) == 2\n"
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

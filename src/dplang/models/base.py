@@ -26,9 +26,10 @@ private; the caller decides which rows get which candidates.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:  # annotations only: a command that refuses its flags imports no torch
+    import torch
 
 DecodeState = Any
 """Backend-specific decoding state (KV cache, attention mask, positions)."""

@@ -7,8 +7,6 @@ so they are another release, charged anew. Which GPU, and how many workers, are 
 
 from __future__ import annotations
 
-import torch
-
 __all__ = ["DEVICES", "DeviceError", "cuda_available", "resolve_device"]
 
 #: Accepted ``--device`` values.
@@ -20,8 +18,10 @@ class DeviceError(ValueError):
 
 
 def cuda_available() -> bool:
-    """Whether PyTorch sees a usable CUDA GPU."""
+    """Whether PyTorch sees a usable CUDA GPU (imports torch: only for ``auto``/``cuda``)."""
     try:
+        import torch
+
         return bool(torch.cuda.is_available())
     except Exception:  # a broken driver install raises rather than answering False
         return False

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported when a dtype is resolved, not by the flag checks
+    import torch
 
 __all__ = ["DTYPES", "available_cores", "resolve_dtype"]
 
@@ -40,6 +42,8 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """The precision for a ``dtype`` name: ``"float32"`` (16-bit integer weights, the
     default), ``"bfloat16"`` (8-bit integer weights in the body) or ``"auto"`` (float32: the
     exact integer arithmetic is fast on every CPU, so precision is not traded by default)."""
+    import torch
+
     if isinstance(dtype, torch.dtype):
         if dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")

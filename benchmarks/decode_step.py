@@ -50,6 +50,19 @@ def main() -> None:
 
     exact.exact_products = timed("products", exact.exact_products)
     cpu_kernels.attend_tokens = timed("attention", cpu_kernels.attend_tokens)
+    # the rest of a step, part by part (leaf functions only: no time is counted twice)
+    for name in ("rms_norm", "quantize_limbs", "quantize", "combine",
+                 "hadamard", "gelu_tanh_mul", "silu_mul"):
+        setattr(cpu_kernels, name, timed(name, getattr(cpu_kernels, name)))
+    from dplang.models import attention, decoder
+    from dplang.textgen.methods import invisibleink
+
+    attention.SlotCache.write = timed("cache write", attention.SlotCache.write)
+    decoder._rotate_half = timed("rotary", decoder._rotate_half)
+    exact.IntegerLinear._gathered_block = timed("sparse head", exact.IntegerLinear._gathered_block)
+    policy = invisibleink.InvisibleInkPolicy
+    policy.candidates = timed("Top-k+ candidates", policy.candidates)
+    policy.choose = timed("sampler", policy.choose)
     start = time.perf_counter()
     model = load_default_model(dtype=args.dtype)
     load_s = time.perf_counter() - start
@@ -67,9 +80,11 @@ def main() -> None:
                      on_step=on_step)
     total = time.perf_counter() - start
     steps = [b - a for a, b in itertools.pairwise(stamps)]
+    names = sorted({name for mark in marks for name in mark})
     per_step = {name: [b.get(name, 0.0) - a.get(name, 0.0)
-                       for a, b in itertools.pairwise(marks)] for name in ("products",
-                                                                          "attention")}
+                       for a, b in itertools.pairwise(marks)] for name in names}
+    per_step.setdefault("products", [0.0])
+    per_step.setdefault("attention", [0.0])
     step = statistics.median(steps)
     products = statistics.median(per_step["products"])
     attention = statistics.median(per_step["attention"])
@@ -83,6 +98,11 @@ def main() -> None:
           f"{1e3 * products:.0f} ms; attention {1e3 * attention:.0f} ms; "
           f"step / products = {step / products:.2f} (target <= 1.5)")
     print(f"peak resident memory {rss:.0f} MiB")
+    parts = {name: statistics.median(values) for name, values in per_step.items()}
+    print("a decode step, part by part (median ms): " + ", ".join(
+        f"{name} {1e3 * value:.1f}" for name, value in sorted(parts.items(),
+                                                              key=lambda kv: -kv[1]))
+          + f", everything else {1e3 * (step - sum(parts.values())):.1f}")
 
 
 if __name__ == "__main__":

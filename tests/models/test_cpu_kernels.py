@@ -162,3 +162,75 @@ def test_rows_too_small_to_scale_become_zeros_in_both_definitions(
         assert float(scale) >= torch.finfo(torch.float32).tiny
     if top / TWO_LIMB_LEVELS < torch.finfo(torch.float32).tiny:
         assert float(q.abs().max()) == 0.0 and float(scale) == 1.0
+
+
+def test_cache_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused store (issue 36): the same integers and scales at the same places, int16
+    store and float32 store alike, rows too small or not finite included."""
+    for dtype in (torch.int16, torch.float32):
+        caches = []
+        for fused in (True, False):
+            cache = attention.SlotCache(2, 3, 16, block=8, device=torch.device("cpu"))
+            cache.dtype = dtype  # the CPU's int16 store, and the GPU's float32 one
+            cache.reserve(24)
+            for _ in range(3):
+                cache.allocate()
+            keys = _nasty(10, 48, 3).view(10, 3, 16)
+            values = _nasty(10, 48, 4).view(10, 3, 16) * 7
+            slots = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 2])
+            positions = torch.tensor([0, 0, 0, 1, 1, 1, 5, 9, 23, 7])
+            if fused:
+                cache.write(1, slots, positions, keys, values)
+            else:
+                with monkeypatch.context() as m:
+                    m.setattr(cpu_kernels, "available", lambda tensor: False)
+                    cache.write(1, slots, positions, keys, values)
+            caches.append(cache)
+        for name in ("keys", "values", "key_scale", "value_scale"):
+            _same(getattr(caches[0], name)[1], getattr(caches[1], name)[1])
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, 50, 299, 300, 400])
+def test_topk_plus_candidates(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
+    """InvisibleInk's V_k^+ from a compiled pass (issue 36): the same ids as the torch
+    definition, with ties at the k-th logit, NaN, -inf (banned tokens) and +inf publics."""
+    from dplang.textgen.methods.invisibleink import InvisibleInkPolicy
+
+    gen = torch.Generator().manual_seed(k)
+    cases = []
+    base = torch.randn(300, generator=gen) * 4
+    cases.append(base)
+    ties = torch.round(base)  # many equal logits, around the k-th too
+    cases.append(ties)
+    banned = base.clone()
+    banned[::3] = float("-inf")
+    banned[7] = float("nan")
+    cases.append(banned)
+    plus = base.clone()
+    plus[[4, 90]] = float("inf")
+    cases.append(plus)
+    for clip in (0.0, 0.05, 3.0):
+        policy = InvisibleInkPolicy(clip, 7, 1.2, k, 300)
+        for public in cases:
+            fast = policy.candidates(public)
+            slow = _torch_path(monkeypatch, lambda p=public, q=policy: q.candidates(p))
+            if fast is None or slow is None:
+                assert fast is None and slow is None
+            else:
+                assert torch.equal(fast, slow), (k, clip)
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+def test_gathered_head(monkeypatch: pytest.MonkeyPatch, bits: int) -> None:
+    """The sparse head from the weight rows' limbs (issue 36): the same bits as the float32
+    chunks of the definition, and as the dense head's columns."""
+    gen = torch.Generator().manual_seed(bits)
+    w = torch.randn(500, 40, generator=gen)
+    lin = exact.IntegerLinear(w, torch.randn(500, generator=gen), weight_bits=bits,
+                              layout="nk")
+    x = _nasty(9, 40, 5).nan_to_num(0.0, 0.0, 0.0)
+    ids = torch.randint(0, 500, (9, 30), generator=gen)
+    fast = lin.gathered(x, ids)
+    slow = _torch_path(monkeypatch, lambda: lin.gathered(x, ids))
+    _same(fast, slow)
+    _same(fast, _torch_path(monkeypatch, lambda: lin(x)).gather(1, ids))

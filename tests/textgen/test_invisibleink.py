@@ -117,6 +117,10 @@ def test_candidate_set_reads_only_public_logits(monkeypatch):
         return real(public, *args, **kwargs)
 
     monkeypatch.setattr(ii, "expanded_topk_mask", spy)
+    from dplang.models import cpu_kernels
+
+    # the torch definition (the compiled V_k^+ takes the public logits alone by its signature)
+    monkeypatch.setattr(cpu_kernels, "available", lambda tensor: False)
     pub = logits(11)
     sets = []
     for s in range(5):

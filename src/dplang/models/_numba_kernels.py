@@ -391,3 +391,121 @@ def attend_tokens(q_hi: Any, q_lo: Any, q_scale: Any, q_slot: Any, q_pos: Any, k
             for c in range(dim):
                 out[t, h, c] = f32((acc[c] * f) / denominator)
 
+
+
+@njit(parallel=True, **opts)
+def write_kv(keys: Any, values: Any, slots: Any, positions: Any, k_store: Any, v_store: Any,
+             ks_store: Any, vs_store: Any, k_levels: Any, v_levels: Any) -> None:
+    # SlotCache.write: each (token, kv head) row of keys/values [T, kvh, d] rounded on its own
+    # scale (quantize_rows) and stored at (slot, head, position) of the stores.
+    tokens, heads, dim = keys.shape
+    kl = f32(k_levels)
+    vl = f32(v_levels)
+    for item in prange(tokens * heads):
+        t = item // heads
+        h = item - t * heads
+        slot = slots[t]
+        pos = positions[t]
+        ks, k_ok = row_scale(keys[t], h, kl)
+        vs, v_ok = row_scale(values[t], h, vl)
+        ks_store[slot, h, pos] = ks
+        vs_store[slot, h, pos] = vs
+        for c in range(dim):
+            k_store[slot, h, pos, c] = np.rint(keys[t, h, c] / ks) if k_ok else f32(0.0)
+            v_store[slot, h, pos, c] = np.rint(values[t, h, c] / vs) if v_ok else f32(0.0)
+
+
+@njit(**opts)
+def topk_plus(public: Any, k: Any, margin: Any, out: Any) -> Any:
+    # InvisibleInkPolicy.candidates: V_k^+ = {y : pub[y] >= ell - margin} within the public
+    # support (the +inf tokens when there are any, else the finite ones), ell the k-th largest
+    # public logit (NaN counted as -inf; k <= 0 or k >= |V|: the whole support). Writes the
+    # ascending ids into out and returns their count.
+    vocab = public.shape[0]
+    plus = False
+    for y in range(vocab):
+        if public[y] == np.inf:
+            plus = True
+            break
+    if plus:
+        count = 0
+        for y in range(vocab):
+            if public[y] == np.inf:
+                out[count] = y
+                count += 1
+        return count
+    if k <= 0 or k >= vocab:
+        count = 0
+        for y in range(vocab):
+            v = public[y]
+            if v == v and v != -np.inf:
+                out[count] = y
+                count += 1
+        return count
+    # the k-th largest (NaN as -inf) by a min-heap of the k largest seen
+    heap = np.empty(k, dtype=np.float32)
+    size = 0
+    for y in range(vocab):
+        v = public[y]
+        if v != v:
+            v = f32(-np.inf)
+        if size < k:
+            j = size
+            size += 1
+            while j > 0:  # sift up
+                parent = (j - 1) // 2
+                if heap[parent] <= v:
+                    break
+                heap[j] = heap[parent]
+                j = parent
+            heap[j] = v
+        elif v > heap[0]:
+            j = 0
+            while True:  # sift down from the root with v
+                left = 2 * j + 1
+                if left >= k:
+                    break
+                child = left
+                if left + 1 < k and heap[left + 1] < heap[left]:
+                    child = left + 1
+                if heap[child] >= v:
+                    break
+                heap[j] = heap[child]
+                j = child
+            heap[j] = v
+    threshold = f32(heap[0] - margin)
+    count = 0
+    for y in range(vocab):
+        v = public[y]
+        if v == v and v != -np.inf and v >= threshold:
+            out[count] = y
+            count += 1
+    return count
+
+
+@njit(parallel=True, **opts)
+def gathered_head(limbs: Any, rows: Any, w_hi: Any, w_lo: Any, ids: Any, row_scale: Any,
+                  col_scale: Any, bias: Any, high_shift: Any, low_shift: Any, out: Any) -> None:
+    # IntegerLinear.gathered (layout "nk"): row i's outputs on its own columns ids[i], from
+    # the exact int32 dot products of its limbs (limbs[i], limbs[rows + i]) with the weight
+    # rows' limbs, combined by IntegerLinear.combine's formula.
+    count, width = ids.shape
+    dim = limbs.shape[1]
+    two = w_lo.shape[0] > 0
+    has_bias = bias.shape[0] > 0
+    for item in prange(count * width):
+        i = item // width
+        c = ids[i, item - i * width]
+        high = 0
+        low = 0
+        for j in range(dim):
+            w = np.int32(w_hi[c, j])
+            high += np.int32(limbs[i, j]) * w
+            low += np.int32(limbs[rows + i, j]) * w
+        if two:
+            for j in range(dim):
+                low += np.int32(limbs[i, j]) * np.int32(w_lo[c, j])
+        a = row_scale[i] * high_shift
+        b = row_scale[i] * low_shift
+        out[i, item - i * width] = recombined(high, low, a, b, col_scale[c], has_bias,
+                                              bias[c] if has_bias else f32(0.0))

@@ -148,6 +148,12 @@ class SlotCache:
               keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store float32 ``keys``/``values`` ``[T, kv_heads, head_dim]`` of tokens at
         (``slots[i]``, ``positions[i]``), as integers on a scale per token and head."""
+        fused = kernels.lookup("write_kv", keys)
+        if fused is not None:  # the same integers and scales, stored in one pass
+            fused(keys, values, slots, positions, self.keys[layer], self.values[layer],
+                  self.key_scale[layer], self.value_scale[layer], key_levels(self.head_dim),
+                  value_levels(self.block))
+            return
         k_int, k_scale = quantize_rows(keys, key_levels(self.head_dim))
         v_int, v_scale = quantize_rows(values, value_levels(self.block))
         self.keys[layer].permute(0, 2, 1, 3)[slots, positions] = k_int.to(self.dtype)

@@ -33,12 +33,15 @@ __all__ = [
     "attention_output",
     "available",
     "combine",
+    "gathered_head",
     "gelu_tanh_mul",
     "hadamard",
     "quantize_limbs",
     "rms_norm",
     "silu_mul",
     "softmax_counts",
+    "topk_plus",
+    "write_kv",
 ]
 
 _NUMBA: Any = None
@@ -88,27 +91,25 @@ def available(tensor: torch.Tensor) -> bool:
 _KERNELS: dict[str, Any] = {}
 
 
-def _kernels() -> dict[str, Any]:
-    if _KERNELS:
-        return _KERNELS
-    numba = _load()
-    from dplang.models import _numba_kernels as compiled
+class _Kernels:
+    """The compiled loops by name, each loaded (from numba's disk cache, or compiled) on its
+    first use only: a worker process that needs one kernel does not wait for all of them."""
 
-    _KERNELS.update({name: getattr(compiled, name) for name in (
-        "attend_tokens",
-        "quantize_limbs",
-        "quantize",
-        "combine",
-        "combine_cols",
-        "rms_norm",
-        "hadamard_rows",
-        "gelu_tanh_mul",
-        "silu_mul",
-        "softmax_counts",
-        "attention_output",
-    )})
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-    return _KERNELS
+    def __getitem__(self, name: str) -> Any:
+        kernel = _KERNELS.get(name)
+        if kernel is None:
+            numba = _load()
+            from dplang.models import _numba_kernels as compiled
+
+            if not _KERNELS:
+                numba.set_num_threads(max(1, min(torch.get_num_threads(),
+                                                 numba.config.NUMBA_NUM_THREADS)))
+            kernel = _KERNELS[name] = getattr(compiled, name)
+        return kernel
+
+
+def _kernels() -> _Kernels:
+    return _Kernels()
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -254,4 +255,47 @@ def attention_output(total: torch.Tensor, largest: torch.Tensor, denominator: to
     out = torch.empty(total.shape, dtype=torch.float32)
     _kernels()["attention_output"](_np(total.contiguous()), _np(largest.contiguous()),
                                    _np(denominator.contiguous()), float(levels), _np(out))
+    return out
+
+
+def write_kv(keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
+             positions: torch.Tensor, k_store: torch.Tensor, v_store: torch.Tensor,
+             ks_store: torch.Tensor, vs_store: torch.Tensor, k_levels: int,
+             v_levels: int) -> None:
+    """:meth:`~dplang.models.attention.SlotCache.write` of one layer: ``keys``/``values``
+    ``[T, kvh, d]`` rounded per (token, head) and stored in place at ``(slots[t], head,
+    positions[t])`` of the ``[S, kvh, C, d]`` stores and ``[S, kvh, C]`` scales."""
+    _kernels()["write_kv"](_np(keys.contiguous()), _np(values.contiguous()),
+                           _np(slots.to(torch.int64).contiguous()),
+                           _np(positions.to(torch.int64).contiguous()), _np(k_store),
+                           _np(v_store), _np(ks_store), _np(vs_store), k_levels, v_levels)
+
+
+def topk_plus(public: torch.Tensor, k: int, clip_norm: float, batch_size: int
+              ) -> torch.Tensor:
+    """:meth:`~dplang.textgen.methods.invisibleink.InvisibleInkPolicy.candidates`' V_k^+ of
+    float32 public logits ``[V]``: ascending int64 ids (possibly none)."""
+    values = public.detach().float().contiguous()
+    out = torch.empty(values.shape[0], dtype=torch.int64)
+    margin = np.float32(2.0 * clip_norm / batch_size)  # as torch rounds the scalar
+    count = _kernels()["topk_plus"](_np(values), int(k), margin, _np(out))
+    return out[:count]
+
+
+def gathered_head(limbs: torch.Tensor, row_scale: torch.Tensor, w_hi: torch.Tensor,
+                  w_lo: torch.Tensor | None, ids: torch.Tensor, col_scale: torch.Tensor,
+                  bias: torch.Tensor | None, high_shift: float, low_shift: float
+                  ) -> torch.Tensor:
+    """:meth:`~dplang.models.exact.IntegerLinear.gathered`'s outputs ``[M, W]`` of prepared
+    rows (``limbs`` int8 ``[2M, K]``) on their own columns ``ids [M, W]`` of "nk" weights."""
+    rows, width = ids.shape
+    out = torch.empty((rows, width), dtype=torch.float32)
+    empty_w = torch.empty((0, 0), dtype=torch.int8)
+    empty_f = torch.empty(0, dtype=torch.float32)
+    _kernels()["gathered_head"](
+        _np(limbs.contiguous()), rows, _np(w_hi.contiguous()),
+        _np(w_lo.contiguous()) if w_lo is not None else _np(empty_w),
+        _np(ids.to(torch.int64).contiguous()), _np(row_scale.reshape(-1).contiguous()),
+        _np(col_scale.contiguous()), _np(bias.contiguous()) if bias is not None else _np(empty_f),
+        np.float32(high_shift), np.float32(low_shift), _np(out))
     return out

@@ -668,6 +668,13 @@ class IntegerLinear:
                 full = self(x[r0:r0 + step])
                 out[r0:r0 + step] = full.gather(1, ids[r0:r0 + step])
             return out
+        fused = kernels.lookup("gathered_head", x)
+        if fused is not None:  # exact int32 dot products straight from the weight rows
+            prepared = prepare_rows(x.float())
+            shift = float(LIMB) if self.weight_bits == 16 else 1.0
+            return fused(prepared.limbs, prepared.scale, self.limbs[0],
+                         self.limbs[1] if self.weight_bits == 16 else None, ids,
+                         self.col_scale, self.bias, shift * LIMB, shift)
         col_step = min(width, max(1, _GATHER_BUDGET // k))
         row_step = max(1, _GATHER_BUDGET // (col_step * k))
         for r0 in range(0, rows, row_step):

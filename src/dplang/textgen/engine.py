@@ -200,6 +200,18 @@ def _ban(logits: torch.Tensor, banned: torch.Tensor | None,
     return logits
 
 
+def warm_up() -> None:
+    """Load the engine's own compiled kernels (Top-k+ candidates) before decoding starts, on
+    public dummy input: a worker says it is ready only then, so its first decode step is not
+    mistaken for a hung worker while numba loads them."""
+    from ..models import kernels
+
+    probe = torch.zeros(4)
+    fused = kernels.lookup("topk_plus", probe)
+    if fused is not None:
+        fused(probe, 1, 0.0, 1)
+
+
 def require_row_invariance(model: Any) -> None:
     """Refuse a model that cannot show that each row's logits depend on that row alone for its
     configuration as it is now (DESIGN invariant 7: the parallel composition of the groups and

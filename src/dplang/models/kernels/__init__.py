@@ -66,6 +66,9 @@ OPS: dict[str, tuple[str, ...]] = {
     "softmax_counts": ("cpu",),
     "attention_output": ("cpu",),
     "attend_tokens": ("cpu", "cuda"),
+    "write_kv": ("cpu",),
+    "topk_plus": ("cpu",),
+    "gathered_head": ("cpu",),
 }
 
 

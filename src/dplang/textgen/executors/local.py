@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ..engine import GroupResult
+from ..engine import GroupResult, warm_up
 from .base import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_STALL_TIMEOUT_S,
@@ -83,6 +83,7 @@ def _worker_main(conn: Connection, recipe: WorkerRecipe, number: int = 0) -> Non
         model = recipe.model.load()  # a transformers model runs its load-time checks here
         identity = check_identity(model, recipe)
         policy = recipe.policy_factory(model.vocab_size)
+        warm_up()
     except Exception as exc:
         send(("fatal", _one_line(exc)))
         return

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine import GroupResult
+from ..engine import GroupResult, warm_up
 from .base import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_STALL_TIMEOUT_S,
@@ -63,6 +63,7 @@ class _ActorBody:
         self.model = recipe.model.load()  # a transformers model runs its load-time checks
         self.identity = check_identity(self.model, recipe)
         self.policy = recipe.policy_factory(self.model.vocab_size)
+        warm_up()
         self._progress = 0
 
     def ready(self) -> tuple[int, dict[str, Any]]:

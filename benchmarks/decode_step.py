@@ -60,6 +60,15 @@ def main() -> None:
     attention.SlotCache.write = timed("cache write", attention.SlotCache.write)
     decoder._rotate_half = timed("rotary", decoder._rotate_half)
     exact.IntegerLinear._gathered_block = timed("sparse head", exact.IntegerLinear._gathered_block)
+    cpu_kernels.gathered_head = timed("sparse head", cpu_kernels.gathered_head)
+    forward_tokens: list[int] = []  # tokens of each forward call (the prefill's first)
+    real_forward = decoder.ExactDecoder.forward
+
+    def counted_forward(self, ids, *a, **k):
+        forward_tokens.append(int(ids.shape[0]))
+        return real_forward(self, ids, *a, **k)
+
+    decoder.ExactDecoder.forward = counted_forward
     policy = invisibleink.InvisibleInkPolicy
     policy.candidates = timed("Top-k+ candidates", policy.candidates)
     policy.choose = timed("sampler", policy.choose)
@@ -71,7 +80,11 @@ def main() -> None:
     params = DecodingParams(clip, B, TAU, K, args.tokens, sparse_head=True, stop_at_eos=False)
     stamps: list[float] = []
 
+    prefill_tokens: list[int] = []
+
     def on_step(_n: int) -> None:
+        if not stamps:  # the prefill's forward calls, then the first step's
+            prefill_tokens.append(sum(forward_tokens))
         stamps.append(time.perf_counter())
         marks.append(dict(spent))
 
@@ -93,7 +106,9 @@ def main() -> None:
     print(f"default model ({args.dtype}) loaded in {load_s:.1f} s; {torch.get_num_threads()} "
           f"threads; G = {args.groups}, B = {B}, T = {args.tokens}, EOS ignored")
     print(f"whole run {total:.1f} s: {args.groups * args.tokens / total:.2f} DP tokens/s; "
-          f"prefill and first step {prefill:.1f} s")
+          f"prefill and first step {prefill:.1f} s: {prefill_tokens[0]} prompt tokens "
+          f"(shared prefixes once per group), {prefill_tokens[0] / prefill:.0f} tokens/s, "
+          f"{prefill_tokens[0] / prefill / torch.get_num_threads():.0f} per thread")
     print(f"decode step (median of {len(steps)}): {1e3 * step:.0f} ms; integer products "
           f"{1e3 * products:.0f} ms; attention {1e3 * attention:.0f} ms; "
           f"step / products = {step / products:.2f} (target <= 1.5)")

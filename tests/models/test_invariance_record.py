@@ -120,6 +120,8 @@ def test_the_key_covers_weights_and_backend_source(tiny_llama_dir: Path, cache: 
     monkeypatch.setattr(model, "_digest", None)
     assert inv._record_key(model) == key
     monkeypatch.setattr(inv, "_ARITHMETIC_ROOTS", ("dplang.models.errors",))
+    monkeypatch.setattr(inv, "_MODULES", {})  # the derivation runs again (another process)
+    monkeypatch.setattr(inv, "_DIGESTS", {})
     assert inv._record_key(model) != key
 
 
@@ -142,6 +144,7 @@ def test_a_changed_kernel_module_is_checked_again(tiny_llama_dir: Path, cache: P
         return data
 
     monkeypatch.setattr(Path, "read_bytes", edited)
+    monkeypatch.setattr(inv, "_DIGESTS", {})  # as another process reading the edited file
     TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance="cached")
     assert calls == [1, 1]
 
@@ -155,6 +158,7 @@ def test_what_chooses_the_kernels_is_in_the_key(change: str, tiny_llama_dir: Pat
     model = TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance=False)
     key = inv._record_key(model)
     real_version = metadata.version
+    monkeypatch.setattr(inv, "_VERSIONS", {})  # as another process would read them
     if change == "numba version":
         monkeypatch.setattr(metadata, "version", lambda name: "0.0.1" if name == "numba"
                             else real_version(name))

@@ -415,72 +415,71 @@ def write_kv(keys: Any, values: Any, slots: Any, positions: Any, k_store: Any, v
             v_store[slot, h, pos, c] = np.rint(values[t, h, c] / vs) if v_ok else f32(0.0)
 
 
+@njit(inline="always", **opts)
+def _kept(v: Any, plus: Any, threshold: Any) -> Any:
+    # whether a public logit v is in V_k^+ (see topk_plus)
+    if plus:
+        return v == np.inf
+    return v == v and v != -np.inf and v >= threshold
+
+
 @njit(**opts)
-def topk_plus(public: Any, k: Any, margin: Any, out: Any) -> Any:
+def topk_plus(public: Any, k: Any, margin: Any) -> Any:
     # InvisibleInkPolicy.candidates: V_k^+ = {y : pub[y] >= ell - margin} within the public
     # support (the +inf tokens when there are any, else the finite ones), ell the k-th largest
-    # public logit (NaN counted as -inf; k <= 0 or k >= |V|: the whole support). Writes the
-    # ascending ids into out and returns their count.
+    # public logit (NaN counted as -inf; k <= 0 or k >= |V|: the whole support). Returns the
+    # ascending ids.
     vocab = public.shape[0]
     plus = False
     for y in range(vocab):
         if public[y] == np.inf:
             plus = True
             break
-    if plus:
-        count = 0
-        for y in range(vocab):
-            if public[y] == np.inf:
-                out[count] = y
-                count += 1
-        return count
-    if k <= 0 or k >= vocab:
-        count = 0
+    threshold = f32(-np.inf)
+    if not plus and 0 < k < vocab:
+        # the k-th largest (NaN as -inf) by a min-heap of the k largest seen
+        heap = np.empty(k, dtype=np.float32)
+        size = 0
         for y in range(vocab):
             v = public[y]
-            if v == v and v != -np.inf:
-                out[count] = y
-                count += 1
-        return count
-    # the k-th largest (NaN as -inf) by a min-heap of the k largest seen
-    heap = np.empty(k, dtype=np.float32)
-    size = 0
-    for y in range(vocab):
-        v = public[y]
-        if v != v:
-            v = f32(-np.inf)
-        if size < k:
-            j = size
-            size += 1
-            while j > 0:  # sift up
-                parent = (j - 1) // 2
-                if heap[parent] <= v:
-                    break
-                heap[j] = heap[parent]
-                j = parent
-            heap[j] = v
-        elif v > heap[0]:
-            j = 0
-            while True:  # sift down from the root with v
-                left = 2 * j + 1
-                if left >= k:
-                    break
-                child = left
-                if left + 1 < k and heap[left + 1] < heap[left]:
-                    child = left + 1
-                if heap[child] >= v:
-                    break
-                heap[j] = heap[child]
-                j = child
-            heap[j] = v
-    threshold = f32(heap[0] - margin)
+            if v != v:
+                v = f32(-np.inf)
+            if size < k:
+                j = size
+                size += 1
+                while j > 0:  # sift up
+                    parent = (j - 1) // 2
+                    if heap[parent] <= v:
+                        break
+                    heap[j] = heap[parent]
+                    j = parent
+                heap[j] = v
+            elif v > heap[0]:
+                j = 0
+                while True:  # sift down from the root with v
+                    left = 2 * j + 1
+                    if left >= k:
+                        break
+                    child = left
+                    if left + 1 < k and heap[left + 1] < heap[left]:
+                        child = left + 1
+                    if heap[child] >= v:
+                        break
+                    heap[j] = heap[child]
+                    j = child
+                heap[j] = v
+        threshold = f32(heap[0] - margin)
     count = 0
     for y in range(vocab):
-        v = public[y]
-        if v == v and v != -np.inf and v >= threshold:
-            out[count] = y
+        if _kept(public[y], plus, threshold):
             count += 1
-    return count
+    ids = np.empty(count, dtype=np.int64)
+    count = 0
+    for y in range(vocab):
+        if _kept(public[y], plus, threshold):
+            ids[count] = y
+            count += 1
+    return ids
 
 
 @njit(parallel=True, **opts)

@@ -276,10 +276,8 @@ def topk_plus(public: torch.Tensor, k: int, clip_norm: float, batch_size: int
     """:meth:`~dplang.textgen.methods.invisibleink.InvisibleInkPolicy.candidates`' V_k^+ of
     float32 public logits ``[V]``: ascending int64 ids (possibly none)."""
     values = public.detach().float().contiguous()
-    out = torch.empty(values.shape[0], dtype=torch.int64)
     margin = np.float32(2.0 * clip_norm / batch_size)  # as torch rounds the scalar
-    count = _kernels()["topk_plus"](_np(values), int(k), margin, _np(out))
-    return out[:count]
+    return torch.from_numpy(_kernels()["topk_plus"](_np(values), int(k), margin))
 
 
 def gathered_head(limbs: torch.Tensor, row_scale: torch.Tensor, w_hi: torch.Tensor,

@@ -361,16 +361,37 @@ def arithmetic_modules(root: Path | None = None) -> list[Path]:
     return [found[name] for name in sorted(found)]
 
 
+#: Digests already computed in this process, by the files' (path, size, modification time):
+#: a load computes the key several times, and parsing and hashing every module took ~50 ms.
+_DIGESTS: dict[tuple[Any, ...], str] = {}
+_MODULES: dict[Path, list[Path]] = {}
+
+
 def arithmetic_source_digest(root: Path | None = None) -> str:
-    """sha256 over the sources of :func:`arithmetic_modules` (with their paths)."""
+    """sha256 over the sources of :func:`arithmetic_modules` (with their paths); computed
+    again whenever a file's size or modification time changed."""
     root = root or Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
-    for path in arithmetic_modules(root):
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    if root not in _MODULES:
+        _MODULES[root] = arithmetic_modules(root)
+    paths = _MODULES[root]
+    stamp = (root, *((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths))
+    if stamp not in _DIGESTS:
+        digest = hashlib.sha256()
+        for path in paths:
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes()
+                          + b"\0")
+        _DIGESTS[stamp] = digest.hexdigest()
+    return _DIGESTS[stamp]
+
+
+_VERSIONS: dict[str, str] = {}
 
 
 def _package_versions() -> dict[str, str]:
+    """The installed versions of the arithmetic's packages (read once per process: scanning
+    the installed distributions costs tens of milliseconds each time)."""
+    if _VERSIONS:
+        return dict(_VERSIONS)
     from importlib import metadata
 
     versions = {}
@@ -380,6 +401,7 @@ def _package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[name] = "absent"
     versions["torch_runtime"] = torch.__version__
+    _VERSIONS.update(versions)
     return versions
 
 

@@ -69,7 +69,7 @@ def test_generate_writes_records_and_manifest(tmp_path, capsys, toy):
     assert manifest["status"] == "complete"
     assert manifest["fingerprint"]["model_sha256"] == toy.weights_digest()
     assert manifest["fingerprint"]["model_dtype"] == "float32"
-    assert manifest["fingerprint"]["parameters"]["dtype"] == "float32"
+    assert manifest["fingerprint"]["parameters"]["dtype"] == "bfloat16"  # the default
     assert "seed" not in json.dumps(manifest["fingerprint"]["parameters"])
     # the public manifest holds nothing computed from the rows, nor paths
     text = json.dumps(manifest)

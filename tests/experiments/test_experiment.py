@@ -263,7 +263,7 @@ def test_a_changed_generation_setting_is_refused_not_relabelled(setup, capsys):
                              ("references = [0, 60]", "references = [0, 50]", "references"),
                              ('model = "toy"', 'model = "toy2"', "model"),
                              ("concurrent_groups = 4",
-                              'concurrent_groups = 4\ndtype = "bfloat16"', "dtype")):
+                              'concurrent_groups = 4\ndtype = "float32"', "dtype")):
         cfg.write_text(_small(CONFIG).replace(old, new))
         calls.clear()
         code = main(["experiment", str(cfg), "--out", str(out)])

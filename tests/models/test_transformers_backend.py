@@ -470,7 +470,7 @@ def test_dtype_resolution(tiny_llama_dir: Path) -> None:
 
     assert backend.resolve_dtype("float32") == torch.float32
     assert backend.resolve_dtype("bfloat16") == torch.bfloat16
-    assert backend.resolve_dtype("auto") == torch.float32
+    assert backend.resolve_dtype("auto") == torch.bfloat16  # the runs' default (8-bit body)
     with pytest.raises(ValueError, match="dtype must be one of"):
         backend.resolve_dtype("float16")
     with pytest.raises(ValueError, match="float32 or bfloat16"):

@@ -464,7 +464,7 @@ def generate(
     max_reference_tokens: int | None = None,
     dense: bool = False,
     special_tokens: bool = False,
-    dtype: str = "float32",
+    dtype: str = "bfloat16",
     device: str = "cpu",
     executor: str = "inline",
     workers: int = 1,

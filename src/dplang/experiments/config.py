@@ -19,7 +19,7 @@ max_tokens = 64
 num = 100                   # generations per cell
 delta = 1e-6
 concurrent_groups = 8
-dtype = "float32"           # model precision of the generation cells: float32, bfloat16 or auto
+dtype = "bfloat16"          # model precision of the generation cells: bfloat16, float32 or auto
 threads = 2                 # optional: CPU threads (speed only; default every core)
 augpe_iterations = 3        # a method's options, as <method>_<option> (those its spec lets a
 augpe_variations = 7        # sweep set): Aug-PE's T noisy histograms and L variations
@@ -178,7 +178,7 @@ class ExperimentConfig:
     embedder: str
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
     #: Model body dtype of every generation cell (evaluation always scores in float32).
-    dtype: str = "float32"
+    dtype: str = "bfloat16"
     #: CPU threads of the models (None: $DPLANG_THREADS, $OMP_NUM_THREADS or every core);
     #: speed only, never a bit of a result, so not part of a cell's identity.
     threads: int | None = None
@@ -397,7 +397,7 @@ def load_config(path: str | Path, data: str | Path | None = None) -> ExperimentC
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or threads < 1):
         raise ConfigError(f"[generation].threads must be an integer >= 1, got {threads!r}")
-    dtype = _str(gen, "generation", "dtype", "float32")
+    dtype = _str(gen, "generation", "dtype", "bfloat16")
     if dtype not in DTYPES:
         raise ConfigError(f"[generation].dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
     buckets = ev.get("num_buckets")

@@ -124,7 +124,7 @@ ARITHMETIC = "exact-integer-1"
 
 
 def compute_dtype(dtype: str | torch.dtype, device_type: str) -> torch.dtype:
-    """The precision for ``--dtype`` (``auto`` is float32 on every device; see
+    """The precision for ``--dtype`` (``auto`` is bfloat16 on every device; see
     :func:`~dplang.models.dtypes.resolve_dtype`)."""
     del device_type  # the same arithmetic on every device
     return resolve_dtype(dtype)

@@ -54,7 +54,7 @@ class GenerationRequest:
     max_reference_tokens: int = DEFAULT_MAX_REFERENCE_TOKENS
     sparse_head: bool = True
     #: Compute dtype of the model body (a TransformersModel option; logits stay float32).
-    dtype: str = "float32"
+    dtype: str = "bfloat16"
     ledger: str | Path | None = field(default=None, repr=False)  # may hold a password
     #: Ledger name of the dataset (default: the data file's resolved path).
     dataset: str | None = None

@@ -142,13 +142,14 @@ def extract(commit: str, into: Path) -> Path:
     return into / "src"
 
 
-def measure(src: Path | None, args: argparse.Namespace) -> dict[str, float]:
+def measure(src: Path | None, args: argparse.Namespace, dtype: str | None = None
+            ) -> dict[str, float]:
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
     out = subprocess.run(
         [sys.executable, __file__, "--worker", "--groups", str(args.groups), "--tokens",
-         str(args.tokens), "--dtype", args.dtype, "--form", args.form,
+         str(args.tokens), "--dtype", dtype or args.dtype, "--form", args.form,
          "--slots", str(args.slots or args.groups),
          *(["--eos"] if args.eos else []),
          *(["--unchecked"] if args.unchecked and src is not None and "earlier" in str(src)
@@ -172,6 +173,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--current", default="HEAD", help="the commit measured as 'current'")
+    ap.add_argument("--current-dtype", default=None, choices=("float32", "bfloat16"),
+                    help="the current code's precision when it differs from --dtype (each "
+                         "commit in its own default: --dtype float32 --current-dtype "
+                         "bfloat16)")
     ap.add_argument("--eos", action="store_true", help="honour EOS (groups end unevenly)")
     ap.add_argument("--form", default="completion", choices=("completion", "instruction"))
     ap.add_argument("--unchecked", action="store_true",
@@ -189,14 +194,15 @@ def main() -> None:
         current = extract(args.current, Path(tmp) / "current")
         for r in range(args.rounds):
             for name, src in (("current", current), (args.against, earlier)):
-                result = measure(src, args)
+                result = measure(src, args, args.current_dtype if name == "current" else None)
                 print(f"round {r + 1} {name:>10}: {result['seconds']:.1f} s, decode step "
                       f"{result['step_ms']:.0f} ms", flush=True)
                 if name not in best or result["seconds"] < best[name]["seconds"]:
                     best[name] = result
     texts = args.groups
     print(f"\n{args.groups} groups, {args.slots or args.groups} at once, B = {B}, "
-          f"T = {args.tokens}, dtype {args.dtype}, "
+          f"T = {args.tokens}, dtype {args.dtype}"
+          + (f" (current: {args.current_dtype})" if args.current_dtype else "") + ", "
           f"{args.form} prompts, EOS {'honoured' if args.eos else 'ignored'}, "
           f"{best['current']['threads']} threads; best of {args.rounds} rounds")
     print(f"{'code':>12} {'s / text':>9} {'DP tok/s':>9} {'tokens':>7} {'step ms':>8}")
@@ -206,8 +212,9 @@ def main() -> None:
               f"{emitted:>7.0f} {res['step_ms']:>8.0f}")
     ratio = best["current"]["seconds"] / best[args.against]["seconds"]
     step = best["current"]["step_ms"] / best[args.against]["step_ms"]
-    print(f"time current / {args.against}: {ratio:.2f}x end to end (same texts), {step:.2f}x "
-          "per decode step")
+    same = not args.current_dtype or args.current_dtype == args.dtype
+    print(f"time current / {args.against}: {ratio:.2f}x end to end "
+          f"({'same texts' if same else 'each in its precision'}), {step:.2f}x per decode step")
 
 
 if __name__ == "__main__":

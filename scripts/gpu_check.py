@@ -186,6 +186,11 @@ def main() -> None:
         print(f"invariance {dtype}: {summary[f'invariance_{dtype}']}", flush=True)
     if "float32" not in models:
         models["float32"], _ = load(args.device, "float32", check=False, quick=args.quick)
+    from dplang.models.kernels import triton_check
+
+    # which Triton kernels passed their self-test on this GPU (the model admitted them)
+    summary["triton_kernels"] = triton_check.admit_kernels(args.device)
+    print(f"triton kernels admitted: {summary['triton_kernels']}", flush=True)
     model = models["float32"]
     clip = calibrate_clip(epsilon_to_rho(EPS, DELTA), tokens, B, TAU)
     params = DecodingParams(clip, B, TAU, K, tokens, sparse_head=True, stop_at_eos=False)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _CHECKS = r'''
 import json, math, sys, torch
 from dplang.models import exact, cpu_kernels
-from dplang.models.kernels import triton_exact as tk
+from dplang.models.kernels import triton_check, triton_exact as tk
 cpu_kernels.disable()  # the torch definitions, not the numba kernels, are the reference
 g = torch.Generator().manual_seed(7)
 out = {}
@@ -104,14 +104,14 @@ for capacity in (BLOCK_SIZE, 2 * BLOCK_SIZE):
     pos = torch.tensor([0, 5, capacity - 1, 17, 22, 3, 40])
     for window, cap in ((None, None), (8, None), (None, 50.0), (16, 30.0)):
         args = (q, slot, pos, keys, ks, values, vs, window, 0.125, cap)
-        ref = tk.reference_attend_tokens(*args)
+        ref = triton_check.reference_attend_tokens(*args)
         got = tk.attend_tokens(*args, WEIGHT_LEVELS, MAX_POSITIONS)
         alone = tk.attend_tokens(q[3:4], slot[3:4], pos[3:4], keys, ks, values, vs, window,
                                  0.125, cap, WEIGHT_LEVELS, MAX_POSITIONS)
         out[f"attend {capacity} {window} {cap}"] = same(ref, got) and same(ref[3:4], alone)
 for op in ("quantize", "quantize_limbs", "rms_norm", "gelu_tanh_mul", "silu_mul", "linear",
            "attend_tokens"):
-    out[f"selftest {op}"] = tk.self_test(op, torch.device("cpu"))
+    out[f"selftest {op}"] = triton_check.self_test(op, torch.device("cpu"))
 print("VERDICT " + json.dumps(out))
 '''
 
@@ -141,26 +141,42 @@ def test_each_kernel_gives_the_bits_of_its_torch_definition(verdicts, family):
 def test_a_kernel_that_fails_its_self_test_is_not_used(monkeypatch):
     """On a GPU where a Triton kernel does not compile or gives other bits than its
     definition, the definition computes the operation (with a warning): speed is lost, never
-    the bits."""
+    the bits. Only admitted kernels are in the dispatch table."""
     pytest.importorskip("triton")
     from dplang.models import kernels
-    from dplang.models.kernels import triton_exact
+    from dplang.models.kernels import triton_check, triton_exact
 
-    kernels._cuda.cache_clear()
-    monkeypatch.setattr(triton_exact, "self_test", lambda op, device: op != "rms_norm")
+    monkeypatch.setattr(kernels, "triton_available", lambda: True)
+    kernels.withdraw_all()
+    triton_check._admit.cache_clear()
     try:
+        monkeypatch.setattr(triton_check, "self_test", lambda op, device: op != "rms_norm")
         with pytest.warns(UserWarning, match="'rms_norm' is not used on this GPU"):
-            assert kernels._cuda("rms_norm") is None
-        assert kernels._cuda("quantize") is triton_exact.quantize
+            verdicts = triton_check.admit_kernels("cuda")
+        assert verdicts == {op: op != "rms_norm" for op in kernels.gpu_ops()}
+        assert "rms_norm" not in kernels._admitted
+        assert kernels._admitted["quantize"] is triton_exact.quantize
 
         def broken(op, device):
             raise RuntimeError("PassManager::run failed")
 
-        monkeypatch.setattr(triton_exact, "self_test", broken)
+        kernels.withdraw_all()
+        monkeypatch.setattr(triton_check, "self_test", broken)
         with pytest.warns(UserWarning, match="RuntimeError: PassManager::run failed"):
-            assert kernels._cuda("linear") is None
+            assert not any(triton_check.admit_kernels("cuda:1").values())
+        assert kernels._admitted == {}
+        assert triton_check.admit_kernels("cpu") == {}  # nothing to admit off CUDA
     finally:
-        kernels._cuda.cache_clear()
+        kernels.withdraw_all()
+        triton_check._admit.cache_clear()
+
+
+def test_the_kernel_modules_agree_on_the_two_limb_range():
+    pytest.importorskip("triton")
+    from dplang.models import cpu_kernels, exact
+    from dplang.models.kernels import triton_exact
+
+    assert triton_exact.TWO_LIMB == cpu_kernels.TWO_LIMB == exact.TWO_LIMB_LEVELS
 
 
 @pytest.mark.gpu
@@ -168,11 +184,11 @@ def test_the_kernels_on_a_gpu_give_the_bits_of_the_cpu_definitions():
     """On CUDA (compiled, not interpreted): the same comparisons, the inputs made on the CPU,
     the torch definitions computed on the CPU."""
     from dplang.models import cpu_kernels, exact, kernels
+    from dplang.models.kernels import triton_check
     from dplang.models.kernels import triton_exact as tk
 
-    for op, devices in kernels.OPS.items():  # every kernel passes its self-test here
-        if "cuda" in devices:
-            assert tk.self_test(op, torch.device("cuda")), op
+    verdicts = triton_check.admit_kernels("cuda")  # every kernel passes its self-test here
+    assert verdicts == {op: True for op in kernels.gpu_ops()}, verdicts
     cpu_kernels.disable()
     g = torch.Generator().manual_seed(3)
     x = torch.randn(37, 640, generator=g) * 5

@@ -66,6 +66,7 @@ from dplang.models.invariance import (
     verification_key,
     verified_on_record,
 )
+from dplang.models.kernels.triton_check import admit_kernels
 from dplang.models.memory import trim_heap
 from dplang.models.prompt_side import (
     BLOCK_SIZE,
@@ -229,6 +230,7 @@ class TransformersModel(TokenizerText):
             self.model_id = getattr(self.config, "_name_or_path", "") or type(model).__name__
         if self.device_type != "cpu":
             self._decoder.to(self.device)  # before the verification, which runs on the device
+            admit_kernels(self.device)  # the Triton kernels that give their definitions' bits
         if verify:
             self._verify_head()
             if verification is not None:

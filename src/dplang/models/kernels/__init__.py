@@ -8,14 +8,16 @@ same integers and bits in fewer passes, per device type:
 device      kernels                                        module
 ==========  =============================================  ==================================
 ``cpu``     numba loops (when numba is installed)          :mod:`dplang.models.cpu_kernels`
-``cuda``    Triton kernels (when triton is installed)      :mod:`.triton_exact`
+``cuda``    Triton kernels (installed, and admitted)       :mod:`.triton_exact`
 ==========  =============================================  ==================================
 
 :func:`lookup` answers "which function computes ``op`` for this tensor", or ``None`` for the
 torch definition; the decoder's code asks it instead of testing devices itself.
 ``DPLANG_NO_KERNELS=1`` (or :func:`dplang.models.cpu_kernels.disable`, the load-time check's
 fallback) turns the CPU kernels off, ``DPLANG_NO_TRITON=1`` the GPU ones: the torch definitions
-then run, with the same bits. Each kernel has a bit-for-bit test against its definition
+then run, with the same bits. A Triton kernel runs only once admitted: it gave its
+definition's bits on this GPU (:func:`dplang.models.kernels.triton_check.admit_kernels`, which
+the model calls when it moves to CUDA). Each kernel has a bit-for-bit test against its definition
 (``tests/models/test_cpu_kernels.py``, ``tests/models/test_triton_kernels.py``, the latter on the
 CPU under Triton's interpreter and on a GPU).
 
@@ -29,7 +31,6 @@ import contextlib
 import functools
 import os
 import threading
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -37,7 +38,8 @@ import torch
 
 from dplang.models import cpu_kernels
 
-__all__ = ["OPS", "definitions_only", "lookup", "triton_available"]
+__all__ = ["OPS", "admit", "definitions_only", "gpu_ops", "lookup", "triton_available",
+           "withdraw_all"]
 
 _state = threading.local()
 
@@ -90,25 +92,29 @@ def triton_available() -> bool:
     return True
 
 
-@functools.cache
-def _cuda(op: str) -> Callable[..., Any] | None:
-    """The Triton kernel of ``op``, once it has given the bits of its torch definition on
-    this GPU (:func:`~dplang.models.kernels.triton_exact.self_test`, a few small cases, once
-    per process); ``None`` (the definition then runs) when it fails to compile or differs,
-    with a warning: a GPU or a Triton version on which a kernel misbehaves costs speed only."""
-    from dplang.models.kernels import triton_exact
+#: The Triton kernels admitted on this process's GPU, by operation: those that passed their
+#: self-test there (:func:`dplang.models.kernels.triton_check.admit_kernels`).
+_admitted: dict[str, Callable[..., Any]] = {}
 
-    try:
-        ok = triton_exact.self_test(op, torch.device("cuda"))
-    except Exception as exc:  # a compiler or driver that refuses the kernel
-        ok, why = False, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
-    else:
-        why = "its result differs from the definition's"
-    if not ok:
-        warnings.warn(f"dplang's Triton kernel {op!r} is not used on this GPU ({why}); the "
-                      "torch definition computes it (the same bits, slower)", stacklevel=3)
-        return None
-    return getattr(triton_exact, op)
+
+def gpu_ops() -> tuple[str, ...]:
+    """The operations that have a Triton kernel."""
+    return tuple(op for op, devices in OPS.items() if "cuda" in devices)
+
+
+def admit(op: str, kernel: Callable[..., Any]) -> None:
+    """Let ``kernel`` compute ``op`` on CUDA from now on. Only
+    :func:`~dplang.models.kernels.triton_check.admit_kernels` calls it, for a kernel that gave
+    the bits of its torch definition on this GPU."""
+    if op not in gpu_ops():
+        raise KeyError(f"no Triton kernel for {op!r} (known: {', '.join(gpu_ops())})")
+    _admitted[op] = kernel
+
+
+def withdraw_all() -> None:
+    """Forget every admitted Triton kernel (the torch definitions compute everything on CUDA
+    until kernels are admitted again; for tests)."""
+    _admitted.clear()
 
 
 def lookup(op: str, tensor: torch.Tensor) -> Callable[..., Any] | None:
@@ -123,5 +129,5 @@ def lookup(op: str, tensor: torch.Tensor) -> Callable[..., Any] | None:
     if device == "cpu":
         return _cpu(op) if cpu_kernels.available(tensor) else None
     if device == "cuda" and cpu_kernels.enabled() and triton_available():
-        return _cuda(op)
+        return _admitted.get(op)  # a kernel not admitted (yet, or at all): the definition
     return None

@@ -32,10 +32,13 @@ import triton
 import triton.language as tl
 
 __all__ = ["attend_tokens", "gelu_tanh_mul", "linear", "quantize", "quantize_limbs",
-           "rms_norm", "self_test", "silu_mul"]
+           "rms_norm", "silu_mul"]
 
 #: Launch options of every kernel (see the module docstring).
 _LAUNCH = {"enable_fp_fusion": False}
+#: Largest magnitude of a two-limb integer (as dplang.models.exact.TWO_LIMB_LEVELS; this
+#: module imports nothing of dplang, so that the dispatch table can load it).
+TWO_LIMB = 127 * 256
 _MAGIC32 = 12582912.0  # 1.5 * 2**23
 _MAGIC64 = 6755399441055744.0  # 1.5 * 2**52
 _TINY32 = float(torch.finfo(torch.float32).tiny)
@@ -300,77 +303,6 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return _gated(gate, up, False)
 
 
-# ------------------------------------------------------------------------------ self-test
-
-
-def self_test(op: str, device: torch.device) -> bool:
-    """Whether kernel ``op`` gives, on ``device``, the bits of its torch definition there for
-    a few small inputs (zero, NaN and tiny rows included), the definition computed with every
-    kernel off (:func:`dplang.models.kernels.definitions_only`)."""
-    from dplang.models import exact
-    from dplang.models.kernels import definitions_only
-
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(21, 96, generator=g) * 7
-    x[1] = 0.0
-    x[2, 3] = float("nan")
-    x[3] *= 1e-36
-    x = x.to(device)
-
-    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
-        if a.dtype == torch.float32:
-            a, b = a.view(torch.int32), b.view(torch.int32)
-        return bool(a.shape == b.shape and torch.equal(a, b))
-
-    with definitions_only():
-        if op == "quantize":
-            ref = exact.quantize_rows(x, exact.TWO_LIMB_LEVELS)
-            got = quantize(x, exact.TWO_LIMB_LEVELS)
-            return same(ref[0], got[0]) and same(ref[1], got[1])
-        if op == "quantize_limbs":
-            ref_rows = exact.prepare_rows(x)
-            limbs, scale = quantize_limbs(x, exact.TWO_LIMB_LEVELS)
-            return same(ref_rows.limbs, limbs) and same(ref_rows.scale, scale)
-        if op == "rms_norm":
-            w = (1 + torch.randn(96, generator=g) * 0.1).to(device)
-            return same(exact.rms_norm(x.nan_to_num(), w, 1e-6),
-                        rms_norm(x.nan_to_num(), w, 1e-6))
-        if op in ("gelu_tanh_mul", "silu_mul"):
-            up = torch.randn(x.shape, generator=g).to(device)
-            fine = x.nan_to_num()
-            ref = (exact.gelu_tanh(fine) if op == "gelu_tanh_mul" else exact.silu(fine)) * up
-            return same(ref, globals()[op](fine, up))
-        if op == "attend_tokens":
-            from dplang.models.attention import BLOCK_SIZE, MAX_POSITIONS, WEIGHT_LEVELS
-
-            keys = torch.randint(-3000, 3001, (2, 2, BLOCK_SIZE, 16), generator=g)
-            values = torch.randint(-200, 201, (2, 2, BLOCK_SIZE, 16), generator=g)
-            ks = torch.rand(2, 2, BLOCK_SIZE, generator=g) * 1e-3 + 1e-4
-            vs = torch.rand(2, 2, BLOCK_SIZE, generator=g) * 1e-2 + 1e-3
-            q = torch.randn(4, 4, 16, generator=g) * 3
-            slot, pos = torch.tensor([0, 1, 1, 0]), torch.tensor([0, 9, 63, 30])
-            args = [t.to(device) for t in (q, slot, pos, keys.float(), ks, values.float(), vs)]
-            ok = True
-            for window, cap in ((None, None), (8, 30.0)):
-                ref = reference_attend_tokens(*args, window, 0.25, cap)
-                got = attend_tokens(*args, window, 0.25, cap, WEIGHT_LEVELS, MAX_POSITIONS)
-                ok = ok and same(ref, got)
-            return ok
-        if op == "linear":
-            ok = True
-            for bits in (16, 8):
-                w = torch.randn(70, 96, generator=g) * 0.3
-                lin = exact.IntegerLinear(w, torch.randn(70, generator=g), weight_bits=bits)
-                lin.to(device)
-                rows = exact.prepare_rows(x.nan_to_num())
-                ref = lin.apply(rows)
-                got = linear(rows.limbs, rows.scale, lin.limbs[0],
-                             lin.limbs[1] if bits == 16 else None, lin.col_scale, lin.bias)
-                ok = ok and same(ref, got)
-            return ok
-    raise KeyError(f"no self-test for {op!r}")
-
-
 # ------------------------------------------------------------------------------ attention
 
 
@@ -476,14 +408,12 @@ def attend_tokens(q: torch.Tensor, q_slot: torch.Tensor, q_pos: torch.Tensor,
     :func:`~dplang.models.attention.attend` for every token of a step, read from the slot
     store) as one Triton kernel: ``q [T, H, d]`` float32 before rounding; token ``t`` sees
     positions ``q_pos[t] - window + 1 .. q_pos[t]`` of slot ``q_slot[t]``."""
-    from dplang.models.exact import TWO_LIMB_LEVELS
-
     tokens, heads, dim = q.shape
     kv_heads, capacity = keys.shape[1], keys.shape[2]
     out = torch.empty((tokens, heads, dim), dtype=torch.float32, device=q.device)
     if tokens == 0:
         return out
-    limbs, scale = quantize_limbs(q.reshape(tokens * heads, dim), TWO_LIMB_LEVELS)
+    limbs, scale = quantize_limbs(q.reshape(tokens * heads, dim), TWO_LIMB)
     cap = float(softcap) if softcap else 0.0
     headroom = 52 - max(1, math.ceil(math.log2(max_terms)))
     _attend_kernel[(tokens * heads,)](
@@ -493,34 +423,4 @@ def attend_tokens(q: torch.Tensor, q_slot: torch.Tensor, q_pos: torch.Tensor,
         int(window or 0), float(scaling), cap, 1.0 / cap if cap else 0.0, float(levels),
         headroom, D=dim, C=capacity, BLOCK_P=min(32, _block(capacity)), CAPPED=bool(cap),
         **_LAUNCH)
-    return out
-
-
-def reference_attend_tokens(q: torch.Tensor, q_slot: torch.Tensor, q_pos: torch.Tensor,
-                            keys: torch.Tensor, key_scale: torch.Tensor, values: torch.Tensor,
-                            value_scale: torch.Tensor, window: int | None, scaling: float,
-                            softcap: float | None) -> torch.Tensor:
-    """:func:`attend_tokens` by the torch definition, one token at a time:
-    :func:`~dplang.models.attention.attend` of its query over its slot (capacity a multiple
-    of the attention block), the positions it sees visible. The reference of the kernel's
-    tests and self-test (with :func:`~dplang.models.kernels.definitions_only`)."""
-    from dplang.models.attention import BLOCK_SIZE, attend
-    from dplang.models.exact import TWO_LIMB_LEVELS, quantize_rows
-
-    tokens, heads, dim = q.shape
-    kv_heads, capacity = keys.shape[1], keys.shape[2]
-    group = heads // kv_heads
-    q_int, q_scale = quantize_rows(q, TWO_LIMB_LEVELS)
-    out = torch.empty((tokens, heads, dim), dtype=torch.float32, device=q.device)
-    position = torch.arange(capacity, device=q.device)
-    for t in range(tokens):
-        s, p = int(q_slot[t]), int(q_pos[t])
-        visible = position <= p
-        if window:
-            visible &= position > p - window
-        res = attend(q_int[t].view(1, kv_heads, 1, group, dim),
-                     q_scale[t, :, 0].view(1, kv_heads, 1, group), keys[s:s + 1],
-                     key_scale[s:s + 1], values[s:s + 1], value_scale[s:s + 1],
-                     visible.view(1, 1, 1, 1, capacity), scaling, softcap, BLOCK_SIZE)
-        out[t] = res.view(heads, dim)
     return out

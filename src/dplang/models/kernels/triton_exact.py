@@ -327,6 +327,21 @@ def _scores(qh, ql, keys_ptr, kscale_ptr, base_k, base_s, offs_p, offs_d, visibl
 
 
 @triton.jit
+def _block_scores(p0, first, pos, qh, ql, keys_ptr, kscale_ptr, base_k, base_s, offs_d, qs,
+                  scaling, softcap, inv_softcap, D: tl.constexpr, C: tl.constexpr,
+                  BLOCK_P: tl.constexpr, CAPPED: tl.constexpr):
+    """The positions ``p0 .. p0 + BLOCK_P - 1``, which of them the token sees (within its
+    window, at most its own position), and their scores (``-inf`` where not seen): one block of
+    each of :func:`_attend_kernel`'s passes, which recompute the scores instead of storing
+    them."""
+    offs_p = p0 + tl.arange(0, BLOCK_P)
+    visible = (offs_p >= first) & (offs_p <= pos) & (offs_p < C)
+    s = _scores(qh, ql, keys_ptr, kscale_ptr, base_k, base_s, offs_p, offs_d, visible, qs,
+                scaling, softcap, inv_softcap, D, CAPPED)
+    return offs_p, visible, s
+
+
+@triton.jit
 def _attend_kernel(limbs_ptr, qscale_ptr, slot_ptr, pos_ptr, keys_ptr, kscale_ptr, values_ptr,
                    vscale_ptr, out_ptr, TH, H, KVH, window, scaling, softcap, inv_softcap,
                    levels, headroom, D: tl.constexpr, C: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -352,10 +367,9 @@ def _attend_kernel(limbs_ptr, qscale_ptr, slot_ptr, pos_ptr, keys_ptr, kscale_pt
     top = tl.full((), float("-inf"), tl.float32)
     nan = tl.zeros((), tl.int32)
     for p0 in range(0, C, BLOCK_P):
-        offs_p = p0 + tl.arange(0, BLOCK_P)
-        visible = (offs_p >= first) & (offs_p <= pos) & (offs_p < C)
-        s = _scores(qh, ql, keys_ptr, kscale_ptr, base_k, base_s, offs_p, offs_d, visible, qs,
-                    scaling, softcap, inv_softcap, D, CAPPED)
+        offs_p, visible, s = _block_scores(p0, first, pos, qh, ql, keys_ptr, kscale_ptr, base_k,
+                                           base_s, offs_d, qs, scaling, softcap, inv_softcap,
+                                           D, C, BLOCK_P, CAPPED)
         nan += tl.sum((s != s).to(tl.int32), axis=0)
         top = tl.maximum(top, tl.max(tl.where(s == s, s, float("-inf")), axis=0))
     top = tl.where((nan > 0) | (top == float("-inf")) | (top == float("inf")), 0.0, top)
@@ -363,10 +377,9 @@ def _attend_kernel(limbs_ptr, qscale_ptr, slot_ptr, pos_ptr, keys_ptr, kscale_pt
     mtop = tl.zeros((), tl.float32)
     mnan = tl.zeros((), tl.int32)
     for p0 in range(0, C, BLOCK_P):
-        offs_p = p0 + tl.arange(0, BLOCK_P)
-        visible = (offs_p >= first) & (offs_p <= pos) & (offs_p < C)
-        s = _scores(qh, ql, keys_ptr, kscale_ptr, base_k, base_s, offs_p, offs_d, visible, qs,
-                    scaling, softcap, inv_softcap, D, CAPPED)
+        offs_p, visible, s = _block_scores(p0, first, pos, qh, ql, keys_ptr, kscale_ptr, base_k,
+                                           base_s, offs_d, qs, scaling, softcap, inv_softcap,
+                                           D, C, BLOCK_P, CAPPED)
         w = tl.where(visible, _exp(s - top), 0.0)
         wtop = tl.maximum(wtop, tl.max(w, axis=0))
         m = w * tl.load(vscale_ptr + base_s + offs_p, mask=visible, other=0.0)
@@ -382,10 +395,9 @@ def _attend_kernel(limbs_ptr, qscale_ptr, slot_ptr, pos_ptr, keys_ptr, kscale_pt
     total = tl.zeros((), tl.float64)
     acc = tl.zeros((D,), dtype=tl.float64)
     for p0 in range(0, C, BLOCK_P):
-        offs_p = p0 + tl.arange(0, BLOCK_P)
-        visible = (offs_p >= first) & (offs_p <= pos) & (offs_p < C)
-        s = _scores(qh, ql, keys_ptr, kscale_ptr, base_k, base_s, offs_p, offs_d, visible, qs,
-                    scaling, softcap, inv_softcap, D, CAPPED)
+        offs_p, visible, s = _block_scores(p0, first, pos, qh, ql, keys_ptr, kscale_ptr, base_k,
+                                           base_s, offs_d, qs, scaling, softcap, inv_softcap,
+                                           D, C, BLOCK_P, CAPPED)
         w = tl.where(visible, _exp(s - top), 0.0)
         scaled = w.to(tl.float64) * grid
         total += tl.sum((scaled + 6755399441055744.0) - 6755399441055744.0, axis=0)

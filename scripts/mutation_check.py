@@ -207,6 +207,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/textgen/test_amin.py",),
     ),
     Mutation(
+        "numba-attention-score-sum-narrowed",
+        "the CPU attention kernel sums a query limb's products with a key in int16 (wraps: "
+        "other scores than the definition's exact integers)",
+        (("src/dplang/models/_numba_kernels.py",
+          "        s = np.int32(s + np.int32(a[c]) * np.int32(b[c]))",
+          "        s = np.int16(s + np.int32(a[c]) * np.int32(b[c]))"),),
+        ("tests/models/test_cpu_kernels.py",),
+    ),
+    Mutation(
+        "numba-attention-value-chunk-unflushed",
+        "the CPU attention kernel's int32 value sums are not added up across chunks (only the "
+        "last chunk of positions counts)",
+        (("src/dplang/models/_numba_kernels.py",
+          "                        acc[c] += np.float64(part[c])",
+          "                        acc[c] = np.float64(part[c])"),),
+        ("tests/models/test_cpu_kernels.py",),
+    ),
+    Mutation(
         "triton-round-drops-sign",
         "the Triton kernels round to even without putting the sign back (round(-0.3) = +0.0, "
         "not torch's -0.0): other bits than the definition's",

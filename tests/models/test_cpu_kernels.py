@@ -122,6 +122,43 @@ def test_attention(monkeypatch: pytest.MonkeyPatch, softcap: float | None) -> No
     _same(run(), _torch_path(monkeypatch, run))
 
 
+@pytest.mark.parametrize("store", [torch.int16, torch.float32])
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (37, 30.0)])
+def test_attend_tokens(monkeypatch: pytest.MonkeyPatch, store: torch.dtype, window: int | None,
+                       softcap: float | None) -> None:
+    """The step's attention kernel against ``attend`` token by token, over slots long enough
+    for several int32 value chunks (63 positions each; a float32 store takes the float64
+    sums), with a poisoned value scale at a visible position and a token at position 0.
+    (Stored scales are never NaN: a row that cannot be scaled is stored as zeros with scale
+    1, ``quantize_rows``.)"""
+    from dplang.models.kernels import definitions_only
+    from dplang.models.kernels.triton_check import reference_attend_tokens
+
+    gen = torch.Generator().manual_seed(8)
+    slots, kvh, capacity, d, heads = 3, 2, 256, 32, 4
+    kmax, vmax = attention.key_levels(d), attention.value_levels(attention.BLOCK_SIZE)
+    keys = torch.randint(-kmax, kmax + 1, (slots, kvh, capacity, d), generator=gen).to(store)
+    values = torch.randint(-vmax, vmax + 1, (slots, kvh, capacity, d), generator=gen).to(store)
+    values[1, 0, :, 0] = vmax  # the largest sums
+    k_scale = torch.rand(slots, kvh, capacity, generator=gen) * 1e-3 + 1e-4
+    v_scale = torch.rand(slots, kvh, capacity, generator=gen) * 1e-2 + 1e-3
+    v_scale[0, 1, 5] = 1e30  # a finite poison
+    q = torch.randn(6, heads, d, generator=gen) * 4
+    q[4] *= 1e-3  # flat weights: every count nonzero
+    q_slot = torch.tensor([0, 1, 2, 1, 0, 2])
+    q_pos = torch.tensor([200, 255, 100, 0, 130, 20])
+
+    def kernel() -> torch.Tensor:
+        return cpu_kernels.attend_tokens(q, q_slot, q_pos, keys, k_scale, values, v_scale,
+                                         window, 0.18, softcap, attention.WEIGHT_LEVELS,
+                                         attention.MAX_POSITIONS)
+
+    with definitions_only():
+        ref = reference_attend_tokens(q, q_slot, q_pos, keys.float(), k_scale, values.float(),
+                                      v_scale, window, 0.18, softcap)
+    _same(kernel(), ref)
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_whole_model_with_and_without_kernels(monkeypatch: pytest.MonkeyPatch,
                                               tiny_llama_dir: Path, tiny_gemma_dir: Path,

@@ -317,13 +317,28 @@ def attention_output(total: Any, largest: Any, denominator: Any, levels: Any,
             out[i, j] = f32((np.float64(total[i, j]) * f) / denominator[i])
 
 
+@njit(inline="always", **opts)
+def dot_int16(a: Any, b: Any) -> Any:
+    # exact integer dot product of two int16 vectors whose every partial sum stays within
+    # int32 (queries' limbs against stored keys: at most 2**24): an int32 sum, which the
+    # compiler turns into paired 16-bit multiply-adds (its value is the same in any order)
+    s = np.int32(0)
+    for c in range(a.shape[0]):
+        s = np.int32(s + np.int32(a[c]) * np.int32(b[c]))
+    return s
+
+
 @njit(parallel=True, **opts)
 def attend_tokens(q_hi: Any, q_lo: Any, q_scale: Any, q_slot: Any, q_pos: Any, keys: Any,
                   key_scale: Any, values: Any, value_scale: Any, window: Any,
                   scaling: Any, softcap: Any, inv_softcap: Any, levels: Any,
-                  headroom: Any, out: Any) -> None:
-    # q_hi/q_lo [T, H, d] int32 limbs, q_scale [T, H]; keys/values [S, kvh, C, d];
-    # scales [S, kvh, C]; token t sees positions [pos - window + 1, pos] of its slot.
+                  headroom: Any, chunk: Any, out: Any) -> None:
+    # q_hi/q_lo [T, H, d] int16 limbs, q_scale [T, H]; keys/values [S, kvh, C, d] (int16
+    # integers); scales [S, kvh, C]; token t sees positions [pos - window + 1, pos] of its
+    # slot. Value sums: int32 over `chunk` positions at a time (a count of at most levels + 1
+    # times a value of at most 2**15 - 1, summed over chunk positions, stays within int32),
+    # then float64 (exact: integers below 2**53); chunk 0 (values not int16) or a count out
+    # of that range: float64 sums, as before.
     tokens, heads, dim = q_hi.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
@@ -336,26 +351,17 @@ def attend_tokens(q_hi: Any, q_lo: Any, q_scale: Any, q_slot: Any, q_pos: Any, k
         first = 0 if window <= 0 else max(0, pos - window + 1)
         n = pos - first + 1
         weights = np.empty((group, n), dtype=np.float32)
-        qk_hi = np.empty((group, dim), dtype=np.int32)
-        qk_lo = np.empty((group, dim), dtype=np.int32)
-        for j in range(group):
-            for c in range(dim):
-                qk_hi[j, c] = q_hi[t, kv * group + j, c]
-                qk_lo[j, c] = q_lo[t, kv * group + j, c]
         # scores: exact integer dot products, then the float formula of `attend`
         for p in range(n):
-            kvec = np.empty(dim, dtype=np.int32)
-            for c in range(dim):
-                kvec[c] = np.int32(keys[slot, kv, first + p, c])
+            key = keys[slot, kv, first + p]
             ks = key_scale[slot, kv, first + p]
             for j in range(group):
-                shi = 0
-                slo = 0
-                for c in range(dim):
-                    shi += qk_hi[j, c] * kvec[c]
-                    slo += qk_lo[j, c] * kvec[c]
-                weights[j, p] = score_of(f32(shi) * limb + f32(slo), q_scale[t, kv * group + j],
+                h = kv * group + j
+                shi = dot_int16(q_hi[t, h], key)
+                slo = dot_int16(q_lo[t, h], key)
+                weights[j, p] = score_of(f32(shi) * limb + f32(slo), q_scale[t, h],
                                          ks, scaling, capped, inv_softcap, softcap)
+        part = np.empty(dim, dtype=np.int32)
         for j in range(group):
             h = kv * group + j
             top = -np.inf
@@ -380,17 +386,34 @@ def attend_tokens(q_hi: Any, q_lo: Any, q_scale: Any, q_slot: Any, q_pos: Any, k
             denominator, mtop = masses(weights[j], value_scale[slot, kv, first:first + n],
                                        wtop, headroom)
             factor = levels / mtop
-            acc = np.zeros(dim, dtype=np.float64)
-            for p in range(n):
+            fits = chunk > 0
+            for p in range(n):  # the counts, over the masses
                 count = np.rint(weights[j, p] * factor)
-                if count != 0:
-                    cnt = np.float64(count)
+                weights[j, p] = count
+                if not abs(count) <= levels + 1:  # NaN included
+                    fits = False
+            acc = np.zeros(dim, dtype=np.float64)
+            if fits:  # int32 sums of chunk positions, then float64
+                for p0 in range(0, n, chunk):
+                    part[:] = 0
+                    for p in range(p0, min(n, p0 + chunk)):
+                        if weights[j, p] != 0:
+                            cnt = np.int32(weights[j, p])
+                            value = values[slot, kv, first + p]
+                            for c in range(dim):
+                                part[c] = np.int32(part[c] + cnt * np.int32(value[c]))
                     for c in range(dim):
-                        acc[c] += cnt * np.float64(values[slot, kv, first + p, c])
+                        acc[c] += np.float64(part[c])
+            else:  # counts out of int32's reach (NaN masses): float64, as attend computes
+                for p in range(n):
+                    count = weights[j, p]
+                    if count != 0:
+                        cnt = np.float64(count)
+                        for c in range(dim):
+                            acc[c] += cnt * np.float64(values[slot, kv, first + p, c])
             f = np.float64(mtop) / np.float64(levels)
             for c in range(dim):
                 out[t, h, c] = f32((acc[c] * f) / denominator)
-
 
 
 @njit(parallel=True, **opts)

@@ -223,6 +223,18 @@ def softmax_counts(both: torch.Tensor, q_scale: torch.Tensor, key_scale: torch.T
     return counts, largest, denominator
 
 
+#: Largest attention weight count the compiled value sums take (a count times a stored value,
+#: at most 2**15 - 1, fits in int32 with room for a chunk of positions).
+_MAX_COUNT = 2**15
+
+
+def _value_chunk(levels: int) -> int:
+    """Positions per int32 value sum of :func:`attend_tokens`: a count is at most
+    ``levels + 1`` (rounded), a stored value at most 2**15 - 1 in magnitude, so ``chunk``
+    such products sum to less than 2**31."""
+    return max(1, (2**31 - 1) // ((int(levels) + 1) * (2**15 - 1)))
+
+
 def attend_tokens(q: torch.Tensor, q_slot: torch.Tensor, q_pos: torch.Tensor,
                   keys: torch.Tensor, key_scale: torch.Tensor, values: torch.Tensor,
                   value_scale: torch.Tensor, window: int | None, scaling: float,
@@ -232,10 +244,12 @@ def attend_tokens(q: torch.Tensor, q_slot: torch.Tensor, q_pos: torch.Tensor,
     positions ``q_pos[t] - window + 1 .. q_pos[t]`` of slot ``q_slot[t]``. Every sum is an exact
     integer (computed in int32 or float64 here, in float32 blocks by ``attend``), and every
     other operation is the same as ``attend``'s: the same bits."""
+    if not 0 < levels <= _MAX_COUNT:
+        raise ValueError(f"attention weight levels {levels} outside 1..{_MAX_COUNT}")
     tokens, heads, dim = q.shape
     limbs, scale = quantize_limbs(q.reshape(tokens * heads, dim), TWO_LIMB, as_float=True)
-    q_hi = limbs[: tokens * heads].to(torch.int32).view(tokens, heads, dim)
-    q_lo = limbs[tokens * heads:].to(torch.int32).view(tokens, heads, dim)
+    q_hi = limbs[: tokens * heads].to(torch.int16).view(tokens, heads, dim)
+    q_lo = limbs[tokens * heads:].to(torch.int16).view(tokens, heads, dim)
     out = torch.empty((tokens, heads, dim), dtype=torch.float32)
     cap = float(softcap) if softcap else 0.0
     headroom = 52 - max(1, math.ceil(math.log2(max_terms)))
@@ -244,7 +258,7 @@ def attend_tokens(q: torch.Tensor, q_slot: torch.Tensor, q_pos: torch.Tensor,
         _np(q_pos.contiguous()), _np(keys), _np(key_scale), _np(values), _np(value_scale),
         int(window or 0), np.float32(scaling), np.float32(cap),
         np.float32(1.0 / cap) if cap else np.float32(0.0), np.float32(levels), headroom,
-        _np(out))
+        _value_chunk(levels) if values.dtype == torch.int16 else 0, _np(out))
     return out
 
 

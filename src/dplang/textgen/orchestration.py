@@ -650,7 +650,9 @@ def _execute_locked(
             adjacency=req.adjacency,
             concurrent_groups=req.concurrent_groups,
             status="running",
-            started=time.time(),
+            # the release's opening time, as the files' times: a later clock reading would
+            # publish how long reading and preparing the private data took
+            started=release.opened,
         )
         del manifest["created"]
         release.write_manifest(plan.paths, manifest)

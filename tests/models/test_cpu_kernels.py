@@ -123,20 +123,20 @@ def test_attention(monkeypatch: pytest.MonkeyPatch, softcap: float | None) -> No
 
 
 @pytest.mark.parametrize("store", [torch.int16, torch.float32])
-@pytest.mark.parametrize(("window", "softcap"), [(None, None), (37, 30.0)])
+@pytest.mark.parametrize(("window", "softcap", "block"), [(None, None, 64), (37, 30.0, 64),
+                                                          (None, None, 8)])
 def test_attend_tokens(monkeypatch: pytest.MonkeyPatch, store: torch.dtype, window: int | None,
-                       softcap: float | None) -> None:
+                       softcap: float | None, block: int) -> None:
     """The step's attention kernel against ``attend`` token by token, over slots long enough
     for several int32 value chunks (63 positions each; a float32 store takes the float64
-    sums), with a poisoned value scale at a visible position and a token at position 0.
-    (Stored scales are never NaN: a row that cannot be scaled is stored as zeros with scale
-    1, ``quantize_rows``.)"""
+    sums), values as large as ``block`` allows, a poisoned value scale at a visible position
+    and a token at position 0."""
     from dplang.models.kernels import definitions_only
     from dplang.models.kernels.triton_check import reference_attend_tokens
 
     gen = torch.Generator().manual_seed(8)
     slots, kvh, capacity, d, heads = 3, 2, 256, 32, 4
-    kmax, vmax = attention.key_levels(d), attention.value_levels(attention.BLOCK_SIZE)
+    kmax, vmax = attention.key_levels(d), attention.value_levels(block)
     keys = torch.randint(-kmax, kmax + 1, (slots, kvh, capacity, d), generator=gen).to(store)
     values = torch.randint(-vmax, vmax + 1, (slots, kvh, capacity, d), generator=gen).to(store)
     values[1, 0, :, 0] = vmax  # the largest sums
@@ -155,8 +155,36 @@ def test_attend_tokens(monkeypatch: pytest.MonkeyPatch, store: torch.dtype, wind
 
     with definitions_only():
         ref = reference_attend_tokens(q, q_slot, q_pos, keys.float(), k_scale, values.float(),
-                                      v_scale, window, 0.18, softcap)
+                                      v_scale, window, 0.18, softcap, block)
     _same(kernel(), ref)
+
+
+def test_attend_tokens_when_scores_overflow() -> None:
+    """A score that overflows float32 (a huge query against a huge stored key) makes the
+    weights' masses overflow and the counts NaN: the kernel's float64 sums and the definition
+    agree (NaN), where an int64 cast in the definition once gave the platform's choice."""
+    from dplang.models.kernels import definitions_only
+    from dplang.models.kernels.triton_check import reference_attend_tokens
+
+    d, n = 32, 100
+    cache = attention.SlotCache(1, 1, d, 64, torch.device("cpu"))
+    cache.allocate()
+    cache.reserve(n)
+    k = torch.zeros(n, 1, d)
+    k[10] = 1e19
+    v = torch.randn(n, 1, d, generator=torch.Generator().manual_seed(2)) * 1000
+    cache.write(0, torch.zeros(n, dtype=torch.long), torch.arange(n), k, v)
+    q = torch.full((1, 1, d), 1e19)
+    args = (q, torch.tensor([0]), torch.tensor([n - 1]))
+    got = cpu_kernels.attend_tokens(*args, cache.keys[0], cache.key_scale[0], cache.values[0],
+                                    cache.value_scale[0], None, 0.18, None,
+                                    attention.WEIGHT_LEVELS, attention.MAX_POSITIONS)
+    with definitions_only():
+        ref = reference_attend_tokens(*args, cache.keys[0].float(), cache.key_scale[0],
+                                      cache.values[0].float(), cache.value_scale[0], None,
+                                      0.18, None)
+    assert ref.isnan().all()
+    _same(got, ref)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -141,21 +142,34 @@ def test_each_kernel_gives_the_bits_of_its_torch_definition(verdicts, family):
 def test_a_kernel_that_fails_its_self_test_is_not_used(monkeypatch):
     """On a GPU where a Triton kernel does not compile or gives other bits than its
     definition, the definition computes the operation (with a warning): speed is lost, never
-    the bits. Only admitted kernels are in the dispatch table."""
+    the bits. Kernels are admitted per GPU: one that passed on one GPU is not used on another
+    where it failed, nor on one where it was never tested."""
     pytest.importorskip("triton")
     from dplang.models import kernels
     from dplang.models.kernels import triton_check, triton_exact
 
     monkeypatch.setattr(kernels, "triton_available", lambda: True)
     kernels.withdraw_all()
-    triton_check._admit.cache_clear()
     try:
+        monkeypatch.setattr(triton_check, "self_test", lambda op, device: True)
+        assert all(triton_check.admit_kernels("cuda:0").values())
         monkeypatch.setattr(triton_check, "self_test", lambda op, device: op != "rms_norm")
-        with pytest.warns(UserWarning, match="'rms_norm' is not used on this GPU"):
-            verdicts = triton_check.admit_kernels("cuda")
+        with pytest.warns(UserWarning, match="'rms_norm' is not used on cuda:1"):
+            verdicts = triton_check.admit_kernels("cuda:1")
         assert verdicts == {op: op != "rms_norm" for op in kernels.gpu_ops()}
-        assert "rms_norm" not in kernels._admitted
-        assert kernels._admitted["quantize"] is triton_exact.quantize
+        assert kernels._admitted[1]["rms_norm"] is None
+        assert kernels._admitted[0]["rms_norm"] is triton_exact.rms_norm
+        assert kernels._admitted[1]["quantize"] is triton_exact.quantize
+        assert kernels.self_tests_of("cuda:2") is None  # never tested: nothing admitted
+
+        def on(index):  # what lookup reads of a tensor on GPU ``index``
+            return SimpleNamespace(device=torch.device("cuda", index))
+
+        assert kernels.lookup("rms_norm", on(0)) is triton_exact.rms_norm
+        assert kernels.lookup("rms_norm", on(1)) is None
+        assert kernels.lookup("quantize", on(1)) is triton_exact.quantize
+        assert kernels.lookup("quantize", on(2)) is None
+        assert triton_check.admit_kernels("cuda:1") == verdicts  # once per GPU
 
         def broken(op, device):
             raise RuntimeError("PassManager::run failed")
@@ -164,11 +178,10 @@ def test_a_kernel_that_fails_its_self_test_is_not_used(monkeypatch):
         monkeypatch.setattr(triton_check, "self_test", broken)
         with pytest.warns(UserWarning, match="RuntimeError: PassManager::run failed"):
             assert not any(triton_check.admit_kernels("cuda:1").values())
-        assert kernels._admitted == {}
+        assert set(kernels._admitted) == {1}
         assert triton_check.admit_kernels("cpu") == {}  # nothing to admit off CUDA
     finally:
         kernels.withdraw_all()
-        triton_check._admit.cache_clear()
 
 
 def test_the_kernel_modules_agree_on_the_two_limb_range():

@@ -404,7 +404,7 @@ def attend_tokens(q_hi: Any, q_lo: Any, q_scale: Any, q_slot: Any, q_pos: Any, k
                                 part[c] = np.int32(part[c] + cnt * np.int32(value[c]))
                     for c in range(dim):
                         acc[c] += np.float64(part[c])
-            else:  # counts out of int32's reach (NaN masses): float64, as attend computes
+            else:  # counts out of int32's reach (NaN, after a score overflowed): float64
                 for p in range(n):
                     count = weights[j, p]
                     if count != 0:

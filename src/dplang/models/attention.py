@@ -18,7 +18,10 @@ split (see :mod:`dplang.models.exact`):
   to an integer of at most :data:`WEIGHT_LEVELS` relative to the row's largest, values are
   integers of at most :func:`value_levels`, and the products are summed per block of
   ``block`` positions (every partial sum at most 2**24: exact in float32), then across blocks
-  in int64.
+  in float64 (at most 2**20 positions: integers below 2**45, exact in any order). Not int64:
+  a count that is not a number (a score that overflowed float32, weights whose masses
+  overflowed) would be cast to an integer the platform chooses; in float64 it stays NaN, as in
+  every kernel of this sum.
 
 Positions a row cannot see (beyond its length, outside a sliding window, or another row's
 data in a gathered tile) are excluded with ``where`` before any sum; stored integers and scales
@@ -290,7 +293,7 @@ def attend(
         counts = counts.view(batch, kvh, rows, blocks, block).permute(0, 1, 3, 2, 4)
         sums = torch.bmm(counts.reshape(batch * kvh * blocks, rows, block),
                          values.reshape(batch * kvh * blocks, block, d))  # exact per block
-        total = sums.to(torch.int64).view(batch, kvh, blocks, rows, d).sum(dim=2)
+        total = sums.double().view(batch, kvh, blocks, rows, d).sum(dim=2)  # exact integers
         out = attention_output(total.view(batch * kvh * rows, d), largest.view(-1),
                                denominator.view(-1), levels)
         return out.view(batch, kvh, nq, g, d)
@@ -314,8 +317,8 @@ def attend(
     counts = counts.view(batch, kvh, rows, blocks, block).permute(0, 1, 3, 2, 4)
     sums = torch.bmm(counts.reshape(batch * kvh * blocks, rows, block),
                      values.reshape(batch * kvh * blocks, block, d))  # exact per block
-    total = sums.to(torch.int64).view(batch, kvh, blocks, rows, d).sum(dim=2)
-    total = total.view(batch, kvh, nq, g, d).double()
+    total = sums.double().view(batch, kvh, blocks, rows, d).sum(dim=2)  # exact integers
+    total = total.view(batch, kvh, nq, g, d)
     out = total * (largest.double() / levels) / denominator
     return out.float()
 

@@ -264,8 +264,8 @@ def attend_tokens(q: torch.Tensor, q_slot: torch.Tensor, q_pos: torch.Tensor,
 
 def attention_output(total: torch.Tensor, largest: torch.Tensor, denominator: torch.Tensor,
                      levels: int) -> torch.Tensor:
-    """The end of :func:`~dplang.models.attention.attend`: ``total [R, d]`` (int64) times
-    ``largest / levels`` over ``denominator`` (``[R]`` each), as float32."""
+    """The end of :func:`~dplang.models.attention.attend`: ``total [R, d]`` (float64
+    integers) times ``largest / levels`` over ``denominator`` (``[R]`` each), as float32."""
     out = torch.empty(total.shape, dtype=torch.float32)
     _kernels()["attention_output"](_np(total.contiguous()), _np(largest.contiguous()),
                                    _np(denominator.contiguous()), float(levels), _np(out))

@@ -38,8 +38,8 @@ import torch
 
 from dplang.models import cpu_kernels
 
-__all__ = ["OPS", "admit", "definitions_only", "gpu_ops", "lookup", "triton_available",
-           "withdraw_all"]
+__all__ = ["OPS", "cuda_index", "definitions_only", "gpu_ops", "lookup", "record_self_tests",
+           "self_tests_of", "triton_available", "withdraw_all"]
 
 _state = threading.local()
 
@@ -92,9 +92,10 @@ def triton_available() -> bool:
     return True
 
 
-#: The Triton kernels admitted on this process's GPU, by operation: those that passed their
-#: self-test there (:func:`dplang.models.kernels.triton_check.admit_kernels`).
-_admitted: dict[str, Callable[..., Any]] = {}
+#: The Triton kernels admitted, by GPU index and operation: those that passed their self-test
+#: on that GPU (:func:`dplang.models.kernels.triton_check.admit_kernels`); ``None`` for one
+#: that failed it. A GPU absent from the table has had no self-test: nothing is admitted there.
+_admitted: dict[int, dict[str, Callable[..., Any] | None]] = {}
 
 
 def gpu_ops() -> tuple[str, ...]:
@@ -102,18 +103,38 @@ def gpu_ops() -> tuple[str, ...]:
     return tuple(op for op, devices in OPS.items() if "cuda" in devices)
 
 
-def admit(op: str, kernel: Callable[..., Any]) -> None:
-    """Let ``kernel`` compute ``op`` on CUDA from now on. Only
-    :func:`~dplang.models.kernels.triton_check.admit_kernels` calls it, for a kernel that gave
-    the bits of its torch definition on this GPU."""
-    if op not in gpu_ops():
-        raise KeyError(f"no Triton kernel for {op!r} (known: {', '.join(gpu_ops())})")
-    _admitted[op] = kernel
+def cuda_index(device: torch.device | str) -> int:
+    """The index of CUDA ``device`` (``"cuda"`` alone: the current device, 0 without CUDA)."""
+    device = torch.device(device)
+    if device.index is not None:
+        return device.index
+    try:
+        return torch.cuda.current_device()
+    except (RuntimeError, AssertionError):  # no CUDA here (tests)
+        return 0
+
+
+def record_self_tests(device: torch.device | str,
+                      results: dict[str, Callable[..., Any] | None]) -> None:
+    """Record the self-tests of the Triton kernels on CUDA ``device``: ``{op: kernel}`` for
+    those that passed (the kernel computes ``op`` on that GPU from now on), ``{op: None}``
+    for those that failed. Only :func:`~dplang.models.kernels.triton_check.admit_kernels`
+    calls it."""
+    unknown = set(results) - set(gpu_ops())
+    if unknown:
+        raise KeyError(f"no Triton kernel for {sorted(unknown)} (known: {', '.join(gpu_ops())})")
+    _admitted[cuda_index(device)] = dict(results)
+
+
+def self_tests_of(device: torch.device | str) -> dict[str, bool] | None:
+    """``{op: passed}`` of the self-tests recorded for CUDA ``device``, or ``None`` (none)."""
+    results = _admitted.get(cuda_index(device))
+    return None if results is None else {op: k is not None for op, k in results.items()}
 
 
 def withdraw_all() -> None:
-    """Forget every admitted Triton kernel (the torch definitions compute everything on CUDA
-    until kernels are admitted again; for tests)."""
+    """Forget every self-test and admitted Triton kernel, on every GPU (the torch definitions
+    compute everything on CUDA until kernels are admitted again; for tests)."""
     _admitted.clear()
 
 
@@ -129,5 +150,6 @@ def lookup(op: str, tensor: torch.Tensor) -> Callable[..., Any] | None:
     if device == "cpu":
         return _cpu(op) if cpu_kernels.available(tensor) else None
     if device == "cuda" and cpu_kernels.enabled() and triton_available():
-        return _admitted.get(op)  # a kernel not admitted (yet, or at all): the definition
+        # a kernel admitted on this very GPU; else (not tested here, or failed) the definition
+        return _admitted.get(tensor.device.index or 0, {}).get(op)
     return None

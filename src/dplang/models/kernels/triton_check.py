@@ -3,9 +3,10 @@
 A Triton kernel computes an exact operation on CUDA only after it has given, on that GPU, the
 bits of its torch definition (:mod:`dplang.models.exact`, :mod:`dplang.models.attention`,
 computed with every kernel off) for a few small inputs: zero, NaN and tiny rows, a sliding
-window, a soft cap. :func:`admit_kernels` runs them once per process and device and hands the
-kernels that passed to the dispatch table (:func:`dplang.models.kernels.admit`); a kernel that
-fails to compile or gives other bits is left out with a warning, and its torch definition
+window, a soft cap. :func:`admit_kernels` runs them once per process and GPU and hands the
+kernels that passed to the dispatch table for that GPU only
+(:func:`dplang.models.kernels.record_self_tests`); a kernel that fails to compile or gives
+other bits is left out there with a warning, and its torch definition
 computes the operation: a GPU or a Triton version on which a kernel misbehaves costs speed,
 never the bits. The model calls it when it moves to a CUDA device
 (:class:`~dplang.models.transformers.TransformersModel`).
@@ -17,8 +18,9 @@ which kernel computes them, so the table must not import them back (no import ci
 
 from __future__ import annotations
 
-import functools
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -31,21 +33,19 @@ __all__ = ["admit_kernels", "reference_attend_tokens", "self_test"]
 
 def admit_kernels(device: torch.device | str) -> dict[str, bool]:
     """Run every Triton kernel's :func:`self_test` on CUDA ``device`` (once per process and
-    device) and admit those that pass into the dispatch table; ``{op: passed}``. Nothing is
-    run, and nothing admitted, where Triton is not usable
+    GPU) and admit those that pass into the dispatch table for that GPU only; ``{op:
+    passed}``. Nothing is run, and nothing admitted, where Triton is not usable
     (:func:`dplang.models.kernels.triton_available`)."""
     device = torch.device(device)
     if device.type != "cuda" or not kernels.triton_available():
         return {}
-    return dict(_admit(str(device)))
-
-
-@functools.cache
-def _admit(device_name: str) -> tuple[tuple[str, bool], ...]:
+    known = kernels.self_tests_of(device)
+    if known is not None:
+        return known
     from dplang.models.kernels import triton_exact
 
-    device = torch.device(device_name)
-    verdicts = []
+    device = torch.device("cuda", kernels.cuda_index(device))
+    results: dict[str, Callable[..., Any] | None] = {}
     for op in kernels.gpu_ops():
         try:
             ok = self_test(op, device)
@@ -53,13 +53,12 @@ def _admit(device_name: str) -> tuple[tuple[str, bool], ...]:
             ok, why = False, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
         else:
             why = "its result differs from the definition's"
-        if ok:
-            kernels.admit(op, getattr(triton_exact, op))
-        else:
-            warnings.warn(f"dplang's Triton kernel {op!r} is not used on this GPU ({why}); the "
-                          "torch definition computes it (the same bits, slower)", stacklevel=4)
-        verdicts.append((op, ok))
-    return tuple(verdicts)
+        if not ok:
+            warnings.warn(f"dplang's Triton kernel {op!r} is not used on {device} ({why}); the "
+                          "torch definition computes it (the same bits, slower)", stacklevel=2)
+        results[op] = getattr(triton_exact, op) if ok else None
+    kernels.record_self_tests(device, results)
+    return {op: kernel is not None for op, kernel in results.items()}
 
 
 def self_test(op: str, device: torch.device) -> bool:
@@ -130,11 +129,12 @@ def self_test(op: str, device: torch.device) -> bool:
 def reference_attend_tokens(q: torch.Tensor, q_slot: torch.Tensor, q_pos: torch.Tensor,
                             keys: torch.Tensor, key_scale: torch.Tensor, values: torch.Tensor,
                             value_scale: torch.Tensor, window: int | None, scaling: float,
-                            softcap: float | None) -> torch.Tensor:
+                            softcap: float | None, block: int = BLOCK_SIZE) -> torch.Tensor:
     """:func:`~dplang.models.kernels.triton_exact.attend_tokens` by the torch definition, one
     token at a time: :func:`~dplang.models.attention.attend` of its query over its slot
-    (capacity a multiple of the attention block), the positions it sees visible. The reference
-    of the kernel's tests and self-test (with :func:`~dplang.models.kernels.definitions_only`)."""
+    (capacity a multiple of the attention block ``block``), the positions it sees visible. The
+    reference of the kernels' tests and self-test (with
+    :func:`~dplang.models.kernels.definitions_only`)."""
     tokens, heads, dim = q.shape
     kv_heads, capacity = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
@@ -149,6 +149,6 @@ def reference_attend_tokens(q: torch.Tensor, q_slot: torch.Tensor, q_pos: torch.
         res = attend(q_int[t].view(1, kv_heads, 1, group, dim),
                      q_scale[t, :, 0].view(1, kv_heads, 1, group), keys[s:s + 1],
                      key_scale[s:s + 1], values[s:s + 1], value_scale[s:s + 1],
-                     visible.view(1, 1, 1, 1, capacity), scaling, softcap, BLOCK_SIZE)
+                     visible.view(1, 1, 1, 1, capacity), scaling, softcap, block)
         out[t] = res.view(heads, dim)
     return out

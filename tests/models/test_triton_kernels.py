@@ -145,10 +145,11 @@ def test_a_kernel_that_fails_its_self_test_is_not_used(monkeypatch):
     the bits. Kernels are admitted per GPU: one that passed on one GPU is not used on another
     where it failed, nor on one where it was never tested."""
     pytest.importorskip("triton")
-    from dplang.models import kernels
+    from dplang.models import cpu_kernels, kernels
     from dplang.models.kernels import triton_check, triton_exact
 
     monkeypatch.setattr(kernels, "triton_available", lambda: True)
+    monkeypatch.setattr(cpu_kernels, "enabled", lambda: True)  # whatever tests ran before
     kernels.withdraw_all()
     try:
         monkeypatch.setattr(triton_check, "self_test", lambda op, device: True)

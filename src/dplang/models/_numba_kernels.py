@@ -318,10 +318,11 @@ def attention_output(total: Any, largest: Any, denominator: Any, levels: Any,
 
 
 @njit(inline="always", **opts)
-def dot_int16(a: Any, b: Any) -> Any:
-    # exact integer dot product of two int16 vectors whose every partial sum stays within
-    # int32 (queries' limbs against stored keys: at most 2**24): an int32 sum, which the
-    # compiler turns into paired 16-bit multiply-adds (its value is the same in any order)
+def exact_dot(a: Any, b: Any) -> Any:
+    # exact integer dot product of two int8 or int16 vectors whose every partial sum stays
+    # within int32 (queries' limbs against stored keys: at most 2**24; int8 limbs against
+    # int8 weight limbs: 2**14 per product, widths below 2**17): an int32 sum, which the
+    # compiler turns into paired multiply-adds (its value is the same in any order)
     s = np.int32(0)
     for c in range(a.shape[0]):
         s = np.int32(s + np.int32(a[c]) * np.int32(b[c]))
@@ -357,8 +358,8 @@ def attend_tokens(q_hi: Any, q_lo: Any, q_scale: Any, q_slot: Any, q_pos: Any, k
             ks = key_scale[slot, kv, first + p]
             for j in range(group):
                 h = kv * group + j
-                shi = dot_int16(q_hi[t, h], key)
-                slo = dot_int16(q_lo[t, h], key)
+                shi = exact_dot(q_hi[t, h], key)
+                slo = exact_dot(q_lo[t, h], key)
                 weights[j, p] = score_of(f32(shi) * limb + f32(slo), q_scale[t, h],
                                          ks, scaling, capped, inv_softcap, softcap)
         part = np.empty(dim, dtype=np.int32)
@@ -512,21 +513,15 @@ def gathered_head(limbs: Any, rows: Any, w_hi: Any, w_lo: Any, ids: Any, row_sca
     # the exact int32 dot products of its limbs (limbs[i], limbs[rows + i]) with the weight
     # rows' limbs, combined by IntegerLinear.combine's formula.
     count, width = ids.shape
-    dim = limbs.shape[1]
     two = w_lo.shape[0] > 0
     has_bias = bias.shape[0] > 0
     for item in prange(count * width):
         i = item // width
         c = ids[i, item - i * width]
-        high = 0
-        low = 0
-        for j in range(dim):
-            w = np.int32(w_hi[c, j])
-            high += np.int32(limbs[i, j]) * w
-            low += np.int32(limbs[rows + i, j]) * w
+        high = exact_dot(limbs[i], w_hi[c])
+        low = exact_dot(limbs[rows + i], w_hi[c])
         if two:
-            for j in range(dim):
-                low += np.int32(limbs[i, j]) * np.int32(w_lo[c, j])
+            low += exact_dot(limbs[i], w_lo[c])
         a = row_scale[i] * high_shift
         b = row_scale[i] * low_shift
         out[i, item - i * width] = recombined(high, low, a, b, col_scale[c], has_bias,

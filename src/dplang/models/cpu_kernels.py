@@ -300,6 +300,8 @@ def gathered_head(limbs: torch.Tensor, row_scale: torch.Tensor, w_hi: torch.Tens
                   ) -> torch.Tensor:
     """:meth:`~dplang.models.exact.IntegerLinear.gathered`'s outputs ``[M, W]`` of prepared
     rows (``limbs`` int8 ``[2M, K]``) on their own columns ``ids [M, W]`` of "nk" weights."""
+    if limbs.shape[1] >= 2**17:  # int8 x int8 products summed in int32 (_numba_kernels)
+        raise ValueError(f"gathered head: width {limbs.shape[1]} too large for int32 sums")
     rows, width = ids.shape
     out = torch.empty((rows, width), dtype=torch.float32)
     empty_w = torch.empty((0, 0), dtype=torch.int8)

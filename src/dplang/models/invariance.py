@@ -374,7 +374,9 @@ def arithmetic_source_digest(root: Path | None = None) -> str:
     if root not in _MODULES:
         _MODULES[root] = arithmetic_modules(root)
     paths = _MODULES[root]
-    stamp = (root, *((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths))
+    stats = [path.stat() for path in paths]
+    stamp = (root, *((str(p), st.st_size, st.st_mtime_ns) for p, st in zip(paths, stats,
+                                                                           strict=True)))
     if stamp not in _DIGESTS:
         digest = hashlib.sha256()
         for path in paths:

@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ENGINE_AUDIT = "tests/textgen/test_engine_audit.py"
 NUMERICS = "tests/textgen/test_invisibleink_numerics.py"
 RELEASE_AUDIT = "tests/sampling/test_release_path_audit.py"
+BATCH = "tests/textgen/test_invisibleink_batch.py"
+BATCH_SRC = "src/dplang/textgen/methods/invisibleink_batch.py"
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,44 @@ MUTATIONS: tuple[Mutation, ...] = (
           "limit = float(max(math.floor(math.ldexp(clip_norm, q)) - 2, 0))",
           "limit = float(max(math.floor(math.ldexp(clip_norm, q)) + 1, 0))"),),
         (NUMERICS,),
+    ),
+    Mutation(
+        "batched-step-no-clip",
+        "the batched InvisibleInk step (the engine's path) adds private differences unclipped",
+        ((BATCH_SRC,
+          "steps = torch.maximum(torch.minimum(steps, limit[own]), -limit[own])",
+          "pass"),
+         (BATCH_SRC,
+          "neginf=-float(clip_norm)).clamp(-clip_norm, clip_norm)",
+          "neginf=-float(clip_norm))")),
+        (ENGINE_AUDIT, BATCH),
+    ),
+    Mutation(
+        "batched-step-divide-by-present-rows",
+        "the batched step averages over each group's non-empty references instead of B",
+        ((BATCH_SRC,
+          "scores = (total / batch_size) * power_of_two(-q)[:, None]",
+          "scores = (total / torch.bincount(own, minlength=groups).clamp(min=1)[:, None]"
+          ") * power_of_two(-q)[:, None] if private.shape[0] else (total / batch_size)"
+          " * power_of_two(-q)[:, None]"),),
+        (ENGINE_AUDIT, BATCH),
+    ),
+    Mutation(
+        "batched-step-grid-of-the-batch",
+        "the batched step takes one grid exponent for the whole batch (a group's scores then "
+        "depend on the other groups' public logits)",
+        ((BATCH_SRC,
+          "top = finite.abs().amax(dim=-1) if width",
+          "top = finite.abs().amax().expand(groups) if width"),),
+        (ENGINE_AUDIT, BATCH),
+    ),
+    Mutation(
+        "batched-step-support-of-the-batch",
+        "the batched Top-k+ takes the +inf rule of the whole batch, not of each row",
+        ((BATCH_SRC,
+          "return torch.where(plus.any(dim=-1, keepdim=True), plus, torch.isfinite(public))",
+          "return torch.where(plus.any(), plus, torch.isfinite(public))"),),
+        (ENGINE_AUDIT, BATCH),
     ),
     Mutation(
         "reveal-or-obscure-direct-q",

@@ -114,9 +114,11 @@ class LogitsModel(Protocol):
         ...
 
     def logits_from_hidden(
-        self, hidden: torch.Tensor, candidates: torch.Tensor | None = None
+        self, hidden: torch.Tensor, candidates: torch.Tensor | None = None,
+        keep_device: bool = False,
     ) -> torch.Tensor:
-        """float32 logits: ``[rows, V]`` or, with ``candidates`` ``[rows, K]``, ``[rows, K]``."""
+        """float32 logits: ``[rows, V]`` or, with ``candidates`` ``[rows, K]``, ``[rows, K]``;
+        on the CPU, or left on the model's device with ``keep_device``."""
         ...
 
     def next_logits(

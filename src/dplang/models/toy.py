@@ -231,9 +231,11 @@ class ToyModel:
             time.sleep(60)
 
     def logits_from_hidden(
-        self, hidden: torch.Tensor, candidates: torch.Tensor | None = None
+        self, hidden: torch.Tensor, candidates: torch.Tensor | None = None,
+        keep_device: bool = False,
     ) -> torch.Tensor:
-        """Identity head: ``hidden`` itself, or its ``candidates`` columns per row."""
+        """Identity head: ``hidden`` itself, or its ``candidates`` columns per row (on the CPU,
+        the toy model's only device, whatever ``keep_device``)."""
         if candidates is None:
             return hidden.to(torch.float32).clone()
         candidates = torch.as_tensor(candidates)

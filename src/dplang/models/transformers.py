@@ -502,7 +502,8 @@ class TransformersModel(TokenizerText):
 
     @torch.no_grad()
     def logits_from_hidden(
-        self, hidden: torch.Tensor, candidates: torch.Tensor | None = None
+        self, hidden: torch.Tensor, candidates: torch.Tensor | None = None,
+        keep_device: bool = False,
     ) -> torch.Tensor:
         """float32 logits: ``[rows, V]``, or ``[rows, K]`` for int64 ``candidates [rows, K]``
         (only those rows of the head weight are touched).
@@ -510,7 +511,9 @@ class TransformersModel(TokenizerText):
         Privacy contract: each row's logits depend only on that row's hidden state (and its own
         candidate ids), bit for bit, whatever the other rows or the width ``K``; a candidate's
         logit is the same bits as in the full-vocabulary logits. The logits are on the CPU
-        whatever the model's device."""
+        whatever the model's device, or on the model's device with ``keep_device`` (then
+        candidates already on that device are not range-checked on the host, which would
+        synchronise a GPU: an id out of range fails in the gather there)."""
         hidden = torch.as_tensor(hidden).to(device=self.device, dtype=torch.float32)
         if hidden.ndim != 2 or hidden.shape[1] != self.hidden_size:
             raise ValueError(
@@ -527,14 +530,15 @@ class TransformersModel(TokenizerText):
                 raise ValueError(
                     f"candidates must be [rows={hidden.shape[0]}, K], got {tuple(candidates.shape)}"
                 )
-            if candidates.numel() and (
+            on_host_check = not (keep_device and candidates.device == torch.device(self.device))
+            if on_host_check and candidates.numel() and (
                 int(candidates.min()) < 0 or int(candidates.max()) >= self.vocab_size
             ):
                 raise ValueError("candidate id out of range")
             logits = head.gathered(hidden, candidates.to(self.device))
         logits = logits_postprocess(logits, self._logit_multiplier, self._softcap)
         with torch.inference_mode(False):
-            return logits.float().cpu().clone()
+            return logits.float().clone() if keep_device else logits.float().cpu().clone()
 
     def next_logits(
         self,

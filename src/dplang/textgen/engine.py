@@ -13,6 +13,10 @@ Privacy-relevant properties (docs/privacy.md invariants 1, 2, 5):
 * the candidate set V_k^+ is computed from the public row's logits only, and with the sparse
   LM head the private rows' logits are computed only on V_k^+ — the sampling law is the same as
   the dense path's because both feed the same candidate scores to the same sampler;
+* policies that offer it (``batch_settings``: plain InvisibleInk) are decided for all live
+  groups at once on the model's device, with one host copy per step
+  (:mod:`~dplang.textgen.methods.invisibleink_batch`): the same tokens, bit for bit, as each
+  policy's own ``choose``; other policies decide group by group;
 * group ``j`` samples from its own stream ``streams.generator(j)``, and the model is
   row-invariant (``dplang.models.base``: a row's logits are the same bits whatever else is in
   the batch), so its text does not depend on G, on the other groups (their references, their
@@ -105,6 +109,10 @@ class StepPolicy(Protocol):
     def stats(self) -> dict[str, Any]:
         """Per-generation statistics recorded in the output."""
         ...
+
+    # Optional (see _batch_settings): ``batch_settings()`` returns hashable settings, equal for
+    # policies that one batched step may decide together, and ``batch_step(settings)`` that
+    # step, whose ``choose`` must return exactly the tokens each policy's ``choose`` would.
 
 
 @dataclass
@@ -281,21 +289,28 @@ def _run_continuous(
             live.append(_Live(job, make_policy(job), streams.generator(job.index), rows,
                               first + len(prompts)))
 
+    steppers: dict[Any, Any] = {}  # batched steps by their settings (they keep a width)
     admit()
     while live:
         step_tokens = (torch.tensor(tokens_of_started, dtype=torch.long)
                        if tokens_of_started else None)
         hidden = model.next_hidden(state, step_tokens)
-        public = _ban(model.logits_from_hidden(hidden[[g.public_row for g in live]]), banned)
-        cand_ids = [g.policy.candidates(public[j]) for j, g in enumerate(live)]
-        blocks = [_ban(block, banned, cand_ids[j]) for j, block in
-                  enumerate(_private_logits(model, hidden, live, cand_ids, sparse_head))]
+        settings = _batch_settings(live) if sparse_head else None
+        if settings is not None:  # every group decided in one batch, on the model's device
+            public = _ban(model.logits_from_hidden(hidden[[g.public_row for g in live]],
+                                                   keep_device=True), banned)
+            stepper = steppers.get(settings)
+            if stepper is None:
+                stepper = steppers[settings] = live[0].policy.batch_step(settings)  # type: ignore[attr-defined]
+            picks: list[int | None] = stepper.choose(
+                model, hidden, public, [(g.rows, g.policy, g.rng) for g in live])
+        else:
+            picks = _choose_per_group(model, hidden, live, banned, sparse_head)
 
         row_tokens = [0] * hidden.shape[0]
         finished: list[tuple[int, str]] = []
         for j, g in enumerate(live):
-            ids = cand_ids[j]
-            token = g.policy.choose(public[j], blocks[j], ids, g.rng)
+            token = picks[j]
             if token is None:
                 finished.append((j, "budget"))
                 continue
@@ -330,6 +345,31 @@ def _run_continuous(
             row_tokens = [row_tokens[r] for r in keep]
         tokens_of_started = row_tokens
         admit()
+
+
+def _batch_settings(live: Sequence[_Live]) -> Any:
+    """The settings every live group's policy shares for a batched step (``batch_settings``),
+    or ``None`` when a policy has none or they differ: then each group decides alone."""
+    first = getattr(live[0].policy, "batch_settings", None)
+    settings = first() if callable(first) else None
+    if settings is None:
+        return None
+    for g in live[1:]:
+        other = getattr(g.policy, "batch_settings", None)
+        if not callable(other) or other() != settings:
+            return None
+    return settings
+
+
+def _choose_per_group(model: LogitsModel, hidden: torch.Tensor, live: Sequence[_Live],
+                      banned: torch.Tensor | None, sparse_head: bool) -> list[int | None]:
+    """Each group's next token by its own policy, one group at a time."""
+    public = _ban(model.logits_from_hidden(hidden[[g.public_row for g in live]]), banned)
+    cand_ids = [g.policy.candidates(public[j]) for j, g in enumerate(live)]
+    blocks = [_ban(block, banned, cand_ids[j]) for j, block in
+              enumerate(_private_logits(model, hidden, live, cand_ids, sparse_head))]
+    return [g.policy.choose(public[j], blocks[j], cand_ids[j], g.rng)
+            for j, g in enumerate(live)]
 
 
 def _private_logits(

@@ -60,6 +60,7 @@ from .registry import MethodInputs, MethodSpec, register_method
 
 if TYPE_CHECKING:
     from ...models.base import LogitsModel
+    from .invisibleink_batch import BatchSettings, GroupBatchStep
 
 torch = lazy_module("torch")  # imported on first use (`dplang generate --help` needs none)
 
@@ -156,7 +157,11 @@ def grid_exponent(public_abs_max: float, clip_norm: float, batch_size: int) -> i
     bound = batch_size * (float(public_abs_max) + float(clip_norm) + 1.0)
     if not math.isfinite(bound):
         raise ValueError("public logits and the clip norm must be finite")
-    return 51 - math.ceil(math.log2(bound))
+    # ⌈log2 bound⌉ exactly, from frexp (bound = m·2^e, m in [0.5, 1)): math.log2 rounds, and
+    # just above a power of two it returns the power's exponent; the batched step's
+    # device-side exponent is the same exact function (invisibleink_batch.ceil_log2)
+    mantissa, exponent = math.frexp(bound)
+    return 51 - (exponent - 1 if mantissa == 0.5 else exponent)
 
 
 def _float64(values: torch.Tensor) -> np.ndarray:
@@ -318,22 +323,52 @@ class InvisibleInkPolicy:
     def choose(self, public: torch.Tensor, private: torch.Tensor, ids: torch.Tensor | None,
                rng: np.random.Generator) -> int:
         ids_np, scores = self.scores(public, private, ids)
+        public_on = _float64(public[torch.from_numpy(ids_np)])
+        return self.choose_scored(ids_np, scores, public_on, rng)
+
+    def choose_scored(self, ids: np.ndarray, scores: np.ndarray, public_on: np.ndarray,
+                      rng: np.random.Generator) -> int:
+        """The draw of :meth:`choose` from what it computed: the candidate ids, their float64
+        scores (:meth:`scores`) and their public logits (for the statistics). The batched
+        step (:mod:`.invisibleink_batch`) computes the same three for many groups at once
+        and calls this, so both paths draw by the very same code."""
         if self.observer is not None:
-            self.observer(ids_np, scores, self.temperature)
-        token = sample_from_candidates(scores, ids_np, self.temperature, rng)
-        self.sizes.append(int(ids_np.size))
-        if self._below_topk(public, ids_np, token):
+            self.observer(ids, scores, self.temperature)
+        index = exponential_mechanism(scores, self.temperature, rng)
+        token = int(ids[index])
+        self.sizes.append(int(ids.size))
+        if self._below_topk(public_on, index):
             self.expansion += 1
         return token
 
-    def _below_topk(self, public: torch.Tensor, ids: np.ndarray, token: int) -> bool:
-        """Whether ``token`` is in V_k^+ \\ V_k: its public logit is below ℓ, the k-th largest,
-        i.e. at least k public logits exceed it. All of those are ≥ ℓ, so they are among the
-        candidates ``ids``: counting there is exact (a statistic of public logits only)."""
+    def _below_topk(self, public_on: np.ndarray, index: int) -> bool:
+        """Whether the candidate ``index`` is in V_k^+ \\ V_k: its public logit is below ℓ,
+        the k-th largest, i.e. at least k public logits exceed it. All of those are ≥ ℓ, so
+        they are among the candidates: counting there is exact (public logits only)."""
         if self.full_vocabulary:
             return False
-        above = public[torch.from_numpy(ids)] > public[token]
-        return int(above.sum()) >= self.top_k
+        return int(np.count_nonzero(public_on > public_on[index])) >= self.top_k
+
+    def batch_settings(self) -> BatchSettings | None:
+        """What a batched step needs to decide this group beside others with the same
+        settings (:mod:`.invisibleink_batch`); ``None`` in full-vocabulary mode (decided
+        group by group) or for a subclass that redefines how a group decides (the batched
+        step computes InvisibleInk's own candidates and scores: it would bypass them)."""
+        if self.full_vocabulary or any(
+                getattr(type(self), name) is not getattr(InvisibleInkPolicy, name)
+                for name in ("candidates", "scores", "choose", "choose_scored")):
+            return None
+        from .invisibleink_batch import BatchSettings
+
+        return BatchSettings(float(self.clip_norm), int(self.batch_size),
+                             float(self.temperature), int(self.top_k))
+
+    @staticmethod
+    def batch_step(settings: BatchSettings) -> GroupBatchStep:
+        """A batched step for groups that share ``settings``."""
+        from .invisibleink_batch import GroupBatchStep
+
+        return GroupBatchStep(settings)
 
     def stats(self) -> dict[str, float | int]:
         sizes = np.asarray(self.sizes, dtype=np.float64)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import itertools
 import json
 import os
@@ -128,8 +129,10 @@ def worker(groups: int, tokens: int, dtype: str, eos: bool = False,
     secs = time.perf_counter() - start
     emitted = [r.num_tokens for r in results]
     steps = [b - a for a, b in itertools.pairwise(stamps)]
+    digest = hashlib.sha256(json.dumps(sorted((r.index, r.token_ids) for r in results))
+                            .encode()).hexdigest()[:16]
     return {"seconds": secs, "step_ms": 1e3 * statistics.median(steps), "load_s": load_s,
-            "tokens": float(sum(emitted)),
+            "tokens": float(sum(emitted)), "texts": digest,  # type: ignore[dict-item]
             "threads": torch.get_num_threads(), "source": str(Path(dplang.__file__).parent)}
 
 
@@ -213,8 +216,11 @@ def main() -> None:
     ratio = best["current"]["seconds"] / best[args.against]["seconds"]
     step = best["current"]["step_ms"] / best[args.against]["step_ms"]
     same = not args.current_dtype or args.current_dtype == args.dtype
-    print(f"time current / {args.against}: {ratio:.2f}x end to end "
-          f"({'same texts' if same else 'each in its precision'}), {step:.2f}x per decode step")
+    identical = best["current"].get("texts") == best[args.against].get("texts")
+    texts_said = ("each in its precision" if not same else "same texts" if identical
+                  else "DIFFERENT texts" if "texts" in best[args.against] else "texts unchecked")
+    print(f"time current / {args.against}: {ratio:.2f}x end to end ({texts_said}), "
+          f"{step:.2f}x per decode step")
 
 
 if __name__ == "__main__":

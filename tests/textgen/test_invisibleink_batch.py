@@ -250,3 +250,31 @@ def test_a_public_row_that_allows_nothing_is_refused():
                     step.choose(model, hidden, hidden[[1]], groups)
             else:
                 step.choose(model, hidden, hidden[[1]], groups)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_batched_step_gives_the_cpus_sets_scores_and_tokens():
+    """The device changes nothing: sets, score bits and tokens as on the CPU."""
+    rng = np.random.default_rng(11)
+    vocab, groups = 2048, 6
+    model = ToyModel(vocab_size=vocab, eos_after=None)
+    hidden = torch.from_numpy(rng.normal(0, 3, size=(groups * 3, vocab)).astype(np.float32))
+    public = hidden[[3 * g + 2 for g in range(groups)]]
+    sizes = torch.from_numpy(rng.integers(1, 40, size=groups))
+    public_on = public[:, :40].contiguous()
+    private = hidden[:, :40].contiguous()
+    owner = torch.arange(groups * 3) // 3
+    cpu = batched_scores(private, owner, public_on, sizes, 0.9, 3)
+    gpu = batched_scores(private.cuda(), owner.cuda(), public_on.cuda(), sizes.cuda(), 0.9, 3)
+    np.testing.assert_array_equal(_bits(cpu.numpy()), _bits(gpu.cpu().numpy()))
+    assert torch.equal(topk_plus_mask(public, 30, 0.9, 3).cpu(),
+                       topk_plus_mask(public.cuda(), 30, 0.9, 3).cpu())
+
+    def tokens(pub):
+        groups_ = [([3 * g, 3 * g + 1], InvisibleInkPolicy(0.9, 3, 1.0, 30, vocab),
+                    RandomStreams(4).generator(g)) for g in range(groups)]
+        return GroupBatchStep(BatchSettings(0.9, 3, 1.0, 30)).choose(model, hidden, pub,
+                                                                     groups_)
+
+    with kernels.definitions_only():
+        assert tokens(public.cuda()) == tokens(public)

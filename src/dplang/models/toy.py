@@ -241,7 +241,7 @@ class ToyModel:
         candidates = torch.as_tensor(candidates)
         if candidates.dtype != torch.int64:
             raise TypeError(f"candidates must be int64, got {candidates.dtype}")
-        return hidden.to(torch.float32).gather(1, candidates)
+        return hidden.to(torch.float32).gather(1, candidates.to(hidden.device))
 
     def next_logits(
         self,

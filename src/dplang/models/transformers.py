@@ -530,7 +530,8 @@ class TransformersModel(TokenizerText):
                 raise ValueError(
                     f"candidates must be [rows={hidden.shape[0]}, K], got {tuple(candidates.shape)}"
                 )
-            on_host_check = not (keep_device and candidates.device == torch.device(self.device))
+            on_host_check = not (keep_device
+                                 and candidates.device.type == torch.device(self.device).type)
             if on_host_check and candidates.numel() and (
                 int(candidates.min()) < 0 or int(candidates.max()) >= self.vocab_size
             ):

@@ -331,8 +331,17 @@ def profile(model, params, groups: int, words: int, device: str) -> dict:
         return [[e.key[:60], e.count, round(getattr(e, key, 0) / 1e3, 1)] for e in rows]
 
     cuda_total = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e3
+
+    def per_step(*needles: str) -> float:  # events per decode step (8 tokens, 8 calls)
+        return round(sum(e.count for e in events if any(n in e.key for n in needles)) / 8, 1)
+
     result = {"groups": groups, "tokens": 8, "wall_ms": round(wall * 1e3, 1),
               "gpu_busy_ms": round(cuda_total, 1),
+              # the batched step's contract: one device-to-host copy per step
+              "per_step": {"launches": per_step("cudaLaunchKernel", "cuLaunchKernel"),
+                           "device_to_host": per_step("DtoH", "Memcpy DtoH"),
+                           "synchronize": per_step("Synchronize"),
+                           "scalar_reads": per_step("_local_scalar_dense")},
               "top_gpu_ms": top("self_device_time_total"), "top_cpu_ms": top("self_cpu_time_total")}
     print(f"profile: {result}", flush=True)
     return result

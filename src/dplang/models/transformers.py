@@ -314,7 +314,8 @@ class TransformersModel(TokenizerText):
     def next_hidden(self, state: DecodeState, tokens: torch.Tensor | None) -> torch.Tensor:
         """Append ``tokens`` (one per row that has run, in row order; ``None`` when none has),
         run the prompts of the rows that have not, and return the final-norm hidden state of
-        every row, ``[rows, H]`` float32.
+        every row, ``[rows, H]`` float32, on the model's device (a GPU's step copies nothing
+        to the host here: the batched InvisibleInk step copies once, after the head).
 
         Privacy contract: row ``i`` of the result depends only on row ``i``'s prompt and
         tokens (bit for bit; see the module docstring), however the rows are split into calls."""
@@ -336,7 +337,8 @@ class TransformersModel(TokenizerText):
                 cache = state.caches[r]
                 assert cache is not None
                 segments.append(_Segment(cache, [t], r))
-        hidden = torch.empty((state.rows, self.hidden_size), dtype=torch.float32)
+        hidden = torch.empty((state.rows, self.hidden_size), dtype=torch.float32,
+                             device=self.device)
         if state.cache is None:
             state.cache = self._new_cache()
         self._run_prefixes(state, pending)
@@ -350,9 +352,10 @@ class TransformersModel(TokenizerText):
                 continue
             segments.append(_Segment(cache, ids, r))
         results = self._run(state.cache, segments)
-        for target, value in results.items():
-            assert isinstance(target, int)
-            hidden[target] = value
+        if results:  # one copy for all rows (not one per row: launches on a GPU)
+            targets = list(results)
+            hidden[torch.tensor(targets, dtype=torch.int64, device=hidden.device)] = \
+                torch.stack([results[t] for t in targets])
         state.steps += 1
         return hidden
 
@@ -431,7 +434,7 @@ class TransformersModel(TokenizerText):
     def _call(self, cache: SlotCache, call: Sequence[tuple[_Segment, int, int]]
               ) -> torch.Tensor:
         """One forward call: the listed pieces of segments, in order. Returns the hidden
-        states of all its tokens, ``[T, H]`` on the CPU."""
+        states of all its tokens, ``[T, H]`` on the model's device."""
         ids: list[int] = []
         slots: list[int] = []
         positions: list[int] = []
@@ -470,7 +473,7 @@ class TransformersModel(TokenizerText):
             hidden = self._decoder.forward(torch.tensor(ids, dtype=torch.int64, device=dev),
                                            step, cache)
         with torch.inference_mode(False):
-            return hidden.float().cpu().clone()
+            return hidden.float().clone()
 
     def token_hidden_states(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """The final-norm hidden state of every position of each token sequence (``[len, H]``
@@ -487,7 +490,7 @@ class TransformersModel(TokenizerText):
         def flush() -> None:
             out = self._run(cache, batch, all_positions=True)
             for seg in batch:
-                results.append(out[seg.target])
+                results.append(out[seg.target].cpu())
                 cache.release(seg.cache.slot)
 
         for row, seq in enumerate(sequences):

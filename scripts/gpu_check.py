@@ -19,7 +19,9 @@ Prints one line per step and, last, one JSON summary:
 4. a profile of a short DP run (64 groups, 8 tokens): top operators by GPU and CPU time;
 5. DP tokens/s at each G of ``--groups`` (B = 7, T tokens, EOS ignored) beside non-private
    decoding of the same rows (one text per private prompt) measured in the same run, and the
-   DP cost multiple per token.
+   DP cost multiple per token; and beside the non-private peer of issue 38, Hugging Face
+   ``generate()`` in bfloat16 with a static cache on all G·(B + 1) rows (``--no-peer`` to
+   skip it): dplang's rows/s (DP tok/s × (B + 1)) over its tokens/s.
 
 ``--budget`` seconds bounds the throughput part: a G whose projected time (the last G's
 seconds per group and token, times G and T) would overrun it runs with fewer tokens (at least
@@ -132,6 +134,38 @@ def load(device: str, dtype: str, check: bool, quick: bool = False, arch: str = 
     return model, time.perf_counter() - start
 
 
+def hf_peer(arch: str, device: str, quick: bool, prompts: list[str], tokens: int,
+            compile_: bool, cache: dict) -> dict:
+    """The non-private peer of issue 38: Hugging Face ``generate()`` in bfloat16 with a static
+    cache (compiled only with ``--peer-compile``: compiling can take minutes of the lent
+    time), sampling top-k at τ, every row exactly ``tokens`` new tokens, one batch of all
+    ``prompts`` (left-padded). Returns its tokens/s and seconds."""
+    from transformers import AutoTokenizer
+
+    if arch not in cache:
+        cache.clear()  # one peer model at a time on the device
+        cache[arch] = random_model(device, quick, arch).to(torch.bfloat16).eval()
+    hf = cache[arch]
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir())
+    tok.padding_side = "left"
+    enc = tok(prompts, return_tensors="pt", padding=True).to(device)
+    options = {"do_sample": True, "top_k": K, "temperature": TAU, "min_new_tokens": tokens,
+               "max_new_tokens": tokens, "cache_implementation": "static",
+               "pad_token_id": tok.pad_token_id, "eos_token_id": None,
+               "disable_compile": not compile_}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    with torch.no_grad():
+        hf.generate(**enc, **{**options, "min_new_tokens": 2, "max_new_tokens": 2})  # warm
+        sync()
+        t0 = time.perf_counter()
+        out = hf.generate(**enc, **options)
+        sync()
+    secs = time.perf_counter() - t0
+    made = (out.shape[1] - enc["input_ids"].shape[1]) * out.shape[0]
+    return {"tokens_per_s": round(made / secs, 1), "seconds": round(secs, 2),
+            "rows": out.shape[0], "compiled": compile_}
+
+
 def text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
@@ -158,6 +192,11 @@ def main() -> None:
     ap.add_argument("--arch", default="default",
                     help="architectures of the throughput part, comma-separated: default "
                          f"(Gemma 3 270M), {', '.join(ARCHITECTURES)} (random weights)")
+    ap.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
+                    help="time Hugging Face generate() (bfloat16, static cache) on the G·(B+1) "
+                         "rows of each G beside dplang")
+    ap.add_argument("--peer-compile", action="store_true",
+                    help="let generate() compile its forward (minutes on a fresh machine)")
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                     help="profile a short DP run (8 tokens, 64 groups; 2 with --quick) before "
                          "the throughput")
@@ -249,6 +288,7 @@ def main() -> None:
     plan = [(arch, g) for arch in args.arch.split(",") for g in groups]
     current = "default"
     per_token_group_s = 0.0  # seconds per token and group at the last G (DP + non-private)
+    peers: dict = {}  # the Hugging Face peer model of the current architecture
     for arch, g in plan:
         if arch != current:  # another architecture: its own model, checked at load
             model, secs = load(args.device, "float32", check=True, quick=args.quick,
@@ -285,11 +325,25 @@ def main() -> None:
         plain_tps = len(prompts) * run_tokens / plain_s
         rows.append({"arch": arch, "G": g, "T": run_tokens,
                      "dp_tokens_per_s": round(dp_tps, 1),
+                     # every DP token is B + 1 rows of the model: what the peer is judged on
+                     "dp_rows_per_s": round(dp_tps * (B + 1), 1),
                      "plain_tokens_per_s_same_prompts": round(plain_tps, 1),
                      "dp_cost_per_token_vs_plain": round(plain_tps / dp_tps, 2),
                      "dp_seconds": round(dp_s, 2), "plain_seconds": round(plain_s, 2)})
+        peer_s = 0.0
+        if args.peer:
+            rows_prompts = [p for j in batch for p in (*j.private_prompts, j.public_prompt)]
+            try:
+                peer = hf_peer(arch, args.device, args.quick, rows_prompts, run_tokens,
+                               args.peer_compile, peers)
+                peer_s = peer["seconds"]
+                rows[-1]["hf_generate"] = peer
+                rows[-1]["dp_rows_vs_hf_tokens"] = round(
+                    rows[-1]["dp_rows_per_s"] / peer["tokens_per_s"], 3)
+            except Exception as exc:  # the peer must not cost the rest of the run
+                rows[-1]["hf_generate"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         print(f"throughput: {rows[-1]}", flush=True)
-        per_token_group_s = (dp_s + plain_s) / (g * run_tokens)
+        per_token_group_s = (dp_s + plain_s + peer_s) / (g * run_tokens)
         save(summary)
     save(summary)
     print(json.dumps(summary))

@@ -278,3 +278,107 @@ def test_on_a_gpu_the_batched_step_gives_the_cpus_sets_scores_and_tokens():
 
     with kernels.definitions_only():
         assert tokens(public.cuda()) == tokens(public)
+
+
+# ---- found by an adversarial review of the batched step (each failed before its fix) ----
+
+
+class _ScalarDivisions(torch.overrides.TorchFunctionMode):
+    """Records divisions whose divisor is a host number: a GPU computes those as a
+    multiplication by the reciprocal (PyTorch's CUDA kernel), not correctly rounded."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in ("div", "true_divide", "__truediv__", "div_") and len(args) > 1 \
+                and not isinstance(args[1], torch.Tensor):
+            self.seen.append(name)
+        return func(*args, **kwargs)
+
+
+def test_the_scores_divide_by_b_as_a_tensor_on_the_device():
+    mode = _ScalarDivisions()
+    with mode:
+        batched_scores(torch.ones((2, 3)), torch.tensor([0, 1]), torch.zeros((2, 3)),
+                       torch.tensor([3, 3]), 1.0, 3)
+    assert mode.seen == []
+
+
+def test_no_negative_zero_scores_on_either_path():
+    """A public logit that rounds to −0 on the grid (beside a huge one): both paths give +0.0,
+    and the same bits (numpy's sum starts at +0.0, an index_add at the −0.0 it adds to)."""
+    pub = torch.tensor([[3e38, -1.0, -2.0, -0.0]])
+    priv = torch.tensor([[3e38, -1.5, -2.5, -0.0]])
+    batched = batched_scores(priv, torch.tensor([0]), pub, torch.tensor([4]), 1.0, 2)[0].numpy()
+    alone = candidate_scores(priv, pub[0], 1.0, 2)
+    np.testing.assert_array_equal(_bits(batched), _bits(alone))
+    assert not np.signbit(alone[alone == 0]).any()
+    empty = candidate_scores(torch.empty((0, 4)), pub[0], 1.0, 2)
+    assert not np.signbit(empty[empty == 0]).any()
+
+
+def test_a_clip_norm_beyond_the_grid_is_decided_group_by_group():
+    """B·(max|φ_pub| + C + 1) must be finite: a policy whose C could overflow it is not
+    batched, so each group refuses (or not) by its own logits, as alone."""
+    assert InvisibleInkPolicy(1.7e308, 2, 1.0, 3, 8).batch_settings() is None
+    assert InvisibleInkPolicy(1e30, 2, 1.0, 3, 8).batch_settings() is not None
+
+
+def test_plus_infinity_keeps_its_tokens_when_the_margin_overflows_float32():
+    pub = torch.tensor([[0.0, float("inf"), 1.0, 2.0], [0.0, 1.0, 3.0, 2.0]])
+    with kernels.definitions_only():
+        mask = topk_plus_mask(pub, 1, 1e39, 2)
+    assert mask[0].nonzero().flatten().tolist() == [1]
+    assert expanded_topk_mask(pub[0], 1, 1e39, 2).nonzero().flatten().tolist() == [1]
+    fused = kernels.lookup("topk_plus", pub[0])
+    if fused is not None:
+        assert fused(pub[0], 1, 1e39, 2).tolist() == [1]
+
+
+def test_a_refused_step_draws_nothing_and_too_many_rows_are_refused():
+    model = ToyModel(vocab_size=16, eos_after=None)
+    hidden = torch.zeros((3, 16))
+    hidden[2] = -math.inf  # group 1's public row allows nothing
+    drawn = []
+    first = InvisibleInkPolicy(1.0, 2, 1.0, 4, 16, observer=lambda *a: drawn.append(a))
+    rng = RandomStreams(0).generator(0)
+    before = rng.bit_generator.state
+    groups = [([0], first, rng),
+              ([], InvisibleInkPolicy(1.0, 2, 1.0, 4, 16), RandomStreams(0).generator(1))]
+    for definitions in (False, True):
+        step = GroupBatchStep(BatchSettings(1.0, 2, 1.0, 4))
+        with pytest.raises(ValueError, match="allow no token"):
+            if definitions:
+                with kernels.definitions_only():
+                    step.choose(model, hidden, hidden[[1, 2]], groups)
+            else:
+                step.choose(model, hidden, hidden[[1, 2]], groups)
+        assert drawn == [] and rng.bit_generator.state == before
+    with pytest.raises(ValueError, match="private rows for a batch of 2"):
+        GroupBatchStep(BatchSettings(1.0, 2, 1.0, 4)).choose(
+            model, hidden, hidden[[1]], [([0, 1, 2], first, rng)])
+
+
+def test_a_kept_width_far_above_the_sets_shrinks():
+    model = ToyModel(vocab_size=2048, eos_after=None)
+    rng = np.random.default_rng(5)
+    hidden = torch.from_numpy(rng.normal(0, 3, size=(4, 2048)).astype(np.float32))
+    tokens = []
+    for width in (0, 1024):
+        step = GroupBatchStep(BatchSettings(0.5, 3, 1.0, 8), width=width, fixed_width=True)
+        groups = [([0, 1], InvisibleInkPolicy(0.5, 3, 1.0, 8, 2048),
+                   RandomStreams(3).generator(0))]
+        with kernels.definitions_only():
+            tokens.append(step.choose(model, hidden, hidden[[2]], groups))
+        assert step.width == 64
+    assert tokens[0] == tokens[1]
+
+
+def test_instance_level_changes_opt_out_of_batching():
+    policy = InvisibleInkPolicy(1.0, 2, 1.0, 4, 10)
+    policy.scores = lambda *a: None  # a patched decision: batching would bypass it
+    assert policy.batch_settings() is None

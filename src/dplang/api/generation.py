@@ -162,7 +162,7 @@ def dry_run_lines(plan: GenerationPlan, probe_steps: int = 3) -> list[str]:
     import torch
 
     start = time.perf_counter()
-    hidden = model.next_hidden(state, None)
+    hidden = model.next_hidden(state, None).cpu()  # waits for a GPU: the prefill's time
     prefill = time.perf_counter() - start
     tokens = torch.zeros(len(prompts), dtype=torch.long)
     start = time.perf_counter()

@@ -290,7 +290,8 @@ def topk_plus(public: torch.Tensor, k: int, clip_norm: float, batch_size: int
     """:meth:`~dplang.textgen.methods.invisibleink.InvisibleInkPolicy.candidates`' V_k^+ of
     float32 public logits ``[V]``: ascending int64 ids (possibly none)."""
     values = public.detach().float().contiguous()
-    margin = np.float32(2.0 * clip_norm / batch_size)  # as torch rounds the scalar
+    with np.errstate(over="ignore"):  # a margin beyond float32 is +inf, as in torch
+        margin = np.float32(2.0 * clip_norm / batch_size)  # as torch rounds the scalar
     return torch.from_numpy(_kernels()["topk_plus"](_np(values), int(k), margin))
 
 

@@ -7,7 +7,7 @@ so they are another release, charged anew. Which GPU, and how many workers, are 
 
 from __future__ import annotations
 
-__all__ = ["DEVICES", "DeviceError", "cuda_available", "resolve_device"]
+__all__ = ["DEVICES", "DeviceError", "cuda_available", "index_tensor", "resolve_device"]
 
 #: Accepted ``--device`` values.
 DEVICES = ("auto", "cpu", "cuda")
@@ -39,3 +39,16 @@ def resolve_device(name: str) -> str:
         raise DeviceError("--device cuda: no CUDA GPU is available here "
                           "(torch.cuda.is_available() is False); use --device cpu or auto")
     return name
+
+
+def index_tensor(values: list[int], device: object) -> object:
+    """int64 ``values`` on ``device`` without waiting for it: on a GPU through pinned host
+    memory and a non-blocking copy (an ordinary copy of host memory waits for every queued
+    kernel first: one synchronisation per index); on the CPU an ordinary tensor."""
+    import torch
+
+    host = torch.tensor(values, dtype=torch.int64)
+    target = torch.device(device)  # type: ignore[arg-type]
+    if target.type != "cuda":
+        return host
+    return host.pin_memory().to(target, non_blocking=True)

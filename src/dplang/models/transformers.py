@@ -46,6 +46,7 @@ import torch
 from dplang.models.attention import TILE, AttentionStep, PromptTile, SlotCache
 from dplang.models.base import DecodeState
 from dplang.models.decoder import ExactDecoder, logits_postprocess
+from dplang.models.devices import index_tensor
 from dplang.models.dtypes import available_cores
 from dplang.models.errors import UnsupportedModelError
 from dplang.models.hf_loading import (
@@ -354,7 +355,7 @@ class TransformersModel(TokenizerText):
         results = self._run(state.cache, segments)
         if results:  # one copy for all rows (not one per row: launches on a GPU)
             targets = list(results)
-            hidden[torch.tensor(targets, dtype=torch.int64, device=hidden.device)] = \
+            hidden[index_tensor(targets, hidden.device)] = \
                 torch.stack([results[t] for t in targets])
         state.steps += 1
         return hidden
@@ -461,17 +462,16 @@ class TransformersModel(TokenizerText):
         for seg, _, _ in call:
             lengths[seg.cache.slot] = seg.cache.length
         dev = self.device
-        step = AttentionStep(
-            slots=torch.tensor(slots, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            decode_tokens=torch.tensor(decode_tokens, dtype=torch.int64, device=dev),
-            decode_slots=torch.tensor(decode_slots, dtype=torch.int64, device=dev),
+        step = AttentionStep(  # index tensors copied without waiting for the device
+            slots=index_tensor(slots, dev),
+            positions=index_tensor(positions, dev),
+            decode_tokens=index_tensor(decode_tokens, dev),
+            decode_slots=index_tensor(decode_slots, dev),
             lengths=lengths,
             tiles=tiles,
         )
         with torch.inference_mode():
-            hidden = self._decoder.forward(torch.tensor(ids, dtype=torch.int64, device=dev),
-                                           step, cache)
+            hidden = self._decoder.forward(index_tensor(ids, dev), step, cache)
         with torch.inference_mode(False):
             return hidden.float().clone()
 
@@ -533,8 +533,12 @@ class TransformersModel(TokenizerText):
                 raise ValueError(
                     f"candidates must be [rows={hidden.shape[0]}, K], got {tuple(candidates.shape)}"
                 )
-            on_host_check = not (keep_device
-                                 and candidates.device.type == torch.device(self.device).type)
+            # skipped only for candidates already on a GPU (a host check would wait for it;
+            # an id out of range fails in the gather there); on the CPU the compiled gather
+            # has no bounds check, so the ids are always checked here
+            on_device = torch.device(self.device).type
+            on_host_check = not (keep_device and on_device != "cpu"
+                                 and candidates.device.type == on_device)
             if on_host_check and candidates.numel() and (
                 int(candidates.min()) < 0 or int(candidates.max()) >= self.vocab_size
             ):

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from .._lazy import lazy_module
+from ..models.devices import index_tensor
 from ..privacy.mechanisms import exponential_mechanism
 from ..privacy.randomness import RandomStreams, StreamSource
 
@@ -297,8 +298,11 @@ def _run_continuous(
         hidden = model.next_hidden(state, step_tokens)
         settings = _batch_settings(live) if sparse_head else None
         if settings is not None:  # every group decided in one batch, on the model's device
-            public = _ban(model.logits_from_hidden(hidden[[g.public_row for g in live]],
-                                                   keep_device=True), banned)
+            if banned is not None and banned.device != hidden.device:
+                banned = banned.to(hidden.device)  # once: an index from the host would wait
+            public = _ban(model.logits_from_hidden(
+                hidden[index_tensor([g.public_row for g in live], hidden.device)],
+                keep_device=True), banned)
             stepper = steppers.get(settings)
             if stepper is None:
                 stepper = steppers[settings] = live[0].policy.batch_step(settings)  # type: ignore[attr-defined]
@@ -364,6 +368,8 @@ def _batch_settings(live: Sequence[_Live]) -> Any:
 def _choose_per_group(model: LogitsModel, hidden: torch.Tensor, live: Sequence[_Live],
                       banned: torch.Tensor | None, sparse_head: bool) -> list[int | None]:
     """Each group's next token by its own policy, one group at a time."""
+    if banned is not None:
+        banned = banned.cpu()  # these logits are on the CPU
     public = _ban(model.logits_from_hidden(hidden[[g.public_row for g in live]]), banned)
     cand_ids = [g.policy.candidates(public[j]) for j, g in enumerate(live)]
     blocks = [_ban(block, banned, cand_ids[j]) for j, block in

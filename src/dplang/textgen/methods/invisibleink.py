@@ -64,6 +64,9 @@ if TYPE_CHECKING:
 
 torch = lazy_module("torch")  # imported on first use (`dplang generate --help` needs none)
 
+#: The largest finite float32 (the public logits are float32).
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 #: Called by :meth:`InvisibleInkPolicy.choose` just before sampling, with the candidate token
 #: ids, their float64 scores and the temperature: the exact next-token law is
 #: ``exponential_mechanism_probabilities(scores, temperature)`` on those ids (audits use it).
@@ -136,8 +139,8 @@ def expanded_topk_mask(
     the whole (public) support."""
     support = public_support(public)
     vocab = public.shape[-1]
-    if k <= 0 or k >= vocab:
-        return support
+    if k <= 0 or k >= vocab or bool(torch.isposinf(public).any()):
+        return support  # with +inf logits: exactly those (the threshold is not read)
     ell = topk_threshold(public, k) if threshold is None else threshold
     return support & (public >= ell - 2.0 * clip_norm / batch_size)
 
@@ -204,7 +207,7 @@ def candidate_scores(
         np.clip(steps, -limit, limit, out=steps)
         # integers of magnitude ≤ B·C·2^q < 2^51: the sum is exact in any order
         total = total + steps.sum(axis=0)
-    return np.ldexp(total / batch_size, -q)
+    return np.ldexp(total / batch_size, -q) + 0.0  # + 0.0: a zero score is +0.0, never −0.0
 
 
 def sample_from_candidates(
@@ -354,9 +357,14 @@ class InvisibleInkPolicy:
         settings (:mod:`.invisibleink_batch`); ``None`` in full-vocabulary mode (decided
         group by group) or for a subclass that redefines how a group decides (the batched
         step computes InvisibleInk's own candidates and scores: it would bypass them)."""
+        decided_here = ("candidates", "scores", "choose", "choose_scored")
         if self.full_vocabulary or any(
                 getattr(type(self), name) is not getattr(InvisibleInkPolicy, name)
-                for name in ("candidates", "scores", "choose", "choose_scored")):
+                or name in vars(self) for name in decided_here):
+            return None
+        # the grid bound B·(max|φ_pub| + C + 1) must be finite for any float32 public logit
+        # (else each group alone refuses the step, or not, by its own logits: decided there)
+        if not math.isfinite(self.batch_size * (FLOAT32_MAX + float(self.clip_norm) + 1.0)):
             return None
         from .invisibleink_batch import BatchSettings
 

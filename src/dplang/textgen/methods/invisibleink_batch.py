@@ -93,7 +93,11 @@ def topk_plus_mask(public: torch.Tensor, top_k: int, clip_norm: float, batch_siz
     from .invisibleink import topk_threshold
 
     ell = topk_threshold(public, top_k)
-    return public_support_rows(public) & (public >= ell - 2.0 * clip_norm / batch_size)
+    plus = torch.isposinf(public)
+    # a row with +inf logits keeps exactly those (its threshold is not read: with a margin
+    # that overflows float32, +inf − inf would be NaN and drop them)
+    return torch.where(plus.any(dim=-1, keepdim=True), plus,
+                       torch.isfinite(public) & (public >= ell - 2.0 * clip_norm / batch_size))
 
 
 def pad_ids(rows: Sequence[torch.Tensor], width: int | None = None) -> torch.Tensor:
@@ -149,7 +153,10 @@ def batched_scores(private: torch.Tensor, owner: torch.Tensor, public_on: torch.
         steps = torch.round(diff * scale[own])
         steps = torch.maximum(torch.minimum(steps, limit[own]), -limit[own])
         total = total.index_add(0, own, steps)  # integers below 2^53: exact in any order
-    scores = (total / batch_size) * power_of_two(-q)[:, None]
+    # B as a tensor on the device: a GPU divides by a host scalar as a multiplication by its
+    # reciprocal (not correctly rounded); by a tensor, correctly rounded, like the CPU
+    divisor = torch.full((), float(batch_size), dtype=torch.float64, device=device)
+    scores = (total / divisor) * power_of_two(-q)[:, None] + 0.0  # + 0.0: no −0.0 scores
     return torch.where(plus[:, None], torch.zeros((), dtype=torch.float64, device=device),
                        scores)
 
@@ -176,6 +183,9 @@ class GroupBatchStep:
         s = self.settings
         from ...models import kernels
 
+        for rows_g, _policy, _rng in groups:
+            if len(rows_g) > s.batch_size:
+                raise ValueError(f"{len(rows_g)} private rows for a batch of {s.batch_size}")
         fused = kernels.lookup("topk_plus", public)
         if fused is not None:  # the CPU's kernel, row by row: the exact width, no padding waste
             rows = [_nonempty(fused(public[g], s.top_k, s.clip_norm, s.batch_size))
@@ -202,13 +212,14 @@ class GroupBatchStep:
     def _finish(self, model: Any, hidden: torch.Tensor, public: torch.Tensor,
                 groups: Sequence[tuple[Sequence[int], InvisibleInkPolicy, np.random.Generator]],
                 ids: torch.Tensor, sizes: torch.Tensor) -> list[int] | None:
+        from ...models.devices import index_tensor
+
         s = self.settings
         device = public.device
         rows = [r for g in groups for r in g[0]]
-        owner = torch.tensor([j for j, g in enumerate(groups) for _ in g[0]], dtype=torch.int64,
-                             device=device)
+        owner = index_tensor([j for j, g in enumerate(groups) for _ in g[0]], device)
         if rows:
-            index = torch.tensor(rows, dtype=torch.int64, device=hidden.device)
+            index = index_tensor(rows, hidden.device)
             private = _logits_on_device(model, hidden[index], ids[owner.to(ids.device)])
         else:
             private = torch.empty((0, ids.shape[1]), dtype=torch.float32, device=device)
@@ -220,15 +231,19 @@ class GroupBatchStep:
                             sizes.to(device=device, dtype=torch.float64)[:, None]], dim=1).cpu()
         width = ids.shape[1]
         counts = packed[:, -1].to(torch.int64).tolist()
-        if max(counts, default=0) > width:
-            self.width = _round_up(max(counts))
+        largest = max(counts, default=0)
+        if largest > width:
+            self.width = _round_up(largest)
             return None
+        if self.width >= 4 * _round_up(largest) and self.width > _round_up(2 * s.top_k + 14):
+            # a kept width far above the sets (after one huge set): shrink it, keeping room
+            self.width = max(_round_up(2 * largest), _round_up(2 * s.top_k + 14))
+        if min(counts, default=1) == 0:  # before any group draws (no stream is advanced)
+            raise ValueError("the public logits allow no token (all NaN or -inf)")
         host = packed.numpy()
         tokens = []
         for j, (_rows, policy, rng) in enumerate(groups):
             n = counts[j]
-            if n == 0:
-                raise ValueError("the public logits allow no token (all NaN or -inf)")
             tokens.append(policy.choose_scored(host[j, width:width + n].astype(np.int64),
                                                host[j, :n].copy(),
                                                host[j, 2 * width:2 * width + n], rng))

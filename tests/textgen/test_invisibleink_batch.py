@@ -121,6 +121,18 @@ def test_topk_plus_rows_are_each_rows_own_set(top_k):
         for g in range(public.shape[0]):
             assert torch.equal(fused(public[g], top_k, 1.3, 3),
                                torch.nonzero(mask[g]).squeeze(-1))
+    rows = kernels.lookup("topk_plus_rows", public)
+    if rows is not None:  # and its parallel form, all rows at once (with an empty row)
+        empty = torch.full((1, public.shape[1]), -math.inf)
+        ids, sizes = rows(torch.cat([public, empty]), top_k, 1.3, 3)
+        full = torch.cat([mask, torch.zeros_like(mask[:1])])
+        assert sizes.tolist() == full.sum(-1).tolist()
+        assert ids.shape[1] == int(sizes.max())
+        for g in range(public.shape[0]):
+            n = int(sizes[g])
+            assert torch.equal(ids[g, :n], torch.nonzero(full[g]).squeeze(-1))
+            assert bool((ids[g, n:] == ids[g, 0]).all())
+        assert bool((ids[-1] == 0).all())
 
 
 def _jobs(n, b=3, nulls=0):

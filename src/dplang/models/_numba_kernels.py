@@ -453,6 +453,55 @@ def topk_plus(public: Any, k: Any, margin: Any) -> Any:
     # support (the +inf tokens when there are any, else the finite ones), ell the k-th largest
     # public logit (NaN counted as -inf; k <= 0 or k >= |V|: the whole support). Returns the
     # ascending ids.
+    plus, threshold = _topk_plus_rule(public, k, margin)
+    vocab = public.shape[0]
+    count = 0
+    for y in range(vocab):
+        if _kept(public[y], plus, threshold):
+            count += 1
+    ids = np.empty(count, dtype=np.int64)
+    count = 0
+    for y in range(vocab):
+        if _kept(public[y], plus, threshold):
+            ids[count] = y
+            count += 1
+    return ids
+
+
+@njit(parallel=True, **opts)
+def topk_plus_rows(public: Any, k: Any, margin: Any) -> Any:
+    # topk_plus of every row of public [G, V], in parallel over rows (each row from its own
+    # values by the same code): (ids [G, W] ascending, each row padded by its first id, or 0
+    # for an empty row; sizes [G]), W the largest size (at least 1)
+    rows, vocab = public.shape
+    plus = np.zeros(rows, dtype=np.bool_)
+    thresholds = np.empty(rows, dtype=np.float32)
+    sizes = np.zeros(rows, dtype=np.int64)
+    for g in prange(rows):
+        p, threshold = _topk_plus_rule(public[g], k, margin)
+        plus[g] = p
+        thresholds[g] = threshold
+        count = 0
+        for y in range(vocab):
+            if _kept(public[g, y], p, threshold):
+                count += 1
+        sizes[g] = count
+    width = max(1, sizes.max()) if rows else 1
+    ids = np.zeros((rows, width), dtype=np.int64)
+    for g in prange(rows):
+        count = 0
+        for y in range(vocab):
+            if _kept(public[g, y], plus[g], thresholds[g]):
+                ids[g, count] = y
+                count += 1
+        for j in range(count, width):
+            ids[g, j] = ids[g, 0]
+    return ids, sizes
+
+
+@njit(**opts)
+def _topk_plus_rule(public: Any, k: Any, margin: Any) -> Any:
+    # (whether the row has +inf logits, the threshold ell - margin) of topk_plus
     vocab = public.shape[0]
     plus = False
     for y in range(vocab):
@@ -493,17 +542,7 @@ def topk_plus(public: Any, k: Any, margin: Any) -> Any:
                     j = child
                 heap[j] = v
         threshold = f32(heap[0] - margin)
-    count = 0
-    for y in range(vocab):
-        if _kept(public[y], plus, threshold):
-            count += 1
-    ids = np.empty(count, dtype=np.int64)
-    count = 0
-    for y in range(vocab):
-        if _kept(public[y], plus, threshold):
-            ids[count] = y
-            count += 1
-    return ids
+    return plus, threshold
 
 
 @njit(parallel=True, **opts)

@@ -41,6 +41,7 @@ __all__ = [
     "silu_mul",
     "softmax_counts",
     "topk_plus",
+    "topk_plus_rows",
     "write_kv",
 ]
 
@@ -293,6 +294,18 @@ def topk_plus(public: torch.Tensor, k: int, clip_norm: float, batch_size: int
     with np.errstate(over="ignore"):  # a margin beyond float32 is +inf, as in torch
         margin = np.float32(2.0 * clip_norm / batch_size)  # as torch rounds the scalar
     return torch.from_numpy(_kernels()["topk_plus"](_np(values), int(k), margin))
+
+
+def topk_plus_rows(public: torch.Tensor, k: int, clip_norm: float, batch_size: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`topk_plus` of every row of float32 ``public [G, V]`` at once (in parallel over
+    rows): ``(ids [G, W], sizes [G])``, each row's ascending ids padded by its first id (0 for
+    an empty row), W the largest size (at least 1)."""
+    values = public.detach().float().contiguous()
+    with np.errstate(over="ignore"):  # a margin beyond float32 is +inf, as in torch
+        margin = np.float32(2.0 * clip_norm / batch_size)
+    ids, sizes = _kernels()["topk_plus_rows"](_np(values), int(k), margin)
+    return torch.from_numpy(ids), torch.from_numpy(sizes)
 
 
 def gathered_head(limbs: torch.Tensor, row_scale: torch.Tensor, w_hi: torch.Tensor,

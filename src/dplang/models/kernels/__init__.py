@@ -70,6 +70,7 @@ OPS: dict[str, tuple[str, ...]] = {
     "attend_tokens": ("cpu", "cuda"),
     "write_kv": ("cpu",),
     "topk_plus": ("cpu",),
+    "topk_plus_rows": ("cpu",),
     "gathered_head": ("cpu",),
 }
 

@@ -100,12 +100,6 @@ def topk_plus_mask(public: torch.Tensor, top_k: int, clip_norm: float, batch_siz
                        torch.isfinite(public) & (public >= ell - 2.0 * clip_norm / batch_size))
 
 
-def pad_ids(rows: Sequence[torch.Tensor], width: int | None = None) -> torch.Tensor:
-    """Ascending id lists (each non-empty) as ``[G, W]``, each padded by its first id."""
-    width = max(int(r.numel()) for r in rows) if width is None else width
-    return torch.stack([torch.cat([r, r[:1].expand(width - r.numel())]) for r in rows])
-
-
 def masked_ids(mask: torch.Tensor, width: int) -> torch.Tensor:
     """The first ``width`` ids of each row's mask, ascending, padded by the row's first id
     (rows with more than ``width`` ids are cut: callers check the sizes)."""
@@ -186,12 +180,9 @@ class GroupBatchStep:
         for rows_g, _policy, _rng in groups:
             if len(rows_g) > s.batch_size:
                 raise ValueError(f"{len(rows_g)} private rows for a batch of {s.batch_size}")
-        fused = kernels.lookup("topk_plus", public)
-        if fused is not None:  # the CPU's kernel, row by row: the exact width, no padding waste
-            rows = [_nonempty(fused(public[g], s.top_k, s.clip_norm, s.batch_size))
-                    for g in range(public.shape[0])]
-            ids = pad_ids(rows)
-            sizes = torch.tensor([int(r.numel()) for r in rows], dtype=torch.int64)
+        fused = kernels.lookup("topk_plus_rows", public)
+        if fused is not None:  # the CPU's kernel, rows in parallel: the exact width
+            ids, sizes = fused(public, s.top_k, s.clip_norm, s.batch_size)
             exact = self._finish(model, hidden, public, groups, ids, sizes)
             assert exact is not None  # the width is the largest set's
             return exact
@@ -248,12 +239,6 @@ class GroupBatchStep:
                                                host[j, :n].copy(),
                                                host[j, 2 * width:2 * width + n], rng))
         return tokens
-
-
-def _nonempty(ids: torch.Tensor) -> torch.Tensor:
-    if ids.numel() == 0:
-        raise ValueError("the public logits allow no token (all NaN or -inf)")
-    return ids
 
 
 def _round_up(width: int) -> int:

@@ -135,13 +135,11 @@ def test_topk_plus_rows_are_each_rows_own_set(top_k):
         assert bool((ids[-1] == 0).all())
 
 
-def _jobs(n, b=3, nulls=0):
-    out = []
-    for g in range(n):
-        public = f"public prompt {g % 2}"
-        private = [f"reference {g}-{i}" for i in range(b - nulls)] + [public] * nulls
-        out.append(GroupJob(g, public, tuple(private)))
-    return out
+def _jobs(n, nulls=0):
+    """n groups of 3 references (the last ``nulls`` of them empty: the public prompt)."""
+    return [GroupJob(g, f"public prompt {g % 2}",
+                     (*(f"reference {g}-{i}" for i in range(3 - nulls)),
+                      *[f"public prompt {g % 2}"] * nulls)) for g in range(n)]
 
 
 class PerGroup(InvisibleInkPolicy):

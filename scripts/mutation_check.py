@@ -163,10 +163,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "batched-step-divide-by-present-rows",
         "the batched step averages over each group's non-empty references instead of B",
         ((BATCH_SRC,
-          "scores = (total / batch_size) * power_of_two(-q)[:, None]",
-          "scores = (total / torch.bincount(own, minlength=groups).clamp(min=1)[:, None]"
-          ") * power_of_two(-q)[:, None] if private.shape[0] else (total / batch_size)"
-          " * power_of_two(-q)[:, None]"),),
+          "divisor = torch.full((), float(batch_size), dtype=torch.float64, device=device)",
+          "divisor = torch.bincount(owner.to(device), minlength=groups).clamp(min=1)"
+          "[:, None].to(torch.float64)"),),
         (ENGINE_AUDIT, BATCH),
     ),
     Mutation(
@@ -182,8 +181,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "batched-step-support-of-the-batch",
         "the batched Top-k+ takes the +inf rule of the whole batch, not of each row",
         ((BATCH_SRC,
-          "return torch.where(plus.any(dim=-1, keepdim=True), plus, torch.isfinite(public))",
-          "return torch.where(plus.any(), plus, torch.isfinite(public))"),),
+          "return torch.where(plus.any(dim=-1, keepdim=True), plus,",
+          "return torch.where(plus.any(), plus,"),),
         (ENGINE_AUDIT, BATCH),
     ),
     Mutation(

@@ -41,18 +41,26 @@ InvisibleInk step"):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..._lazy import lazy_module
 
-if TYPE_CHECKING:
-    from .invisibleink import InvisibleInkPolicy
-
 torch = lazy_module("torch")
+
+
+class GroupDecider(Protocol):
+    """What the batched step needs of a group's policy (:class:`InvisibleInkPolicy`; this
+    module imports nothing of :mod:`.invisibleink`, which imports it)."""
+
+    def choose_scored(self, ids: np.ndarray, scores: np.ndarray, public_on: np.ndarray,
+                      rng: np.random.Generator) -> int:
+        """The draw from the candidate ids, their float64 scores and public logits."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -79,20 +87,13 @@ def ceil_log2(values: torch.Tensor) -> torch.Tensor:
     return exponent.to(torch.int64) - (mantissa == 0.5).to(torch.int64)
 
 
-def public_support_rows(public: torch.Tensor) -> torch.Tensor:
-    """:func:`~dplang.textgen.methods.invisibleink.public_support` of each row of ``[G, V]``:
-    a row's +inf tokens when it has any, else its finite ones (row by row)."""
-    plus = torch.isposinf(public)
-    return torch.where(plus.any(dim=-1, keepdim=True), plus, torch.isfinite(public))
-
-
 def topk_plus_mask(public: torch.Tensor, top_k: int, clip_norm: float, batch_size: int
                    ) -> torch.Tensor:
     """V_k^+ of each row of ``[G, V]`` as a boolean mask, for 0 < k < V: exactly
     :func:`~dplang.textgen.methods.invisibleink.expanded_topk_mask` of each row alone."""
-    from .invisibleink import topk_threshold
-
-    ell = topk_threshold(public, top_k)
+    # ℓ, each row's k-th largest public logit, NaN counted as −inf (as topk_threshold)
+    clean = torch.nan_to_num(public, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+    ell = torch.topk(clean, top_k, dim=-1).values[..., -1:]
     plus = torch.isposinf(public)
     # a row with +inf logits keeps exactly those (its threshold is not read: with a margin
     # that overflows float32, +inf − inf would be NaN and drop them)
@@ -172,7 +173,7 @@ class GroupBatchStep:
     fixed_width: bool = False
 
     def choose(self, model: Any, hidden: torch.Tensor, public: torch.Tensor,
-               groups: Sequence[tuple[Sequence[int], InvisibleInkPolicy, np.random.Generator]]
+               groups: Sequence[tuple[Sequence[int], GroupDecider, np.random.Generator]]
                ) -> list[int]:
         """The next token of every group: ``groups[g]`` = (its private rows in ``hidden``, its
         policy, its stream); ``public[g]`` is its public row's logits (banned tokens at −inf).
@@ -204,7 +205,7 @@ class GroupBatchStep:
             # a set did not fit: widen (public logits only decide) and recompute the step
 
     def _finish(self, model: Any, hidden: torch.Tensor, public: torch.Tensor,
-                groups: Sequence[tuple[Sequence[int], InvisibleInkPolicy, np.random.Generator]],
+                groups: Sequence[tuple[Sequence[int], GroupDecider, np.random.Generator]],
                 ids: torch.Tensor, sizes: torch.Tensor) -> list[int] | None:
         from ...models.devices import index_tensor
 

@@ -21,7 +21,9 @@ Prints one line per step and, last, one JSON summary:
    decoding of the same rows (one text per private prompt) measured in the same run, and the
    DP cost multiple per token; and beside the non-private peer of issue 38, Hugging Face
    ``generate()`` in bfloat16 with a static cache on all G·(B + 1) rows (``--no-peer`` to
-   skip it): dplang's rows/s (DP tok/s × (B + 1)) over its tokens/s.
+   skip it): dplang's rows/s (DP tok/s × (B + 1)) over its tokens/s;
+6. with ``--long G:T`` (``gpu_check.sh``: 256:512, the paper's long-form setting), one DP run of
+   the default architecture at G groups and T tokens, if the budget left covers its projection.
 
 ``--budget`` seconds bounds the throughput part: a G whose projected time (the last G's
 seconds per group and token, times G and T) would overrun it runs with fewer tokens (at least
@@ -197,6 +199,9 @@ def main() -> None:
                          "rows of each G beside dplang")
     ap.add_argument("--peer-compile", action="store_true",
                     help="let generate() compile its forward (minutes on a fresh machine)")
+    ap.add_argument("--long", default="",
+                    help="G:T of a last, long-form DP run of the default architecture (issue "
+                         "38: 256:512), made only if the budget left covers its projection")
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                     help="profile a short DP run (8 tokens, 64 groups; 2 with --quick) before "
                          "the throughput")
@@ -289,6 +294,7 @@ def main() -> None:
     current = "default"
     per_token_group_s = 0.0  # seconds per token and group at the last G (DP + non-private)
     peers: dict = {}  # the Hugging Face peer model of the current architecture
+    dp_per_token_group: dict[int, float] = {}  # default architecture: DP s / (token · group)
     for arch, g in plan:
         if arch != current:  # another architecture: its own model, checked at load
             model, secs = load(args.device, "float32", check=True, quick=args.quick,
@@ -344,9 +350,44 @@ def main() -> None:
                 rows[-1]["hf_generate"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         print(f"throughput: {rows[-1]}", flush=True)
         per_token_group_s = (dp_s + plain_s + peer_s) / (g * run_tokens)
+        if arch == "default":
+            dp_per_token_group[g] = dp_s / (g * run_tokens)
         save(summary)
+    if args.long:
+        summary["long"] = long_run(args, models["float32"], dp_per_token_group, start, words)
+        print(f"long: {summary['long']}", flush=True)
     save(summary)
     print(json.dumps(summary))
+
+
+def long_run(args: argparse.Namespace, model, per_token_group: dict[int, float], start: float,
+             words: int) -> dict:
+    """The long-form DP run ``--long G:T`` on the default architecture, if the budget left
+    covers its projection (the DP seconds per token and group measured at the nearest G)."""
+    from dplang.privacy import RandomStreams, epsilon_to_rho
+    from dplang.textgen.engine import DecodingParams
+    from dplang.textgen.methods.invisibleink import calibrate_clip, run_invisibleink
+
+    g, t = (int(x) for x in args.long.split(":"))
+    if not per_token_group:
+        return {"G": g, "T": t, "skipped": "no default-architecture throughput to project from"}
+    nearest = min(per_token_group, key=lambda x: abs(x - g))
+    projected = per_token_group[nearest] * g * t
+    left = args.budget - (time.perf_counter() - start)
+    if projected > left:
+        return {"G": g, "T": t, "skipped": f"budget: ~{projected:.0f} s projected, "
+                                           f"{left:.0f} s left"}
+    params = DecodingParams(calibrate_clip(epsilon_to_rho(EPS, DELTA), t, B, TAU), B, TAU, K,
+                            t, sparse_head=True, stop_at_eos=False)
+    batch = jobs(model, g, random.Random(6), words)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    run_invisibleink(model, batch, params, RandomStreams(8), concurrent_groups=g)
+    sync()
+    seconds = time.perf_counter() - t0
+    return {"G": g, "T": t, "dp_tokens_per_s": round(g * t / seconds, 1),
+            "seconds": round(seconds, 1)}
 
 
 def save(summary: dict) -> None:

@@ -317,11 +317,7 @@ def main() -> None:
                               params.stop_at_eos)
         batch = jobs(model, g, rng, words)
         sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-        sync()
-        t0 = time.perf_counter()
-        run_invisibleink(model, batch, params, RandomStreams(3), concurrent_groups=g)
-        sync()
-        dp_s = time.perf_counter() - t0
+        dp_s = timed_dp(model, batch, params, 3, args.device)
         prompts = [p for j in batch for p in j.private_prompts]
         t0 = time.perf_counter()
         run_plain(model, prompts, run_tokens, TAU, K, RandomStreams(4), stop_at_eos=False)
@@ -364,9 +360,9 @@ def long_run(args: argparse.Namespace, model, per_token_group: dict[int, float],
              words: int) -> dict:
     """The long-form DP run ``--long G:T`` on the default architecture, if the budget left
     covers its projection (the DP seconds per token and group measured at the nearest G)."""
-    from dplang.privacy import RandomStreams, epsilon_to_rho
+    from dplang.privacy import epsilon_to_rho
     from dplang.textgen.engine import DecodingParams
-    from dplang.textgen.methods.invisibleink import calibrate_clip, run_invisibleink
+    from dplang.textgen.methods.invisibleink import calibrate_clip
 
     g, t = (int(x) for x in args.long.split(":"))
     if not per_token_group:
@@ -379,15 +375,22 @@ def long_run(args: argparse.Namespace, model, per_token_group: dict[int, float],
                                            f"{left:.0f} s left"}
     params = DecodingParams(calibrate_clip(epsilon_to_rho(EPS, DELTA), t, B, TAU), B, TAU, K,
                             t, sparse_head=True, stop_at_eos=False)
-    batch = jobs(model, g, random.Random(6), words)
-    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    sync()
-    t0 = time.perf_counter()
-    run_invisibleink(model, batch, params, RandomStreams(8), concurrent_groups=g)
-    sync()
-    seconds = time.perf_counter() - t0
+    seconds = timed_dp(model, jobs(model, g, random.Random(6), words), params, 8, args.device)
     return {"G": g, "T": t, "dp_tokens_per_s": round(g * t / seconds, 1),
             "seconds": round(seconds, 1)}
+
+
+def timed_dp(model, batch: list, params, seed: int, device: str) -> float:
+    """Seconds of one DP run of ``batch``, all groups at once (the device synchronised)."""
+    from dplang.privacy import RandomStreams
+    from dplang.textgen.methods.invisibleink import run_invisibleink
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    run_invisibleink(model, batch, params, RandomStreams(seed), concurrent_groups=len(batch))
+    sync()
+    return time.perf_counter() - t0
 
 
 def save(summary: dict) -> None:

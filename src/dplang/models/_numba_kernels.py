@@ -441,38 +441,20 @@ def write_kv(keys: Any, values: Any, slots: Any, positions: Any, k_store: Any, v
 
 @njit(inline="always", **opts)
 def _kept(v: Any, plus: Any, threshold: Any) -> Any:
-    # whether a public logit v is in V_k^+ (see topk_plus)
+    # whether a public logit v is in V_k^+ (see topk_plus_rows)
     if plus:
         return v == np.inf
     return v == v and v != -np.inf and v >= threshold
 
 
-@njit(**opts)
-def topk_plus(public: Any, k: Any, margin: Any) -> Any:
-    # InvisibleInkPolicy.candidates: V_k^+ = {y : pub[y] >= ell - margin} within the public
-    # support (the +inf tokens when there are any, else the finite ones), ell the k-th largest
-    # public logit (NaN counted as -inf; k <= 0 or k >= |V|: the whole support). Returns the
-    # ascending ids.
-    plus, threshold = _topk_plus_rule(public, k, margin)
-    vocab = public.shape[0]
-    count = 0
-    for y in range(vocab):
-        if _kept(public[y], plus, threshold):
-            count += 1
-    ids = np.empty(count, dtype=np.int64)
-    count = 0
-    for y in range(vocab):
-        if _kept(public[y], plus, threshold):
-            ids[count] = y
-            count += 1
-    return ids
-
-
 @njit(parallel=True, **opts)
 def topk_plus_rows(public: Any, k: Any, margin: Any) -> Any:
-    # topk_plus of every row of public [G, V], in parallel over rows (each row from its own
-    # values by the same code): (ids [G, W] ascending, each row padded by its first id, or 0
-    # for an empty row; sizes [G]), W the largest size (at least 1)
+    # InvisibleInkPolicy.candidates of every row of public [G, V], in parallel over rows (each
+    # row from its own values by the same code): V_k^+ = {y : pub[y] >= ell - margin} within
+    # the public support (the +inf tokens when there are any, else the finite ones), ell the
+    # k-th largest public logit (NaN counted as -inf; k <= 0 or k >= |V|: the whole support).
+    # Returns (ids [G, W] ascending, each row padded by its first id, or 0 for an empty row;
+    # sizes [G]), W the largest size (at least 1)
     rows, vocab = public.shape
     plus = np.zeros(rows, dtype=np.bool_)
     thresholds = np.empty(rows, dtype=np.float32)
@@ -501,7 +483,7 @@ def topk_plus_rows(public: Any, k: Any, margin: Any) -> Any:
 
 @njit(**opts)
 def _topk_plus_rule(public: Any, k: Any, margin: Any) -> Any:
-    # (whether the row has +inf logits, the threshold ell - margin) of topk_plus
+    # (whether the row has +inf logits, the threshold ell - margin) of topk_plus_rows
     vocab = public.shape[0]
     plus = False
     for y in range(vocab):

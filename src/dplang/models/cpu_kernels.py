@@ -289,11 +289,10 @@ def write_kv(keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
 def topk_plus(public: torch.Tensor, k: int, clip_norm: float, batch_size: int
               ) -> torch.Tensor:
     """:meth:`~dplang.textgen.methods.invisibleink.InvisibleInkPolicy.candidates`' V_k^+ of
-    float32 public logits ``[V]``: ascending int64 ids (possibly none)."""
-    values = public.detach().float().contiguous()
-    with np.errstate(over="ignore"):  # a margin beyond float32 is +inf, as in torch
-        margin = np.float32(2.0 * clip_norm / batch_size)  # as torch rounds the scalar
-    return torch.from_numpy(_kernels()["topk_plus"](_np(values), int(k), margin))
+    float32 public logits ``[V]``: ascending int64 ids (possibly none); :func:`topk_plus_rows`
+    of the one row."""
+    ids, sizes = topk_plus_rows(public[None], k, clip_norm, batch_size)
+    return ids[0, : int(sizes[0])]
 
 
 def topk_plus_rows(public: torch.Tensor, k: int, clip_norm: float, batch_size: int
@@ -303,7 +302,7 @@ def topk_plus_rows(public: torch.Tensor, k: int, clip_norm: float, batch_size: i
     an empty row), W the largest size (at least 1)."""
     values = public.detach().float().contiguous()
     with np.errstate(over="ignore"):  # a margin beyond float32 is +inf, as in torch
-        margin = np.float32(2.0 * clip_norm / batch_size)
+        margin = np.float32(2.0 * clip_norm / batch_size)  # as torch rounds the scalar
     ids, sizes = _kernels()["topk_plus_rows"](_np(values), int(k), margin)
     return torch.from_numpy(ids), torch.from_numpy(sizes)
 

@@ -196,13 +196,18 @@ class GroupBatchStep:
         if not fixed:  # no synchronisation to save: the exact width
             self.width = max(int(sizes.max()), 1)
         elif self.width == 0:
-            self.width = _round_up(2 * s.top_k + 14)
+            self.width = self._least_width
         while True:
             ids = masked_ids(mask, self.width)
             tokens = self._finish(model, hidden, public, groups, ids, sizes)
             if tokens is not None:
                 return tokens
             # a set did not fit: widen (public logits only decide) and recompute the step
+
+    @property
+    def _least_width(self) -> int:
+        """The width a kept width starts at and never shrinks below: room for twice k."""
+        return _round_up(2 * self.settings.top_k + 14)
 
     def _finish(self, model: Any, hidden: torch.Tensor, public: torch.Tensor,
                 groups: Sequence[tuple[Sequence[int], GroupDecider, np.random.Generator]],
@@ -215,7 +220,8 @@ class GroupBatchStep:
         owner = index_tensor([j for j, g in enumerate(groups) for _ in g[0]], device)
         if rows:
             index = index_tensor(rows, hidden.device)
-            private = _logits_on_device(model, hidden[index], ids[owner.to(ids.device)])
+            private = model.logits_from_hidden(hidden[index], ids[owner.to(ids.device)],
+                                               keep_device=True)
         else:
             private = torch.empty((0, ids.shape[1]), dtype=torch.float32, device=device)
         public_on = public.gather(1, ids.to(device))
@@ -230,9 +236,9 @@ class GroupBatchStep:
         if largest > width:
             self.width = _round_up(largest)
             return None
-        if self.width >= 4 * _round_up(largest) and self.width > _round_up(2 * s.top_k + 14):
+        if self.width >= 4 * _round_up(largest) and self.width > self._least_width:
             # a kept width far above the sets (after one huge set): shrink it, keeping room
-            self.width = max(_round_up(2 * largest), _round_up(2 * s.top_k + 14))
+            self.width = max(_round_up(2 * largest), self._least_width)
         if min(counts, default=1) == 0:  # before any group draws (no stream is advanced)
             raise ValueError("the public logits allow no token (all NaN or -inf)")
         host = packed.numpy()
@@ -248,7 +254,3 @@ class GroupBatchStep:
 def _round_up(width: int) -> int:
     return max(64, -(-width // 64) * 64)
 
-
-def _logits_on_device(model: Any, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The sparse head's logits, left on the model's device."""
-    return model.logits_from_hidden(hidden, ids, keep_device=True)

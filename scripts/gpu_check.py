@@ -14,7 +14,9 @@ Prints one line per step and, last, one JSON summary:
 
 1. the load-time row-invariance check in float32 and bfloat16 (verdict, seconds);
 2. a neighbour test: G groups decoded with InvisibleInk, then again with one reference of
-   group 0 replaced by the empty one: every other group's tokens must be identical;
+   group 0 replaced by the empty one: every other group's tokens must be identical; then the
+   decode graphs (:mod:`dplang.models.decode_graphs`) against kernel-by-kernel launches on a
+   short run (64 groups, 16 tokens): the same tokens, and the time of each;
 3. ``pytest -m gpu`` (if pytest is installed there);
 4. a profile of a short DP run (64 groups, 8 tokens): top operators by GPU and CPU time;
 5. DP tokens/s at each G of ``--groups`` (B = 7, T tokens, EOS ignored) beside non-private
@@ -256,6 +258,15 @@ def main() -> None:
     print(f"neighbours: {summary['neighbours']}", flush=True)
     save(summary)
 
+    # 2b. decode graphs against launching kernel by kernel: the same tokens, the time of each
+    try:
+        summary["decode_graphs"] = graphs_ab(model, params, args.device, args.quick, words)
+    except Exception as exc:  # the summary must still be printed
+        summary["decode_graphs"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    model.set_decode_graphs("auto")
+    print(f"decode graphs: {summary['decode_graphs']}", flush=True)
+    save(summary)
+
     # 3. the GPU tests
     try:
         import pytest  # noqa: F401
@@ -391,6 +402,33 @@ def timed_dp(model, batch: list, params, seed: int, device: str) -> float:
     run_invisibleink(model, batch, params, RandomStreams(seed), concurrent_groups=len(batch))
     sync()
     return time.perf_counter() - t0
+
+
+def graphs_ab(model, params, device: str, quick: bool, words: int) -> dict:
+    """A short DP run with decode calls launched kernel by kernel (``off``) and replayed from
+    CUDA graphs (``auto``), each twice (the second run timed): the same tokens, and seconds."""
+    from dplang.privacy import RandomStreams
+    from dplang.textgen.methods.invisibleink import run_invisibleink
+
+    g, t = (2, 4) if quick else (64, 16)
+    short = type(params)(params.clip, B, TAU, K, t, params.sparse_head, params.stop_at_eos)
+    batch = jobs(model, g, random.Random(3), words)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    seconds: dict[str, float] = {}
+    tokens: dict[str, dict] = {}
+    for mode in ("off", "auto", "off", "auto"):
+        model.set_decode_graphs(mode)
+        sync()
+        t0 = time.perf_counter()
+        results = run_invisibleink(model, batch, short, RandomStreams(11), concurrent_groups=g)
+        sync()
+        seconds[mode] = time.perf_counter() - t0
+        tokens[mode] = {r.index: r.token_ids for r in results}
+    return {"G": g, "T": t, "seconds_off": round(seconds["off"], 3),
+            "seconds_graphs": round(seconds["auto"], 3),
+            "speedup": round(seconds["off"] / seconds["auto"], 2),
+            "same_tokens": tokens["off"] == tokens["auto"],
+            "graphs_refused": model.graphs_refused}
 
 
 def save(summary: dict) -> None:

@@ -34,6 +34,8 @@ NUMERICS = "tests/textgen/test_invisibleink_numerics.py"
 RELEASE_AUDIT = "tests/sampling/test_release_path_audit.py"
 BATCH = "tests/textgen/test_invisibleink_batch.py"
 BATCH_SRC = "src/dplang/textgen/methods/invisibleink_batch.py"
+GRAPHS = "tests/models/test_decode_graphs.py"
+GRAPHS_SRC = "src/dplang/models/decode_graphs.py"
 
 
 @dataclass(frozen=True)
@@ -348,6 +350,22 @@ MUTATIONS: tuple[Mutation, ...] = (
           "        if not self.ex_ante:\n",
           "        if False:\n"),),
         ("tests/privacy/test_guarantees.py", "tests/textgen/test_adapmixed.py"),
+    ),
+    Mutation(
+        "graph-padding-in-a-row-slot",
+        "a decode graph's padding tokens are written into the first row's slot, not their own",
+        ((GRAPHS_SRC,
+          "*slots, *[self.pad_slot] * pad,",
+          "*slots, *[slots[0]] * pad,"),),
+        (GRAPHS,),
+    ),
+    Mutation(
+        "graph-replay-unchecked",
+        "a decode graph's first replay is not compared with the eager call it was recorded from",
+        ((GRAPHS_SRC,
+          "        if not torch.equal(recorded.output.view(torch.int32), eager.view(torch.int32)):",
+          "        if False:"),),
+        (GRAPHS,),
     ),
 )
 

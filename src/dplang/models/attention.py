@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -94,6 +95,9 @@ class SlotCache:
         self.values: list[torch.Tensor] = []
         self.value_scale: list[torch.Tensor] = []
         self._free: list[int] = []
+        #: The store's decode graphs (:class:`dplang.models.decode_graphs.DecodeGraphs`), made
+        #: by the model on first use.
+        self.decode_graphs: Any = None
 
     # -- allocation --------------------------------------------------------------------
 
@@ -207,7 +211,8 @@ class AttentionStep:
 
     ``decode_tokens[i]`` is the step index of the one-token row in slot ``decode_slots[i]``;
     ``lengths[s]`` is slot ``s``'s length after this step's tokens (0 for a free slot);
-    ``tiles`` are the prompt tiles."""
+    ``tiles`` are the prompt tiles; ``extent``, when set, is more than every position (the
+    position tables are then gathered without reading the positions on the host)."""
 
     slots: torch.Tensor  # [T] slot of every token of the step
     positions: torch.Tensor  # [T] position of every token in its slot
@@ -215,6 +220,7 @@ class AttentionStep:
     decode_slots: torch.Tensor  # [R] their slots
     lengths: torch.Tensor  # [slots] slot lengths after the step (int64, CPU)
     tiles: list[PromptTile]
+    extent: int | None = None  # more than the largest position (host int), when known
     _masks: dict[tuple[str, int | None], torch.Tensor] | None = None
 
     def decode_visible(self, capacity: int, window: int | None, device: torch.device

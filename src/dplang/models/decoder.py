@@ -185,6 +185,8 @@ class PositionTables:
         self._head_dim = head_dim
         self._sources: dict[str, tuple[torch.Tensor, float]] = {}
         self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._device_tables: dict[tuple[str, torch.device],
+                                  tuple[torch.Tensor, torch.Tensor]] = {}
         for key in sorted(keys):
             module, prefix, args = body.rotary_emb, "", ()
             if key.startswith("local:"):
@@ -253,18 +255,43 @@ class PositionTables:
             cos, sin = cos * scaling, sin * scaling
         return cos, sin
 
-    def lookup(self, key: str, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)`` ``[T, head_dim]`` of ``positions`` for rotary variant ``key``."""
-        needed = int(positions.max()) + 1 if positions.numel() else 0
+    def table(self, key: str, needed: int, device: torch.device | str = "cpu"
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` of rotary variant ``key`` for at least positions ``0..needed-1``, on
+        ``device`` (a GPU's copy is kept, so a step gathers its rows there without reading the
+        positions on the host: a CUDA graph of the step replays that gather)."""
         cos, sin = self._tables.get(key, (torch.empty(0, self._head_dim),) * 2)
         if cos.shape[0] < needed:
             stop = -(-needed // _ROPE_CHUNK) * _ROPE_CHUNK
             new_c, new_s = self._compute(key, torch.arange(cos.shape[0], stop))
             cos, sin = torch.cat([cos, new_c]), torch.cat([sin, new_s])
             self._tables[key] = (cos, sin)
-        index = positions.cpu()
-        found = cos.index_select(0, index), sin.index_select(0, index)
-        return found[0].to(positions.device), found[1].to(positions.device)
+        device = torch.device(device)
+        if device.type == "cpu":
+            return cos, sin
+        moved = self._device_tables.get((key, device))
+        if moved is None or moved[0].shape[0] != cos.shape[0]:
+            moved = (cos.to(device), sin.to(device))  # the same bits: copies
+            self._device_tables[(key, device)] = moved
+        return moved
+
+    def lookup(self, key: str, positions: torch.Tensor, extent: int | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` ``[T, head_dim]`` of ``positions`` for rotary variant ``key``, on
+        ``positions``' device; ``extent`` (more than the largest position, when the caller
+        knows it) spares reading the positions on the host, which would wait for a GPU."""
+        if extent is None:
+            extent = int(positions.max()) + 1 if positions.numel() else 0
+        cos, sin = self.table(key, extent, positions.device)
+        return cos.index_select(0, positions), sin.index_select(0, positions)
+
+    def device_pointers(self, device: torch.device | str) -> tuple[int, ...]:
+        """Addresses of the tables kept on ``device`` (a CUDA graph that gathers from them is
+        valid while they are unchanged)."""
+        device = torch.device(device)
+        return tuple(t.data_ptr() for (key, dev), pair in sorted(
+            self._device_tables.items(), key=lambda item: item[0][0]) if dev == device
+            for t in pair)
 
 
 def _rope_type(module: Any, key: str) -> str:
@@ -473,7 +500,8 @@ class ExactDecoder:
             if layer.k_norm is not None:
                 k = layer.k_norm(k)
             if layer.rope not in tables:
-                tables[layer.rope] = self.positions.lookup(layer.rope, step.positions)
+                tables[layer.rope] = self.positions.lookup(layer.rope, step.positions,
+                                                          step.extent)
             cos, sin = tables[layer.rope]
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
             q = q * cos + _rotate_half(q) * sin

@@ -36,6 +36,7 @@ this project yet (``pytest -m gpu``).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ import torch
 
 from dplang.models.attention import TILE, AttentionStep, PromptTile, SlotCache
 from dplang.models.base import DecodeState
+from dplang.models.decode_graphs import DecodeGraphs, GraphMismatch, graphs_wanted
 from dplang.models.decoder import ExactDecoder, logits_postprocess
 from dplang.models.devices import index_tensor
 from dplang.models.dtypes import available_cores
@@ -86,6 +88,10 @@ __all__ = ["MAX_STEP_TOKENS", "RowDecodeState", "RowSlot", "TransformersModel"]
 #: Most tokens run through the body in one call (prompts are cut into calls of at most this many
 #: tokens, anywhere: a row's bits do not depend on where its prompt is cut).
 MAX_STEP_TOKENS = 1024
+
+#: The same on a GPU, where one call of many tokens costs little more than one of few (a decode
+#: step of 1,024 groups of B + 1 = 8 rows is one call, one graph replay).
+GPU_STEP_TOKENS = 8192
 
 
 @dataclass
@@ -209,6 +215,9 @@ class TransformersModel(TokenizerText):
         self.hidden_size: int = self._decoder.hidden_size
         self._softcap, self._logit_multiplier = logit_postprocessing(self.config)
         self._num_layers = len(self._decoder.layers)
+        self._graphs_mode = "auto"  # decode graphs: set_decode_graphs
+        #: Why decode calls are no longer replayed from graphs (``None`` while they may be).
+        self.graphs_refused: str | None = None
 
         prepare_tokenizer(self.tokenizer)
         if len(self.tokenizer) > self.vocab_size:
@@ -396,12 +405,13 @@ class TransformersModel(TokenizerText):
 
     def _run(self, cache: SlotCache, segments: Sequence[_Segment], all_positions: bool = False
              ) -> dict[Any, torch.Tensor]:
-        """Run ``segments`` through the body in calls of at most :data:`MAX_STEP_TOKENS`
+        """Run ``segments`` through the body in calls of at most :meth:`_step_tokens`
         tokens (a segment may be cut anywhere: its later part attends to the earlier part's
         keys in its slot, the same integers either way). Returns the last hidden state of each
         segment by target (with ``all_positions``, every position's, concatenated)."""
         results: dict[Any, torch.Tensor] = {}
         pieces: dict[Any, list[torch.Tensor]] = {}
+        limit = self._step_tokens()
         call: list[tuple[_Segment, int, int]] = []  # (segment, first id, count)
         size = 0
 
@@ -419,11 +429,11 @@ class TransformersModel(TokenizerText):
         for seg in segments:
             done = 0
             while done < len(seg.ids):
-                count = min(len(seg.ids) - done, MAX_STEP_TOKENS - size)
+                count = min(len(seg.ids) - done, limit - size)
                 call.append((seg, done, count))
                 size += count
                 done += count
-                if size >= MAX_STEP_TOKENS:
+                if size >= limit:
                     flush()
                     call, size = [], 0
         if call:
@@ -431,6 +441,13 @@ class TransformersModel(TokenizerText):
         if all_positions:
             return {k: torch.cat(v) for k, v in pieces.items()}
         return results
+
+    def _step_tokens(self) -> int:
+        """Most tokens of one forward call: :data:`MAX_STEP_TOKENS` on the CPU, at least
+        :data:`GPU_STEP_TOKENS` on a GPU (a public rule: where calls are cut changes no bit)."""
+        if self.device_type == "cpu":
+            return MAX_STEP_TOKENS
+        return max(MAX_STEP_TOKENS, GPU_STEP_TOKENS)
 
     def _call(self, cache: SlotCache, call: Sequence[tuple[_Segment, int, int]]
               ) -> torch.Tensor:
@@ -457,6 +474,10 @@ class TransformersModel(TokenizerText):
                 for offset in range(0, count, TILE):
                     n = min(TILE, count - offset)
                     tiles.append(PromptTile(rc.slot, index + offset, n, start + offset))
+        if not tiles and self._graphs_wanted():  # a decode call: replayed from a graph
+            hidden = self._replay_decode(cache, ids, slots, positions)
+            if hidden is not None:
+                return hidden
         cache.reserve(max(positions) + 1)
         lengths = torch.zeros(cache.slots, dtype=torch.int64)
         for seg, _, _ in call:
@@ -469,11 +490,49 @@ class TransformersModel(TokenizerText):
             decode_slots=index_tensor(decode_slots, dev),
             lengths=lengths,
             tiles=tiles,
+            extent=max(positions) + 1,
         )
         with torch.inference_mode():
             hidden = self._decoder.forward(index_tensor(ids, dev), step, cache)
         with torch.inference_mode(False):
             return hidden.float().clone()
+
+    # ------------------------------------------------------------ decode graphs
+
+    def set_decode_graphs(self, mode: str) -> None:
+        """How decode calls run: ``"auto"`` (default: replayed from CUDA graphs where
+        :func:`~dplang.models.decode_graphs.graphs_wanted`), ``"off"`` (launched one kernel at
+        a time), or ``"static"`` (the graphs' padded, static-input path without recording, on
+        any device: for tests). The bits are the same in every mode."""
+        if mode not in ("auto", "off", "static"):
+            raise ValueError(f"decode graph mode must be auto, off or static, got {mode!r}")
+        self._graphs_mode = mode
+
+    def _graphs_wanted(self) -> bool:
+        mode = self._graphs_mode
+        if mode == "off" or self.graphs_refused is not None:
+            return False
+        return mode == "static" or graphs_wanted(self.device)
+
+    def _replay_decode(self, cache: SlotCache, ids: list[int], slots: list[int],
+                       positions: list[int]) -> torch.Tensor | None:
+        """A decode call's hidden states from its graph, or ``None`` when graphs cannot serve
+        (recording failed, or a replay differed from its eager call: the model then stays
+        eager, with a warning, and :attr:`graphs_refused` says why)."""
+        graphs = cache.decode_graphs
+        if graphs is None:
+            graphs = cache.decode_graphs = DecodeGraphs(
+                self._decoder, cache, record=self._graphs_mode != "static")
+        try:
+            with torch.inference_mode():
+                hidden = graphs.run(cache, ids, slots, positions)
+            with torch.inference_mode(False):
+                return hidden.clone()
+        except (GraphMismatch, RuntimeError) as error:  # recording refused, or other bits
+            self.graphs_refused = f"{type(error).__name__}: {error}"
+            warnings.warn(f"decode graphs turned off, decode calls run eagerly: "
+                          f"{self.graphs_refused}", RuntimeWarning, stacklevel=2)
+            return None
 
     def token_hidden_states(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """The final-norm hidden state of every position of each token sequence (``[len, H]``
@@ -494,7 +553,7 @@ class TransformersModel(TokenizerText):
                 cache.release(seg.cache.slot)
 
         for row, seq in enumerate(sequences):
-            if batch and size + len(seq) > MAX_STEP_TOKENS:
+            if batch and size + len(seq) > self._step_tokens():
                 flush()
                 batch, size = [], 0
             batch.append(_Segment(RowSlot(cache.allocate()), list(seq), row))

@@ -89,6 +89,28 @@ def test_hadamard(monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...]) -> No
     _same(x, before)  # the input is not changed
 
 
+@pytest.mark.parametrize("rotate", [False, True])
+@pytest.mark.parametrize("dim", [64, 256])
+def test_rotary(monkeypatch: pytest.MonkeyPatch, rotate: bool, dim: int) -> None:
+    """The decoder's rotary embedding (and Hadamard transform) of every head, on a strided view
+    of a wider row as the decoder passes it (the queries of a fused q/k/v product)."""
+    from dplang.models.decoder import rotary
+
+    tokens, heads = 9, 3
+    wide = _nasty(tokens, (heads + 2) * dim, 6)
+    x = wide[:, dim: dim + heads * dim].reshape(tokens, heads, dim)  # not contiguous
+    assert not x.is_contiguous()
+    gen = torch.Generator().manual_seed(dim)
+    angles = torch.rand(tokens, dim, generator=gen, dtype=torch.float64) * 100
+    cos, sin = torch.cos(angles).float(), torch.sin(angles).float()
+    cos[2, 0], sin[3, 1] = float("nan"), float("inf")
+    _same(rotary(x, cos, sin, rotate),
+          _torch_path(monkeypatch, lambda: rotary(x, cos, sin, rotate)))
+    before = x.clone()
+    rotary(x, cos, sin, rotate)
+    _same(x.contiguous(), before)  # the input is not changed
+
+
 @pytest.mark.parametrize("kind", ["gelu_tanh", "silu"])
 def test_gated(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     gate = _nasty(9, 300, 4) * 10

@@ -241,6 +241,32 @@ def hadamard_rows(y: Any) -> None:  # dplang.models.exact.hadamard, in place, pe
 
 
 @njit(parallel=True, **opts)
+def rotary_heads(x: Any, cos: Any, sin: Any, rotate: Any, out: Any) -> None:
+    # dplang.models.decoder.rotary: x * cos + rotate_half(x) * sin for every (token, head) of
+    # x [T, H, d] (any strides; cos/sin [T, d]), each product and the sum rounded to float32
+    # as three torch operations round them; then, with rotate, hadamard_rows' butterflies.
+    tokens, heads, dim = x.shape
+    half = dim // 2
+    for item in prange(tokens * heads):
+        t = item // heads
+        h = item - t * heads
+        for j in range(half):
+            out[t, h, j] = x[t, h, j] * cos[t, j] + (-x[t, h, j + half]) * sin[t, j]
+        for j in range(half, dim):
+            out[t, h, j] = x[t, h, j] * cos[t, j] + x[t, h, j - half] * sin[t, j]
+        if rotate:
+            step = 1
+            while step < dim:
+                for start in range(0, dim, 2 * step):
+                    for j in range(start, start + step):
+                        a = out[t, h, j]
+                        b = out[t, h, j + step]
+                        out[t, h, j] = a + b
+                        out[t, h, j + step] = a - b
+                step *= 2
+
+
+@njit(parallel=True, **opts)
 def gelu_tanh_mul(gate: Any, up: Any, out: Any) -> None:
     rows, width = gate.shape
     for i in prange(rows):

@@ -38,6 +38,7 @@ __all__ = [
     "hadamard",
     "quantize_limbs",
     "rms_norm",
+    "rotary",
     "silu_mul",
     "softmax_counts",
     "topk_plus",
@@ -124,14 +125,15 @@ def set_threads(threads: int) -> None:
         numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
 
 
-def quantize_limbs(x: torch.Tensor, levels: int, as_float: bool = False
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_limbs(x: torch.Tensor, levels: int, as_float: bool = False,
+                   dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, torch.Tensor]:
     """``(limbs [2M, K], scale [M, 1])`` of float32 ``x [M, K]``: the rows of
     :func:`~dplang.models.exact.quantize_rows` split by
-    :func:`~dplang.models.exact.split_limbs`, high limbs first (int8, or float32)."""
+    :func:`~dplang.models.exact.split_limbs`, high limbs first (``dtype``: int8 or int16; or
+    float32 with ``as_float``): the same integers in any of them."""
     x = x.contiguous()
     rows, width = x.shape
-    limbs = torch.empty((2 * rows, width), dtype=torch.float32 if as_float else torch.int8)
+    limbs = torch.empty((2 * rows, width), dtype=torch.float32 if as_float else dtype)
     scale = torch.empty((rows, 1), dtype=torch.float32)
     _kernels()["quantize_limbs"](_np(x), levels, _np(limbs), _np(scale)[:, 0], as_float)
     return limbs, scale
@@ -174,6 +176,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _kernels()["rms_norm"](_np(flat), _np(weight.contiguous()), float(eps), headroom,
                            _np(out))
     return out.view(shape)
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotate: bool
+           ) -> torch.Tensor:
+    """:func:`~dplang.models.decoder.rotary` of float32 ``x [T, H, d]`` (any strides) with
+    ``cos``/``sin [T, d]``: the rotation of every head and, with ``rotate``, its Hadamard
+    transform, in one pass (a new contiguous tensor)."""
+    out = torch.empty(x.shape, dtype=torch.float32)
+    _kernels()["rotary_heads"](_np(x), _np(cos.contiguous()), _np(sin.contiguous()),
+                               bool(rotate), _np(out))
+    return out
 
 
 def hadamard(x: torch.Tensor) -> torch.Tensor:
@@ -248,9 +261,9 @@ def attend_tokens(q: torch.Tensor, q_slot: torch.Tensor, q_pos: torch.Tensor,
     if not 0 < levels <= _MAX_COUNT:
         raise ValueError(f"attention weight levels {levels} outside 1..{_MAX_COUNT}")
     tokens, heads, dim = q.shape
-    limbs, scale = quantize_limbs(q.reshape(tokens * heads, dim), TWO_LIMB, as_float=True)
-    q_hi = limbs[: tokens * heads].to(torch.int16).view(tokens, heads, dim)
-    q_lo = limbs[tokens * heads:].to(torch.int16).view(tokens, heads, dim)
+    limbs, scale = quantize_limbs(q.reshape(tokens * heads, dim), TWO_LIMB, dtype=torch.int16)
+    q_hi = limbs[: tokens * heads].view(tokens, heads, dim)
+    q_lo = limbs[tokens * heads:].view(tokens, heads, dim)
     out = torch.empty((tokens, heads, dim), dtype=torch.float32)
     cap = float(softcap) if softcap else 0.0
     headroom = 52 - max(1, math.ceil(math.log2(max_terms)))

@@ -144,6 +144,22 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotate: bool
+           ) -> torch.Tensor:
+    """The rotary embedding of every head of float32 ``x [T, H, d]`` with ``cos``/``sin
+    [T, d]``: ``x * cos + rotate_half(x) * sin`` (two products and a sum, each rounded to
+    float32), then with ``rotate`` the Hadamard transform of each head's vector
+    (:func:`~dplang.models.exact.hadamard`). Each head's result is a function of that head's
+    own values and its token's position only; a fused kernel computes the same bits in one
+    pass where there is one (:mod:`dplang.models.kernels`)."""
+    fused = kernels.lookup("rotary", x)
+    if fused is not None and x.dtype == torch.float32 and x.numel():
+        return fused(x, cos, sin, rotate)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    y = x * c + _rotate_half(x) * s
+    return hadamard(y) if rotate else y
+
+
 #: Rotary types whose frequencies are fixed when the module is built: the cos/sin of a
 #: position are then ``cos(position * inv_freq) * attention_scaling`` whatever the sequence
 #: length, which is what :class:`PositionTables` computes. ``dynamic`` and ``longrope``
@@ -503,12 +519,8 @@ class ExactDecoder:
                 tables[layer.rope] = self.positions.lookup(layer.rope, step.positions,
                                                           step.extent)
             cos, sin = tables[layer.rope]
-            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            if self.rotate:
-                rotated = hadamard(torch.cat([q, k], dim=1))
-                q, k = rotated[:, : self.num_heads], rotated[:, self.num_heads:]
+            q = rotary(q, cos, sin, self.rotate)
+            k = rotary(k, cos, sin, self.rotate)
             cache.write(index, step.slots, step.positions, k, v)
             attended = self._attention(index, layer, q, step, cache)
             a = layer.o.apply(layer.o.prepare(attended))

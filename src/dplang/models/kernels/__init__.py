@@ -63,6 +63,7 @@ OPS: dict[str, tuple[str, ...]] = {
     "gelu_tanh_mul": ("cpu", "cuda"),
     "silu_mul": ("cpu", "cuda"),
     "hadamard": ("cpu",),
+    "rotary": ("cpu",),
     "combine": ("cpu",),
     "linear": ("cuda",),
     "softmax_counts": ("cpu",),

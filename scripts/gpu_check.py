@@ -406,7 +406,8 @@ def timed_dp(model, batch: list, params, seed: int, device: str) -> float:
 
 def graphs_ab(model, params, device: str, quick: bool, words: int) -> dict:
     """A short DP run with decode calls launched kernel by kernel (``off``) and replayed from
-    CUDA graphs (``auto``), each twice (the second run timed): the same tokens, and seconds."""
+    CUDA graphs (``auto``), each twice (the second run timed; a run records its graphs, as a
+    user's run does): the same tokens, and seconds."""
     from dplang.privacy import RandomStreams
     from dplang.textgen.methods.invisibleink import run_invisibleink
 

@@ -19,7 +19,12 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dplang.models import TransformersModel, kernels
-from dplang.models.decode_graphs import DecodeGraphs, GraphMismatch, padded_count
+from dplang.models.decode_graphs import (
+    DecodeGraphs,
+    GraphMismatch,
+    GraphRecordingError,
+    padded_count,
+)
 from dplang.models.invariance import bitwise_equal
 from dplang.models.transformers import RowDecodeState
 
@@ -113,7 +118,8 @@ def test_static_graph_path_gives_every_row_the_eager_bits(model: TransformersMod
     _same(got, want)
     graphs = state.cache.decode_graphs
     assert isinstance(graphs, DecodeGraphs) and model.graphs_refused is None
-    assert graphs.recorded >= 1 and graphs.replays >= (steps if added is None else 1)
+    assert graphs.recorded >= 1 and graphs.recorded + graphs.replays >= (
+        steps if added is None else 1)
     assert all(c.slot != graphs.pad_slot for c in state.caches if c is not None)
 
 
@@ -138,14 +144,20 @@ def test_graphs_are_rebuilt_when_the_store_grows(model: TransformersModel) -> No
     got, state = _decode(model, prompt, tokens)
     _same(got, want)
     assert state.cache.decode_graphs.recorded >= 3
+    # a store large enough from the start: one graph, replayed at every later step
+    state = RowDecodeState(prompts=prompt)
+    model.next_hidden(state, None)
+    state.cache.reserve(64)
+    for step in tokens:
+        model.next_hidden(state, torch.tensor(step))
+    graphs = state.cache.decode_graphs
+    assert (graphs.recorded, graphs.replays) == (1, len(tokens) - 1)
 
 
-def test_a_replay_with_other_bits_turns_graphs_off(model: TransformersModel,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """A mutation of the replay (one bit of one row) is caught by the comparison with the
-    eager call; the model then decodes eagerly, with a warning, and the rows keep their bits."""
-    model.set_decode_graphs("off")
-    want, _ = _decode(model, [[5, 6, 7], [8]], [[9, 10]] * 3)
+def test_a_replay_with_other_bits_stops_the_run(model: TransformersModel,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mutation of the replay (one bit of one row's output) is caught by the comparison
+    with the eager call, and the run stops: such a graph may have written anywhere."""
     original = DecodeGraphs._replay
 
     def flipped(self, cache, recorded):
@@ -154,19 +166,72 @@ def test_a_replay_with_other_bits_turns_graphs_off(model: TransformersModel,
 
     monkeypatch.setattr(DecodeGraphs, "_replay", flipped)
     model.set_decode_graphs("static")
+    with pytest.raises(GraphMismatch, match="DPLANG_NO_CUDA_GRAPHS"):
+        _decode(model, [[5, 6, 7], [8]], [[9, 10]] * 3)
+
+
+def test_a_graph_that_does_not_write_the_store_is_caught(model: TransformersModel,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """A replay with the right hidden states that leaves the step's keys and values unwritten
+    (the eager warm-up wrote them: only the check's zeroing shows it) stops the run."""
+    original = DecodeGraphs._replay
+
+    def unwritten(self, cache, recorded):
+        original(self, cache, recorded)
+        self._poison(cache, recorded.inputs)  # as if the graph had not written them
+
+    monkeypatch.setattr(DecodeGraphs, "_replay", unwritten)
+    model.set_decode_graphs("static")
+    with pytest.raises(GraphMismatch):
+        _decode(model, [[5, 6, 7], [8]], [[9, 10]] * 3)
+
+
+def test_a_failed_recording_falls_back_to_eager_decoding(model: TransformersModel,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    model.set_decode_graphs("off")
+    want, _ = _decode(model, [[5, 6, 7], [8]], [[9, 10]] * 3)
+
+    def refuse(self, cache, inputs):
+        raise GraphRecordingError("RuntimeError: operation not permitted when capturing")
+
+    monkeypatch.setattr(DecodeGraphs, "_build", refuse)
+    model.set_decode_graphs("static")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got, _ = _decode(model, [[5, 6, 7], [8]], [[9, 10]] * 3)
     _same(got, want)
-    assert model.graphs_refused is not None and "GraphMismatch" in model.graphs_refused
+    assert model.graphs_refused is not None and "not permitted" in model.graphs_refused
     assert any("decode graphs turned off" in str(w.message) for w in caught)
-    with pytest.raises(GraphMismatch):
-        model.set_decode_graphs("static")
-        model.graphs_refused = None
-        state = RowDecodeState(prompts=[[5, 6]])
-        model.next_hidden(state, None)
-        graphs = DecodeGraphs(model._decoder, state.cache, record=False)
-        graphs.run(state.cache, [7], [state.caches[0].slot], [2])
+    model.set_decode_graphs("static")  # asked again: tried again
+    assert model.graphs_refused is None
+
+
+def test_the_engine_with_prefixes_and_groups_joining(loaded: TransformersModel) -> None:
+    """The engine's ordinary path: groups with a shared public prefix, at most two at once, a
+    new group admitted into the slots of one that finished (the store grows inside decode
+    calls): the same texts with and without the graphs' path."""
+    from dplang.privacy import RandomStreams
+    from dplang.textgen.engine import DecodingParams, GroupJob
+    from dplang.textgen.methods.invisibleink import run_invisibleink
+
+    public = "Write: "
+    jobs = [GroupJob(i, public, tuple(public + w for w in (
+        ["a cat sat", "the dog ran"] if i % 2 else ["bird", "fish swam far"])), prefix=public)
+        for i in range(5)]
+    params = DecodingParams(clip=1.0, batch_size=2, temperature=1.0, top_k=8,
+                            max_tokens=9, stop_at_eos=False)
+    texts = {}
+    try:
+        for mode in ("off", "static"):
+            loaded.set_decode_graphs(mode)
+            results = run_invisibleink(loaded, jobs, params, RandomStreams(1),
+                                       concurrent_groups=2)
+            texts[mode] = {r.index: r.token_ids for r in results}
+    finally:
+        loaded.set_decode_graphs("auto")
+    assert texts["static"] == texts["off"] and loaded.graphs_refused is None
 
 
 class _ScalarReads(TorchDispatchMode):
@@ -221,4 +286,4 @@ def test_on_a_gpu_recorded_graphs_give_the_eager_bits(tiny_gemma_dir: Path) -> N
     _same(got, want)
     assert gpu.graphs_refused is None, gpu.graphs_refused
     graphs = state.cache.decode_graphs
-    assert graphs is not None and graphs.recorded >= 1 and graphs.replays >= 9
+    assert graphs is not None and graphs.recorded + graphs.replays == 9

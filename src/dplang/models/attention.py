@@ -124,6 +124,12 @@ class SlotCache:
             self._resize(self.slots, max(blocks * self.block, self.capacity))
 
     def _resize(self, slots: int, capacity: int) -> None:
+        # Ordinary tensors even when called inside inference mode (a decode graph's call):
+        # the store is written in place outside it too (copy_positions, poison).
+        with torch.inference_mode(False):
+            self._resize_to(slots, capacity)
+
+    def _resize_to(self, slots: int, capacity: int) -> None:
         if slots == self.slots and capacity == self.capacity:
             return
         if self.slots == 0 and slots > 0 and capacity == 0:

@@ -49,7 +49,13 @@ MIN_TOKENS = 8
 
 
 class GraphMismatch(RuntimeError):
-    """A replayed graph's output differed from the eager call it was recorded from."""
+    """A recorded graph's replay differed from the eager call it was recorded from (its output,
+    or the keys and values it wrote). The run stops: such a graph may have written elsewhere
+    in the store (``DPLANG_NO_CUDA_GRAPHS=1`` decodes without graphs)."""
+
+
+class GraphRecordingError(RuntimeError):
+    """Recording a decode graph failed (the model then decodes eagerly)."""
 
 
 def padded_count(tokens: int) -> int:
@@ -100,7 +106,9 @@ class DecodeGraphs:
         self.pad_slot = cache.allocate()
         self._graphs: dict[int, _Recorded] = {}
         self._signature: tuple[Any, ...] | None = None
-        #: Graphs recorded and replays run (public counters for benchmarks and tests).
+        self._pool: Any = None  # one memory pool for every padded count (one stream, outputs
+        # copied out before the next call)
+        #: Graphs recorded, and later calls served by replaying one (public counters).
         self.recorded = 0
         self.replays = 0
 
@@ -116,7 +124,9 @@ class DecodeGraphs:
         """Final-norm hidden states ``[len(ids), H]`` of one new token per row (``ids[i]`` at
         ``positions[i]`` of slot ``slots[i]``), their keys and values written to ``cache``
         first: the bits of ``decoder.forward`` on the unpadded call. The result is a view of
-        the graph's output, valid until the next call."""
+        the graph's output, valid until the next call. Raises :class:`GraphRecordingError`
+        when a graph cannot be recorded and :class:`GraphMismatch` when one replays other
+        bits than its eager call."""
         tokens = len(ids)
         if not tokens == len(slots) == len(positions):
             raise ValueError("ids, slots and positions must have the same length")
@@ -140,6 +150,7 @@ class DecodeGraphs:
         else:
             recorded.inputs.copy_(inputs)
             self._replay(cache, recorded)
+            self.replays += 1
         return recorded.output[:tokens]
 
     def _rope_keys(self) -> list[str]:
@@ -160,35 +171,78 @@ class DecodeGraphs:
         return self._decoder.forward(ids, step, cache)
 
     def _replay(self, cache: SlotCache, recorded: _Recorded) -> None:
-        self.replays += 1
         if recorded.graph is None:
             recorded.output.copy_(self._forward(cache, recorded.inputs))
         else:
             recorded.graph.replay()
 
-    def _build(self, cache: SlotCache, inputs: torch.Tensor) -> _Recorded:
-        """Run the call eagerly (it compiles any kernel not compiled yet), record it, replay
-        it and compare the replay's bits with the eager call's (without recording: the static
-        path run again)."""
-        static = inputs.clone()
-        if self._record:
-            device = cache.device
+    @staticmethod
+    def _entries(cache: SlotCache, inputs: torch.Tensor) -> list[torch.Tensor]:
+        """The store's keys, values and scales at the call's (slot, position) pairs, every
+        layer."""
+        slots, positions = inputs[1], inputs[2]
+        return [store[slots, :, positions]
+                for stores in (cache.keys, cache.values, cache.key_scale, cache.value_scale)
+                for store in stores]
+
+    @staticmethod
+    def _poison(cache: SlotCache, inputs: torch.Tensor) -> None:
+        """Overwrite the call's (slot, position) entries (every layer) with zeros: a graph
+        that did not write them would leave them so."""
+        slots, positions = inputs[1], inputs[2]
+        for stores in (cache.keys, cache.values, cache.key_scale, cache.value_scale):
+            for store in stores:
+                store[slots, :, positions] = 0
+
+    def _record_graph(self, cache: SlotCache, static: torch.Tensor
+                      ) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """``(eager output, graph, graph output)``: the call run eagerly on a side stream (it
+        compiles any kernel not compiled yet), then recorded. The current stream is restored
+        whatever happens."""
+        device = cache.device
+        current = torch.cuda.current_stream(device)
+        try:
             stream = torch.cuda.Stream(device=device)
-            stream.wait_stream(torch.cuda.current_stream(device))
+            stream.wait_stream(current)
             with torch.cuda.stream(stream):
                 eager = self._forward(cache, static).clone()
-            torch.cuda.current_stream(device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()  # its own memory pool: graphs replay in any order
-            with torch.cuda.graph(graph):
+            current.wait_stream(stream)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
                 output = self._forward(cache, static)
+        except Exception as error:
+            raise GraphRecordingError(f"{type(error).__name__}: {error}") from error
+        finally:
+            torch.cuda.set_stream(current)
+        return eager, graph, output
+
+    def _build(self, cache: SlotCache, inputs: torch.Tensor) -> _Recorded:
+        """Record the call, then check the graph against the eager call: its output and the
+        keys and values it writes (the step's entries are zeroed first), on the inputs in
+        reverse order (a value fixed at recording would show) and as given (without
+        recording: the static path run the same way)."""
+        static = inputs.clone()  # the graph's input buffer (``inputs`` stays the call's)
+        if self._record:
+            eager, graph, output = self._record_graph(cache, static)
         else:
             eager = self._forward(cache, static).clone()
             graph, output = None, torch.empty_like(eager)
         recorded = _Recorded(static, graph, output)
         self.recorded += 1
-        self._replay(cache, recorded)  # writes the same keys and values again: idempotent
-        if not torch.equal(recorded.output.view(torch.int32), eager.view(torch.int32)):
-            raise GraphMismatch(
-                f"the decode graph at {static.shape[1]} tokens replayed other bits than the "
-                "eager call it was recorded from")
+        written = [entry.clone() for entry in self._entries(cache, inputs)]
+        for order in ("reversed", "given"):
+            self._poison(cache, inputs)
+            recorded.inputs.copy_(inputs.flip(1) if order == "reversed" else inputs)
+            self._replay(cache, recorded)
+            got = recorded.output.flip(0) if order == "reversed" else recorded.output
+            same = torch.equal(got.view(torch.int32), eager.view(torch.int32)) and all(
+                torch.equal(a, b) for a, b in zip(self._entries(cache, inputs), written,
+                                                  strict=True))
+            if not same:
+                raise GraphMismatch(
+                    f"the decode graph at {static.shape[1]} tokens replayed ({order} inputs) "
+                    "other bits than the eager call it was recorded from; decoding stops "
+                    "(DPLANG_NO_CUDA_GRAPHS=1 decodes without graphs)")
         return recorded

@@ -282,7 +282,7 @@ class PositionTables:
             new_c, new_s = self._compute(key, torch.arange(cos.shape[0], stop))
             cos, sin = torch.cat([cos, new_c]), torch.cat([sin, new_s])
             self._tables[key] = (cos, sin)
-        device = torch.device(device)
+        device = _indexed(device)
         if device.type == "cpu":
             return cos, sin
         moved = self._device_tables.get((key, device))
@@ -304,10 +304,19 @@ class PositionTables:
     def device_pointers(self, device: torch.device | str) -> tuple[int, ...]:
         """Addresses of the tables kept on ``device`` (a CUDA graph that gathers from them is
         valid while they are unchanged)."""
-        device = torch.device(device)
+        device = _indexed(device)
         return tuple(t.data_ptr() for (key, dev), pair in sorted(
             self._device_tables.items(), key=lambda item: item[0][0]) if dev == device
             for t in pair)
+
+
+def _indexed(device: torch.device | str) -> torch.device:
+    """``device`` with its index (``cuda`` is the current GPU): one key per GPU for the tables
+    kept there, however the caller names it."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _rope_type(module: Any, key: str) -> str:

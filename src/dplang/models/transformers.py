@@ -46,7 +46,7 @@ import torch
 
 from dplang.models.attention import TILE, AttentionStep, PromptTile, SlotCache
 from dplang.models.base import DecodeState
-from dplang.models.decode_graphs import DecodeGraphs, GraphMismatch, graphs_wanted
+from dplang.models.decode_graphs import DecodeGraphs, GraphRecordingError, graphs_wanted
 from dplang.models.decoder import ExactDecoder, logits_postprocess
 from dplang.models.devices import index_tensor
 from dplang.models.dtypes import available_cores
@@ -361,7 +361,7 @@ class TransformersModel(TokenizerText):
                 hidden[r] = state.prefixes[key][1]
                 continue
             segments.append(_Segment(cache, ids, r))
-        results = self._run(state.cache, segments)
+        results = self._run(state.cache, segments, graphs=True)
         if results:  # one copy for all rows (not one per row: launches on a GPU)
             targets = list(results)
             hidden[index_tensor(targets, hidden.device)] = \
@@ -403,12 +403,13 @@ class TransformersModel(TokenizerText):
             cache.length = prefix.length
         return cache, list(state.prompts[row])
 
-    def _run(self, cache: SlotCache, segments: Sequence[_Segment], all_positions: bool = False
-             ) -> dict[Any, torch.Tensor]:
+    def _run(self, cache: SlotCache, segments: Sequence[_Segment], all_positions: bool = False,
+             graphs: bool = False) -> dict[Any, torch.Tensor]:
         """Run ``segments`` through the body in calls of at most :meth:`_step_tokens`
         tokens (a segment may be cut anywhere: its later part attends to the earlier part's
         keys in its slot, the same integers either way). Returns the last hidden state of each
-        segment by target (with ``all_positions``, every position's, concatenated)."""
+        segment by target (with ``all_positions``, every position's, concatenated). With
+        ``graphs`` (a decode step's call), decode calls may be replayed from graphs."""
         results: dict[Any, torch.Tensor] = {}
         pieces: dict[Any, list[torch.Tensor]] = {}
         limit = self._step_tokens()
@@ -416,7 +417,7 @@ class TransformersModel(TokenizerText):
         size = 0
 
         def flush() -> None:
-            out = self._call(cache, call)
+            out = self._call(cache, call, graphs)
             offset = 0
             for seg, first, count in call:
                 part = out[offset:offset + count]
@@ -443,14 +444,15 @@ class TransformersModel(TokenizerText):
         return results
 
     def _step_tokens(self) -> int:
-        """Most tokens of one forward call: :data:`MAX_STEP_TOKENS` on the CPU, at least
-        :data:`GPU_STEP_TOKENS` on a GPU (a public rule: where calls are cut changes no bit)."""
-        if self.device_type == "cpu":
+        """Most tokens of one forward call: :data:`GPU_STEP_TOKENS` on a GPU whose decode
+        calls are replayed from graphs (every kernel admitted), else :data:`MAX_STEP_TOKENS` (a
+        public rule: where calls are cut changes no bit)."""
+        if self.device_type == "cpu" or not self._graphs_wanted():
             return MAX_STEP_TOKENS
-        return max(MAX_STEP_TOKENS, GPU_STEP_TOKENS)
+        return GPU_STEP_TOKENS
 
-    def _call(self, cache: SlotCache, call: Sequence[tuple[_Segment, int, int]]
-              ) -> torch.Tensor:
+    def _call(self, cache: SlotCache, call: Sequence[tuple[_Segment, int, int]],
+              graphs: bool = False) -> torch.Tensor:
         """One forward call: the listed pieces of segments, in order. Returns the hidden
         states of all its tokens, ``[T, H]`` on the model's device."""
         ids: list[int] = []
@@ -474,7 +476,7 @@ class TransformersModel(TokenizerText):
                 for offset in range(0, count, TILE):
                     n = min(TILE, count - offset)
                     tiles.append(PromptTile(rc.slot, index + offset, n, start + offset))
-        if not tiles and self._graphs_wanted():  # a decode call: replayed from a graph
+        if graphs and not tiles and self._graphs_wanted():  # a decode call: from a graph
             hidden = self._replay_decode(cache, ids, slots, positions)
             if hidden is not None:
                 return hidden
@@ -507,6 +509,7 @@ class TransformersModel(TokenizerText):
         if mode not in ("auto", "off", "static"):
             raise ValueError(f"decode graph mode must be auto, off or static, got {mode!r}")
         self._graphs_mode = mode
+        self.graphs_refused = None
 
     def _graphs_wanted(self) -> bool:
         mode = self._graphs_mode
@@ -516,9 +519,10 @@ class TransformersModel(TokenizerText):
 
     def _replay_decode(self, cache: SlotCache, ids: list[int], slots: list[int],
                        positions: list[int]) -> torch.Tensor | None:
-        """A decode call's hidden states from its graph, or ``None`` when graphs cannot serve
-        (recording failed, or a replay differed from its eager call: the model then stays
-        eager, with a warning, and :attr:`graphs_refused` says why)."""
+        """A decode call's hidden states from its graph, or ``None`` when a graph could not
+        be recorded (the model then decodes eagerly, with a warning, and
+        :attr:`graphs_refused` says why). A graph that replays other bits than its eager call
+        stops the run (:class:`~dplang.models.decode_graphs.GraphMismatch`)."""
         graphs = cache.decode_graphs
         if graphs is None:
             graphs = cache.decode_graphs = DecodeGraphs(
@@ -527,11 +531,11 @@ class TransformersModel(TokenizerText):
             with torch.inference_mode():
                 hidden = graphs.run(cache, ids, slots, positions)
             with torch.inference_mode(False):
-                return hidden.clone()
-        except (GraphMismatch, RuntimeError) as error:  # recording refused, or other bits
-            self.graphs_refused = f"{type(error).__name__}: {error}"
-            warnings.warn(f"decode graphs turned off, decode calls run eagerly: "
-                          f"{self.graphs_refused}", RuntimeWarning, stacklevel=2)
+                return hidden.clone()  # the graph's output is overwritten by its next replay
+        except GraphRecordingError as error:
+            self.graphs_refused = str(error)
+            warnings.warn(f"decode graphs turned off, decode calls run eagerly: {error}",
+                          RuntimeWarning, stacklevel=2)
             return None
 
     def token_hidden_states(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:

@@ -210,7 +210,8 @@ class DecodeGraphs:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            # thread_local: another thread's CUDA work (a prefetch) does not void the capture
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 output = self._forward(cache, static)
         except Exception as error:
             raise GraphRecordingError(f"{type(error).__name__}: {error}") from error

@@ -137,7 +137,8 @@ def recombined(high: Any, lw: Any, a: Any, b: Any, col: Any, has_bias: Any, bias
 
 
 @njit(parallel=True, **opts)
-def quantize_limbs(x: Any, levels: Any, limbs: Any, scale: Any, as_float: Any) -> None:
+def quantize_limbs(x: Any, levels: Any, limbs: Any, scale: Any) -> None:
+    # limbs: int8 or int16 (each limb is an integer in [-128, 127]: stored exactly either way)
     rows, width = x.shape
     lv = f32(levels)
     for i in prange(rows):
@@ -147,12 +148,8 @@ def quantize_limbs(x: Any, levels: Any, limbs: Any, scale: Any, as_float: Any) -
             q = np.rint(x[i, j] / s) if usable else f32(0.0)
             hi = np.floor((q + half_limb) * limb_inv)
             lo = q - hi * limb
-            if as_float:
-                limbs[i, j] = hi
-                limbs[rows + i, j] = lo
-            else:
-                limbs[i, j] = np.int8(hi)
-                limbs[rows + i, j] = np.int8(lo)
+            limbs[i, j] = np.int8(hi)
+            limbs[rows + i, j] = np.int8(lo)
 
 
 @njit(parallel=True, **opts)

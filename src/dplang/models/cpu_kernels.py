@@ -125,17 +125,19 @@ def set_threads(threads: int) -> None:
         numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
 
 
-def quantize_limbs(x: torch.Tensor, levels: int, as_float: bool = False,
-                   dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_limbs(x: torch.Tensor, levels: int, dtype: torch.dtype = torch.int8
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(limbs [2M, K], scale [M, 1])`` of float32 ``x [M, K]``: the rows of
     :func:`~dplang.models.exact.quantize_rows` split by
-    :func:`~dplang.models.exact.split_limbs`, high limbs first (``dtype``: int8 or int16; or
-    float32 with ``as_float``): the same integers in any of them."""
+    :func:`~dplang.models.exact.split_limbs`, high limbs first, as ``dtype`` (int8, or int16
+    for attention's kernel): the same integers either way."""
+    if dtype not in (torch.int8, torch.int16):
+        raise ValueError(f"limbs are int8 or int16, not {dtype}")
     x = x.contiguous()
     rows, width = x.shape
-    limbs = torch.empty((2 * rows, width), dtype=torch.float32 if as_float else dtype)
+    limbs = torch.empty((2 * rows, width), dtype=dtype)
     scale = torch.empty((rows, 1), dtype=torch.float32)
-    _kernels()["quantize_limbs"](_np(x), levels, _np(limbs), _np(scale)[:, 0], as_float)
+    _kernels()["quantize_limbs"](_np(x), levels, _np(limbs), _np(scale)[:, 0])
     return limbs, scale
 
 

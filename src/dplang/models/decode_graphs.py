@@ -4,22 +4,25 @@ A decode call runs one new token per row through every layer: on a GPU about thi
 layer, each launched from Python. With many rows the GPU waits for the launches, not the other
 way round. :class:`DecodeGraphs` records the forward pass of a decode call once per *padded*
 token count (:func:`padded_count`: 8, 12, 16, 24, 32, 48, ...) as a CUDA graph and replays it:
-per step, one host-to-device copy of the step's token ids, slots and positions, one
-device-to-device copy into the graph's input, one graph launch.
+per call, one host-to-device copy of the step's token ids, slots and positions, one
+device-to-device copy into the graph's input, one graph launch (and the model's copy of the
+output).
 
 Privacy contract (docs/privacy.md, "Decode graphs"):
 
-- *The same bits.* A replay runs the kernels the eager call would run, on the same inputs. The
-  first replay of every graph is compared, bit for bit, with the eager call it was recorded from
-  (:class:`GraphMismatch` otherwise; the model then stays eager).
+- *The same bits.* A replay runs the kernels the eager call would run, on the same inputs. Each
+  graph is checked when recorded: replayed on reversed and on given inputs with the step's
+  keys and values zeroed first, its output and its writes must be the eager call's, bit for
+  bit (:class:`GraphMismatch` otherwise, which stops the run; a recording that fails,
+  :class:`GraphRecordingError`, leaves the model decoding eagerly).
 - *Padding reads and writes nothing of a row.* The padding tokens are token 0 at position 0 of
   a slot of their own (:attr:`DecodeGraphs.pad_slot`), which no row is ever given; every
   operation of the body acts on one token's own vector or, for attention, on the token's own
   slot only, so a real row's numbers are those of an unpadded call (the exact engine's row
   invariance: the padded count is one more row count).
-- *Nothing private chooses a graph.* The padded count is a function of the number of rows in
-  the step, which the engine's public schedule fixes; the graphs' storage is the key/value
-  store's and the position tables', public shapes.
+- *The row count chooses a graph.* The padded count is a function of the number of rows in
+  the step (which groups are still running, as the released texts show); a graph changes a
+  step's time, never its bits.
 
 Graphs are used only where every operation of the step has an admitted Triton kernel
 (:func:`graphs_wanted`; the torch definition of attention reads masks built on the host per
@@ -42,7 +45,8 @@ from dplang.models.devices import index_tensor
 if TYPE_CHECKING:
     from dplang.models.decoder import ExactDecoder
 
-__all__ = ["DecodeGraphs", "GraphMismatch", "graphs_wanted", "padded_count"]
+__all__ = ["DecodeGraphs", "GraphMismatch", "GraphRecordingError", "graphs_wanted",
+           "padded_count"]
 
 #: The smallest padded token count.
 MIN_TOKENS = 8
@@ -102,6 +106,7 @@ class DecodeGraphs:
     def __init__(self, decoder: ExactDecoder, cache: SlotCache, *, record: bool = True) -> None:
         self._decoder = decoder
         self._record = record
+        self._rope_keys = sorted({layer.rope for layer in decoder.layers})
         #: The padding tokens' slot: allocated here, never given to a row.
         self.pad_slot = cache.allocate()
         self._graphs: dict[int, _Recorded] = {}
@@ -138,7 +143,7 @@ class DecodeGraphs:
         filler = [0] * pad
         values = [*ids, *filler, *slots, *[self.pad_slot] * pad, *positions, *filler]
         inputs = index_tensor(values, cache.device).view(3, count)
-        for key in self._rope_keys():  # tables for every position the store holds
+        for key in self._rope_keys:  # tables for every position the store holds
             self._decoder.positions.table(key, cache.capacity, cache.device)
         signature = self._storage(cache)
         if signature != self._signature:
@@ -152,9 +157,6 @@ class DecodeGraphs:
             self._replay(cache, recorded)
             self.replays += 1
         return recorded.output[:tokens]
-
-    def _rope_keys(self) -> list[str]:
-        return sorted({layer.rope for layer in self._decoder.layers})
 
     def _forward(self, cache: SlotCache, inputs: torch.Tensor) -> torch.Tensor:
         ids, slots, positions = inputs[0], inputs[1], inputs[2]

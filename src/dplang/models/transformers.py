@@ -549,6 +549,7 @@ class TransformersModel(TokenizerText):
         cache = self._new_cache()
         batch: list[_Segment] = []
         size = 0
+        limit = self._step_tokens()
 
         def flush() -> None:
             out = self._run(cache, batch, all_positions=True)
@@ -557,7 +558,7 @@ class TransformersModel(TokenizerText):
                 cache.release(seg.cache.slot)
 
         for row, seq in enumerate(sequences):
-            if batch and size + len(seq) > self._step_tokens():
+            if batch and size + len(seq) > limit:
                 flush()
                 batch, size = [], 0
             batch.append(_Segment(RowSlot(cache.allocate()), list(seq), row))

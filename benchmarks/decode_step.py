@@ -51,14 +51,13 @@ def main() -> None:
     exact.exact_products = timed("products", exact.exact_products)
     cpu_kernels.attend_tokens = timed("attention", cpu_kernels.attend_tokens)
     # the rest of a step, part by part (leaf functions only: no time is counted twice)
-    for name in ("rms_norm", "quantize_limbs", "quantize", "combine",
-                 "hadamard", "gelu_tanh_mul", "silu_mul"):
+    for name in ("rms_norm", "quantize_limbs", "quantize", "combine", "residual_limbs",
+                 "gated_limbs", "rotary", "hadamard", "gelu_tanh_mul", "silu_mul"):
         setattr(cpu_kernels, name, timed(name, getattr(cpu_kernels, name)))
     from dplang.models import attention, decoder
     from dplang.textgen.methods import invisibleink
 
     attention.SlotCache.write = timed("cache write", attention.SlotCache.write)
-    decoder._rotate_half = timed("rotary", decoder._rotate_half)
     exact.IntegerLinear._gathered_block = timed("sparse head", exact.IntegerLinear._gathered_block)
     cpu_kernels.gathered_head = timed("sparse head", cpu_kernels.gathered_head)
     forward_tokens: list[int] = []  # tokens of each forward call (the prefill's first)

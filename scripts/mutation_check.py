@@ -266,6 +266,42 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/models/test_cpu_kernels.py",),
     ),
     Mutation(
+        "numba-norm-sum-narrowed",
+        "the CPU norms' fixed-point sum of squares keeps each rounded term in int32 (wraps: "
+        "another norm than the definition's exact sum)",
+        (("src/dplang/models/_numba_kernels.py",
+          "            itotal += np.int64(np.rint((v * v) * grid))",
+          "            itotal += np.int32(np.rint((v * v) * grid))"),),
+        ("tests/models/test_cpu_kernels.py",),
+    ),
+    Mutation(
+        "numba-magnitude-keeps-sign",
+        "the CPU kernels' largest magnitude of a row keeps the sign bit (a negative extreme "
+        "is missed: another rounding scale than the definition's)",
+        (("src/dplang/models/_numba_kernels.py",
+          "        top = max(top, bits[j] & magnitude_mask32)",
+          "        top = max(top, bits[j])"),),
+        ("tests/models/test_cpu_kernels.py",),
+    ),
+    Mutation(
+        "numba-residual-reads-first-row",
+        "the fused residual kernel adds the first row's residual to every row (a row's "
+        "hidden state then depends on another row)",
+        (("src/dplang/models/_numba_kernels.py",
+          "            h_out[i, j] = h[i, j] + y[j]",
+          "            h_out[i, j] = h[0, j] + y[j]"),),
+        ("tests/models/test_cpu_kernels.py",),
+    ),
+    Mutation(
+        "numba-gated-up-from-gate",
+        "the fused gated kernel multiplies the activation by the gate's own recombination "
+        "instead of up's",
+        (("src/dplang/models/_numba_kernels.py",
+          "            m[j] = (silu32(g) if silu else gelu_tanh32(g)) * u",
+          "            m[j] = (silu32(g) if silu else gelu_tanh32(g)) * g"),),
+        ("tests/models/test_cpu_kernels.py",),
+    ),
+    Mutation(
         "triton-round-drops-sign",
         "the Triton kernels round to even without putting the sign back (round(-0.3) = +0.0, "
         "not torch's -0.0): other bits than the definition's",

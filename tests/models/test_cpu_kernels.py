@@ -120,6 +120,67 @@ def test_gated(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
                                                    lambda: exact.gated(kind, gate, up)))
 
 
+def _prepared_like_a_layer(width: int, seed: int) -> exact.PreparedRows:
+    """Prepared rows of extreme inputs (zero, huge, tiny, non-finite, outliers)."""
+    return exact.prepare_rows(_nasty(9, width, seed))
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+@pytest.mark.parametrize("post", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_residual_rows(monkeypatch: pytest.MonkeyPatch, bits: int, post: bool,
+                       bias: bool) -> None:
+    """A residual branch's end and the next linear's rows in one pass: the same bits as the
+    chain of definitions (combine, post norm, residual sum, norm, rounding to limbs), on
+    rows whose inputs and residuals are extreme and non-finite."""
+    gen = torch.Generator().manual_seed(bits + 2 * post + 4 * bias)
+    lin = exact.IntegerLinear(torch.randn(96, 70, generator=gen),
+                              torch.randn(96, generator=gen) if bias else None,
+                              weight_bits=bits)
+    rows = _prepared_like_a_layer(70, 11)
+    h = _nasty(9, 96, 12).flip(0) * 3  # extremes on other rows than the inputs'
+    post_w = torch.randn(96, generator=gen) if post else None
+    norm_w = torch.randn(96, generator=gen)
+
+    def run() -> tuple[torch.Tensor, ...]:
+        h_out, prepared = exact.residual_rows(lin, rows, h, post_w, 1e-6, norm_w, 1e-5)
+        return h_out, prepared.limbs, prepared.scale
+
+    fast = run()
+    slow = _torch_path(monkeypatch, run)
+    assert isinstance(slow, tuple)
+    # Where both summands of h + y are NaN, IEEE 754 leaves open which NaN the sum carries
+    # (x86 returns its first operand, and compilers order a commutative sum freely): the
+    # residual may differ from the definition's in NaN payloads only. Nothing reads them: a
+    # NaN row becomes zeros at its next rounding to limbs (the limbs below, compared bit for
+    # bit) and the final norm's NaN hidden states reach the head the same way.
+    _same(_canonical_nans(fast[0]), _canonical_nans(slow[0]))
+    _same(fast[1:], slow[1:])
+    assert fast[0].isnan().any() and fast[1].abs().sum() > 0  # the extremes reached the end
+
+
+def _canonical_nans(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(x.isnan(), torch.full_like(x, float("nan")), x)
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+@pytest.mark.parametrize("kind", ["gelu_tanh", "silu"])
+def test_gated_rows(monkeypatch: pytest.MonkeyPatch, bits: int, kind: str) -> None:
+    """The gate's and up's recombinations, the activation, their product and the rounding to
+    limbs in one pass: the same bits as the chain of definitions."""
+    gen = torch.Generator().manual_seed(bits)
+    gate = exact.IntegerLinear(torch.randn(300, 70, generator=gen) * 3,
+                               torch.randn(300, generator=gen), weight_bits=bits)
+    up = exact.IntegerLinear(torch.randn(300, 70, generator=gen), None, weight_bits=bits)
+    rows = _prepared_like_a_layer(70, 13)
+
+    def run() -> tuple[torch.Tensor, ...]:
+        prepared = exact.gated_rows(kind, gate, up, rows)
+        return prepared.limbs, prepared.scale
+
+    _same(run(), _torch_path(monkeypatch, run))
+
+
 @pytest.mark.parametrize("softcap", [None, 2.5])
 def test_attention(monkeypatch: pytest.MonkeyPatch, softcap: float | None) -> None:
     gen = torch.Generator().manual_seed(5)

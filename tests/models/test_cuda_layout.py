@@ -125,25 +125,34 @@ def test_other_errors_are_raised(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("bits", [16, 8])
 @pytest.mark.parametrize("stacked", [True, False])
 def test_kn_weights_stored_column_major_give_the_same_bits(bits: int, stacked: bool) -> None:
-    """What ``IntegerLinear.to("cuda")`` does to the "kn" weights, done on the CPU: the limbs
-    (and the stacked matrix) become column-major views, the integers and outputs do not change,
-    and the int8 kernel gets them without a copy; moving back makes them row-major again."""
+    """The "kn" weights are built column-major (views of contiguous ``[N, K]`` limbs, on every
+    device: the int8 kernel's layout on CUDA, the faster one for oneDNN on a CPU); stored
+    row-major instead, the integers and outputs do not change; the int8 kernel gets the
+    column-major ones without a copy; moving to a device makes them column-major again."""
     gen = torch.Generator().manual_seed(bits + stacked)
     weight = torch.randn(48, 64, generator=gen)
     bias = torch.randn(48, generator=gen)
     x = torch.randn(21, 64, generator=gen)
     lin = exact.IntegerLinear(weight, bias, weight_bits=bits, layout="kn", stacked=stacked)
+    for limb in lin.limbs:
+        assert limb.stride(0) == 1 and limb.t().is_contiguous()
     want = lin(x)
     limbs = [t.clone() for t in lin.limbs]
-    lin._place_kn_weights(column_major=True)
+    lin._place_kn_weights(column_major=False)
     for limb, before in zip(lin.limbs, limbs, strict=True):
-        assert limb.shape == before.shape and limb.stride(0) == 1
+        assert limb.shape == before.shape and limb.stride(1) == 1  # row-major
         assert torch.equal(limb, before)
     if lin.stacked:
-        assert lin._stack.stride(0) == 1 and lin._stack.t().is_contiguous()
+        assert lin._stack.is_contiguous()
     for kernel in ("float32", lin.kernel):
         lin.kernel = kernel
         assert torch.equal(lin(x), want)
+    lin.to(torch.device("cpu"))
+    for limb, before in zip(lin.limbs, limbs, strict=True):
+        assert limb.stride(0) == 1 and torch.equal(limb, before)
+    if lin.stacked:
+        assert lin._stack.stride(0) == 1 and lin._stack.t().is_contiguous()
+    assert torch.equal(lin(x), want)
     with pytest.MonkeyPatch.context() as m:
         fake = _Recorder()
         m.setattr(torch, "_int_mm", fake)
@@ -152,9 +161,3 @@ def test_kn_weights_stored_column_major_give_the_same_bits(bits: int, stacked: b
         for kernel_right in ([lin._stack] if lin.stacked else lin.limbs):
             exact._padded_int_mm(prepared.limbs, kernel_right)
             assert fake.calls[-1][1].data_ptr() == kernel_right.data_ptr()
-    lin.to(torch.device("cpu"))
-    if lin.stacked:
-        assert lin._stack.is_contiguous()
-    else:
-        assert all(t.is_contiguous() for t in lin.limbs)
-    assert torch.equal(lin(x), want)

@@ -110,15 +110,31 @@ def masses(w: Any, value_scale: Any, wtop: Any, headroom: Any) -> Any:
 
 @njit(inline="always", **opts)
 def row_scale(x: Any, i: Any, lv: Any) -> Any:  # dplang.models.exact.quantize_rows's scale
-    top = f32(0.0)
-    nan = False
-    for j in range(x.shape[1]):
-        a = abs(x[i, j])
-        if a != a:
-            nan = True
-        elif a > top:
-            top = a
-    s = f32(np.nan) if nan else top / lv
+    return vector_scale(x[i], lv)
+
+
+#: The bits of float32 +inf; a magnitude's bits above them are a NaN's.
+inf_bits32 = np.int32(0x7F800000)
+magnitude_mask32 = np.int32(0x7FFFFFFF)
+
+
+@njit(inline="always", **opts)
+def magnitude_bits(x: Any) -> Any:
+    # The largest |x[j]| of a contiguous float32 row, as its bits (an int32): bit patterns of
+    # non-negative floats order as their values, and a NaN's are above +inf's, so an integer
+    # maximum (which the compiler vectorises, unlike a float one with NaN tests) gives the
+    # largest magnitude exactly, or tells that a NaN is present (> inf_bits32).
+    bits = x.view(np.int32)
+    top = np.int32(0)
+    for j in range(bits.shape[0]):
+        top = max(top, bits[j] & magnitude_mask32)
+    return top
+
+
+@njit(inline="always", **opts)
+def vector_scale(x: Any, lv: Any) -> Any:  # row_scale of a 1-D row
+    top = magnitude_bits(x)
+    s = f32(np.nan) if top > inf_bits32 else np.int32(top).view(np.float32) / lv
     usable = s >= tiny32 and s < np.inf  # a subnormal scale counts as too small
     if not usable:
         s = one
@@ -136,20 +152,27 @@ def recombined(high: Any, lw: Any, a: Any, b: Any, col: Any, has_bias: Any, bias
     return y
 
 
+@njit(inline="always", **opts)
+def limbs_of(x: Any, lv: Any, hi_out: Any, lo_out: Any) -> Any:
+    # quantize_rows then split_limbs of one row x (1-D): its two limbs into hi_out/lo_out
+    # (int8 or int16: each limb is an integer in [-128, 127], stored exactly either way);
+    # returns the row's scale.
+    s, usable = vector_scale(x, lv)
+    for j in range(x.shape[0]):
+        q = np.rint(x[j] / s) if usable else f32(0.0)
+        hi = np.floor((q + half_limb) * limb_inv)
+        lo = q - hi * limb
+        hi_out[j] = np.int8(hi)
+        lo_out[j] = np.int8(lo)
+    return s
+
+
 @njit(parallel=True, **opts)
 def quantize_limbs(x: Any, levels: Any, limbs: Any, scale: Any) -> None:
-    # limbs: int8 or int16 (each limb is an integer in [-128, 127]: stored exactly either way)
-    rows, width = x.shape
+    rows = x.shape[0]
     lv = f32(levels)
     for i in prange(rows):
-        s, usable = row_scale(x, i, lv)
-        scale[i] = s
-        for j in range(width):
-            q = np.rint(x[i, j] / s) if usable else f32(0.0)
-            hi = np.floor((q + half_limb) * limb_inv)
-            lo = q - hi * limb
-            limbs[i, j] = np.int8(hi)
-            limbs[rows + i, j] = np.int8(lo)
+        scale[i] = limbs_of(x[i], lv, limbs[i], limbs[rows + i])
 
 
 @njit(parallel=True, **opts)
@@ -196,30 +219,44 @@ def combine_cols(high: Any, low: Any, low2: Any, row_scale: Any, col_scale: Any,
                                        bias[j] if has_bias else f32(0.0))
 
 
-@njit(parallel=True, **opts)
-def rms_norm(x: Any, weight: Any, eps: Any, headroom: Any, out: Any) -> None:
-    rows, width = x.shape
-    for i in prange(rows):
-        top = 0.0
-        nan = False
+@njit(inline="always", **opts)
+def norm_of(x: Any, weight: Any, eps: Any, headroom: Any, out: Any) -> None:
+    # dplang.models.exact.rms_norm of one contiguous row x (1-D) into out (which may be x
+    # itself: each element is read before its own output is written).
+    width = x.shape[0]
+    # The largest square is the square of the largest magnitude (float32 squares are exact
+    # in float64, and monotone in the magnitude); NaN if a NaN is present.
+    top_bits = magnitude_bits(x)
+    if top_bits > inf_bits32:
+        top = np.nan
+    else:
+        top_abs = np.float64(np.int32(top_bits).view(np.float32))
+        top = top_abs * top_abs
+    grid = grid_of(top, headroom)
+    if top < np.inf:
+        # Every rounded term is an integer below 2**headroom and their sum below 2**52, so an
+        # int64 sum is the same integer as the definition's float64 one, in any order (which
+        # lets the compiler vectorise it); converted back, the same float64.
+        itotal = np.int64(0)
         for j in range(width):
-            v = np.float64(x[i, j])
-            sq = v * v
-            if sq != sq:
-                nan = True
-            elif sq > top:
-                top = sq
-        if nan:
-            top = np.nan
-        grid = grid_of(top, headroom)
+            v = np.float64(x[j])
+            itotal += np.int64(np.rint((v * v) * grid))
+        total = np.float64(itotal)
+    else:  # a NaN or an infinity: the definition's float64 sum (inf or NaN), as it is
         total = 0.0
         for j in range(width):
-            v = np.float64(x[i, j])
+            v = np.float64(x[j])
             total += np.rint((v * v) * grid)
-        mean = (total / grid) / np.float64(width)
-        inv = f32(1.0 / math.sqrt(mean + eps))
-        for j in range(width):
-            out[i, j] = (x[i, j] * inv) * weight[j]
+    mean = (total / grid) / np.float64(width)
+    inv = f32(1.0 / math.sqrt(mean + eps))
+    for j in range(width):
+        out[j] = (x[j] * inv) * weight[j]
+
+
+@njit(parallel=True, **opts)
+def rms_norm(x: Any, weight: Any, eps: Any, headroom: Any, out: Any) -> None:
+    for i in prange(x.shape[0]):
+        norm_of(x[i], weight, eps, headroom, out[i])
 
 
 @njit(parallel=True, **opts)
@@ -263,18 +300,27 @@ def rotary_heads(x: Any, cos: Any, sin: Any, rotate: Any, out: Any) -> None:
                 step *= 2
 
 
+@njit(inline="always", **opts)
+def gelu_tanh32(x: Any) -> Any:  # dplang.models.exact.gelu_tanh of one float32
+    inner = x * x
+    inner = inner * x
+    inner = inner * gelu_a
+    inner = inner + x
+    inner = inner * gelu_b
+    return x / (exp32(-inner) + one)
+
+
+@njit(inline="always", **opts)
+def silu32(x: Any) -> Any:  # dplang.models.exact.silu of one float32
+    return x / (exp32(-x) + one)
+
+
 @njit(parallel=True, **opts)
 def gelu_tanh_mul(gate: Any, up: Any, out: Any) -> None:
     rows, width = gate.shape
     for i in prange(rows):
         for j in range(width):
-            x = gate[i, j]
-            inner = x * x
-            inner = inner * x
-            inner = inner * gelu_a
-            inner = inner + x
-            inner = inner * gelu_b
-            out[i, j] = (x / (exp32(-inner) + one)) * up[i, j]
+            out[i, j] = gelu_tanh32(gate[i, j]) * up[i, j]
 
 
 @njit(parallel=True, **opts)
@@ -282,8 +328,63 @@ def silu_mul(gate: Any, up: Any, out: Any) -> None:
     rows, width = gate.shape
     for i in prange(rows):
         for j in range(width):
-            x = gate[i, j]
-            out[i, j] = (x / (exp32(-x) + one)) * up[i, j]
+            out[i, j] = silu32(gate[i, j]) * up[i, j]
+
+
+@njit(parallel=True, **opts)
+def residual_limbs(high: Any, low: Any, low2: Any, rscale: Any, col_scale: Any, bias: Any,
+                   high_shift: Any, low_shift: Any, post_weight: Any, post_eps: Any, h: Any,
+                   norm_weight: Any, norm_eps: Any, headroom: Any, levels: Any, h_out: Any,
+                   work: Any, limbs: Any, scale: Any) -> None:
+    # dplang.models.exact.residual_rows, row by row: y = combine(high, low + low2) (then
+    # rms_norm with post_weight, if any), h_out = h + y, and the limbs and scale of
+    # rms_norm(h_out) with norm_weight. work [M, N] holds y, then the norm's output.
+    rows, cols = h.shape
+    two = low2.shape[0] > 0
+    has_bias = bias.shape[0] > 0
+    has_post = post_weight.shape[0] > 0
+    lv = f32(levels)
+    for i in prange(rows):
+        a = rscale[i] * high_shift
+        b = rscale[i] * low_shift
+        y = work[i]
+        for j in range(cols):
+            lw = low[i, j] + low2[i, j] if two else low[i, j]
+            y[j] = recombined(high[i, j], lw, a, b, col_scale[j], has_bias,
+                              bias[j] if has_bias else f32(0.0))
+        if has_post:
+            norm_of(y, post_weight, post_eps, headroom, y)
+        for j in range(cols):
+            h_out[i, j] = h[i, j] + y[j]
+        norm_of(h_out[i], norm_weight, norm_eps, headroom, y)
+        scale[i] = limbs_of(y, lv, limbs[i], limbs[rows + i])
+
+
+@njit(parallel=True, **opts)
+def gated_limbs(g_high: Any, g_low: Any, g_low2: Any, u_high: Any, u_low: Any, u_low2: Any,
+                rscale: Any, g_col: Any, g_bias: Any, u_col: Any, u_bias: Any,
+                high_shift: Any, low_shift: Any, silu: Any, levels: Any, work: Any,
+                limbs: Any, scale: Any) -> None:
+    # dplang.models.exact.gated_rows, row by row: m = activation(combine(gate)) * combine(up)
+    # (gelu_tanh, or silu), then the limbs and scale of m. work [M, N] holds m.
+    rows, cols = work.shape
+    two = g_low2.shape[0] > 0
+    g_has_bias = g_bias.shape[0] > 0
+    u_has_bias = u_bias.shape[0] > 0
+    lv = f32(levels)
+    for i in prange(rows):
+        a = rscale[i] * high_shift
+        b = rscale[i] * low_shift
+        m = work[i]
+        for j in range(cols):
+            lw = g_low[i, j] + g_low2[i, j] if two else g_low[i, j]
+            g = recombined(g_high[i, j], lw, a, b, g_col[j], g_has_bias,
+                           g_bias[j] if g_has_bias else f32(0.0))
+            lw = u_low[i, j] + u_low2[i, j] if two else u_low[i, j]
+            u = recombined(u_high[i, j], lw, a, b, u_col[j], u_has_bias,
+                           u_bias[j] if u_has_bias else f32(0.0))
+            m[j] = (silu32(g) if silu else gelu_tanh32(g)) * u
+        scale[i] = limbs_of(m, lv, limbs[i], limbs[rows + i])
 
 
 @njit(parallel=True, **opts)

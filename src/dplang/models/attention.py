@@ -116,12 +116,16 @@ class SlotCache:
         return self.slots - len(self._free)
 
     def reserve(self, positions: int) -> None:
-        """Make every slot hold at least ``positions`` positions."""
+        """Make every slot hold at least ``positions`` positions. The capacity grows by at
+        least half (in whole blocks, up to :data:`MAX_POSITIONS`): a decode that lengthens
+        its rows one position per step copies the store a logarithmic number of times, not
+        once per block."""
         if positions > MAX_POSITIONS:
             raise ValueError(f"a row of {positions} positions exceeds {MAX_POSITIONS}")
         if positions > self.capacity:
-            blocks = -(-positions // self.block)
-            self._resize(self.slots, max(blocks * self.block, self.capacity))
+            wanted = max(positions, min(self.capacity + self.capacity // 2, MAX_POSITIONS))
+            blocks = -(-wanted // self.block)
+            self._resize(self.slots, blocks * self.block)
 
     def _resize(self, slots: int, capacity: int) -> None:
         # Ordinary tensors even when called inside inference mode (a decode graph's call):

@@ -33,10 +33,12 @@ __all__ = [
     "attention_output",
     "available",
     "combine",
+    "gated_limbs",
     "gathered_head",
     "gelu_tanh_mul",
     "hadamard",
     "quantize_limbs",
+    "residual_limbs",
     "rms_norm",
     "rotary",
     "silu_mul",
@@ -167,6 +169,74 @@ def combine(high: torch.Tensor, low: torch.Tensor, low2: torch.Tensor | None,
                      _np(bias.contiguous()) if bias is not None else _np(empty_f),
                      np.float32(high_shift), np.float32(low_shift), _np(out))
     return out
+
+
+def _headroom(terms: int) -> int:
+    """The fixed-point sum's headroom for ``terms`` terms (as
+    :func:`~dplang.models.exact.fixed_point_sum` computes it)."""
+    return 52 - max(1, math.ceil(math.log2(terms)))
+
+
+def _or_empty(t: torch.Tensor | None, dtype: torch.dtype) -> np.ndarray:
+    """``t`` as an array, or an empty one of ``dtype`` for "none" (the kernels test sizes)."""
+    if t is None:
+        return _np(torch.empty((0,) * (1 if dtype == torch.float32 else 2), dtype=dtype))
+    return _np(t)
+
+
+def residual_limbs(high: torch.Tensor, low: torch.Tensor, low2: torch.Tensor | None,
+                   row_scale: torch.Tensor, col_scale: torch.Tensor,
+                   bias: torch.Tensor | None, high_shift: float, low_shift: float,
+                   h: torch.Tensor, post_weight: torch.Tensor | None, post_eps: float,
+                   norm_weight: torch.Tensor, norm_eps: float, levels: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`~dplang.models.exact.residual_rows` from a "kn" linear's integer parts
+    ``[M, N]``: ``(h_out [M, N], limbs [2M, N], scale [M, 1])``."""
+    rows, cols = h.shape
+    h = h.contiguous()
+    h_out = torch.empty((rows, cols), dtype=torch.float32)
+    work = torch.empty((rows, cols), dtype=torch.float32)
+    limbs = torch.empty((2 * rows, cols), dtype=torch.int8)
+    scale = torch.empty((rows, 1), dtype=torch.float32)
+    _kernels()["residual_limbs"](
+        _np(high), _np(low), _or_empty(low2, torch.int32),
+        _np(row_scale.reshape(-1).contiguous()), _np(col_scale.contiguous()),
+        _or_empty(None if bias is None else bias.contiguous(), torch.float32),
+        np.float32(high_shift), np.float32(low_shift),
+        _or_empty(None if post_weight is None else post_weight.contiguous(), torch.float32),
+        float(post_eps), _np(h), _np(norm_weight.contiguous()), float(norm_eps),
+        _headroom(cols), levels, _np(h_out), _np(work), _np(limbs), _np(scale)[:, 0])
+    return h_out, limbs, scale
+
+
+def gated_limbs(kind: str, gate_parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+                up_parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+                row_scale: torch.Tensor, gate_col: torch.Tensor, gate_bias: torch.Tensor | None,
+                up_col: torch.Tensor, up_bias: torch.Tensor | None, high_shift: float,
+                low_shift: float, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~dplang.models.exact.gated_rows` from the integer parts ``[M, N]`` of the gate
+    and up linears ("kn", the same prepared rows): ``(limbs [2M, N], scale [M, 1])``;
+    ``kind`` is ``"gelu_tanh"`` or ``"silu"``."""
+    if kind not in ("gelu_tanh", "silu"):
+        raise ValueError(f"no fused gated kernel for {kind!r}")
+    g_high, g_low, g_low2 = gate_parts
+    u_high, u_low, u_low2 = up_parts
+    if (g_low2 is None) != (u_low2 is None):
+        raise ValueError("gate and up weights of different widths")
+    rows, cols = g_high.shape
+    work = torch.empty((rows, cols), dtype=torch.float32)
+    limbs = torch.empty((2 * rows, cols), dtype=torch.int8)
+    scale = torch.empty((rows, 1), dtype=torch.float32)
+    _kernels()["gated_limbs"](
+        _np(g_high), _np(g_low), _or_empty(g_low2, torch.int32), _np(u_high), _np(u_low),
+        _or_empty(u_low2, torch.int32), _np(row_scale.reshape(-1).contiguous()),
+        _np(gate_col.contiguous()),
+        _or_empty(None if gate_bias is None else gate_bias.contiguous(), torch.float32),
+        _np(up_col.contiguous()),
+        _or_empty(None if up_bias is None else up_bias.contiguous(), torch.float32),
+        np.float32(high_shift), np.float32(low_shift), kind == "silu", levels, _np(work),
+        _np(limbs), _np(scale)[:, 0])
+    return limbs, scale
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

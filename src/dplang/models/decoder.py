@@ -42,7 +42,17 @@ from dplang.models.attention import (
     prompt_tiles,
 )
 from dplang.models.errors import UnsupportedModelError
-from dplang.models.exact import TWO_LIMB_LEVELS, IntegerLinear, hadamard, quantize_rows, rms_norm
+from dplang.models.exact import (
+    TWO_LIMB_LEVELS,
+    IntegerLinear,
+    PreparedRows,
+    gated_rows,
+    hadamard,
+    prepare_rows,
+    quantize_rows,
+    residual_rows,
+    rms_norm,
+)
 from dplang.models.memory import release_file_pages
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "ExactDecoder", "Norm"]
@@ -513,9 +523,11 @@ class ExactDecoder:
         tokens = ids.shape[0]
         h = self.embed(ids)
         tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        rows = prepare_rows(self.layers[0].input_norm(h)) if self.layers else None
+        last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
-            x = layer.input_norm(h)
-            qkv = layer.qkv.apply(layer.qkv.prepare(x))
+            assert rows is not None  # the previous layer's residual_rows prepared them
+            qkv = layer.qkv.apply(rows)
             nq, nk = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
             q = qkv[:, :nq].reshape(tokens, self.num_heads, self.head_dim)
             k = qkv[:, nq:nq + nk].reshape(tokens, self.kv_heads, self.head_dim)
@@ -532,14 +544,14 @@ class ExactDecoder:
             k = rotary(k, cos, sin, self.rotate)
             cache.write(index, step.slots, step.positions, k, v)
             attended = self._attention(index, layer, q, step, cache)
-            a = layer.o.apply(layer.o.prepare(attended))
-            if layer.post_attention_norm is not None:
-                a = layer.post_attention_norm(a)
-            h = h + a
-            x = layer.pre_mlp_norm(h)
-            rows = layer.gate.prepare(x)
-            m = exact.gated(self._act, layer.gate.apply(rows), layer.up.apply(rows))
-            m = layer.down.apply(layer.down.prepare(m))
+            h, rows = _residual(layer.o, layer.o.prepare(attended), h,
+                                layer.post_attention_norm, layer.pre_mlp_norm)
+            inner = gated_rows(self._act, layer.gate, layer.up, rows)
+            if index < last:  # the next layer's input norm and its rows, in the same pass
+                h, rows = _residual(layer.down, inner, h, layer.post_mlp_norm,
+                                    self.layers[index + 1].input_norm)
+                continue
+            m = layer.down.apply(inner)
             if layer.post_mlp_norm is not None:
                 m = layer.post_mlp_norm(m)
             h = h + m
@@ -595,6 +607,14 @@ class ExactDecoder:
             valid = index_tokens.reshape(-1) >= 0
             out[index_tokens.reshape(-1)[valid]] = res[valid]
         return out.reshape(tokens, self.num_heads * self.head_dim)
+
+
+def _residual(linear: IntegerLinear, rows: PreparedRows, h: torch.Tensor, post: Norm | None,
+              norm: Norm) -> tuple[torch.Tensor, PreparedRows]:
+    """:func:`~dplang.models.exact.residual_rows` with a layer's norms: ``h + post(linear(rows))``
+    and the rows of ``norm`` of it, prepared for the next linear."""
+    return residual_rows(linear, rows, h, None if post is None else post.weight,
+                         0.0 if post is None else post.eps, norm.weight, norm.eps)
 
 
 def logits_postprocess(logits: torch.Tensor, multiplier: float, softcap: float | None

@@ -55,11 +55,13 @@ __all__ = [
     "exp",
     "fixed_point_sum",
     "gated",
+    "gated_rows",
     "gelu_tanh",
     "hadamard",
     "int8_kernel_is_exact",
     "pow2",
     "quantize_rows",
+    "residual_rows",
     "rms_norm",
     "silu",
     "split_limbs",
@@ -289,7 +291,8 @@ def int8_kernel_is_exact(device: str, k: int) -> bool:
     """Whether ``torch._int_mm`` on ``device`` computes exact int32 sums for reductions of
     length ``k`` over limbs (checked once per process on operands that make an int16
     intermediate saturate, as pre-VNNI x86 kernels do, and on random limbs, both operand
-    orders). Where it does not, :func:`exact_products` uses float32 chunks instead."""
+    orders, the right operand row-major and column-major). Where it does not,
+    :func:`exact_products` uses float32 chunks instead."""
     if not hasattr(torch, "_int_mm"):
         return False
     dev = torch.device(device)
@@ -309,9 +312,13 @@ def int8_kernel_is_exact(device: str, k: int) -> bool:
                 want = left.double() @ right.double()
                 a8 = left.to(torch.int8).contiguous().to(dev)
                 b8 = right.to(torch.int8).contiguous().to(dev)
-                got = _tn_int_mm(a8, b8) if dev.type == "cuda" else torch._int_mm(a8, b8)
-                if not torch.equal(got.cpu().double(), want):
-                    return False
+                # both layouts of the right operand (a library may choose its kernel by it;
+                # IntegerLinear stores its weights column-major)
+                for right8 in (b8, _column_major(b8)):
+                    got = (_tn_int_mm(a8, right8) if dev.type == "cuda"
+                           else torch._int_mm(a8, right8))
+                    if not torch.equal(got.cpu().double(), want):
+                        return False
     except (RuntimeError, NotImplementedError):
         return False
     return True
@@ -484,16 +491,14 @@ class IntegerLinear:
             if layout == "nk":
                 self._stack = rows.view(2 * n, k)  # [2N, K]
                 self.limbs = [self._stack[:n], self._stack[n:]]
-            else:
-                self._stack = torch.cat([rows[0].t(), rows[1].t()], dim=1).contiguous()
+            else:  # [K, 2N], column-major (see _place_kn_weights)
+                self._stack = rows.view(2 * n, k).t()
                 self.limbs = [self._stack[:, :n], self._stack[:, n:]]
         elif layout == "nk":
             self.limbs = [rows[limb] for limb in range(count)]
-        else:
-            self.limbs = [rows[limb].t().contiguous() for limb in range(count)]
+        else:  # [K, N] column-major views of the contiguous [N, K] limbs (no copy)
+            self.limbs = [rows[limb].t() for limb in range(count)]
         self.bias = None if bias is None else bias.detach().float().contiguous()
-        if self.device.type == "cuda" and self.layout == "kn":
-            self._place_kn_weights()
         self.kernel = "int8" if int8_kernel_is_exact(str(self.device), self.in_features) \
             else "float32"
 
@@ -522,10 +527,11 @@ class IntegerLinear:
     def to(self, device: torch.device) -> IntegerLinear:
         """Move the weights to ``device`` (in place; the kernel is chosen again there).
 
-        On CUDA the "kn" layout's ``[K, N]`` limbs (and stacked matrix) are stored column-major
-        (views of contiguous ``[N, K]`` tensors), the right operand's layout of the int8
-        kernel there (:func:`_tn_int_mm`), so that no call copies them; elsewhere they are
-        row-major as built. The same integers either way."""
+        The "kn" layout's ``[K, N]`` limbs (and stacked matrix) are stored column-major
+        (views of contiguous ``[N, K]`` tensors) on every device: on CUDA the right operand's
+        layout of the int8 kernel there (:func:`_tn_int_mm`), so that no call copies them; on
+        a CPU oneDNN's int8 products are 10-25 % faster with it (docs/benchmarks.md). The same
+        integers either way."""
         self.device = torch.device(device)
         if self.layout == "kn":
             self._place_kn_weights()
@@ -543,10 +549,10 @@ class IntegerLinear:
         return self
 
     def _place_kn_weights(self, column_major: bool | None = None) -> None:
-        """The "kn" weights on ``self.device``: column-major (default: on CUDA) or row-major
-        (default elsewhere; as built)."""
+        """The "kn" weights on ``self.device``: column-major (the default, as built) or
+        row-major."""
         if column_major is None:
-            column_major = self.device.type == "cuda"
+            column_major = True
 
         def place(t: torch.Tensor) -> torch.Tensor:
             if column_major:
@@ -711,3 +717,58 @@ class IntegerLinear:
             low = low + dot(hi, limbs[1])
         bias = None if self.bias is None else self.bias[ids]
         return self.combine(high, low, scale, self.col_scale[ids], bias)
+
+
+# ------------------------------------------------------------- a layer's chains, fused
+
+
+def residual_rows(linear: IntegerLinear, rows: PreparedRows, h: torch.Tensor,
+                  post_weight: torch.Tensor | None, post_eps: float,
+                  norm_weight: torch.Tensor, norm_eps: float
+                  ) -> tuple[torch.Tensor, PreparedRows]:
+    """A residual branch's end and the next linear's input, as a decoder layer chains them:
+    ``y = linear(rows)``, then ``y = rms_norm(y, post_weight, post_eps)`` (if ``post_weight``;
+    Gemma's sandwich norms), ``h' = h + y``; returns ``(h', prepare_rows(rms_norm(h',
+    norm_weight, norm_eps)))``.
+
+    This composition of the functions above is the definition; on a CPU with the fused
+    kernels the whole chain is one compiled loop per row (``residual_limbs``) from the
+    linear's exact integer parts, with the same operations in the same order: the same bits.
+
+    Privacy contract: row ``i`` of both results is a function of row ``i`` of ``rows`` and
+    ``h`` only."""
+    fused = kernels.lookup("residual_limbs", h) if linear.layout == "kn" else None
+    if fused is not None and kernels.lookup("linear", rows.limbs) is None and rows.count:
+        high, low, low2 = linear.integer_parts(rows)
+        shift = float(LIMB) if linear.weight_bits == 16 else 1.0
+        h_out, limbs, scale = fused(high, low, low2, rows.scale, linear.col_scale,
+                                    linear.bias, shift * LIMB, shift, h, post_weight,
+                                    post_eps, norm_weight, norm_eps, TWO_LIMB_LEVELS)
+        return h_out, PreparedRows(limbs, scale, rows.count)
+    y = linear.apply(rows)
+    if post_weight is not None:
+        y = rms_norm(y, post_weight, post_eps)
+    h = h + y
+    return h, prepare_rows(rms_norm(h, norm_weight, norm_eps))
+
+
+def gated_rows(kind: str, gate: IntegerLinear, up: IntegerLinear, rows: PreparedRows
+               ) -> PreparedRows:
+    """A gated MLP's inner rows, prepared for its down projection:
+    ``prepare_rows(gated(kind, gate.apply(rows), up.apply(rows)))``.
+
+    That composition is the definition; on a CPU with the fused kernels (``kind`` gelu_tanh
+    or silu) the gate's and up's recombinations, the activation, the product and the rounding
+    to limbs are one compiled loop per row (``gated_limbs``): the same bits.
+
+    Privacy contract: row ``i`` of the result is a function of row ``i`` of ``rows`` only."""
+    fused = kernels.lookup("gated_limbs", rows.limbs) if kind in ("gelu_tanh", "silu") else None
+    if (fused is not None and gate.layout == up.layout == "kn" and rows.count
+            and gate.weight_bits == up.weight_bits
+            and kernels.lookup("linear", rows.limbs) is None):
+        shift = float(LIMB) if gate.weight_bits == 16 else 1.0
+        limbs, scale = fused(kind, gate.integer_parts(rows), up.integer_parts(rows),
+                             rows.scale, gate.col_scale, gate.bias, up.col_scale, up.bias,
+                             shift * LIMB, shift, TWO_LIMB_LEVELS)
+        return PreparedRows(limbs, scale, rows.count)
+    return prepare_rows(gated(kind, gate.apply(rows), up.apply(rows)))

@@ -65,6 +65,8 @@ OPS: dict[str, tuple[str, ...]] = {
     "hadamard": ("cpu",),
     "rotary": ("cpu",),
     "combine": ("cpu",),
+    "residual_limbs": ("cpu",),
+    "gated_limbs": ("cpu",),
     "linear": ("cuda",),
     "softmax_counts": ("cpu",),
     "attention_output": ("cpu",),

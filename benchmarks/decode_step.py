@@ -52,7 +52,7 @@ def main() -> None:
     cpu_kernels.attend_tokens = timed("attention", cpu_kernels.attend_tokens)
     # the rest of a step, part by part (leaf functions only: no time is counted twice)
     for name in ("rms_norm", "quantize_limbs", "quantize", "combine", "residual_limbs",
-                 "gated_limbs", "rotary", "hadamard", "gelu_tanh_mul", "silu_mul"):
+                 "gated_limbs", "qkv_heads", "rotary", "hadamard", "gelu_tanh_mul", "silu_mul"):
         setattr(cpu_kernels, name, timed(name, getattr(cpu_kernels, name)))
     from dplang.models import attention, decoder
     from dplang.textgen.methods import invisibleink

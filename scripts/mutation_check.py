@@ -302,6 +302,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/models/test_cpu_kernels.py",),
     ),
     Mutation(
+        "numba-qkv-key-stored-unrotated",
+        "the fused q/k/v kernel stores a key before its rotation (the stored keys are not the "
+        "definition's: every later score differs)",
+        (("src/dplang/models/_numba_kernels.py",
+          "            store_rounded(rotated, kl, ks_store, k_store, slot, h, pos)",
+          "            store_rounded(x, kl, ks_store, k_store, slot, h, pos)"),),
+        ("tests/models/test_cpu_kernels.py",),
+    ),
+    Mutation(
         "triton-round-drops-sign",
         "the Triton kernels round to even without putting the sign back (round(-0.3) = +0.0, "
         "not torch's -0.0): other bits than the definition's",

@@ -181,6 +181,58 @@ def test_gated_rows(monkeypatch: pytest.MonkeyPatch, bits: int, kind: str) -> No
     _same(run(), _torch_path(monkeypatch, run))
 
 
+@pytest.mark.parametrize("bits", [16, 8])
+@pytest.mark.parametrize("norms", [True, False])
+@pytest.mark.parametrize("rotate", [True, False])
+def test_qkv_step(monkeypatch: pytest.MonkeyPatch, bits: int, norms: bool,
+                  rotate: bool) -> None:
+    """From a layer's prepared rows to its rotated queries and the keys and values it stores,
+    in one pass: the same query bits, and the same integers and scales in the store (every
+    slot and position, written or not), as the chain of definitions (product, q/k norms,
+    rotation, SlotCache.write)."""
+    from dplang.models.decoder import Layer, Norm, qkv_step
+
+    heads, kv_heads, dim, tokens = 3, 2, 64, 9
+    gen = torch.Generator().manual_seed(bits + 2 * norms + 4 * rotate)
+    width = (heads + 2 * kv_heads) * dim
+    qkv = exact.IntegerLinear(torch.randn(width, 70, generator=gen),
+                              torch.randn(width, generator=gen), weight_bits=bits)
+    q_norm = Norm(torch.randn(dim, generator=gen), 1e-6) if norms else None
+    k_norm = Norm(torch.randn(dim, generator=gen), 1e-5) if norms else None
+    layer = Layer(qkv=qkv, o=None, gate=None, up=None, down=None,  # type: ignore[arg-type]
+                  input_norm=None, post_attention_norm=None,  # type: ignore[arg-type]
+                  pre_mlp_norm=None, post_mlp_norm=None,  # type: ignore[arg-type]
+                  q_norm=q_norm, k_norm=k_norm, window=None, scaling=1.0, softcap=None,
+                  rope="default")
+    rows = _prepared_like_a_layer(70, 14)
+    angles = torch.rand(tokens, dim, generator=gen, dtype=torch.float64) * 100
+    cos, sin = torch.cos(angles).float(), torch.sin(angles).float()
+    slots = torch.tensor([0, 1, 2, 0, 1, 2, 3, 3, 0])
+    positions = torch.tensor([0, 0, 0, 1, 1, 1, 0, 1, 2])
+
+    def run() -> tuple[torch.Tensor, ...]:
+        cache = attention.SlotCache(num_layers=2, kv_heads=kv_heads, head_dim=dim, block=4,
+                                    device=torch.device("cpu"))
+        for _ in range(4):
+            cache.allocate()
+        cache.reserve(3)
+        q = qkv_step(layer, rows, heads, kv_heads, dim, cos, sin, rotate, cache, 1, slots,
+                     positions)
+        return (q, *cache.keys, *cache.values, *cache.key_scale, *cache.value_scale)
+
+    fast = run()
+    slow = _torch_path(monkeypatch, run)
+    assert isinstance(slow, tuple)
+    # A query head that overflowed is NaN in both paths; where both summands of the rotation
+    # are NaN the sum's NaN payload is open (see test_residual_rows), and the queries'
+    # rounding to limbs turns such a head into zeros: compared up to NaN payloads. The
+    # stored integers and scales bit for bit.
+    _same(_canonical_nans(fast[0]), _canonical_nans(slow[0]))
+    _same(fast[1:], slow[1:])
+    assert fast[0].isnan().any()  # the overflowing row reached the end
+    assert fast[2].abs().sum() > 0 and fast[1].abs().sum() == 0  # layer 1 written, 0 not
+
+
 @pytest.mark.parametrize("softcap", [None, 2.5])
 def test_attention(monkeypatch: pytest.MonkeyPatch, softcap: float | None) -> None:
     gen = torch.Generator().manual_seed(5)

@@ -274,30 +274,95 @@ def hadamard_rows(y: Any) -> None:  # dplang.models.exact.hadamard, in place, pe
             half *= 2
 
 
+@njit(inline="always", **opts)
+def rotate_into(x: Any, cos: Any, sin: Any, rotate: Any, out: Any) -> None:
+    # dplang.models.decoder.rotary of one head x (1-D, any stride) with its position's cos/sin
+    # rows: x * cos + rotate_half(x) * sin, each product and the sum rounded to float32 as
+    # three torch operations round them; then, with rotate, hadamard_rows' butterflies.
+    dim = x.shape[0]
+    half = dim // 2
+    for j in range(half):
+        out[j] = x[j] * cos[j] + (-x[j + half]) * sin[j]
+    for j in range(half, dim):
+        out[j] = x[j] * cos[j] + x[j - half] * sin[j]
+    if rotate:
+        step = 1
+        while step < dim:
+            for start in range(0, dim, 2 * step):
+                for j in range(start, start + step):
+                    a = out[j]
+                    b = out[j + step]
+                    out[j] = a + b
+                    out[j + step] = a - b
+            step *= 2
+
+
 @njit(parallel=True, **opts)
 def rotary_heads(x: Any, cos: Any, sin: Any, rotate: Any, out: Any) -> None:
-    # dplang.models.decoder.rotary: x * cos + rotate_half(x) * sin for every (token, head) of
-    # x [T, H, d] (any strides; cos/sin [T, d]), each product and the sum rounded to float32
-    # as three torch operations round them; then, with rotate, hadamard_rows' butterflies.
-    tokens, heads, dim = x.shape
-    half = dim // 2
+    # rotate_into for every (token, head) of x [T, H, d] (any strides; cos/sin [T, d]).
+    tokens, heads, _ = x.shape
     for item in prange(tokens * heads):
         t = item // heads
         h = item - t * heads
-        for j in range(half):
-            out[t, h, j] = x[t, h, j] * cos[t, j] + (-x[t, h, j + half]) * sin[t, j]
-        for j in range(half, dim):
-            out[t, h, j] = x[t, h, j] * cos[t, j] + x[t, h, j - half] * sin[t, j]
-        if rotate:
-            step = 1
-            while step < dim:
-                for start in range(0, dim, 2 * step):
-                    for j in range(start, start + step):
-                        a = out[t, h, j]
-                        b = out[t, h, j + step]
-                        out[t, h, j] = a + b
-                        out[t, h, j + step] = a - b
-                step *= 2
+        rotate_into(x[t, h], cos[t], sin[t], rotate, out[t, h])
+
+
+@njit(inline="always", **opts)
+def store_rounded(x: Any, lv: Any, scale_store: Any, store: Any, slot: Any, head: Any,
+                  pos: Any) -> None:
+    # SlotCache.write of one (token, head) vector x (contiguous): rounded on its own scale
+    # (quantize_rows) and stored at (slot, head, pos).
+    s, ok = vector_scale(x, lv)
+    scale_store[slot, head, pos] = s
+    for c in range(x.shape[0]):
+        store[slot, head, pos, c] = np.rint(x[c] / s) if ok else f32(0.0)
+
+
+@njit(parallel=True, **opts)
+def qkv_heads(high: Any, low: Any, low2: Any, rscale: Any, col_scale: Any, bias: Any,
+              high_shift: Any, low_shift: Any, q_norm: Any, q_eps: Any, k_norm: Any,
+              k_eps: Any, headroom: Any, cos: Any, sin: Any, rotate: Any, slots: Any,
+              positions: Any, k_store: Any, v_store: Any, ks_store: Any, vs_store: Any,
+              k_levels: Any, v_levels: Any, work: Any, q_out: Any) -> None:
+    # dplang.models.decoder.qkv_step, token by token: the q|k|v row recombined from the
+    # product's integer parts; each query head normed (q_norm, if any) and rotated into
+    # q_out; each key head normed (k_norm, if any), rotated and stored; each value head
+    # stored. work [T, N + d] holds the row, then a key head's rotation.
+    tokens, heads, dim = q_out.shape
+    kv_heads = k_store.shape[1]
+    cols = high.shape[1]
+    nq = heads * dim
+    nk = kv_heads * dim
+    two = low2.shape[0] > 0
+    has_bias = bias.shape[0] > 0
+    has_q_norm = q_norm.shape[0] > 0
+    has_k_norm = k_norm.shape[0] > 0
+    kl = f32(k_levels)
+    vl = f32(v_levels)
+    for t in prange(tokens):
+        a = rscale[t] * high_shift
+        b = rscale[t] * low_shift
+        row = work[t]
+        for j in range(cols):
+            lw = low[t, j] + low2[t, j] if two else low[t, j]
+            row[j] = recombined(high[t, j], lw, a, b, col_scale[j], has_bias,
+                                bias[j] if has_bias else f32(0.0))
+        for h in range(heads):
+            x = row[h * dim:(h + 1) * dim]
+            if has_q_norm:
+                norm_of(x, q_norm, q_eps, headroom, x)
+            rotate_into(x, cos[t], sin[t], rotate, q_out[t, h])
+        rotated = row[cols:cols + dim]
+        slot = slots[t]
+        pos = positions[t]
+        for h in range(kv_heads):
+            x = row[nq + h * dim:nq + (h + 1) * dim]
+            if has_k_norm:
+                norm_of(x, k_norm, k_eps, headroom, x)
+            rotate_into(x, cos[t], sin[t], rotate, rotated)
+            store_rounded(rotated, kl, ks_store, k_store, slot, h, pos)
+            store_rounded(row[nq + nk + h * dim:nq + nk + (h + 1) * dim], vl, vs_store,
+                          v_store, slot, h, pos)
 
 
 @njit(inline="always", **opts)
@@ -546,7 +611,7 @@ def write_kv(keys: Any, values: Any, slots: Any, positions: Any, k_store: Any, v
              ks_store: Any, vs_store: Any, k_levels: Any, v_levels: Any) -> None:
     # SlotCache.write: each (token, kv head) row of keys/values [T, kvh, d] rounded on its own
     # scale (quantize_rows) and stored at (slot, head, position) of the stores.
-    tokens, heads, dim = keys.shape
+    tokens, heads = keys.shape[0], keys.shape[1]
     kl = f32(k_levels)
     vl = f32(v_levels)
     for item in prange(tokens * heads):
@@ -554,13 +619,8 @@ def write_kv(keys: Any, values: Any, slots: Any, positions: Any, k_store: Any, v
         h = item - t * heads
         slot = slots[t]
         pos = positions[t]
-        ks, k_ok = row_scale(keys[t], h, kl)
-        vs, v_ok = row_scale(values[t], h, vl)
-        ks_store[slot, h, pos] = ks
-        vs_store[slot, h, pos] = vs
-        for c in range(dim):
-            k_store[slot, h, pos, c] = np.rint(keys[t, h, c] / ks) if k_ok else f32(0.0)
-            v_store[slot, h, pos, c] = np.rint(values[t, h, c] / vs) if v_ok else f32(0.0)
+        store_rounded(keys[t, h], kl, ks_store, k_store, slot, h, pos)
+        store_rounded(values[t, h], vl, vs_store, v_store, slot, h, pos)
 
 
 @njit(inline="always", **opts)

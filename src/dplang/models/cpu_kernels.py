@@ -37,6 +37,7 @@ __all__ = [
     "gathered_head",
     "gelu_tanh_mul",
     "hadamard",
+    "qkv_heads",
     "quantize_limbs",
     "residual_limbs",
     "rms_norm",
@@ -237,6 +238,37 @@ def gated_limbs(kind: str, gate_parts: tuple[torch.Tensor, torch.Tensor, torch.T
         np.float32(high_shift), np.float32(low_shift), kind == "silu", levels, _np(work),
         _np(limbs), _np(scale)[:, 0])
     return limbs, scale
+
+
+def qkv_heads(parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+              row_scale: torch.Tensor, col_scale: torch.Tensor, bias: torch.Tensor | None,
+              high_shift: float, low_shift: float, heads: int, head_dim: int,
+              q_norm: tuple[torch.Tensor, float] | None,
+              k_norm: tuple[torch.Tensor, float] | None, cos: torch.Tensor,
+              sin: torch.Tensor, rotate: bool, slots: torch.Tensor, positions: torch.Tensor,
+              k_store: torch.Tensor, v_store: torch.Tensor, ks_store: torch.Tensor,
+              vs_store: torch.Tensor, k_levels: int, v_levels: int) -> torch.Tensor:
+    """:func:`~dplang.models.decoder.qkv_step` from the q/k/v linear's integer parts
+    ``[T, N]`` ("kn"): the rotated queries ``[T, heads, head_dim]``; the keys and values
+    are written into the stores (``[S, kvh, C, d]``, scales ``[S, kvh, C]``) in place."""
+    high, low, low2 = parts
+    tokens, cols = high.shape
+    work = torch.empty((tokens, cols + head_dim), dtype=torch.float32)
+    q = torch.empty((tokens, heads, head_dim), dtype=torch.float32)
+    _kernels()["qkv_heads"](
+        _np(high), _np(low), _or_empty(low2, torch.int32),
+        _np(row_scale.reshape(-1).contiguous()), _np(col_scale.contiguous()),
+        _or_empty(None if bias is None else bias.contiguous(), torch.float32),
+        np.float32(high_shift), np.float32(low_shift),
+        _or_empty(None if q_norm is None else q_norm[0].contiguous(), torch.float32),
+        float(q_norm[1]) if q_norm is not None else 0.0,
+        _or_empty(None if k_norm is None else k_norm[0].contiguous(), torch.float32),
+        float(k_norm[1]) if k_norm is not None else 0.0, _headroom(head_dim),
+        _np(cos.contiguous()), _np(sin.contiguous()), bool(rotate),
+        _np(slots.to(torch.int64).contiguous()), _np(positions.to(torch.int64).contiguous()),
+        _np(k_store), _np(v_store), _np(ks_store), _np(vs_store), k_levels, v_levels,
+        _np(work), _np(q))
+    return q
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -39,7 +39,9 @@ from dplang.models.attention import (
     SlotCache,
     attend,
     gather_queries,
+    key_levels,
     prompt_tiles,
+    value_levels,
 )
 from dplang.models.errors import UnsupportedModelError
 from dplang.models.exact import (
@@ -520,29 +522,18 @@ class ExactDecoder:
     def forward(self, ids: torch.Tensor, step: AttentionStep, cache: SlotCache) -> torch.Tensor:
         """Final-norm hidden states ``[T, H]`` of the step's tokens (``ids [T]`` at
         ``step.positions``); each layer's keys and values are written to ``cache`` first."""
-        tokens = ids.shape[0]
         h = self.embed(ids)
         tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         rows = prepare_rows(self.layers[0].input_norm(h)) if self.layers else None
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
             assert rows is not None  # the previous layer's residual_rows prepared them
-            qkv = layer.qkv.apply(rows)
-            nq, nk = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
-            q = qkv[:, :nq].reshape(tokens, self.num_heads, self.head_dim)
-            k = qkv[:, nq:nq + nk].reshape(tokens, self.kv_heads, self.head_dim)
-            v = qkv[:, nq + nk:].reshape(tokens, self.kv_heads, self.head_dim)
-            if layer.q_norm is not None:
-                q = layer.q_norm(q)
-            if layer.k_norm is not None:
-                k = layer.k_norm(k)
             if layer.rope not in tables:
                 tables[layer.rope] = self.positions.lookup(layer.rope, step.positions,
                                                           step.extent)
             cos, sin = tables[layer.rope]
-            q = rotary(q, cos, sin, self.rotate)
-            k = rotary(k, cos, sin, self.rotate)
-            cache.write(index, step.slots, step.positions, k, v)
+            q = qkv_step(layer, rows, self.num_heads, self.kv_heads, self.head_dim, cos, sin,
+                         self.rotate, cache, index, step.slots, step.positions)
             attended = self._attention(index, layer, q, step, cache)
             h, rows = _residual(layer.o, layer.o.prepare(attended), h,
                                 layer.post_attention_norm, layer.pre_mlp_norm)
@@ -607,6 +598,49 @@ class ExactDecoder:
             valid = index_tokens.reshape(-1) >= 0
             out[index_tokens.reshape(-1)[valid]] = res[valid]
         return out.reshape(tokens, self.num_heads * self.head_dim)
+
+
+def qkv_step(layer: Layer, rows: PreparedRows, heads: int, kv_heads: int, head_dim: int,
+             cos: torch.Tensor, sin: torch.Tensor, rotate: bool, cache: SlotCache,
+             index: int, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The queries ``[T, heads, head_dim]`` of a layer for prepared rows, its keys and values
+    written to ``cache`` (layer ``index``, at ``slots``/``positions``) first: the q/k/v
+    product, each query and key head normed (Gemma 3's ``q_norm``/``k_norm``) and rotated
+    (:func:`rotary`), then :meth:`SlotCache.write`.
+
+    That composition is the definition; on a CPU with the fused kernels everything after the
+    integer product is one compiled loop per token (``qkv_heads``), the same operations in
+    the same order: the same bits and the same stored integers.
+
+    Privacy contract: token ``t``'s queries, and what is written at its slot and position,
+    are functions of row ``t`` of ``rows`` and its position only."""
+    qkv = layer.qkv
+    tokens = rows.count
+    fused = kernels.lookup("qkv_heads", rows.limbs) if qkv.layout == "kn" else None
+    if (fused is not None and tokens and kernels.lookup("linear", rows.limbs) is None
+            and kernels.lookup("write_kv", cache.keys[index]) is not None
+            and cache.keys[index].dtype == torch.int16):
+        shift = float(exact.LIMB) if qkv.weight_bits == 16 else 1.0
+        return fused(qkv.integer_parts(rows), rows.scale, qkv.col_scale, qkv.bias,
+                     shift * exact.LIMB, shift, heads, head_dim,
+                     None if layer.q_norm is None else (layer.q_norm.weight, layer.q_norm.eps),
+                     None if layer.k_norm is None else (layer.k_norm.weight, layer.k_norm.eps),
+                     cos, sin, rotate, slots, positions, cache.keys[index],
+                     cache.values[index], cache.key_scale[index], cache.value_scale[index],
+                     key_levels(head_dim), value_levels(cache.block))
+    out = qkv.apply(rows)
+    nq, nk = heads * head_dim, kv_heads * head_dim
+    q = out[:, :nq].reshape(tokens, heads, head_dim)
+    k = out[:, nq:nq + nk].reshape(tokens, kv_heads, head_dim)
+    v = out[:, nq + nk:].reshape(tokens, kv_heads, head_dim)
+    if layer.q_norm is not None:
+        q = layer.q_norm(q)
+    if layer.k_norm is not None:
+        k = layer.k_norm(k)
+    q = rotary(q, cos, sin, rotate)
+    k = rotary(k, cos, sin, rotate)
+    cache.write(index, slots, positions, k, v)
+    return q
 
 
 def _residual(linear: IntegerLinear, rows: PreparedRows, h: torch.Tensor, post: Norm | None,

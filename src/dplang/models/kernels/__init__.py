@@ -67,6 +67,7 @@ OPS: dict[str, tuple[str, ...]] = {
     "combine": ("cpu",),
     "residual_limbs": ("cpu",),
     "gated_limbs": ("cpu",),
+    "qkv_heads": ("cpu",),
     "linear": ("cuda",),
     "softmax_counts": ("cpu",),
     "attention_output": ("cpu",),

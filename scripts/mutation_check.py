@@ -311,6 +311,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/models/test_cpu_kernels.py",),
     ),
     Mutation(
+        "numba-largest-score-negatives-unordered",
+        "the CPU attention kernel's largest score compares negative scores by their raw bits "
+        "(the least negative is not found: other weights than the definition's)",
+        (("src/dplang/models/_numba_kernels.py",
+          "        key = b if b >= 0 else b ^ magnitude_mask32",
+          "        key = b"),),
+        ("tests/models/test_cpu_kernels.py",),
+    ),
+    Mutation(
+        "numba-masses-sum-narrowed",
+        "the CPU attention kernel's fixed-point denominator keeps each rounded weight in int32 "
+        "(wraps: another denominator than the definition's exact sum)",
+        (("src/dplang/models/_numba_kernels.py",
+          "            itotal += np.int64(np.rint(np.float64(w[p]) * grid))",
+          "            itotal += np.int32(np.rint(np.float64(w[p]) * grid))"),),
+        ("tests/models/test_cpu_kernels.py",),
+    ),
+    Mutation(
         "triton-round-drops-sign",
         "the Triton kernels round to even without putting the sign back (round(-0.3) = +0.0, "
         "not torch's -0.0): other bits than the definition's",

@@ -294,6 +294,32 @@ def test_attend_tokens(monkeypatch: pytest.MonkeyPatch, store: torch.dtype, wind
     _same(kernel(), ref)
 
 
+def test_attend_tokens_when_every_score_is_negative_or_zero() -> None:
+    """The largest score of a row whose scores are all negative (the integer keys that order
+    negative floats must invert their bits) or all zero (a zero query: the first zero's sign,
+    by the scalar loop), against the definition."""
+    from dplang.models.kernels import definitions_only
+    from dplang.models.kernels.triton_check import reference_attend_tokens
+
+    d, n = 32, 64  # one block of positions
+    gen = torch.Generator().manual_seed(5)
+    kmax, vmax = attention.key_levels(d), attention.value_levels(64)
+    keys = torch.randint(1, kmax + 1, (1, 1, n, d), generator=gen).to(torch.int16)
+    values = torch.randint(-vmax, vmax + 1, (1, 1, n, d), generator=gen).to(torch.int16)
+    k_scale = torch.rand(1, 1, n, generator=gen) * 1e-3 + 1e-4
+    v_scale = torch.rand(1, 1, n, generator=gen) * 1e-2 + 1e-3
+    q = -torch.rand(3, 2, d, generator=gen) * 4  # every score negative
+    q[1] = 0.0  # every score zero
+    q_slot, q_pos = torch.zeros(3, dtype=torch.long), torch.tensor([n - 1, n - 1, 7])
+    got = cpu_kernels.attend_tokens(q, q_slot, q_pos, keys, k_scale, values, v_scale, None,
+                                    0.18, None, attention.WEIGHT_LEVELS,
+                                    attention.MAX_POSITIONS)
+    with definitions_only():
+        ref = reference_attend_tokens(q, q_slot, q_pos, keys.float(), k_scale, values.float(),
+                                      v_scale, None, 0.18, None, 64)
+    _same(got, ref)
+
+
 def test_attend_tokens_when_scores_overflow() -> None:
     """A score that overflows float32 (a huge query against a huge stored key) makes the
     weights' masses overflow and the counts NaN: the kernel's float64 sums and the definition

@@ -87,25 +87,75 @@ def score_of(s: Any, qs: Any, ks: Any, scaling: Any, capped: Any, inv_softcap: A
 
 
 @njit(inline="always", **opts)
-def masses(w: Any, value_scale: Any, wtop: Any, headroom: Any) -> Any:
-    # `attend`'s denominator (the exact fixed-point sum of the weights w, largest wtop) and
-    # masses w * value_scale, written over w; returns (denominator, largest mass or 1).
+def positive_max_bits(x: Any) -> Any:
+    # (bits of the largest positive value of a contiguous float32 row, or 0 if none is
+    # positive; whether a NaN is present), by integer maxima the compiler vectorises: the bit
+    # patterns of positive floats order as their values, negative ones are negative int32s,
+    # and a NaN's magnitude bits are above +inf's.
+    bits = x.view(np.int32)
+    top = np.int32(0)
+    nan = np.int32(0)
+    for p in range(bits.shape[0]):
+        b = bits[p]
+        top = max(top, b)
+        nan |= np.int32((b & magnitude_mask32) > inf_bits32)
+    return top, nan != 0
+
+
+@njit(inline="always", **opts)
+def masses(w: Any, value_scale: Any, headroom: Any) -> Any:
+    # `attend`'s denominator (the exact fixed-point sum of the weights w, contiguous, each
+    # non-negative or NaN) and masses w * value_scale, written over w; returns (denominator,
+    # largest mass or 1). The largest weight sets the grid (NaN if one is NaN); the rounded
+    # weights are integers whose sum stays below 2**52 (the grid's headroom), so an int64
+    # sum is the definition's float64 sum exactly, in any order; a NaN or an infinity keeps
+    # the float64 sum.
+    top_bits, nan = positive_max_bits(w)
+    wtop = np.nan if nan else np.float64(np.int32(top_bits).view(np.float32))
     grid = grid_of(wtop, headroom)
-    total = 0.0
-    mtop = f32(0.0)
-    mnan = False
+    if wtop < np.inf:
+        itotal = np.int64(0)
+        for p in range(w.shape[0]):
+            itotal += np.int64(np.rint(np.float64(w[p]) * grid))
+        total = np.float64(itotal)
+    else:
+        total = 0.0
+        for p in range(w.shape[0]):
+            total += np.rint(np.float64(w[p]) * grid)
     for p in range(w.shape[0]):
-        x = w[p]
-        total += np.rint(np.float64(x) * grid)
-        m = x * value_scale[p]
-        w[p] = m
-        if m != m:
-            mnan = True
-        elif m > mtop:
-            mtop = m
-    if mnan or not mtop > 0:
-        mtop = one
+        w[p] = w[p] * value_scale[p]
+    m_bits, m_nan = positive_max_bits(w)
+    mtop = one if m_nan or m_bits == 0 else np.int32(m_bits).view(np.float32)
     return total / grid, mtop
+
+
+@njit(inline="always", **opts)
+def largest_score(x: Any) -> Any:
+    # `attend`'s largest score of a contiguous float32 row: its maximum, 0 if a NaN is
+    # present or the maximum is infinite. An integer maximum of keys that order as the floats
+    # (a float's bits if non-negative, its bits ^ 0x7FFFFFFF if negative; a NaN's key is the
+    # smallest) finds it; a maximum of zero takes the first zero's sign, as the scalar loop
+    # `if s > top` does, by that loop itself.
+    bits = x.view(np.int32)
+    top_key = np.int32(-2147483648)
+    nan = np.int32(0)
+    for p in range(bits.shape[0]):
+        b = bits[p]
+        is_nan = (b & magnitude_mask32) > inf_bits32
+        key = b if b >= 0 else b ^ magnitude_mask32
+        top_key = max(top_key, np.int32(-2147483648) if is_nan else key)
+        nan |= np.int32(is_nan)
+    if nan != 0:
+        return f32(0.0)
+    top = np.int32(top_key if top_key >= 0 else top_key ^ magnitude_mask32).view(np.float32)
+    if top == 0:
+        top = f32(-np.inf)
+        for p in range(x.shape[0]):
+            if x[p] > top:
+                top = x[p]
+    if not (top > -np.inf and top < np.inf):
+        top = f32(0.0)
+    return top
 
 
 @njit(inline="always", **opts)
@@ -480,16 +530,12 @@ def softmax_counts(both: Any, q_scale: Any, key_scale: Any, value_scale: Any,
         if nan or not (top > -np.inf and top < np.inf):
             top = f32(0.0)
         top32 = f32(top)
-        wtop = 0.0
         for p in range(length):
             if visible[b, r, p]:
-                w = exp32(counts[b, r, p] - top32)
-                counts[b, r, p] = w
-                if w > wtop or w != w:
-                    wtop = w if w == w else np.nan
+                counts[b, r, p] = exp32(counts[b, r, p] - top32)
             else:
                 counts[b, r, p] = f32(0.0)
-        denominator[b, r], mtop = masses(counts[b, r], value_scale[b], wtop, headroom)
+        denominator[b, r], mtop = masses(counts[b, r], value_scale[b], headroom)
         largest[b, r] = mtop
         factor = levels / mtop
         for p in range(length):
@@ -554,27 +600,11 @@ def attend_tokens(q_hi: Any, q_lo: Any, q_scale: Any, q_slot: Any, q_pos: Any, k
         part = np.empty(dim, dtype=np.int32)
         for j in range(group):
             h = kv * group + j
-            top = -np.inf
-            nan = False
+            top32 = largest_score(weights[j])
             for p in range(n):
-                sc = weights[j, p]
-                if sc != sc:
-                    nan = True
-                elif sc > top:
-                    top = sc
-            if nan or not (top > -np.inf and top < np.inf):
-                top = f32(0.0)
-            top32 = f32(top)
-            wtop = 0.0
-            for p in range(n):
-                w = exp32(weights[j, p] - top32)
-                weights[j, p] = w
-                if w != w:
-                    wtop = np.nan
-                elif w > wtop:
-                    wtop = w
+                weights[j, p] = exp32(weights[j, p] - top32)
             denominator, mtop = masses(weights[j], value_scale[slot, kv, first:first + n],
-                                       wtop, headroom)
+                                       headroom)
             factor = levels / mtop
             fits = chunk > 0
             for p in range(n):  # the counts, over the masses

@@ -153,6 +153,15 @@ def test_the_yelp_quality_config_is_ready(tmp_path):
     assert ("invisibleink", 1.0, 7) in points  # the paper's B at ε = 1
     public = load_config(REPO / "experiments" / "yelp_quality_public.toml")
     assert [c.key for c in public.cells] == ["public_k50_t1.2_s0"]
+    # the stages experiments/run_quality.sh runs first are cells of the full sweep, each with
+    # the full sweep's record of it (so the full sweep skips them, and refuses none)
+    full = {c.key: c for c in config.cells}
+    for stage in ("yelp_quality_first", "yelp_quality_second"):
+        staged = load_config(REPO / "experiments" / f"{stage}.toml")
+        assert staged.cells, stage
+        for cell in staged.cells:
+            assert cell_spec(staged, cell, "x") == cell_spec(config, full[cell.key], "x"), \
+                (stage, cell.key)
     if not config.data_path.is_file():
         pytest.skip("the Yelp data (../shared/data/yelp/dev.csv) is not beside this clone")
     _, specs, states = preflight(config, tmp_path / "out", tmp_path / "ledger.sqlite", None)

@@ -217,6 +217,16 @@ def limbs_of(x: Any, lv: Any, hi_out: Any, lo_out: Any) -> Any:
     return s
 
 
+@njit(inline="always", **opts)
+def recombined_at(high: Any, low: Any, low2: Any, i: Any, j: Any, two: Any, a: Any, b: Any,
+                  col_scale: Any, has_bias: Any, bias: Any) -> Any:
+    # recombined for element (i, j) of a "kn" product's integer parts (low + low2 where the
+    # weights have two limbs)
+    lw = low[i, j] + low2[i, j] if two else low[i, j]
+    return recombined(high[i, j], lw, a, b, col_scale[j], has_bias,
+                      bias[j] if has_bias else f32(0.0))
+
+
 @njit(parallel=True, **opts)
 def quantize_limbs(x: Any, levels: Any, limbs: Any, scale: Any) -> None:
     rows = x.shape[0]
@@ -246,9 +256,8 @@ def combine(high: Any, low: Any, low2: Any, row_scale: Any, col_scale: Any, bias
         a = row_scale[i] * high_shift
         b = row_scale[i] * low_shift
         for j in range(cols):
-            lw = low[i, j] + low2[i, j] if two else low[i, j]
-            out[i, j] = recombined(high[i, j], lw, a, b, col_scale[j], has_bias,
-                                   bias[j] if has_bias else f32(0.0))
+            out[i, j] = recombined_at(high, low, low2, i, j, two, a, b, col_scale, has_bias,
+                                      bias)
 
 
 @njit(parallel=True, **opts)
@@ -394,9 +403,8 @@ def qkv_heads(high: Any, low: Any, low2: Any, rscale: Any, col_scale: Any, bias:
         b = rscale[t] * low_shift
         row = work[t]
         for j in range(cols):
-            lw = low[t, j] + low2[t, j] if two else low[t, j]
-            row[j] = recombined(high[t, j], lw, a, b, col_scale[j], has_bias,
-                                bias[j] if has_bias else f32(0.0))
+            row[j] = recombined_at(high, low, low2, t, j, two, a, b, col_scale, has_bias,
+                                   bias)
         for h in range(heads):
             x = row[h * dim:(h + 1) * dim]
             if has_q_norm:
@@ -464,9 +472,7 @@ def residual_limbs(high: Any, low: Any, low2: Any, rscale: Any, col_scale: Any, 
         b = rscale[i] * low_shift
         y = work[i]
         for j in range(cols):
-            lw = low[i, j] + low2[i, j] if two else low[i, j]
-            y[j] = recombined(high[i, j], lw, a, b, col_scale[j], has_bias,
-                              bias[j] if has_bias else f32(0.0))
+            y[j] = recombined_at(high, low, low2, i, j, two, a, b, col_scale, has_bias, bias)
         if has_post:
             norm_of(y, post_weight, post_eps, headroom, y)
         for j in range(cols):
@@ -492,12 +498,10 @@ def gated_limbs(g_high: Any, g_low: Any, g_low2: Any, u_high: Any, u_low: Any, u
         b = rscale[i] * low_shift
         m = work[i]
         for j in range(cols):
-            lw = g_low[i, j] + g_low2[i, j] if two else g_low[i, j]
-            g = recombined(g_high[i, j], lw, a, b, g_col[j], g_has_bias,
-                           g_bias[j] if g_has_bias else f32(0.0))
-            lw = u_low[i, j] + u_low2[i, j] if two else u_low[i, j]
-            u = recombined(u_high[i, j], lw, a, b, u_col[j], u_has_bias,
-                           u_bias[j] if u_has_bias else f32(0.0))
+            g = recombined_at(g_high, g_low, g_low2, i, j, two, a, b, g_col, g_has_bias,
+                              g_bias)
+            u = recombined_at(u_high, u_low, u_low2, i, j, two, a, b, u_col, u_has_bias,
+                              u_bias)
             m[j] = (silu32(g) if silu else gelu_tanh32(g)) * u
         scale[i] = limbs_of(m, lv, limbs[i], limbs[rows + i])
 

@@ -159,15 +159,13 @@ def combine(high: torch.Tensor, low: torch.Tensor, low2: torch.Tensor | None,
             high_shift: float, low_shift: float, transposed: bool = False) -> torch.Tensor:
     """:meth:`IntegerLinear.combine` with ``low + low2``; ``transposed``: ``high``/``low``
     are ``[N, M]`` (the weight was the left operand) and the result is ``[M, N]``."""
-    empty_i = torch.empty((0, 0), dtype=torch.int32)
-    empty_f = torch.empty(0, dtype=torch.float32)
     rows = high.shape[1] if transposed else high.shape[0]
     cols = high.shape[0] if transposed else high.shape[1]
     out = torch.empty((rows, cols), dtype=torch.float32)
     name = "combine_cols" if transposed else "combine"
-    _kernels()[name](_np(high), _np(low), _np(low2) if low2 is not None else _np(empty_i),
+    _kernels()[name](_np(high), _np(low), _or_empty(low2, torch.int32),
                      _np(row_scale.reshape(-1).contiguous()), _np(col_scale.contiguous()),
-                     _np(bias.contiguous()) if bias is not None else _np(empty_f),
+                     _or_empty(None if bias is None else bias.contiguous(), torch.float32),
                      np.float32(high_shift), np.float32(low_shift), _np(out))
     return out
 
@@ -276,7 +274,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     shape = x.shape
     flat = x.reshape(-1, shape[-1]).contiguous()
     out = torch.empty_like(flat)
-    headroom = 52 - max(1, math.ceil(math.log2(shape[-1])))
+    headroom = _headroom(shape[-1])
     _kernels()["rms_norm"](_np(flat), _np(weight.contiguous()), float(eps), headroom,
                            _np(out))
     return out.view(shape)
@@ -331,7 +329,7 @@ def softmax_counts(both: torch.Tensor, q_scale: torch.Tensor, key_scale: torch.T
     counts = torch.empty((batch, rows, length), dtype=torch.float32)
     largest = torch.empty((batch, rows), dtype=torch.float32)
     denominator = torch.empty((batch, rows), dtype=torch.float64)
-    headroom = 52 - max(1, math.ceil(math.log2(max_terms)))
+    headroom = _headroom(max_terms)
     cap = float(softcap) if softcap else 0.0
     _kernels()["softmax_counts"](
         _np(both.contiguous()), _np(q_scale.contiguous()), _np(key_scale.contiguous()),
@@ -370,7 +368,7 @@ def attend_tokens(q: torch.Tensor, q_slot: torch.Tensor, q_pos: torch.Tensor,
     q_lo = limbs[tokens * heads:].view(tokens, heads, dim)
     out = torch.empty((tokens, heads, dim), dtype=torch.float32)
     cap = float(softcap) if softcap else 0.0
-    headroom = 52 - max(1, math.ceil(math.log2(max_terms)))
+    headroom = _headroom(max_terms)
     _kernels()["attend_tokens"](
         _np(q_hi), _np(q_lo), _np(scale.view(tokens, heads)), _np(q_slot.contiguous()),
         _np(q_pos.contiguous()), _np(keys), _np(key_scale), _np(values), _np(value_scale),

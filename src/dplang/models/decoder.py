@@ -617,9 +617,7 @@ def qkv_step(layer: Layer, rows: PreparedRows, heads: int, kv_heads: int, head_d
     qkv = layer.qkv
     tokens = rows.count
     fused = kernels.lookup("qkv_heads", rows.limbs) if qkv.layout == "kn" else None
-    if (fused is not None and tokens and kernels.lookup("linear", rows.limbs) is None
-            and kernels.lookup("write_kv", cache.keys[index]) is not None
-            and cache.keys[index].dtype == torch.int16):
+    if fused is not None and tokens and cache.keys[index].dtype == torch.int16:
         shift = float(exact.LIMB) if qkv.weight_bits == 16 else 1.0
         return fused(qkv.integer_parts(rows), rows.scale, qkv.col_scale, qkv.bias,
                      shift * exact.LIMB, shift, heads, head_dim,

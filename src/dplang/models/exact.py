@@ -738,7 +738,7 @@ def residual_rows(linear: IntegerLinear, rows: PreparedRows, h: torch.Tensor,
     Privacy contract: row ``i`` of both results is a function of row ``i`` of ``rows`` and
     ``h`` only."""
     fused = kernels.lookup("residual_limbs", h) if linear.layout == "kn" else None
-    if fused is not None and kernels.lookup("linear", rows.limbs) is None and rows.count:
+    if fused is not None and rows.count:
         high, low, low2 = linear.integer_parts(rows)
         shift = float(LIMB) if linear.weight_bits == 16 else 1.0
         h_out, limbs, scale = fused(high, low, low2, rows.scale, linear.col_scale,
@@ -764,8 +764,7 @@ def gated_rows(kind: str, gate: IntegerLinear, up: IntegerLinear, rows: Prepared
     Privacy contract: row ``i`` of the result is a function of row ``i`` of ``rows`` only."""
     fused = kernels.lookup("gated_limbs", rows.limbs) if kind in ("gelu_tanh", "silu") else None
     if (fused is not None and gate.layout == up.layout == "kn" and rows.count
-            and gate.weight_bits == up.weight_bits
-            and kernels.lookup("linear", rows.limbs) is None):
+            and gate.weight_bits == up.weight_bits):
         shift = float(LIMB) if gate.weight_bits == 16 else 1.0
         limbs, scale = fused(kind, gate.integer_parts(rows), up.integer_parts(rows),
                              rows.scale, gate.col_scale, gate.bias, up.col_scale, up.bias,

@@ -329,6 +329,54 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/models/test_cpu_kernels.py",),
     ),
     Mutation(
+        "head-bound-range-narrowed",
+        "the bounded LM head takes the low-limb weights' products to reach 127 |h| at most "
+        "(128 |h| for a negative high limb h): an upper bound below the logit, a kept token "
+        "outside the superset",
+        (("src/dplang/models/cpu_kernels.py",
+          "            (127 * positive + 128 * negative).numpy())",
+          "            (127 * positive + 127 * negative).numpy())"),),
+        ("tests/models/test_top_superset.py",),
+    ),
+    Mutation(
+        "head-bound-upper-from-lower",
+        "the bounded LM head's upper bound is computed from the lowest low-limb product",
+        (("src/dplang/models/_numba_kernels.py",
+          "            hi = recombined(hh, hl + hi_g, ag, bg, col_scale[col], has_bias, bv)",
+          "            hi = recombined(hh, hl + lo_g, ag, bg, col_scale[col], has_bias, bv)"),),
+        ("tests/models/test_top_superset.py",),
+    ),
+    Mutation(
+        "head-superset-strict-threshold",
+        "the bounded LM head's superset drops columns whose upper bound equals the threshold "
+        "(a token tied with the k-th largest logit is lost)",
+        (("src/dplang/models/_numba_kernels.py",
+          "            if values[g, y] >= t:\n                count += 1",
+          "            if values[g, y] > t:\n                count += 1"),
+         ("src/dplang/models/_numba_kernels.py",
+          "            if values[g, y] >= t:\n                ids[g, count] = y",
+          "            if values[g, y] > t:\n                ids[g, count] = y")),
+        ("tests/models/test_top_superset.py",),
+    ),
+    Mutation(
+        "superset-padding-counted",
+        "the batched step applies the Top-k+ rule to a superset's padded columns too (the "
+        "padding repeats a candidate: it is counted twice)",
+        ((BATCH_SRC,
+          "        values = logits.masked_fill(outside, -math.inf)  # the padding repeats a "
+          "candidate",
+          "        values = logits"),),
+        (BATCH,),
+    ),
+    Mutation(
+        "superset-margin-unrounded",
+        "the engine asks for a superset with a smaller margin than the rule's (1.5 C/B)",
+        (("src/dplang/textgen/engine.py",
+          "        margin = float(np.float32(2.0 * settings.clip_norm / settings.batch_size))",
+          "        margin = 1.5 * settings.clip_norm / settings.batch_size"),),
+        (BATCH,),
+    ),
+    Mutation(
         "triton-round-drops-sign",
         "the Triton kernels round to even without putting the sign back (round(-0.3) = +0.0, "
         "not torch's -0.0): other bits than the definition's",

@@ -162,3 +162,34 @@ def test_prompt_side_of_the_default_model_matches_it(gemma) -> None:
     assert side.render_prompt(text, "Be brief.") == gemma.render_prompt(text, "Be brief.")
     assert side.count_tokens(text) == gemma.count_tokens(text)
     assert side.truncate_tokens(text, 17) == gemma.truncate_tokens(text, 17)
+
+
+def test_top_superset_gives_the_public_rows_sets(gemma) -> None:
+    """The bounded LM head's superset of a real public row's Top-k+ set: the rule on its exact
+    logits keeps the same tokens as on the full row (k = 50, InvisibleInk's margin at C = 3.7,
+    B = 7), with banned tokens, and reads far fewer columns than the vocabulary."""
+    from dplang.models import cpu_kernels
+
+    if not cpu_kernels.available(torch.zeros(1)):
+        pytest.skip("numba is not installed")
+    prompts = ["Here is a 4-star review of a restaurant:\n", "The capital of France is",
+               "Write a short review of a hotel."]
+    hidden = gemma.next_hidden(gemma.encode_prompts(prompts), None)
+    margin = float(torch.tensor(2 * 3.7 / 7, dtype=torch.float32))
+    for banned in (None, torch.tensor([gemma.tokenizer.eos_token_id, 108, 1000])):
+        full = gemma.logits_from_hidden(hidden)
+        if banned is not None:
+            full[:, banned] = -float("inf")
+        found = gemma.top_superset_logits(hidden, 50, margin, banned)
+        assert found is not None
+        ids, sizes, logits = found
+        assert int(sizes.max()) < 5000  # a few hundred columns, not 262,144
+        want, want_sizes = cpu_kernels.topk_plus_rows(full, 50, 3.7, 7)
+        on_set = torch.full_like(full, -float("inf"))
+        for g in range(len(prompts)):
+            n = int(sizes[g])
+            on_set[g, ids[g, :n]] = logits[g, :n]
+            assert torch.equal(logits[g, :n].view(torch.int32),
+                               full[g, ids[g, :n]].view(torch.int32))
+        got, got_sizes = cpu_kernels.topk_plus_rows(on_set, 50, 3.7, 7)
+        assert torch.equal(got_sizes, want_sizes) and torch.equal(got, want)

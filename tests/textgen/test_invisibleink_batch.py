@@ -392,3 +392,67 @@ def test_instance_level_changes_opt_out_of_batching():
     policy = InvisibleInkPolicy(1.0, 2, 1.0, 4, 10)
     policy.scores = lambda *a: None  # a patched decision: batching would bypass it
     assert policy.batch_settings() is None
+
+
+class SupersetToy(ToyModel):
+    """A toy whose public rows come as logits on a superset of their Top-k+ sets (what the
+    default model's bounded LM head returns): every token the rule could keep, plus random
+    others, and nothing banned."""
+
+    def __init__(self, *args, extra=0.3, seed=0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.extra, self.calls = extra, 0
+        self._rng = np.random.default_rng(seed)
+
+    def top_superset_logits(self, hidden, top_k, margin, banned=None):
+        self.calls += 1
+        logits = self.logits_from_hidden(hidden)
+        if banned is not None:
+            logits[:, banned] = -math.inf
+        ell = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        threshold = ell - np.float32(margin)  # float32, as the rule
+        sets = []
+        for g in range(logits.shape[0]):
+            keep = (logits[g] >= threshold[g]).numpy()
+            keep |= self._rng.random(keep.size) < self.extra
+            keep &= np.isfinite(logits[g].numpy())  # banned tokens are never in the set
+            sets.append(np.flatnonzero(keep))
+        width = max(len(s) for s in sets)
+        ids = torch.tensor(np.stack([np.concatenate([s, np.full(width - len(s), s[0])])
+                                     for s in sets]), dtype=torch.int64)
+        sizes = torch.tensor([len(s) for s in sets], dtype=torch.int64)
+        return ids, sizes, logits.gather(1, ids)
+
+
+@pytest.mark.parametrize("extra", [0.0, 0.05, 0.5])
+def test_a_superset_of_the_public_sets_gives_the_same_tokens(extra):
+    """The engine's step from the public rows' logits on supersets of their Top-k+ sets (any
+    superset: the rule picks the same set from it) draws the same tokens as from every
+    public logit, with banned tokens."""
+    params = DecodingParams(0.6, 3, 1.1, 5, 12)
+    jobs = [*_jobs(5, nulls=1), GroupJob(9, "public prompt 1", ("public prompt 1",) * 3)]
+    plain = ToyModel(vocab_size=300, eos_after=7)
+    superset = SupersetToy(vocab_size=300, eos_after=7, extra=extra)
+    reference = _texts(run_invisibleink(plain, jobs, params, RandomStreams(4), 3))
+    # the same tokens and the same statistics (|V_k^+| of every step)
+    assert _texts(run_invisibleink(superset, jobs, params, RandomStreams(4), 3)) == reference
+    assert superset.calls > 0
+    # with banned tokens (the engine's ban list), through the per-step superset
+    banned = torch.tensor([3, 17, 250])
+    step = GroupBatchStep(BatchSettings(0.6, 3, 1.1, 5))
+    rng = np.random.default_rng(2)
+    hidden = torch.from_numpy(rng.normal(0, 3, size=(8, 300)).astype(np.float32))
+    hidden[3, 17] = 40.0  # a banned token far above the rest of its public row
+    public = hidden[[3, 7]].clone()
+    public[:, banned] = -math.inf
+
+    def groups():
+        return [([0, 1, 2], InvisibleInkPolicy(0.6, 3, 1.1, 5, 300),
+                 RandomStreams(1).generator(0)),
+                ([4, 5, 6], InvisibleInkPolicy(0.6, 3, 1.1, 5, 300),
+                 RandomStreams(1).generator(1))]
+
+    want = step.choose(plain, hidden, public, groups())
+    margin = float(np.float32(2 * 0.6 / 3))
+    found = superset.top_superset_logits(hidden[[3, 7]], 5, margin, banned)
+    assert step.choose_in_superset(plain, hidden, found, groups()) == want

@@ -699,6 +699,38 @@ def topk_plus_rows(public: Any, k: Any, margin: Any) -> Any:
     return ids, sizes
 
 
+@njit(inline="always", **opts)
+def heap_push(heap: Any, size: Any, v: Any) -> Any:
+    # keep in the min-heap heap[:size] the k = len(heap) largest values seen, v included;
+    # returns the new size (heap[0] is then the k-th largest once k values were seen)
+    k = heap.shape[0]
+    if size < k:
+        j = size
+        size += 1
+        while j > 0:  # sift up
+            parent = (j - 1) // 2
+            if heap[parent] <= v:
+                break
+            heap[j] = heap[parent]
+            j = parent
+        heap[j] = v
+    elif v > heap[0]:
+        j = 0
+        while True:  # sift down from the root with v
+            left = 2 * j + 1
+            if left >= k:
+                break
+            child = left
+            if left + 1 < k and heap[left + 1] < heap[left]:
+                child = left + 1
+            if heap[child] >= v:
+                break
+            heap[j] = heap[child]
+            j = child
+        heap[j] = v
+    return size
+
+
 @njit(**opts)
 def _topk_plus_rule(public: Any, k: Any, margin: Any) -> Any:
     # (whether the row has +inf logits, the threshold ell - margin) of topk_plus_rows
@@ -717,32 +749,81 @@ def _topk_plus_rule(public: Any, k: Any, margin: Any) -> Any:
             v = public[y]
             if v != v:
                 v = f32(-np.inf)
-            if size < k:
-                j = size
-                size += 1
-                while j > 0:  # sift up
-                    parent = (j - 1) // 2
-                    if heap[parent] <= v:
-                        break
-                    heap[j] = heap[parent]
-                    j = parent
-                heap[j] = v
-            elif v > heap[0]:
-                j = 0
-                while True:  # sift down from the root with v
-                    left = 2 * j + 1
-                    if left >= k:
-                        break
-                    child = left
-                    if left + 1 < k and heap[left + 1] < heap[left]:
-                        child = left + 1
-                    if heap[child] >= v:
-                        break
-                    heap[j] = heap[child]
-                    j = child
-                heap[j] = v
+            size = heap_push(heap, size, v)
         threshold = f32(heap[0] - margin)
     return plus, threshold
+
+
+@njit(parallel=True, **opts)
+def head_bounds(part: Any, rows: Any, low_min: Any, low_max: Any, a: Any, b: Any,
+                col_scale: Any, bias: Any, start: Any, banned: Any, heaps: Any, sizes: Any,
+                upper: Any, finite: Any) -> None:
+    # Bounds on the logits of "nk" 16-bit weights' columns start .. start + c - 1 for each of
+    # `rows` prepared rows, from part [c, 2 * rows] int32: column g the high-limb weights times
+    # row g's high limbs (hh), column rows + g times its low limbs (hl). The missing low-limb
+    # weights' products lie in [low_min[g], low_max[g]], and IntegerLinear.combine's formula
+    # (recombined) is non-decreasing in its low integer (scales >= 0), so the logit is between
+    # recombined(hh, hl + low_min) and recombined(hh, hl + low_max): the upper one is stored
+    # in upper[g, column], the lower one offered to the heap of row g's k largest lower
+    # bounds (heaps[g], sizes[g] filled). A banned column gets -inf and no bound; finite[g]
+    # turns false where a bound is not finite.
+    c = part.shape[0]
+    has_bias = bias.shape[0] > 0
+    any_banned = banned.shape[0] > 0
+    for g in prange(rows):
+        lower = np.empty(c, dtype=np.float32)
+        ag, bg, lo_g, hi_g = a[g], b[g], low_min[g], low_max[g]
+        ok = True
+        for r in range(c):
+            col = start + r
+            hh = part[r, g]
+            hl = np.int64(part[r, rows + g])
+            bv = bias[col] if has_bias else f32(0.0)
+            lo = recombined(hh, hl + lo_g, ag, bg, col_scale[col], has_bias, bv)
+            hi = recombined(hh, hl + hi_g, ag, bg, col_scale[col], has_bias, bv)
+            if any_banned and banned[col]:
+                lo = f32(-np.inf)
+                hi = f32(-np.inf)
+            else:
+                ok = ok & (abs(lo) < np.inf) & (abs(hi) < np.inf)
+            lower[r] = lo
+            upper[g, col] = hi
+        if not ok:
+            finite[g] = False
+        heap = heaps[g]
+        size = sizes[g]
+        k = heap.shape[0]
+        for r in range(c):
+            if (size < k or lower[r] > heap[0]) and not (any_banned and banned[start + r]):
+                size = heap_push(heap, size, lower[r])
+        sizes[g] = size
+
+
+@njit(parallel=True, **opts)
+def ids_at_least(values: Any, thresholds: Any) -> Any:
+    # (ids [G, W] of values[g] >= thresholds[g], ascending, padded by the row's first id (0
+    # for an empty row); sizes [G]), W the largest size (at least 1)
+    rows, vocab = values.shape
+    sizes = np.zeros(rows, dtype=np.int64)
+    for g in prange(rows):
+        count = 0
+        t = thresholds[g]
+        for y in range(vocab):
+            if values[g, y] >= t:
+                count += 1
+        sizes[g] = count
+    width = max(1, sizes.max()) if rows else 1
+    ids = np.zeros((rows, width), dtype=np.int64)
+    for g in prange(rows):
+        count = 0
+        t = thresholds[g]
+        for y in range(vocab):
+            if values[g, y] >= t:
+                ids[g, count] = y
+                count += 1
+        for j in range(count, width):
+            ids[g, j] = ids[g, 0]
+    return ids, sizes
 
 
 @njit(parallel=True, **opts)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,8 @@ __all__ = [
     "gathered_head",
     "gelu_tanh_mul",
     "hadamard",
+    "head_bounds",
+    "low_limb_range",
     "qkv_heads",
     "quantize_limbs",
     "residual_limbs",
@@ -441,3 +444,55 @@ def gathered_head(limbs: torch.Tensor, row_scale: torch.Tensor, w_hi: torch.Tens
         _np(col_scale.contiguous()), _np(bias.contiguous()) if bias is not None else _np(empty_f),
         np.float32(high_shift), np.float32(low_shift), _np(out))
     return out
+
+
+def low_limb_range(high_limbs: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """``(least, most)`` int64 ``[M]``: the range of ``sum_k w_k h_k`` over every int8 weight
+    vector ``w``, for each row ``h`` of ``high_limbs [M, K]`` (int8): ``w_k h_k`` is at most
+    ``127 h_k`` (``h_k > 0``) or ``128 |h_k|`` (``h_k < 0``) and at least ``-128 h_k`` or
+    ``-127 |h_k|``; both ends are reached (by ``w = 127 sign(h)`` with -128 for negative
+    ``h_k``, and its opposite)."""
+    x_hi = high_limbs.to(torch.int64)
+    positive = x_hi.clamp(min=0).sum(dim=1)
+    negative = (-x_hi).clamp(min=0).sum(dim=1)
+    return ((-(128 * positive + 127 * negative)).numpy(),
+            (127 * positive + 128 * negative).numpy())
+
+
+def head_bounds(high_limbs: torch.Tensor, row_scale: torch.Tensor,
+                products: Callable[[int, int], torch.Tensor], columns: int, chunk: int,
+                col_scale: torch.Tensor, bias: torch.Tensor | None, high_shift: float,
+                low_shift: float, top_k: int, margin: float, banned: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The set of :meth:`~dplang.models.exact.IntegerLinear.top_superset`: ``(ids [M, W],
+    sizes [M])`` from rows' high limbs (int8 ``[M, K]``) and ``row_scale [M, 1]``, and
+    ``products(start, stop)``: the exact int32 products ``[stop - start, 2M]`` of the
+    high-limb weights of those columns with the rows' high, then low, limbs. ``None`` where
+    a bound is not finite."""
+    rows = high_limbs.shape[0]
+    low_min, low_max = low_limb_range(high_limbs)
+    scale = _np(row_scale.reshape(-1).float().contiguous())
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = scale * np.float32(high_shift)  # as gathered_head and combine compute them
+        b = scale * np.float32(low_shift)
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return None
+    heaps = np.empty((rows, top_k), dtype=np.float32)
+    sizes = np.zeros(rows, dtype=np.int64)
+    upper = np.empty((rows, columns), dtype=np.float32)
+    finite = np.ones(rows, dtype=np.bool_)
+    blocked = (_np(banned.to(torch.bool).contiguous()) if banned is not None
+               else np.zeros(0, dtype=np.bool_))
+    cols = _np(col_scale.contiguous())
+    bias_np = _np(bias.contiguous()) if bias is not None else np.zeros(0, dtype=np.float32)
+    kernel = _kernels()["head_bounds"]
+    for start in range(0, columns, chunk):
+        part = products(start, min(columns, start + chunk)).contiguous()
+        kernel(_np(part), rows, low_min, low_max, a, b, cols, bias_np, start, blocked, heaps,
+               sizes, upper, finite)
+    if not finite.all() or (sizes < top_k).any():
+        return None
+    with np.errstate(over="ignore"):
+        thresholds = heaps[:, 0] - np.float32(margin)  # float32, as topk_plus_rows
+    ids, counts = _kernels()["ids_at_least"](upper, thresholds)
+    return torch.from_numpy(ids), torch.from_numpy(counts)

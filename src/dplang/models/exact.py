@@ -78,6 +78,9 @@ ONE_LIMB_LEVELS = 127
 _LIMB_MAX = 128
 #: Integers up to 2**24 are exact in float32; a float32 chunk of k products of limbs is exact
 #: when k * 2**14 <= 2**24.
+#: Output columns per integer product of :meth:`IntegerLinear.top_superset` (its int32
+#: products stay in a core's cache for the bounds).
+_HEAD_BOUND_CHUNK = 8192
 _FLOAT32_CHUNK = 2**24 // (_LIMB_MAX * _LIMB_MAX)
 #: Element budget of a block of :meth:`IntegerLinear.gathered` (its gathered weight limbs, their
 #: float32 chunks, or the outputs of its full product): 2**24 elements are 16 MiB of int8 or
@@ -693,6 +696,54 @@ class IntegerLinear:
                 out[r0:r0 + row_step, c0:c0 + col_step] = self._gathered_block(
                     hi, lo, prepared.scale, block)
         return out
+
+    def top_superset(self, x: torch.Tensor, top_k: int, margin: float,
+                     banned: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """For each row of float32 ``x [M, K]``: the ascending ids ``[M, W]`` (padded by the
+        row's first id) and sizes ``[M]`` of a set of columns that holds every column whose
+        output is at least ``f32(ell - margin)`` (float32 subtraction), ``ell`` the row's
+        ``top_k``-th largest output, banned columns (bool ``[N]``) counted as -inf and never
+        in the set; ``None`` where this cannot be computed more cheaply than every output
+        (not a 16-bit "nk" head on a CPU with the compiled kernels, ``top_k`` outside ``1 ..
+        N - 1 - banned``, bounds that are not finite, or a set larger than a quarter of the
+        columns).
+
+        How: the high-limb weights alone (half the weight bytes) give each output's exact
+        integers but one, the low-limb weights times the row's high limbs, which an int8
+        weight bounds by ``[-128 P - 127 N, 127 P + 128 N]`` (``P``, ``N``: the sums of the
+        row's positive and negative high limbs). :meth:`combine`'s formula is non-decreasing
+        in that integer (every scale is >= 0 and each float32 operation is monotone), so it
+        gives a lower and an upper bound of each output in the very arithmetic the output is
+        computed in. Every column whose output could reach the threshold has an upper bound
+        >= ``f32(L_k - margin)``, ``L_k`` the k-th largest lower bound (<= ``ell``): that is
+        the set. Exact logits on it come from :meth:`gathered` (the same bits as the full
+        product). Row ``i``'s set is a function of row ``i`` of ``x`` only."""
+        if self.layout != "nk" or self.weight_bits != 16 or self.device.type != "cpu":
+            return None
+        n = self.out_features
+        blocked = 0 if banned is None else int(banned.sum())
+        if not 0 < top_k < n - blocked:
+            return None
+        bounds = kernels.lookup("head_bounds", x)
+        if bounds is None:
+            return None
+        prepared = prepare_rows(x.reshape(-1, self.in_features).float())
+        rows = prepared.count
+        if rows == 0:
+            return None
+        right = prepared.limbs.t().contiguous()  # [K, 2M]: high limbs, then low limbs
+        weights = self.limbs[0]
+
+        def products(start: int, stop: int) -> torch.Tensor:
+            return exact_products(weights[start:stop], right, self.kernel)
+
+        found = bounds(prepared.limbs[:rows], prepared.scale, products, n, _HEAD_BOUND_CHUNK,
+                       self.col_scale, self.bias, float(LIMB * LIMB), float(LIMB), top_k,
+                       margin, banned)
+        if found is None or int(found[1].max()) * 4 > n:
+            return None
+        return found
 
     def _gathered_block(self, hi: torch.Tensor, lo: torch.Tensor, scale: torch.Tensor,
                         ids: torch.Tensor) -> torch.Tensor:

@@ -612,6 +612,40 @@ class TransformersModel(TokenizerText):
         with torch.inference_mode(False):
             return logits.float().clone() if keep_device else logits.float().cpu().clone()
 
+    def top_superset_logits(
+        self, hidden: torch.Tensor, top_k: int, margin: float,
+        banned: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """For each row of ``hidden [rows, H]``: ``(ids [rows, W], sizes [rows], logits [rows,
+        W])``, the ascending ids (padded by the row's first id) of a set of tokens that holds
+        every token whose logit is at least ``f32(ell - margin)``, ``ell`` the row's
+        ``top_k``-th largest logit with the ``banned`` ids (int64) at -inf (never in the
+        set), and their logits (the same bits as :meth:`logits_from_hidden`'s). ``None``
+        where the model has no cheaper way than every logit (see
+        :meth:`dplang.models.exact.IntegerLinear.top_superset`; also with a logit scaling or
+        soft cap, or off the CPU): the caller then computes every logit.
+
+        Privacy contract: as :meth:`logits_from_hidden`'s; row ``i``'s set is a function of
+        row ``i`` of ``hidden`` (and the public arguments) only."""
+        if self._softcap is not None or self._logit_multiplier != 1.0:
+            return None
+        if torch.device(self.device).type != "cpu":
+            return None
+        hidden = torch.as_tensor(hidden).to(dtype=torch.float32)
+        if hidden.ndim != 2 or hidden.shape[1] != self.hidden_size:
+            raise ValueError(
+                f"hidden must be [rows, {self.hidden_size}], got {tuple(hidden.shape)}"
+            )
+        mask = None
+        if banned is not None and banned.numel():
+            mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+            mask[banned.cpu()] = True
+        found = self._decoder.head.top_superset(hidden, top_k, margin, mask)
+        if found is None:
+            return None
+        ids, sizes = found
+        return ids, sizes, self.logits_from_hidden(hidden, ids)
+
     def next_logits(
         self,
         state: DecodeState,

@@ -300,14 +300,18 @@ def _run_continuous(
         if settings is not None:  # every group decided in one batch, on the model's device
             if banned is not None and banned.device != hidden.device:
                 banned = banned.to(hidden.device)  # once: an index from the host would wait
-            public = _ban(model.logits_from_hidden(
-                hidden[index_tensor([g.public_row for g in live], hidden.device)],
-                keep_device=True), banned)
             stepper = steppers.get(settings)
             if stepper is None:
                 stepper = steppers[settings] = live[0].policy.batch_step(settings)  # type: ignore[attr-defined]
-            picks: list[int | None] = stepper.choose(
-                model, hidden, public, [(g.rows, g.policy, g.rng) for g in live])
+            public_hidden = hidden[index_tensor([g.public_row for g in live], hidden.device)]
+            decided = [(g.rows, g.policy, g.rng) for g in live]
+            superset = _top_superset(model, public_hidden, settings, banned)
+            picks: list[int | None]
+            if superset is not None:  # the public rows' logits on a superset of V_k^+ only
+                picks = stepper.choose_in_superset(model, hidden, superset, decided)
+            else:
+                public = _ban(model.logits_from_hidden(public_hidden, keep_device=True), banned)
+                picks = stepper.choose(model, hidden, public, decided)
         else:
             picks = _choose_per_group(model, hidden, live, banned, sparse_head)
 
@@ -349,6 +353,20 @@ def _run_continuous(
             row_tokens = [row_tokens[r] for r in keep]
         tokens_of_started = row_tokens
         admit()
+
+
+def _top_superset(model: LogitsModel, public_hidden: torch.Tensor, settings: Any,
+                  banned: torch.Tensor | None) -> Any:
+    """The public rows' logits on a superset of their Top-k+ sets (the model's
+    ``top_superset_logits`` with k and the margin ``f32(2C/B)`` of ``settings``), or ``None``
+    where the model has no such method or no cheaper way: then every public logit is
+    computed. Public rows only: the choice depends on public data alone."""
+    method = getattr(model, "top_superset_logits", None)
+    if not callable(method):
+        return None
+    with np.errstate(over="ignore"):  # a margin beyond float32 is +inf, as the rule's
+        margin = float(np.float32(2.0 * settings.clip_norm / settings.batch_size))
+    return method(public_hidden, settings.top_k, margin, banned)
 
 
 def _batch_settings(live: Sequence[_Live]) -> Any:

@@ -187,7 +187,8 @@ class GroupBatchStep:
         fused = kernels.lookup("topk_plus_rows", public)
         if fused is not None:  # the CPU's kernel, rows in parallel: the exact width
             ids, sizes = fused(public, s.top_k, s.clip_norm, s.batch_size)
-            exact = self._finish(model, hidden, public, groups, ids, sizes)
+            exact = self._finish(model, hidden, public.gather(1, ids.to(public.device)), groups,
+                                 ids, sizes)
             assert exact is not None  # the width is the largest set's
             return exact
         mask = topk_plus_mask(public, s.top_k, s.clip_norm, s.batch_size)
@@ -199,23 +200,60 @@ class GroupBatchStep:
             self.width = self._least_width
         while True:
             ids = masked_ids(mask, self.width)
-            tokens = self._finish(model, hidden, public, groups, ids, sizes)
+            tokens = self._finish(model, hidden, public.gather(1, ids.to(public.device)),
+                                  groups, ids, sizes)
             if tokens is not None:
                 return tokens
             # a set did not fit: widen (public logits only decide) and recompute the step
+
+    def choose_in_superset(self, model: Any, hidden: torch.Tensor,
+                           superset: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                           groups: Sequence[tuple[Sequence[int], GroupDecider,
+                                                  np.random.Generator]]) -> list[int]:
+        """:meth:`choose` from a superset of each group's Top-k+ set instead of its whole
+        public row: ``superset = (ids [G, W], sizes [G], logits [G, W])`` as the model's
+        ``top_superset_logits`` returns for the public rows with this step's k and margin
+        ``f32(2C/B)`` (every token whose public logit is at least ``f32(ell - margin)``, with
+        its logit). The rule applied to those logits (the rest at -inf) gives each group's
+        Top-k+ set exactly: the k largest public logits are all in the superset (so ``ell``
+        is the same) and so is every token the rule keeps. The same tokens as :meth:`choose`
+        (tested)."""
+        s = self.settings
+        from ...models import kernels
+
+        for rows_g, _policy, _rng in groups:
+            if len(rows_g) > s.batch_size:
+                raise ValueError(f"{len(rows_g)} private rows for a batch of {s.batch_size}")
+        cand, counts, logits = superset
+        width = logits.shape[1]
+        outside = torch.arange(width)[None, :] >= counts[:, None]
+        values = logits.masked_fill(outside, -math.inf)  # the padding repeats a candidate
+        fused = kernels.lookup("topk_plus_rows", values)
+        if fused is not None:
+            local, sizes = fused(values, s.top_k, s.clip_norm, s.batch_size)
+        else:
+            mask = topk_plus_mask(values, s.top_k, s.clip_norm, s.batch_size)
+            sizes = mask.sum(dim=-1)
+            local = masked_ids(mask, max(int(sizes.max()), 1))
+        ids = cand.gather(1, local)
+        tokens = self._finish(model, hidden, values.gather(1, local), groups, ids, sizes)
+        assert tokens is not None  # the width is the largest set's
+        return tokens
 
     @property
     def _least_width(self) -> int:
         """The width a kept width starts at and never shrinks below: room for twice k."""
         return _round_up(2 * self.settings.top_k + 14)
 
-    def _finish(self, model: Any, hidden: torch.Tensor, public: torch.Tensor,
+    def _finish(self, model: Any, hidden: torch.Tensor, public_on: torch.Tensor,
                 groups: Sequence[tuple[Sequence[int], GroupDecider, np.random.Generator]],
                 ids: torch.Tensor, sizes: torch.Tensor) -> list[int] | None:
+        """The step from the candidate ids ``[G, W]``, their public logits ``public_on`` and
+        the set sizes; ``None`` when a set did not fit in the width W."""
         from ...models.devices import index_tensor
 
         s = self.settings
-        device = public.device
+        device = public_on.device
         rows = [r for g in groups for r in g[0]]
         owner = index_tensor([j for j, g in enumerate(groups) for _ in g[0]], device)
         if rows:
@@ -224,7 +262,6 @@ class GroupBatchStep:
                                                keep_device=True)
         else:
             private = torch.empty((0, ids.shape[1]), dtype=torch.float32, device=device)
-        public_on = public.gather(1, ids.to(device))
         scores = batched_scores(private, owner, public_on, sizes, s.clip_norm, s.batch_size)
         # the step's one host copy: everything the draws and the statistics read
         packed = torch.cat([scores, ids.to(device=device, dtype=torch.float64),

@@ -261,8 +261,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the CPU attention kernel's int32 value sums are not added up across chunks (only the "
         "last chunk of positions counts)",
         (("src/dplang/models/_numba_kernels.py",
-          "                        acc[c] += np.float64(part[c])",
-          "                        acc[c] = np.float64(part[c])"),),
+          "                        acc[j, c] += np.float64(part[j, c])",
+          "                        acc[j, c] = np.float64(part[j, c])"),),
         ("tests/models/test_cpu_kernels.py",),
     ),
     Mutation(

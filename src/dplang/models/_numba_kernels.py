@@ -601,43 +601,58 @@ def attend_tokens(q_hi: Any, q_lo: Any, q_scale: Any, q_slot: Any, q_pos: Any, k
                 slo = exact_dot(q_lo[t, h], key)
                 weights[j, p] = score_of(f32(shi) * limb + f32(slo), q_scale[t, h],
                                          ks, scaling, capped, inv_softcap, softcap)
-        part = np.empty(dim, dtype=np.int32)
+        # softmax per head: weights -> integer counts (counts[p, j])
+        counts = np.empty((n, group), dtype=np.int32)
+        denominators = np.empty(group, dtype=np.float64)
+        largest = np.empty(group, dtype=np.float32)
+        fits = chunk > 0
         for j in range(group):
-            h = kv * group + j
             top32 = largest_score(weights[j])
             for p in range(n):
                 weights[j, p] = exp32(weights[j, p] - top32)
             denominator, mtop = masses(weights[j], value_scale[slot, kv, first:first + n],
                                        headroom)
+            denominators[j] = denominator
+            largest[j] = mtop
             factor = levels / mtop
-            fits = chunk > 0
             for p in range(n):  # the counts, over the masses
                 count = np.rint(weights[j, p] * factor)
                 weights[j, p] = count
-                if not abs(count) <= levels + 1:  # NaN included
+                if abs(count) <= levels + 1:
+                    counts[p, j] = np.int32(count)
+                else:  # NaN included
                     fits = False
-            acc = np.zeros(dim, dtype=np.float64)
-            if fits:  # int32 sums of chunk positions, then float64
-                for p0 in range(0, n, chunk):
-                    part[:] = 0
-                    for p in range(p0, min(n, p0 + chunk)):
-                        if weights[j, p] != 0:
-                            cnt = np.int32(weights[j, p])
-                            value = values[slot, kv, first + p]
+        # value sums, every head of the group from one read of each stored value
+        acc = np.zeros((group, dim), dtype=np.float64)
+        if fits:  # int32 sums of chunk positions, then float64
+            part = np.empty((group, dim), dtype=np.int32)
+            for p0 in range(0, n, chunk):
+                part[:] = 0
+                for p in range(p0, min(n, p0 + chunk)):
+                    value = values[slot, kv, first + p]
+                    for j in range(group):
+                        cnt = counts[p, j]
+                        if cnt != 0:
                             for c in range(dim):
-                                part[c] = np.int32(part[c] + cnt * np.int32(value[c]))
+                                part[j, c] = np.int32(part[j, c] + cnt * np.int32(value[c]))
+                for j in range(group):
                     for c in range(dim):
-                        acc[c] += np.float64(part[c])
-            else:  # counts out of int32's reach (NaN, after a score overflowed): float64
+                        acc[j, c] += np.float64(part[j, c])
+        else:  # a count out of int32's reach (NaN, after a score overflowed): float64 sums
+            # for every head (a head whose counts fit gets the same exact integers either way:
+            # each product and sum is an integer below 2**53)
+            for j in range(group):
                 for p in range(n):
                     count = weights[j, p]
                     if count != 0:
                         cnt = np.float64(count)
                         for c in range(dim):
-                            acc[c] += cnt * np.float64(values[slot, kv, first + p, c])
-            f = np.float64(mtop) / np.float64(levels)
+                            acc[j, c] += cnt * np.float64(values[slot, kv, first + p, c])
+        for j in range(group):
+            h = kv * group + j
+            f = np.float64(largest[j]) / np.float64(levels)
             for c in range(dim):
-                out[t, h, c] = f32((acc[c] * f) / denominator)
+                out[t, h, c] = f32((acc[j, c] * f) / denominators[j])
 
 
 @njit(parallel=True, **opts)

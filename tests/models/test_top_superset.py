@@ -139,6 +139,9 @@ def test_no_superset_where_it_would_not_pay_or_is_undefined() -> None:
     banned[:250] = True
     assert head.top_superset(x, 50, 0.1, banned) is None  # k >= the columns left
     assert head.top_superset(x, 5, 1e6) is None  # a margin that keeps every column
+    # a negative margin (a negative C): f32(L_k - margin) > L_k could drop a top-k column
+    assert head.top_superset(x, 5, -0.1) is None
+    assert head.top_superset(x, 5, math.nan) is None
     bad = x.clone()
     bad[0, 3] = math.inf  # a row that rounds to zeros: every output 0, all tied
     assert head.top_superset(bad, 5, 0.1) is None

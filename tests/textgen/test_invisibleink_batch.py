@@ -456,3 +456,4 @@ def test_a_superset_of_the_public_sets_gives_the_same_tokens(extra):
     margin = float(np.float32(2 * 0.6 / 3))
     found = superset.top_superset_logits(hidden[[3, 7]], 5, margin, banned)
     assert step.choose_in_superset(plain, hidden, found, groups()) == want
+

@@ -16,11 +16,12 @@ candidate set from them, and then ask for the private rows' logits only on those
 ``next_logits`` is the convenience composition of the two (the protocol's signature).
 
 Optional: ``top_superset_logits(hidden, top_k, margin, banned)`` returns, for each row, the ids,
-count and exact logits of a set of tokens that holds every token whose logit is at least
-``f32(ell - margin)`` (``ell`` the row's ``top_k``-th largest, banned ids at -inf and never in
-the set), or ``None`` when the backend has no cheaper way than every logit. The engine asks it
-for the public rows (InvisibleInk's Top-k+ rule then runs on that set: the same candidates), and
-computes every public logit when it is absent or answers ``None``
+count and exact logits of a set of tokens that holds the ``top_k`` largest logits and every
+token whose logit is at least ``f32(ell - margin)`` (``margin >= 0``; ``ell`` the row's
+``top_k``-th largest, banned ids at -inf and never in the set), or ``None`` when the backend has
+no cheaper way than every logit. The engine asks it for the public rows (InvisibleInk's Top-k+
+rule then runs on that set: the same candidates), and computes every public logit when it is
+absent or answers ``None``
 (:meth:`dplang.models.transformers.TransformersModel.top_superset_logits`).
 
 Privacy contract (docs/privacy.md invariant 7, *row invariance*): each row's hidden state and logits

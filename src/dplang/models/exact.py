@@ -706,8 +706,9 @@ class IntegerLinear:
         ``top_k``-th largest output, banned columns (bool ``[N]``) counted as -inf and never
         in the set; ``None`` where this cannot be computed more cheaply than every output
         (not a 16-bit "nk" head on a CPU with the compiled kernels, ``top_k`` outside ``1 ..
-        N - 1 - banned``, bounds that are not finite, or a set larger than a quarter of the
-        columns).
+        N - 1 - banned``, a margin that is negative or NaN, bounds that are not finite, or a
+        set larger than a quarter of the columns). The set also holds the ``top_k`` largest
+        outputs (for ``margin >= 0``, which the argument below needs).
 
         How: the high-limb weights alone (half the weight bytes) give each output's exact
         integers but one, the low-limb weights times the row's high limbs, which an int8
@@ -724,6 +725,8 @@ class IntegerLinear:
         n = self.out_features
         blocked = 0 if banned is None else int(banned.sum())
         if not 0 < top_k < n - blocked:
+            return None
+        if not margin >= 0.0:  # a negative margin: f32(L_k - margin) > L_k could cut a top-k
             return None
         bounds = kernels.lookup("head_bounds", x)
         if bounds is None:

@@ -618,7 +618,8 @@ class TransformersModel(TokenizerText):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """For each row of ``hidden [rows, H]``: ``(ids [rows, W], sizes [rows], logits [rows,
         W])``, the ascending ids (padded by the row's first id) of a set of tokens that holds
-        every token whose logit is at least ``f32(ell - margin)``, ``ell`` the row's
+        the ``top_k`` largest logits and every token whose logit is at least
+        ``f32(ell - margin)`` (``margin >= 0``), ``ell`` the row's
         ``top_k``-th largest logit with the ``banned`` ids (int64) at -inf (never in the
         set), and their logits (the same bits as :meth:`logits_from_hidden`'s). ``None``
         where the model has no cheaper way than every logit (see

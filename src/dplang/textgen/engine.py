@@ -366,6 +366,8 @@ def _top_superset(model: LogitsModel, public_hidden: torch.Tensor, settings: Any
         return None
     with np.errstate(over="ignore"):  # a margin beyond float32 is +inf, as the rule's
         margin = float(np.float32(2.0 * settings.clip_norm / settings.batch_size))
+    if not margin >= 0.0:  # (a negative C: refused by calibration, not by a policy)
+        return None
     return method(public_hidden, settings.top_k, margin, banned)
 
 

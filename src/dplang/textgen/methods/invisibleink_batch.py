@@ -210,14 +210,14 @@ class GroupBatchStep:
                            superset: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                            groups: Sequence[tuple[Sequence[int], GroupDecider,
                                                   np.random.Generator]]) -> list[int]:
-        """:meth:`choose` from a superset of each group's Top-k+ set instead of its whole
-        public row: ``superset = (ids [G, W], sizes [G], logits [G, W])`` as the model's
-        ``top_superset_logits`` returns for the public rows with this step's k and margin
-        ``f32(2C/B)`` (every token whose public logit is at least ``f32(ell - margin)``, with
-        its logit). The rule applied to those logits (the rest at -inf) gives each group's
-        Top-k+ set exactly: the k largest public logits are all in the superset (so ``ell``
-        is the same) and so is every token the rule keeps. The same tokens as :meth:`choose`
-        (tested)."""
+        """:meth:`choose` from a superset of each group's Top-k+ set instead of its whole public
+        row: ``superset = (ids [G, W], sizes [G], logits [G, W])`` as the model's
+        ``top_superset_logits`` returns for the public rows with this step's k and
+        margin ``f32(2C/B)`` (the k largest public logits and every token whose public
+        logit is at least ``f32(ell - margin)``, with their logits). The rule applied to
+        those logits (the rest at -inf) gives each group's Top-k+ set exactly: the k
+        largest public logits are all in the superset (so ``ell`` is the same) and so is
+        every token the rule keeps. The same tokens as :meth:`choose` (tested)."""
         s = self.settings
         from ...models import kernels
 
@@ -228,6 +228,12 @@ class GroupBatchStep:
         width = logits.shape[1]
         outside = torch.arange(width)[None, :] >= counts[:, None]
         values = logits.masked_fill(outside, -math.inf)  # the padding repeats a candidate
+        if width <= s.top_k:  # more columns than k: the rule then always takes its k-th
+            # largest (at most k columns would make it keep the whole set)
+            extra = s.top_k + 1 - width
+            values = torch.cat([values, values.new_full((values.shape[0], extra), -math.inf)],
+                               dim=1)
+            cand = torch.cat([cand, cand[:, :1].expand(-1, extra)], dim=1)
         fused = kernels.lookup("topk_plus_rows", values)
         if fused is not None:
             local, sizes = fused(values, s.top_k, s.clip_norm, s.batch_size)

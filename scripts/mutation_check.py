@@ -348,14 +348,39 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "head-superset-strict-threshold",
-        "the bounded LM head's superset drops columns whose upper bound equals the threshold "
+        "the bounded LM head's pass drops columns whose upper bound equals the threshold "
         "(a token tied with the k-th largest logit is lost)",
         (("src/dplang/models/_numba_kernels.py",
-          "            if values[g, y] >= t:\n                count += 1",
-          "            if values[g, y] > t:\n                count += 1"),
-         ("src/dplang/models/_numba_kernels.py",
-          "            if values[g, y] >= t:\n                ids[g, count] = y",
-          "            if values[g, y] > t:\n                ids[g, count] = y")),
+          "            if upper[r] >= threshold and not (any_banned and banned[start + r]):",
+          "            if upper[r] > threshold and not (any_banned and banned[start + r]):"),),
+        ("tests/models/test_top_superset.py",),
+    ),
+    Mutation(
+        "head-superset-compaction-without-margin",
+        "when a chunk would not fit, the bounded LM head's pass drops the candidates below the "
+        "k-th largest lower bound so far instead of below it minus the margin (kept tokens "
+        "within the margin are lost)",
+        (("src/dplang/models/_numba_kernels.py",
+          "                if cand_upper[g, t] >= threshold:",
+          "                if cand_upper[g, t] >= heap[0]:"),),
+        ("tests/models/test_top_superset.py",),
+    ),
+    Mutation(
+        "superset-visit-stops-at-ties",
+        "the exact logits' visit by decreasing upper bound stops at a candidate whose upper "
+        "bound equals f32(e - margin) (a token tied at the rule's threshold is lost)",
+        (("src/dplang/models/_numba_kernels.py",
+          "            if size == top_k and -neg[s] < f32(heap[0] - m32):",
+          "            if size == top_k and -neg[s] <= f32(heap[0] - m32):"),),
+        ("tests/models/test_top_superset.py",),
+    ),
+    Mutation(
+        "superset-visit-without-margin",
+        "the exact logits' visit stops below the k-th largest exact logit instead of below it "
+        "minus the margin (the rule's tokens within the margin are not computed)",
+        (("src/dplang/models/_numba_kernels.py",
+          "            if size == top_k and -neg[s] < f32(heap[0] - m32):",
+          "            if size == top_k and -neg[s] < heap[0]:"),),
         ("tests/models/test_top_superset.py",),
     ),
     Mutation(

@@ -449,13 +449,16 @@ def test_topk_plus_candidates(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
 @pytest.mark.parametrize("bits", [16, 8])
 def test_gathered_head(monkeypatch: pytest.MonkeyPatch, bits: int) -> None:
     """The sparse head from the weight rows' limbs (issue 36): the same bits as the float32
-    chunks of the definition, and as the dense head's columns."""
+    chunks of the definition, and as the dense head's columns, repeated ids included (the
+    kernel copies a repeat of the row's first id instead of recomputing it)."""
     gen = torch.Generator().manual_seed(bits)
     w = torch.randn(500, 40, generator=gen)
     lin = exact.IntegerLinear(w, torch.randn(500, generator=gen), weight_bits=bits,
                               layout="nk")
     x = _nasty(9, 40, 5).nan_to_num(0.0, 0.0, 0.0)
     ids = torch.randint(0, 500, (9, 30), generator=gen)
+    ids[:, 5::4] = ids[:, :1]  # repeats of a row's first id (a ragged set's padding) inside
+    ids[3, 20:] = ids[3, 0]
     fast = lin.gathered(x, ids)
     slow = _torch_path(monkeypatch, lambda: lin.gathered(x, ids))
     _same(fast, slow)

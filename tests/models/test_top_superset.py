@@ -40,8 +40,11 @@ def _check(head: IntegerLinear, x: torch.Tensor, top_k: int, margin: float,
            banned: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     found = head.top_superset(x, top_k, float(np.float32(margin)), banned)
     assert found is not None
-    ids, sizes = found
+    ids, sizes, logits = found
+    assert ids.shape == logits.shape and ids.dtype == torch.int64
     full = head(x)
+    # every entry, the padding too, is the full product's output on its id, bit for bit
+    assert torch.equal(logits.view(torch.int32), head(x).gather(1, ids).view(torch.int32))
     if banned is not None:
         full[:, banned] = -math.inf
     margin32 = np.float32(margin)
@@ -52,15 +55,15 @@ def _check(head: IntegerLinear, x: torch.Tensor, top_k: int, margin: float,
         kept = set(torch.nonzero(row >= float(threshold)).squeeze(-1).tolist())
         held = ids[g, : int(sizes[g])].tolist()
         assert held == sorted(set(held)), "ascending ids"
+        assert (ids[g, int(sizes[g]):] == ids[g, 0]).all(), "padded by the first id"
         assert kept <= set(held), f"row {g} lost {sorted(kept - set(held))[:5]}"
         if banned is not None:
             assert not banned[held].any()
         # the rule on the exact logits of the set (the rest at -inf) keeps the same ids
         on_set = torch.full_like(row, -math.inf)
-        on_set[held] = head.gathered(x[g:g + 1], ids[g:g + 1, : int(sizes[g])])[0]
-        assert torch.equal(on_set[held], row[held])
+        on_set[held] = logits[g, : int(sizes[g])]
         assert _rule(on_set[None], top_k, margin) == _rule(row[None], top_k, margin)
-    return ids, sizes
+    return ids, sizes, logits
 
 
 @pytest.mark.parametrize("top_k", [1, 7, 50])
@@ -126,7 +129,7 @@ def test_ties_at_the_threshold_are_held() -> None:
     head.bias = bias
     x = torch.zeros(2, 32)
     x[1] = torch.randn(32, generator=torch.Generator().manual_seed(1))
-    ids, sizes = _check(head, x, 3, 0.0)
+    ids, sizes, _ = _check(head, x, 3, 0.0)
     assert ids[0, : int(sizes[0])].tolist() == [5, 50, 120, 300, 301, 399]
 
 
@@ -154,9 +157,47 @@ def test_a_rows_set_depends_on_that_row_only() -> None:
     head = _head(2500, 64, seed=6)
     gen = torch.Generator().manual_seed(8)
     x = torch.randn(5, 64, generator=gen)
-    ids, sizes = _check(head, x, 20, 0.5)
+    ids, sizes, logits = _check(head, x, 20, 0.5)
     for g in range(5):
-        alone, alone_sizes = head.top_superset(x[g:g + 1], 20, float(np.float32(0.5)))
+        alone, alone_sizes, alone_logits = head.top_superset(x[g:g + 1], 20,
+                                                             float(np.float32(0.5)))
         n = int(sizes[g])
         assert int(alone_sizes[0]) == n
         assert torch.equal(alone[0, :n], ids[g, :n])
+        assert torch.equal(alone_logits[0, :n].view(torch.int32),
+                           logits[g, :n].view(torch.int32))
+
+
+def _kernel_superset(head: IntegerLinear, x: torch.Tensor, top_k: int, margin: float,
+                     chunk: int, most: int):
+    """``cpu_kernels.top_superset`` on ``head`` with a chosen chunk and candidate limit."""
+    prepared = exact.prepare_rows(x)
+    right = prepared.limbs.t().contiguous()
+    return cpu_kernels.top_superset(
+        prepared.limbs, prepared.scale,
+        lambda start, stop: exact.exact_products(head.limbs[0][start:stop], right, head.kernel),
+        head.limbs[1], head.out_features, chunk, head.col_scale, head.bias,
+        float(exact.LIMB * exact.LIMB), float(exact.LIMB), top_k, float(np.float32(margin)),
+        None, most)
+
+
+def test_candidates_dropped_when_a_chunk_would_not_fit() -> None:
+    """Small chunks and a small candidate limit make the pass drop candidates that the
+    threshold so far has passed (many times per row); the set and its logits are those of one
+    chunk over the whole head, and a limit too small for the set gives ``None``."""
+    head = _head(3000, 48, seed=12)
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(4, 48, generator=gen)
+    for top_k, margin in ((5, 0.5), (30, 2.0)):
+        whole = _kernel_superset(head, x, top_k, margin, 3000, 3000)
+        assert whole is not None
+        sizes = whole[1]
+        most = int(sizes.max()) + 40  # a few dozen above the largest set
+        for chunk in (16, 64, 250):
+            found = _kernel_superset(head, x, top_k, margin, chunk, most)
+            assert found is not None, chunk
+            for got, want in zip(found, whole, strict=True):
+                assert torch.equal(got.view(torch.int32) if got.dtype == torch.float32 else got,
+                                   want.view(torch.int32) if want.dtype == torch.float32
+                                   else want), chunk
+        assert _kernel_superset(head, x, top_k, margin, 64, top_k - 1) is None

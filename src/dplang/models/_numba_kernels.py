@@ -771,22 +771,33 @@ def _topk_plus_rule(public: Any, k: Any, margin: Any) -> Any:
 
 @njit(parallel=True, **opts)
 def head_bounds(part: Any, rows: Any, low_min: Any, low_max: Any, a: Any, b: Any,
-                col_scale: Any, bias: Any, start: Any, banned: Any, heaps: Any, sizes: Any,
-                upper: Any, finite: Any) -> None:
+                col_scale: Any, bias: Any, start: Any, banned: Any, margin: Any, heaps: Any,
+                sizes: Any, finite: Any, cand_ids: Any, cand_upper: Any, cand_hh: Any,
+                cand_hl: Any, counts: Any) -> None:
     # Bounds on the logits of "nk" 16-bit weights' columns start .. start + c - 1 for each of
     # `rows` prepared rows, from part [c, 2 * rows] int32: column g the high-limb weights times
     # row g's high limbs (hh), column rows + g times its low limbs (hl). The missing low-limb
     # weights' products lie in [low_min[g], low_max[g]], and IntegerLinear.combine's formula
     # (recombined) is non-decreasing in its low integer (scales >= 0), so the logit is between
-    # recombined(hh, hl + low_min) and recombined(hh, hl + low_max): the upper one is stored
-    # in upper[g, column], the lower one offered to the heap of row g's k largest lower
-    # bounds (heaps[g], sizes[g] filled). A banned column gets -inf and no bound; finite[g]
-    # turns false where a bound is not finite.
+    # recombined(hh, hl + low_min) and recombined(hh, hl + low_max). The lower one is offered
+    # to the heap of row g's k largest lower bounds (heaps[g], sizes[g] filled); then every
+    # column of the chunk whose upper bound is at least f32(heap[0] - margin) (-inf while the
+    # heap is not full) is appended to row g's candidates (id, upper bound, hh, hl; counts[g]
+    # of them, ids ascending). heap[0] only grows, so every column whose upper bound reaches
+    # the final f32(L_k - margin) is appended. When a chunk would not fit, the candidates
+    # below the current threshold are dropped first; counts[g] = -1 marks a row that still
+    # has no room. A banned column gets no bound and is never a candidate; finite[g] turns
+    # false where a bound is not finite.
     c = part.shape[0]
+    capacity = cand_ids.shape[1]
     has_bias = bias.shape[0] > 0
     any_banned = banned.shape[0] > 0
+    m32 = f32(margin)
     for g in prange(rows):
+        if counts[g] < 0:
+            continue
         lower = np.empty(c, dtype=np.float32)
+        upper = np.empty(c, dtype=np.float32)
         ag, bg, lo_g, hi_g = a[g], b[g], low_min[g], low_max[g]
         ok = True
         for r in range(c):
@@ -802,7 +813,7 @@ def head_bounds(part: Any, rows: Any, low_min: Any, low_max: Any, a: Any, b: Any
             else:
                 ok = ok & (abs(lo) < np.inf) & (abs(hi) < np.inf)
             lower[r] = lo
-            upper[g, col] = hi
+            upper[r] = hi
         if not ok:
             finite[g] = False
         heap = heaps[g]
@@ -812,33 +823,88 @@ def head_bounds(part: Any, rows: Any, low_min: Any, low_max: Any, a: Any, b: Any
             if (size < k or lower[r] > heap[0]) and not (any_banned and banned[start + r]):
                 size = heap_push(heap, size, lower[r])
         sizes[g] = size
+        threshold = f32(heap[0] - m32) if size == k else f32(-np.inf)
+        n = counts[g]
+        if n + c > capacity:  # drop the candidates the threshold has passed
+            kept = 0
+            for t in range(n):
+                if cand_upper[g, t] >= threshold:
+                    cand_ids[g, kept] = cand_ids[g, t]
+                    cand_upper[g, kept] = cand_upper[g, t]
+                    cand_hh[g, kept] = cand_hh[g, t]
+                    cand_hl[g, kept] = cand_hl[g, t]
+                    kept += 1
+            n = kept
+        for r in range(c):
+            if upper[r] >= threshold and not (any_banned and banned[start + r]):
+                if n == capacity:
+                    n = -1
+                    break
+                cand_ids[g, n] = start + r
+                cand_upper[g, n] = upper[r]
+                cand_hh[g, n] = part[r, g]
+                cand_hl[g, n] = part[r, rows + g]
+                n += 1
+        counts[g] = n
 
 
 @njit(parallel=True, **opts)
-def ids_at_least(values: Any, thresholds: Any) -> Any:
-    # (ids [G, W] of values[g] >= thresholds[g], ascending, padded by the row's first id (0
-    # for an empty row); sizes [G]), W the largest size (at least 1)
-    rows, vocab = values.shape
-    sizes = np.zeros(rows, dtype=np.int64)
+def superset_logits(cand_ids: Any, cand_upper: Any, cand_hh: Any, cand_hl: Any, counts: Any,
+                    thresholds: Any, limbs: Any, rows: Any, w_lo: Any, a: Any, b: Any,
+                    col_scale: Any, bias: Any, top_k: Any, margin: Any, out_ids: Any,
+                    out_logits: Any, out_counts: Any) -> None:
+    # The exact logits of a bounded head's candidates (head_bounds') that the Top-k+ rule can
+    # need, by a threshold algorithm. Row g's candidates with an upper bound of at least
+    # thresholds[g] = f32(L_k - margin) are visited by decreasing upper bound (ties by
+    # ascending id); each visited one's exact logit -- its low integer hl plus the low-limb
+    # weights' product with the row's high limbs, combined as gathered_head combines them:
+    # the same integers, the same bits -- joins a min-heap of the top_k largest exact logits
+    # seen, and the visit stops at the first candidate whose upper bound is below f32(heap[0]
+    # - margin) once the heap is full. Every candidate not visited has a logit <= its upper
+    # bound < f32(e - margin) <= f32(ell - margin) <= ell (e: the heap's k-th largest at the
+    # stop, at most the row's k-th largest logit ell; margin >= 0): neither among the k
+    # largest nor kept by the rule; nor is a column that was never a candidate (its upper
+    # bound is below f32(L_k - margin) <= f32(ell - margin)). The visited ids (ascending) and
+    # logits go to out_ids[g], out_logits[g], their number to out_counts[g].
+    has_bias = bias.shape[0] > 0
+    m32 = f32(margin)
     for g in prange(rows):
-        count = 0
-        t = thresholds[g]
-        for y in range(vocab):
-            if values[g, y] >= t:
-                count += 1
-        sizes[g] = count
-    width = max(1, sizes.max()) if rows else 1
-    ids = np.zeros((rows, width), dtype=np.int64)
-    for g in prange(rows):
-        count = 0
-        t = thresholds[g]
-        for y in range(vocab):
-            if values[g, y] >= t:
-                ids[g, count] = y
-                count += 1
-        for j in range(count, width):
-            ids[g, j] = ids[g, 0]
-    return ids, sizes
+        n = 0
+        t0 = thresholds[g]
+        for t in range(counts[g]):
+            if cand_upper[g, t] >= t0:
+                n += 1
+        pos = np.empty(n, dtype=np.int64)
+        neg = np.empty(n, dtype=np.float32)
+        n = 0
+        for t in range(counts[g]):
+            if cand_upper[g, t] >= t0:
+                pos[n] = t
+                neg[n] = -cand_upper[g, t]
+                n += 1
+        order = np.argsort(neg, kind="mergesort")  # stable: equal bounds by ascending id
+        heap = np.empty(top_k, dtype=np.float32)
+        size = 0
+        visited = np.zeros(n, dtype=np.bool_)
+        value = np.empty(n, dtype=np.float32)
+        for s in order:
+            if size == top_k and -neg[s] < f32(heap[0] - m32):
+                break
+            t = pos[s]
+            col = cand_ids[g, t]
+            low = cand_hl[g, t] + exact_dot(limbs[g], w_lo[col])
+            v = recombined(cand_hh[g, t], low, a[g], b[g], col_scale[col], has_bias,
+                           bias[col] if has_bias else f32(0.0))
+            value[s] = v
+            visited[s] = True
+            size = heap_push(heap, size, v)
+        m = 0
+        for s in range(n):
+            if visited[s]:
+                out_ids[g, m] = cand_ids[g, pos[s]]
+                out_logits[g, m] = value[s]
+                m += 1
+        out_counts[g] = m
 
 
 @njit(parallel=True, **opts)
@@ -847,17 +913,26 @@ def gathered_head(limbs: Any, rows: Any, w_hi: Any, w_lo: Any, ids: Any, row_sca
     # IntegerLinear.gathered (layout "nk"): row i's outputs on its own columns ids[i], from
     # the exact int32 dot products of its limbs (limbs[i], limbs[rows + i]) with the weight
     # rows' limbs, combined by IntegerLinear.combine's formula.
+    # A column that repeats the row's first id (the padding of a ragged set) is not
+    # recomputed: it is the first column's value, the same computation on the same id.
     count, width = ids.shape
     two = w_lo.shape[0] > 0
     has_bias = bias.shape[0] > 0
-    for item in prange(count * width):
-        i = item // width
-        c = ids[i, item - i * width]
+    for item in prange(count * width):  # column by column: rows that share ids (a group's
+        j = item // count  # private rows) read each weight row while it is in cache
+        i = item - j * count
+        c = ids[i, j]
+        if j > 0 and c == ids[i, 0]:
+            continue
         high = exact_dot(limbs[i], w_hi[c])
         low = exact_dot(limbs[rows + i], w_hi[c])
         if two:
             low += exact_dot(limbs[i], w_lo[c])
         a = row_scale[i] * high_shift
         b = row_scale[i] * low_shift
-        out[i, item - i * width] = recombined(high, low, a, b, col_scale[c], has_bias,
-                                              bias[c] if has_bias else f32(0.0))
+        out[i, j] = recombined(high, low, a, b, col_scale[c], has_bias,
+                               bias[c] if has_bias else f32(0.0))
+    for i in prange(count):
+        for j in range(1, width):
+            if ids[i, j] == ids[i, 0]:
+                out[i, j] = out[i, 0]

@@ -38,7 +38,6 @@ __all__ = [
     "gathered_head",
     "gelu_tanh_mul",
     "hadamard",
-    "head_bounds",
     "low_limb_range",
     "qkv_heads",
     "quantize_limbs",
@@ -47,6 +46,7 @@ __all__ = [
     "rotary",
     "silu_mul",
     "softmax_counts",
+    "top_superset",
     "topk_plus",
     "topk_plus_rows",
     "write_kv",
@@ -459,17 +459,29 @@ def low_limb_range(high_limbs: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
             (127 * positive + 128 * negative).numpy())
 
 
-def head_bounds(high_limbs: torch.Tensor, row_scale: torch.Tensor,
-                products: Callable[[int, int], torch.Tensor], columns: int, chunk: int,
-                col_scale: torch.Tensor, bias: torch.Tensor | None, high_shift: float,
-                low_shift: float, top_k: int, margin: float, banned: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The set of :meth:`~dplang.models.exact.IntegerLinear.top_superset`: ``(ids [M, W],
-    sizes [M])`` from rows' high limbs (int8 ``[M, K]``) and ``row_scale [M, 1]``, and
-    ``products(start, stop)``: the exact int32 products ``[stop - start, 2M]`` of the
-    high-limb weights of those columns with the rows' high, then low, limbs. ``None`` where
-    a bound is not finite."""
-    rows = high_limbs.shape[0]
+def top_superset(limbs: torch.Tensor, row_scale: torch.Tensor,
+                 products: Callable[[int, int], torch.Tensor], w_lo: torch.Tensor,
+                 columns: int, chunk: int, col_scale: torch.Tensor,
+                 bias: torch.Tensor | None, high_shift: float, low_shift: float, top_k: int,
+                 margin: float, banned: torch.Tensor | None, most: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The set of :meth:`~dplang.models.exact.IntegerLinear.top_superset` and its exact
+    logits: ``(ids [M, W], sizes [M], logits [M, W])`` for prepared rows (``limbs`` int8
+    ``[2M, K]``: high limbs, then low; ``row_scale [M, 1]``) of "nk" 16-bit weights whose
+    low limbs are ``w_lo``, given ``products(start, stop)``: the exact int32 products ``[stop -
+    start, 2M]`` of the high-limb weights of those columns with the rows' high, then low,
+    limbs. Ids ascending, padded by the row's first id (and its logit). ``None`` where a
+    bound is not finite or some row's bound set has more than ``most`` columns.
+
+    Two passes: bounds on every logit, chunk by chunk, keeping the candidates whose upper
+    bound reaches ``f32(L_k - margin)`` (``L_k`` the k-th largest lower bound) with their two
+    known integers; then the exact logits of the candidates (one int8 dot product each, the
+    low-limb weights') by decreasing upper bound until the rest cannot reach ``f32(e -
+    margin)`` (``e`` the k-th largest exact logit so far): ``head_bounds`` and
+    ``superset_logits`` in :mod:`dplang.models._numba_kernels` say why that holds every token
+    the rule needs."""
+    rows = limbs.shape[0] // 2
+    high_limbs = limbs[:rows]
     low_min, low_max = low_limb_range(high_limbs)
     scale = _np(row_scale.reshape(-1).float().contiguous())
     with np.errstate(over="ignore", invalid="ignore"):
@@ -479,20 +491,40 @@ def head_bounds(high_limbs: torch.Tensor, row_scale: torch.Tensor,
         return None
     heaps = np.empty((rows, top_k), dtype=np.float32)
     sizes = np.zeros(rows, dtype=np.int64)
-    upper = np.empty((rows, columns), dtype=np.float32)
     finite = np.ones(rows, dtype=np.bool_)
     blocked = (_np(banned.to(torch.bool).contiguous()) if banned is not None
                else np.zeros(0, dtype=np.bool_))
     cols = _np(col_scale.contiguous())
     bias_np = _np(bias.contiguous()) if bias is not None else np.zeros(0, dtype=np.float32)
-    kernel = _kernels()["head_bounds"]
+    capacity = most + chunk  # room for one chunk beside a full set (pages touched as used)
+    cand_ids = np.empty((rows, capacity), dtype=np.int64)
+    cand_upper = np.empty((rows, capacity), dtype=np.float32)
+    cand_hh = np.empty((rows, capacity), dtype=np.int32)
+    cand_hl = np.empty((rows, capacity), dtype=np.int32)
+    counts = np.zeros(rows, dtype=np.int64)
+    kernels = _kernels()
+    m32 = np.float32(margin)
     for start in range(0, columns, chunk):
         part = products(start, min(columns, start + chunk)).contiguous()
-        kernel(_np(part), rows, low_min, low_max, a, b, cols, bias_np, start, blocked, heaps,
-               sizes, upper, finite)
-    if not finite.all() or (sizes < top_k).any():
+        kernels["head_bounds"](_np(part), rows, low_min, low_max, a, b, cols, bias_np, start,
+                               blocked, m32, heaps, sizes, finite, cand_ids, cand_upper,
+                               cand_hh, cand_hl, counts)
+    if not finite.all() or (sizes < top_k).any() or (counts < 0).any():
         return None
     with np.errstate(over="ignore"):
-        thresholds = heaps[:, 0] - np.float32(margin)  # float32, as topk_plus_rows
-    ids, counts = _kernels()["ids_at_least"](upper, thresholds)
-    return torch.from_numpy(ids), torch.from_numpy(counts)
+        thresholds = heaps[:, 0] - m32  # float32, as topk_plus_rows
+    if max(int((cand_upper[g, :counts[g]] >= thresholds[g]).sum()) for g in range(rows)) > most:
+        return None
+    out_ids = np.empty((rows, max(1, int(counts.max()))), dtype=np.int64)
+    out_logits = np.empty(out_ids.shape, dtype=np.float32)
+    out_counts = np.zeros(rows, dtype=np.int64)
+    kernels["superset_logits"](
+        cand_ids, cand_upper, cand_hh, cand_hl, counts, thresholds, _np(limbs.contiguous()),
+        rows, _np(w_lo.contiguous()), a, b, cols, bias_np, top_k, m32, out_ids, out_logits,
+        out_counts)
+    width = max(1, int(out_counts.max()))
+    pad = np.arange(width)[None, :] >= out_counts[:, None]
+    out_ids = np.where(pad, out_ids[:, :1], out_ids[:, :width])
+    out_logits = np.where(pad, out_logits[:, :1], out_logits[:, :width])
+    return (torch.from_numpy(np.ascontiguousarray(out_ids)), torch.from_numpy(out_counts),
+            torch.from_numpy(np.ascontiguousarray(out_logits)))

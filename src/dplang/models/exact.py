@@ -699,16 +699,16 @@ class IntegerLinear:
 
     def top_superset(self, x: torch.Tensor, top_k: int, margin: float,
                      banned: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """For each row of float32 ``x [M, K]``: the ascending ids ``[M, W]`` (padded by the
-        row's first id) and sizes ``[M]`` of a set of columns that holds every column whose
-        output is at least ``f32(ell - margin)`` (float32 subtraction), ``ell`` the row's
-        ``top_k``-th largest output, banned columns (bool ``[N]``) counted as -inf and never
-        in the set; ``None`` where this cannot be computed more cheaply than every output
-        (not a 16-bit "nk" head on a CPU with the compiled kernels, ``top_k`` outside ``1 ..
-        N - 1 - banned``, a margin that is negative or NaN, bounds that are not finite, or a
-        set larger than a quarter of the columns). The set also holds the ``top_k`` largest
-        outputs (for ``margin >= 0``, which the argument below needs).
+        row's first id), sizes ``[M]`` and outputs ``[M, W]`` (the same bits as ``self(x)`` on
+        those columns) of a set of columns that holds the ``top_k`` largest outputs and every
+        column whose output is at least ``f32(ell - margin)`` (float32 subtraction), ``ell``
+        the row's ``top_k``-th largest output, banned columns (bool ``[N]``) counted as -inf
+        and never in the set; ``None`` where this cannot be computed more cheaply than every
+        output (not a 16-bit "nk" head on a CPU with the compiled kernels, ``top_k`` outside
+        ``1 .. N - 1 - banned``, a margin that is negative or NaN, bounds that are not finite,
+        or a bound set larger than a quarter of the columns).
 
         How: the high-limb weights alone (half the weight bytes) give each output's exact
         integers but one, the low-limb weights times the row's high limbs, which an int8
@@ -717,9 +717,13 @@ class IntegerLinear:
         in that integer (every scale is >= 0 and each float32 operation is monotone), so it
         gives a lower and an upper bound of each output in the very arithmetic the output is
         computed in. Every column whose output could reach the threshold has an upper bound
-        >= ``f32(L_k - margin)``, ``L_k`` the k-th largest lower bound (<= ``ell``): that is
-        the set. Exact logits on it come from :meth:`gathered` (the same bits as the full
-        product). Row ``i``'s set is a function of row ``i`` of ``x`` only."""
+        >= ``f32(L_k - margin)``, ``L_k`` the k-th largest lower bound (<= ``ell``): the
+        bound set. Of it, the exact outputs (as :meth:`gathered` computes them) are taken by
+        decreasing upper bound until every column left has an upper bound below ``f32(e -
+        margin)``, ``e`` the k-th largest exact output so far (<= ``ell``): a column left has
+        an output below ``f32(ell - margin) <= ell``, so it is neither among the ``top_k``
+        largest nor kept. Row ``i``'s set and outputs are a function of row ``i`` of ``x``
+        only."""
         if self.layout != "nk" or self.weight_bits != 16 or self.device.type != "cpu":
             return None
         n = self.out_features
@@ -728,8 +732,8 @@ class IntegerLinear:
             return None
         if not margin >= 0.0:  # a negative margin: f32(L_k - margin) > L_k could cut a top-k
             return None
-        bounds = kernels.lookup("head_bounds", x)
-        if bounds is None:
+        fused = kernels.lookup("top_superset", x)
+        if fused is None:
             return None
         prepared = prepare_rows(x.reshape(-1, self.in_features).float())
         rows = prepared.count
@@ -741,12 +745,9 @@ class IntegerLinear:
         def products(start: int, stop: int) -> torch.Tensor:
             return exact_products(weights[start:stop], right, self.kernel)
 
-        found = bounds(prepared.limbs[:rows], prepared.scale, products, n, _HEAD_BOUND_CHUNK,
-                       self.col_scale, self.bias, float(LIMB * LIMB), float(LIMB), top_k,
-                       margin, banned)
-        if found is None or int(found[1].max()) * 4 > n:
-            return None
-        return found
+        return fused(prepared.limbs, prepared.scale, products, self.limbs[1], n,
+                     _HEAD_BOUND_CHUNK, self.col_scale, self.bias, float(LIMB * LIMB),
+                     float(LIMB), top_k, margin, banned, n // 4)
 
     def _gathered_block(self, hi: torch.Tensor, lo: torch.Tensor, scale: torch.Tensor,
                         ids: torch.Tensor) -> torch.Tensor:

@@ -641,11 +641,7 @@ class TransformersModel(TokenizerText):
         if banned is not None and banned.numel():
             mask = torch.zeros(self.vocab_size, dtype=torch.bool)
             mask[banned.cpu()] = True
-        found = self._decoder.head.top_superset(hidden, top_k, margin, mask)
-        if found is None:
-            return None
-        ids, sizes = found
-        return ids, sizes, self.logits_from_hidden(hidden, ids)
+        return self._decoder.head.top_superset(hidden, top_k, margin, mask)
 
     def next_logits(
         self,

@@ -76,7 +76,7 @@ OPS: dict[str, tuple[str, ...]] = {
     "topk_plus": ("cpu",),
     "topk_plus_rows": ("cpu",),
     "gathered_head": ("cpu",),
-    "head_bounds": ("cpu",),
+    "top_superset": ("cpu",),
 }
 
 

@@ -382,6 +382,33 @@ def test_slot_cache_allocates_and_frees() -> None:
                             device=torch.device("cpu"))
 
 
+def test_slot_cache_grows_once_ahead_of_new_rows() -> None:
+    """``prepare`` makes room for a batch of rows in one resize, keeping what is stored."""
+    cache = attention.SlotCache(num_layers=2, kv_heads=1, head_dim=8, block=4,
+                                device=torch.device("cpu"))
+    first = cache.allocate()
+    cache.reserve(3)
+    keys = torch.arange(3 * 8, dtype=torch.float32).reshape(3, 1, 8) - 7.0
+    cache.write(1, torch.tensor([first] * 3), torch.arange(3), keys, -keys)
+    stored = (cache.keys[1][first].clone(), cache.values[1][first].clone())
+    resized = []
+    real = cache._resize_to
+    cache._resize_to = lambda slots, capacity: (resized.append((slots, capacity)),
+                                                real(slots, capacity))
+    cache.prepare(30, 50)
+    assert len(resized) == 1 and cache.slots >= 31 and cache.capacity >= 50
+    assert cache.capacity % 4 == 0
+    slots = [cache.allocate() for _ in range(30)]
+    cache.reserve(50)
+    assert len(resized) == 1 and first not in slots and len(set(slots)) == 30
+    assert torch.equal(cache.keys[1][first][:, :3], stored[0][:, :3])
+    assert torch.equal(cache.values[1][first][:, :3], stored[1][:, :3])
+    cache.prepare(0, 10)  # room enough: nothing to do
+    assert len(resized) == 1
+    with pytest.raises(ValueError):
+        cache.prepare(1, attention.MAX_POSITIONS + 1)
+
+
 def test_render_prompt_without_template(tiny_llama_dir: Path) -> None:
     m = TransformersModel(tiny_llama_dir, threads=1)
     assert not m.has_chat_template

@@ -186,6 +186,30 @@ def test_tiny_hf_model_continuous_batching_is_bit_exact(tmp_path):
             assert texts(_staggered(model, 6, concurrent, model.vocab_size, prefix)) == alone
 
 
+def test_store_sized_once_for_prompts_and_tokens(tmp_path, monkeypatch):
+    """The engine tells the backend how many tokens a row will generate: the key/value store
+    is sized when the prompts run and never grows during the decode; the texts are those of a
+    run without the hint (a capacity changes no bit)."""
+    from dplang.models import TransformersModel, attention, make_tiny_hf_model
+
+    make_tiny_hf_model(tmp_path / "m")
+    model = TransformersModel(tmp_path / "m", block_size=4)
+    resized: list[tuple[int, int]] = []
+    real = attention.SlotCache._resize_to
+
+    def counted(self, slots, capacity):
+        resized.append((slots, capacity))
+        real(self, slots, capacity)
+
+    monkeypatch.setattr(attention.SlotCache, "_resize_to", counted)
+    hinted = texts(_staggered(model, 2, 2, model.vocab_size))
+    assert len(resized) == 1, resized
+    resized.clear()
+    monkeypatch.setattr(TransformersModel, "reserve_new_tokens", None)
+    assert texts(_staggered(model, 2, 2, model.vocab_size)) == hinted
+    assert len(resized) > 1  # without the hint the store grows as the rows lengthen
+
+
 def test_runner_shares_the_template_up_to_the_reference(tiny_gemma_dir):
     """The shared prefix is public: the rendered template up to the reference slot, as far as
     the public prompt agrees with it (completion form: the whole header, which is the public

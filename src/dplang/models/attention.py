@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from dplang.models import kernels
@@ -79,7 +80,7 @@ class SlotCache:
     capacity is a multiple of ``block`` (the positions of one exact value
     sum) and grows when a row needs more; the number of slots grows when more rows are live.
     Slots are reused: a new row's positions beyond its length are never read (masked), and
-    every stored number is finite."""
+    every stored number is finite (zero until written)."""
 
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, block: int,
                  device: torch.device) -> None:
@@ -115,6 +116,22 @@ class SlotCache:
     def live_slots(self) -> int:
         return self.slots - len(self._free)
 
+    def prepare(self, free_slots: int, positions: int) -> None:
+        """Grow once ahead of ``free_slots`` new rows of up to ``positions`` positions (the
+        rules of :meth:`allocate` and :meth:`reserve`): a batch of prompts then copies the
+        store once, not at every slot and block it would otherwise add one by one."""
+        slots = self.slots
+        if len(self._free) < free_slots:
+            slots = max(4, self.live_slots + free_slots, self.slots + (self.slots + 1) // 2)
+        capacity = self.capacity
+        if positions > MAX_POSITIONS:
+            raise ValueError(f"a row of {positions} positions exceeds {MAX_POSITIONS}")
+        if positions > capacity:
+            wanted = max(positions, min(capacity + capacity // 2, MAX_POSITIONS))
+            capacity = -(-wanted // self.block) * self.block
+        if slots != self.slots or capacity != self.capacity:
+            self._resize(slots, capacity)
+
     def reserve(self, positions: int) -> None:
         """Make every slot hold at least ``positions`` positions. The capacity grows by at
         least half (in whole blocks, up to :data:`MAX_POSITIONS`): a decode that lengthens
@@ -147,7 +164,7 @@ class SlotCache:
                 # One layer at a time, the old tensor dropped at once: a resize holds one
                 # layer's tensors twice, not the whole store.
                 dtype = self.dtype if name in ("keys", "values") else torch.float32
-                tensor = torch.zeros(dims, dtype=dtype, device=self.device)
+                tensor = _zeros(dims, dtype, self.device)
                 if layer < len(tensors):
                     src = tensors[layer]
                     tensor[: src.shape[0], :, : src.shape[2]] = src
@@ -196,6 +213,16 @@ class SlotCache:
         for tensors in (self.keys, self.values, self.key_scale, self.value_scale):
             for tensor in tensors:
                 tensor[target, :, :count] = tensor[source, :, :count]
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor of zeros; on the CPU from ``numpy.zeros`` (``calloc``: a large block comes
+    from the system already zero, so its pages are touched only when written, and a store
+    sized for the longest row costs no time for the positions shorter rows never reach)."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    numpy_dtype = {torch.int16: np.int16, torch.float32: np.float32}[dtype]
+    return torch.from_numpy(np.zeros(shape, dtype=numpy_dtype))
 
 
 def _finite(scale: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,10 @@ rule then runs on that set: the same candidates), and computes every public logi
 absent or answers ``None``
 (:meth:`dplang.models.transformers.TransformersModel.top_superset_logits`).
 
+Optional: ``reserve_new_tokens(state, tokens)``, a hint that each row added from now on will
+generate up to ``tokens`` tokens (a backend may size its key/value store for them at once); no
+result may depend on it.
+
 Privacy contract (docs/privacy.md invariant 7, *row invariance*): each row's hidden state and logits
 are a deterministic function of that row's own prompt and tokens (and, for candidate logits, its
 own candidate ids), bit for bit, whatever other rows share the batch, how many there are and how

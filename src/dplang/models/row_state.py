@@ -48,6 +48,9 @@ class RowDecodeState:
     prefix_of: list[tuple[int, ...] | None] = field(default_factory=list)
     #: Computed prefixes: their slot (owned by the state) and last hidden state.
     prefixes: dict[tuple[int, ...], tuple[RowSlot, torch.Tensor]] = field(default_factory=dict)
+    #: Positions to keep after each new row's prompt for the tokens it will generate (a
+    #: capacity hint, :meth:`TransformersModel.reserve_new_tokens`: no bit depends on it).
+    new_tokens: int = 0
 
     def __post_init__(self) -> None:
         if len(self.caches) < len(self.prompts):

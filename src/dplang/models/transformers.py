@@ -321,6 +321,14 @@ class TransformersModel(TokenizerText):
         state.caches.extend([None] * len(encoded))
         state.prefix_of.extend(keys)
 
+    def reserve_new_tokens(self, state: DecodeState, tokens: int) -> None:
+        """Room for ``tokens`` generated tokens after each prompt added from now on: the
+        key/value store is sized for them when the prompts run, instead of growing (and being
+        copied whole) during the decode. A hint about public settings; no bit depends on it."""
+        if tokens < 0:
+            raise ValueError(f"tokens must be >= 0, got {tokens}")
+        state.new_tokens = max(state.new_tokens, int(tokens))
+
     def next_hidden(self, state: DecodeState, tokens: torch.Tensor | None) -> torch.Tensor:
         """Append ``tokens`` (one per row that has run, in row order; ``None`` when none has),
         run the prompts of the rows that have not, and return the final-norm hidden state of
@@ -351,6 +359,10 @@ class TransformersModel(TokenizerText):
                              device=self.device)
         if state.cache is None:
             state.cache = self._new_cache()
+        if pending:  # the store grows once for the new rows and their shared prefixes
+            new_prefixes = {state.prefix_of[r] for r in pending} - set(state.prefixes) - {None}
+            longest = max(len(state.prompts[r]) + len(state.prefix_of[r] or ()) for r in pending)
+            state.cache.prepare(len(new_prefixes) + len(pending), longest + state.new_tokens)
         self._run_prefixes(state, pending)
         for r in pending:
             cache, ids = self._start_row(state, r)

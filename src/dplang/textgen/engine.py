@@ -291,6 +291,9 @@ def _run_continuous(
                               first + len(prompts)))
 
     steppers: dict[Any, Any] = {}  # batched steps by their settings (they keep a width)
+    reserve = getattr(model, "reserve_new_tokens", None)
+    if reserve is not None:  # a capacity hint: the store is sized once for prompt + tokens
+        reserve(state, max_tokens)
     admit()
     while live:
         step_tokens = (torch.tensor(tokens_of_started, dtype=torch.long)

@@ -208,6 +208,16 @@ def test_store_sized_once_for_prompts_and_tokens(tmp_path, monkeypatch):
     monkeypatch.setattr(TransformersModel, "reserve_new_tokens", None)
     assert texts(_staggered(model, 2, 2, model.vocab_size)) == hinted
     assert len(resized) > 1  # without the hint the store grows as the rows lengthen
+    # a hint far beyond any row (a max_tokens of 2**20) neither raises nor sizes the store
+    # for it: at most MAX_HINTED_TOKENS positions of room
+    from dplang.models import transformers as backend
+
+    monkeypatch.undo()
+    state = model.encode_prompts(["A short prompt", "Another one, a little longer"])
+    model.reserve_new_tokens(state, 2**20)
+    hidden = model.next_hidden(state, None)
+    assert hidden.shape[0] == 2 and state.cache is not None
+    assert state.cache.capacity <= 64 + backend.MAX_HINTED_TOKENS
 
 
 def test_runner_shares_the_template_up_to_the_reference(tiny_gemma_dir):

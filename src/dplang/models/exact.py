@@ -708,7 +708,8 @@ class IntegerLinear:
         and never in the set; ``None`` where this cannot be computed more cheaply than every
         output (not a 16-bit "nk" head on a CPU with the compiled kernels, ``top_k`` outside
         ``1 .. N - 1 - banned``, a margin that is negative or NaN, bounds that are not finite,
-        or a bound set larger than a quarter of the columns).
+        or a bound set larger than a quarter of the columns). ``margin`` is a float32 value
+        (the rule's ``f32(2C/B)``): the thresholds are computed in float32 with it.
 
         How: the high-limb weights alone (half the weight bytes) give each output's exact
         integers but one, the low-limb weights times the row's high limbs, which an int8
@@ -725,6 +726,8 @@ class IntegerLinear:
         largest nor kept. Row ``i``'s set and outputs are a function of row ``i`` of ``x``
         only."""
         if self.layout != "nk" or self.weight_bits != 16 or self.device.type != "cpu":
+            return None
+        if self.in_features >= 2**16:  # a low integer of two int8 dot products within int32
             return None
         n = self.out_features
         blocked = 0 if banned is None else int(banned.sum())

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from dplang.models.attention import TILE, AttentionStep, PromptTile, SlotCache
+from dplang.models.attention import MAX_POSITIONS, TILE, AttentionStep, PromptTile, SlotCache
 from dplang.models.base import DecodeState
 from dplang.models.decode_graphs import DecodeGraphs, GraphRecordingError, graphs_wanted
 from dplang.models.decoder import ExactDecoder, logits_postprocess
@@ -88,6 +88,9 @@ __all__ = ["MAX_STEP_TOKENS", "RowDecodeState", "RowSlot", "TransformersModel"]
 #: Most tokens run through the body in one call (prompts are cut into calls of at most this many
 #: tokens, anywhere: a row's bits do not depend on where its prompt is cut).
 MAX_STEP_TOKENS = 1024
+#: Most generated tokens :meth:`TransformersModel.reserve_new_tokens` sizes the store for at
+#: once (beyond, the store grows as rows lengthen).
+MAX_HINTED_TOKENS = 1024
 
 #: The same on a GPU, where one call of many tokens costs little more than one of few (a decode
 #: step of 1,024 groups of B + 1 = 8 rows is one call, one graph replay).
@@ -324,7 +327,8 @@ class TransformersModel(TokenizerText):
     def reserve_new_tokens(self, state: DecodeState, tokens: int) -> None:
         """Room for ``tokens`` generated tokens after each prompt added from now on: the
         key/value store is sized for them when the prompts run, instead of growing (and being
-        copied whole) during the decode. A hint about public settings; no bit depends on it."""
+        copied whole) during the decode, up to :data:`MAX_HINTED_TOKENS`. A hint about public
+        settings; no bit depends on it."""
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
         state.new_tokens = max(state.new_tokens, int(tokens))
@@ -362,7 +366,12 @@ class TransformersModel(TokenizerText):
         if pending:  # the store grows once for the new rows and their shared prefixes
             new_prefixes = {state.prefix_of[r] for r in pending} - set(state.prefixes) - {None}
             longest = max(len(state.prompts[r]) + len(state.prefix_of[r] or ()) for r in pending)
-            state.cache.prepare(len(new_prefixes) + len(pending), longest + state.new_tokens)
+            # the hint's room is capped (a hint of 10**6 tokens must neither raise nor size the
+            # store for them: rows that stop early would leave it mostly unused); a prompt
+            # beyond MAX_POSITIONS still raises, as without the hint
+            room = min(state.new_tokens, MAX_HINTED_TOKENS)
+            wanted = max(longest, min(longest + room, MAX_POSITIONS))
+            state.cache.prepare(len(new_prefixes) + len(pending), wanted)
         self._run_prefixes(state, pending)
         for r in pending:
             cache, ids = self._start_row(state, r)

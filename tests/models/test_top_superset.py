@@ -106,7 +106,7 @@ def test_adversarial_low_limbs_reach_the_bounds(margin: float) -> None:
     _adversarial(head, x, row=1)
     full = head(x)
     prepared = exact.prepare_rows(x)
-    low_part = exact.exact_products(head.limbs[1], prepared.limbs.t().contiguous(), "int8")
+    low_part = exact.exact_products(head.limbs[1], prepared.limbs.t().contiguous(), head.kernel)
     # row 1's low-limb products are the ends of the range the bounds use, exactly
     least, most = cpu_kernels.low_limb_range(prepared.limbs[:3])
     assert low_part[0::2, 1].unique().tolist() == [int(most[1])]

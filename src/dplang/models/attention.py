@@ -105,7 +105,7 @@ class SlotCache:
     def allocate(self) -> int:
         """A free slot (the slot count grows by half when none is free)."""
         if not self._free:
-            self._resize(max(4, self.slots + (self.slots + 1) // 2), self.capacity)
+            self._resize(self._slots_for(1), self.capacity)
         return self._free.pop()
 
     def release(self, slot: int) -> None:
@@ -120,15 +120,8 @@ class SlotCache:
         """Grow once ahead of ``free_slots`` new rows of up to ``positions`` positions (the
         rules of :meth:`allocate` and :meth:`reserve`): a batch of prompts then copies the
         store once, not at every slot and block it would otherwise add one by one."""
-        slots = self.slots
-        if len(self._free) < free_slots:
-            slots = max(4, self.live_slots + free_slots, self.slots + (self.slots + 1) // 2)
-        capacity = self.capacity
-        if positions > MAX_POSITIONS:
-            raise ValueError(f"a row of {positions} positions exceeds {MAX_POSITIONS}")
-        if positions > capacity:
-            wanted = max(positions, min(capacity + capacity // 2, MAX_POSITIONS))
-            capacity = -(-wanted // self.block) * self.block
+        slots = self._slots_for(free_slots)
+        capacity = self._capacity_for(positions)
         if slots != self.slots or capacity != self.capacity:
             self._resize(slots, capacity)
 
@@ -137,12 +130,26 @@ class SlotCache:
         least half (in whole blocks, up to :data:`MAX_POSITIONS`): a decode that lengthens
         its rows one position per step copies the store a logarithmic number of times, not
         once per block."""
+        capacity = self._capacity_for(positions)
+        if capacity != self.capacity:
+            self._resize(self.slots, capacity)
+
+    def _slots_for(self, free_slots: int) -> int:
+        """The slot count once ``free_slots`` slots are free: the current one if they are,
+        else grown by at least half (at least 4)."""
+        if len(self._free) >= free_slots:
+            return self.slots
+        return max(4, self.live_slots + free_slots, self.slots + (self.slots + 1) // 2)
+
+    def _capacity_for(self, positions: int) -> int:
+        """The capacity once every slot holds ``positions``: the current one if it does, else
+        grown by at least half, in whole blocks, up to :data:`MAX_POSITIONS`."""
         if positions > MAX_POSITIONS:
             raise ValueError(f"a row of {positions} positions exceeds {MAX_POSITIONS}")
-        if positions > self.capacity:
-            wanted = max(positions, min(self.capacity + self.capacity // 2, MAX_POSITIONS))
-            blocks = -(-wanted // self.block)
-            self._resize(self.slots, blocks * self.block)
+        if positions <= self.capacity:
+            return self.capacity
+        wanted = max(positions, min(self.capacity + self.capacity // 2, MAX_POSITIONS))
+        return -(-wanted // self.block) * self.block
 
     def _resize(self, slots: int, capacity: int) -> None:
         # Ordinary tensors even when called inside inference mode (a decode graph's call):

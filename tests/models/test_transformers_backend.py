@@ -318,15 +318,32 @@ def test_integer_products_are_exact_on_extreme_limbs() -> None:
 
 @pytest.mark.parametrize("shape", [(1, 640, 2), (3, 13, 5), (16, 64, 8), (17, 8, 9),
                                    (40, 1000, 24)])
-def test_the_cuda_padding_of_int8_products_changes_no_sum(shape: tuple[int, int, int]) -> None:
+def test_the_cuda_padding_of_int8_products_changes_no_sum(
+        shape: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch) -> None:
     """CUDA's int8 kernel needs more than 16 rows and multiples of 8 (found on the first GPU
-    run: a one-row LM head failed); the zero padding that makes any shape fit is checked here
-    with the CPU kernel: every entry is the exact sum of its own row and column."""
+    run: a one-row LM head failed), in the "TN" layout; the zero padding that makes any shape
+    fit is checked here on the CPU against a stand-in for that kernel which refuses every
+    shape and layout CUDA's refuses and computes exact sums (the CPU's own int8 kernel is not
+    exact on every machine: oneDNN's AVX2 path saturates an int16 intermediate): every entry
+    is the exact sum of its own row and column."""
+    calls: list[tuple[int, int, int]] = []
+
+    def cuda_like_int_mm(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+        rows, k = left.shape
+        cols = right.shape[1]
+        assert left.dtype == right.dtype == torch.int8
+        assert rows > 16 and k % 8 == 0 and cols % 8 == 0, (rows, k, cols)
+        assert left.is_contiguous() and right.t().is_contiguous(), "not the TN layout"
+        calls.append((rows, k, cols))
+        return (left.long() @ right.long()).to(torch.int32)
+
+    monkeypatch.setattr(torch, "_int_mm", cuda_like_int_mm)
     m, k, n = shape
     gen = torch.Generator().manual_seed(sum(shape))
     left = torch.randint(-128, 128, (m, k), generator=gen, dtype=torch.int8)
     right = torch.randint(-128, 128, (k, n), generator=gen, dtype=torch.int8)
     got = exact._padded_int_mm(left, right)
+    assert calls == [exact._padded_shape(m, k, n)]
     assert got.shape == (m, n) and got.dtype == torch.int32
     assert torch.equal(got.long(), left.long() @ right.long())
 

@@ -96,7 +96,8 @@ def main() -> None:
         stamps.append(time.perf_counter())
         marks.append(dict(spent))
 
-    forward_tokens.clear()  # (the load-time check's forward calls are not the prefill)
+    forward_tokens.clear()  # (the load-time check's forward calls are not the prefill,
+    spent.clear()  # nor its time)
     start = time.perf_counter()
     run_invisibleink(model, jobs, params, RandomStreams(0), concurrent_groups=args.groups,
                      on_step=on_step)
@@ -122,6 +123,10 @@ def main() -> None:
           f"{1e3 * products:.0f} ms; attention {1e3 * attention:.0f} ms; "
           f"step / products = {step / products:.2f} (target <= 1.5)")
     print(f"peak resident memory {rss:.0f} MiB")
+    first = marks[0]  # the prefill and the first step, before any decode step
+    print("the prefill and first step, part by part (s): " + ", ".join(
+        f"{name} {value:.2f}" for name, value in sorted(first.items(), key=lambda kv: -kv[1]))
+          + f", everything else {prefill - sum(first.values()):.2f}")
     parts = {name: statistics.median(values) for name, values in per_step.items()}
     print("a decode step, part by part (median ms): " + ", ".join(
         f"{name} {1e3 * value:.1f}" for name, value in sorted(parts.items(),

@@ -16,6 +16,24 @@ def test_synthetic_sorted_by_group_and_manifest_read(tmp_path, kit):
     assert run.reference_ids() == {1000, 1001, 1002, 1003, 1004}
 
 
+def test_a_group_repeated_exactly_is_read_once_and_a_differing_one_refused(tmp_path, kit):
+    """A resumed population run of an older dplang appended its rerun (the same records) to
+    what the first attempt had written: sorted by group, the first n lines held some groups
+    twice and left others out (the published Aug-PE cell of the quality sweep)."""
+    texts = kit.reviews(5)
+    path = kit.write_synthetic(tmp_path / "s.jsonl", texts)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:3] + lines) + "\n")  # groups 0-2 twice, as appended
+    run = load_synthetic(path)
+    assert run.texts == texts and run.repeated_lines == 3
+    assert run.head(4).repeated_lines == 3
+    other = json.loads(lines[1])
+    other["text"] = "another text"
+    path.write_text("\n".join([*lines, json.dumps(other)]) + "\n")
+    with pytest.raises(EvaluationError, match="group 1 is on several lines with different"):
+        load_synthetic(path)
+
+
 def test_synthetic_all_empty_refused_and_some_empty_kept(tmp_path, kit):
     with pytest.raises(EvaluationError, match="all 3 synthetic texts are empty"):
         load_synthetic(kit.write_synthetic(tmp_path / "e.jsonl", ["", " ", ""]))

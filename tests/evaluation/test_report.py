@@ -53,3 +53,14 @@ def test_runs_with_the_same_file_name_get_distinct_labels(tmp_path, kit):
     result = evaluate_files(real, paths, metrics="topk")
     assert [r["name"] for r in result["runs"]] == ["seed1/gen.jsonl", "seed2/gen.jsonl"]
     assert result["aggregate"]["effective_k"]["n"] == 2
+
+
+def test_repeated_group_lines_are_evaluated_once_and_reported(tmp_path, kit):
+    real = kit.write_real_csv(tmp_path / "real.csv", kit.reviews(10, 1))
+    path = kit.write_synthetic(tmp_path / "gen.jsonl", kit.reviews(10, 2))
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines + lines[:4]) + "\n")  # a rerun appended
+    result = evaluate_files(real, path, metrics="topk")
+    run = result["runs"][0]
+    assert run["n"] == 10 and run["generations_in_file"] == 10 and run["repeated_lines"] == 4
+    assert any("4 line(s) repeated" in w for w in result["warnings"])

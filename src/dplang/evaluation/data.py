@@ -6,9 +6,12 @@ Rules (documented in ``docs/evaluation.md`` and repeated in every report):
   manifest ``OUT.manifest.json`` beside them (:class:`dplang.release.OutputPaths`), or any
   other text file :mod:`dplang.io` reads (column ``text``; no Top-k+ statistics then).
   Generations are put in ``group`` order (the JSONL is appended in completion order, which
-  depends on concurrency and resumes), file order when there is no ``group``. An empty
-  generated text is a legitimate (degenerate) output and is kept; a file whose texts are all
-  empty is refused.
+  depends on concurrency and resumes), file order when there is no ``group``. A group holds
+  one generation: a group on several lines with the same record each time (an older dplang
+  appended a resumed population run's rerun to what the first attempt had written) is kept
+  once and the repeats are counted (the report warns); a group with differing records is
+  refused, since nothing says which one was released. An empty generated text is a
+  legitimate (degenerate) output and is kept; a file whose texts are all empty is refused.
 * **Real texts** are read with :func:`dplang.io.read_records`; blank or missing rows are
   skipped (and counted). They must be *held out*: when the real file is the generation's data
   file (same path or same SHA-256 as recorded in the run's private side file
@@ -65,6 +68,7 @@ class SyntheticRun:
         label: display name (default: the file name).
         private: the run's private side file (data path and digest), when readable; used
             only to recognise the generation's data file, never copied into a report.
+        repeated_lines: lines dropped because they repeated a group's record exactly.
     """
 
     path: Path
@@ -74,6 +78,7 @@ class SyntheticRun:
     sha256: str
     label: str | None = None
     private: dict[str, Any] | None = None
+    repeated_lines: int = 0
 
     @property
     def name(self) -> str:
@@ -101,7 +106,7 @@ class SyntheticRun:
     def head(self, n: int) -> SyntheticRun:
         """The run cut to its first ``n`` generations."""
         return SyntheticRun(self.path, self.texts[:n], self.records[:n], self.manifest,
-                            self.sha256, self.label, self.private)
+                            self.sha256, self.label, self.private, self.repeated_lines)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -117,15 +122,36 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _one_per_group(path: Path, records: list[dict[str, Any]]
+                   ) -> tuple[list[dict[str, Any]], int]:
+    """``records`` (sorted by group) with each group once, and how many lines repeated a
+    group's record exactly; a group whose lines differ is refused."""
+    kept: list[dict[str, Any]] = []
+    repeated = 0
+    for record in records:
+        if kept and kept[-1]["group"] == record["group"]:
+            if record != kept[-1]:
+                raise EvaluationError(
+                    f"{path}: group {record['group']} is on several lines with different "
+                    "texts or fields; a generation file holds one generation per group, so "
+                    "which one was released is unknown: keep the released line only")
+            repeated += 1
+            continue
+        kept.append(record)
+    return kept, repeated
+
+
 def load_synthetic(path: str | Path) -> SyntheticRun:
     """Read one synthetic file and its manifest (if any); see the module docstring."""
     path = Path(path)
     if not path.is_file():
         raise EvaluationError(f"synthetic file not found: {path}")
+    repeated = 0
     if path.suffix.lower() in (".jsonl", ".ndjson"):
         records = _read_jsonl(path)
         if records and all(isinstance(r.get("group"), int) for r in records):
             records.sort(key=lambda r: r["group"])
+            records, repeated = _one_per_group(path, records)
     else:
         try:
             rows = read_records(path, "text", on_unusable="null")
@@ -152,7 +178,7 @@ def load_synthetic(path: str | Path) -> SyntheticRun:
         except (OSError, ValueError):
             private = None  # unreadable (e.g. another user's mode-600 file): not needed
     return SyntheticRun(path, [r["text"] for r in records], records, manifest, file_digest(path),
-                        private=private)
+                        private=private, repeated_lines=repeated)
 
 
 @dataclass

@@ -201,6 +201,10 @@ def evaluate_runs(
         "warnings": warnings,
     }
     for run, total in zip(runs, n_before[1], strict=True):
+        if run.repeated_lines:
+            warnings.append(f"{run.name}: {run.repeated_lines} line(s) repeated a group's "
+                            "generation exactly and were read once (a resumed run of an older "
+                            "dplang appends its rerun)")
         empty = sum(1 for t in run.texts if not t.strip())
         if empty:
             warnings.append(f"{run.name}: {empty} of {n} synthetic texts are empty (kept)")
@@ -210,6 +214,7 @@ def evaluate_runs(
             "sha256": run.sha256,
             "n": n,
             "generations_in_file": total,
+            "repeated_lines": run.repeated_lines,
             "empty_texts": empty,
             "manifest": _manifest_summary(run),
         })

@@ -1,0 +1,58 @@
+"""Rewrite a sweep cell's generations with one line per group, in group order.
+
+dplang before 61c550c (the quality sweep's frozen code, 98e648b) reran a population method
+(Aug-PE) whole when its cell was resumed and appended the rerun to what the first attempt had
+written: the same records again (a population run is a function of its secret seed and the
+data), so the file held some groups twice. The evaluator of that code took the first n lines in
+group order and so counted some texts twice and left other groups out. This script keeps each
+group's first line, refuses a group whose lines differ, keeps the file's times (its
+modification time is the release's start, not the time of this repair) and sets the public
+manifest's ``generations_written`` to the number of groups. Delete the cell's
+``eval/metrics.json`` afterwards and run the sweep again to re-evaluate it.
+
+    .venv/bin/python experiments/one_line_per_group.py runs/yelp_quality/cells/CELL/gen.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def one_line_per_group(path: Path) -> tuple[int, int]:
+    """Rewrite ``path``; returns (lines before, lines after)."""
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    first: dict[int, str] = {}
+    for line in lines:
+        group = int(json.loads(line)["group"])
+        if group in first and json.loads(first[group]) != json.loads(line):
+            raise SystemExit(f"{path}: group {group} is on several lines with different records")
+        first.setdefault(group, line)
+    stat = path.stat()
+    path.write_text("".join(first[g] + "\n" for g in sorted(first)), encoding="utf-8")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    manifest = path.with_name(path.stem + ".manifest.json")
+    if manifest.is_file():
+        mstat = manifest.stat()
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        if "generations_written" in data:
+            data["generations_written"] = len(first)
+            text = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+            manifest.write_text(text, encoding="utf-8")
+            os.utime(manifest, ns=(mstat.st_atime_ns, mstat.st_mtime_ns))
+    return len(lines), len(first)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", type=Path)
+    for path in ap.parse_args().files:
+        before, after = one_line_per_group(path)
+        print(f"{path}: {before} lines -> {after} (one per group)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

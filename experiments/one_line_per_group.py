@@ -7,8 +7,11 @@ data), so the file held some groups twice. The evaluator of that code took the f
 group order and so counted some texts twice and left other groups out. This script keeps each
 group's first line, refuses a group whose lines differ, keeps the file's times (its
 modification time is the release's start, not the time of this repair) and sets the public
-manifest's ``generations_written`` to the number of groups. Delete the cell's
-``eval/metrics.json`` afterwards and run the sweep again to re-evaluate it.
+manifest's ``generations_written`` to the number of groups. Then re-evaluate the cell. Through
+the frozen sweep (delete the cell's ``eval/metrics.json`` and run it again) its resume of the
+finished cell rewrites the public manifest without the population method's released
+statistics: keep a copy of the manifest and put it back afterwards (docs/experiments.md, "A
+correction").
 
     .venv/bin/python experiments/one_line_per_group.py runs/yelp_quality/cells/CELL/gen.jsonl
 """

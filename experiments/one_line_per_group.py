@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
+
+from dplang.release import write_atomic, write_json
 
 
 def one_line_per_group(path: Path) -> tuple[int, int]:
@@ -34,18 +35,15 @@ def one_line_per_group(path: Path) -> tuple[int, int]:
         if group in first and json.loads(first[group]) != json.loads(line):
             raise SystemExit(f"{path}: group {group} is on several lines with different records")
         first.setdefault(group, line)
-    stat = path.stat()
-    path.write_text("".join(first[g] + "\n" for g in sorted(first)), encoding="utf-8")
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    # written as dplang writes a release: atomically, with the file's own (public) time
+    write_atomic(path, "".join(first[g] + "\n" for g in sorted(first)),
+                 times=path.stat().st_mtime)
     manifest = path.with_name(path.stem + ".manifest.json")
     if manifest.is_file():
-        mstat = manifest.stat()
         data = json.loads(manifest.read_text(encoding="utf-8"))
         if "generations_written" in data:
             data["generations_written"] = len(first)
-            text = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-            manifest.write_text(text, encoding="utf-8")
-            os.utime(manifest, ns=(mstat.st_atime_ns, mstat.st_mtime_ns))
+            write_json(manifest, data, times=manifest.stat().st_mtime)
     return len(lines), len(first)
 
 

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/decode_step.py [--groups 8] [--tokens 32] [--dtype float32]
 
 Runs InvisibleInk (k = 50, τ = 1.2, ε = 10) on G groups of Yelp references with EOS ignored,
-times every integer matrix product (:func:`dplang.models.exact.exact_products`), the attention
+times every integer matrix product (:func:`dplang.models.exact.exact_products` and
+:func:`~dplang.models.exact.packed_products`), the attention
 kernel and the whole decode steps (after the first), and prints the step's time against its
 own matrix products (the target: a step within 1.5x of its products), the prefill
 time and the process's peak resident memory.
@@ -49,6 +50,7 @@ def main() -> None:
         return wrapper
 
     exact.exact_products = timed("products", exact.exact_products)
+    exact.packed_products = timed("products", exact.packed_products)
     cpu_kernels.attend_tokens = timed("attention", cpu_kernels.attend_tokens)
     # the rest of a step, part by part (leaf functions only: no time is counted twice)
     for name in ("rms_norm", "quantize_limbs", "quantize", "combine", "residual_limbs",

@@ -36,6 +36,7 @@ BATCH = "tests/textgen/test_invisibleink_batch.py"
 BATCH_SRC = "src/dplang/textgen/methods/invisibleink_batch.py"
 GRAPHS = "tests/models/test_decode_graphs.py"
 GRAPHS_SRC = "src/dplang/models/decode_graphs.py"
+PACKED = "tests/models/test_packed_int8.py"
 
 
 @dataclass(frozen=True)
@@ -426,6 +427,33 @@ MUTATIONS: tuple[Mutation, ...] = (
           "        count = (m * factor + 12582912.0) - 12582912.0",
           "        count = m * factor"),),
         ("tests/models/test_triton_kernels.py",),
+    ),
+    Mutation(
+        "packed-int8-rounded-output",
+        "the prepacked int8 products come back in bfloat16 (the integers rounded: other bits "
+        "than torch._int_mm's exact sums)",
+        (("src/dplang/models/packed_int8.py",
+          "            None, 1.0, 0, torch.float32, \"none\", [], \"\")",
+          "            None, 1.0, 0, torch.bfloat16, \"none\", [], \"\").float()"),),
+        (PACKED,),
+    ),
+    Mutation(
+        "packed-int8-probe-skipped",
+        "the admission of prepacked int8 products never runs its probe (a kernel wrong at "
+        "some row count would be used)",
+        (("src/dplang/models/packed_int8.py",
+          "            for m in _probe_rows():",
+          "            for m in _probe_rows()[:0]:"),),
+        (PACKED,),
+    ),
+    Mutation(
+        "packed-int8-isa-limit-ignored",
+        "the prepacked int8 products are used although ONEDNN_MAX_CPU_ISA limits oneDNN below "
+        "VNNI (where they were seen wrong)",
+        (("src/dplang/models/packed_int8.py",
+          "        if limit and limit not in (\"ALL\", \"DEFAULT\") and not any(",
+          "        if False and limit and not any("),),
+        (PACKED,),
     ),
     Mutation(
         "augpe-sigma-one-iteration",

@@ -19,14 +19,17 @@ from pathlib import Path
 import pytest
 
 _PROBE = r'''
-import hashlib, json, sys, torch
+import gc, hashlib, json, sys, torch
 from dplang.models.transformers import RowDecodeState, TransformersModel
 path, dtypes, block = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
 counts = [int(c) for c in sys.argv[4].split(",")]
+from dplang.models.exact import IntegerLinear
 out = {}
+packed = []
 for dtype in dtypes:
   model = TransformersModel(path, dtype=dtype, block_size=block, check_invariance=False,
                             verify=False)
+  packed += [m.packed is not None for m in gc.get_objects() if isinstance(m, IntegerLinear)]
   gen = torch.Generator().manual_seed(0)
   vocab = model.vocab_size
   prompts = [torch.randint(3, vocab, (int(n),), generator=gen).tolist()
@@ -50,15 +53,23 @@ for dtype in dtypes:
             for t in (hidden[r], dense[r], sparse[r]):
                 h.update(t.contiguous().view(torch.int32).numpy().tobytes())
         out[f"{dtype}:{count}:{r}"] = h.hexdigest()
-print(json.dumps(out))
+print(json.dumps({"digests": out, "packed": any(packed)}))
 '''
 
 
 def _run(folder: Path, env: dict[str, str], dtype: str = "float32,bfloat16", block: int = 4,
          counts: str = "1,2,3,70") -> dict[str, str]:
+    return _probe(folder, env, dtype, block, counts)["digests"]
+
+
+def _probe(folder: Path, env: dict[str, str], dtype: str = "float32,bfloat16", block: int = 4,
+           counts: str = "1,2,3,70") -> dict:
+    """The probe's digests of each row and whether any weight was packed for oneDNN
+    (dplang.models.packed_int8) in that process."""
     full = {k: v for k, v in os.environ.items()
-            if k not in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "DPLANG_THREADS",
-                         "OMP_NUM_THREADS", "DPLANG_NO_KERNELS")}
+            if k not in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
+                         "DPLANG_THREADS", "OMP_NUM_THREADS", "DPLANG_NO_KERNELS",
+                         "DPLANG_NO_PACKED_INT8")}
     full.update(env)
     src = Path(__file__).resolve().parents[2] / "src"
     full["PYTHONPATH"] = os.pathsep.join([str(src), full.get("PYTHONPATH", "")])
@@ -84,13 +95,35 @@ REPRESENTATIVE = [
     {"DPLANG_THREADS": "3", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
      "ATEN_CPU_CAPABILITY": "avx2"},
     {"DPLANG_THREADS": "2", "DPLANG_NO_KERNELS": "1", "ATEN_CPU_CAPABILITY": "default"},
+    {"DPLANG_THREADS": "1", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI",
+     "DPLANG_NO_KERNELS": "1"},
+    {"DPLANG_THREADS": "2", "DPLANG_NO_PACKED_INT8": "1"},
 ]
 
 
 def test_the_same_bits_on_simulated_machines(tiny_gemma_dir: Path) -> None:
-    results = [_row_digests(_run(tiny_gemma_dir, env)) for env in REPRESENTATIVE]
+    """Including with and without the weights packed for oneDNN: packed where this CPU has
+    VNNI or AMX (the first configuration, and VNNI only), never where oneDNN is limited below
+    VNNI or the path is turned off."""
+    from dplang.models import packed_int8
+
+    probes = [_probe(tiny_gemma_dir, env) for env in REPRESENTATIVE]
+    results = [_row_digests(p["digests"]) for p in probes]
     assert len(results[0]) == 6  # three rows, two precisions
     assert all(r == results[0] for r in results[1:]), results
+    here = probes[0]["packed"]  # this CPU, undisturbed (whatever this process's own variables)
+    if packed_int8._ops_present() and _cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"}:
+        assert here
+    assert [p["packed"] for p in probes] == [here, False, False, here, here, False]
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines()
+                 if line.startswith("flags")), set())
 
 
 @pytest.mark.slow

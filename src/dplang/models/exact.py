@@ -14,10 +14,12 @@ depend on such choices:
   (:func:`quantize_rows`, a function of the row only) and split into two 8-bit *limbs*
   (:func:`split_limbs`), the weights are integers per output channel, and the products are
   computed either by an int8 kernel with int32 accumulation (used only where a probe on
-  saturating operands shows it exact: :func:`int8_kernel_is_exact`) or by float32 products of
-  chunks whose sums stay below 2**24 (:func:`exact_products`). Both give the same integers, so
-  the choice changes no bit. Sums of floats (norms, attention denominators) are rounded to a
-  fixed-point grid first and summed as integers in float64 (:func:`fixed_point_sum`).
+  saturating operands shows it exact: :func:`int8_kernel_is_exact`; on x86 CPUs with VNNI or
+  AMX, for reductions of up to 1,024 terms, oneDNN's matmul with weights packed once:
+  :mod:`dplang.models.packed_int8`) or by float32 products of chunks whose sums stay below
+  2**24 (:func:`exact_products`). All give the same integers, so the choice changes no bit.
+  Sums of floats (norms, attention denominators) are rounded to a fixed-point grid first and
+  summed as integers in float64 (:func:`fixed_point_sum`).
 * **Correctly rounded elementwise operations.** IEEE 754 defines ``+ - * /`` and ``sqrt`` to be
   correctly rounded, so a vector unit, a scalar loop and a GPU give the same bits for each
   element. Library transcendental functions are not (a vectorised loop's tail may use another
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dplang.models import kernels
+from dplang.models import kernels, packed_int8
 from dplang.models.memory import release_file_pages
 
 __all__ = [
@@ -404,6 +406,15 @@ def exact_products(left: torch.Tensor, right: torch.Tensor, kernel: str) -> torc
     return _float32_products(left, right)
 
 
+def packed_products(left: torch.Tensor, weight: packed_int8.PackedInt8Weight) -> torch.Tensor:
+    """``left @ W^T`` for int8 ``left [M, K]`` and a packed weight, as float32 holding the
+    exact integer sums (only for shapes its probe admitted:
+    :func:`dplang.models.packed_int8.packed_products_are_exact`). The same integers as
+    :func:`exact_products`; a consumer reads them with ``.float()`` or adds two of them in
+    float32, which rounds their exact sum once, as int32 addition then ``.float()`` does."""
+    return weight.products(left)
+
+
 def _float32_products(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
     """:func:`exact_products` with ``kernel="float32"``."""
     total: torch.Tensor | None = None
@@ -504,6 +515,20 @@ class IntegerLinear:
         self.bias = None if bias is None else bias.detach().float().contiguous()
         self.kernel = "int8" if int8_kernel_is_exact(str(self.device), self.in_features) \
             else "float32"
+        self._pack()
+
+    def _pack(self) -> None:
+        """Pack the weight limbs once for oneDNN's int8 matmul where that computes this
+        shape's products exactly on this machine (:mod:`dplang.models.packed_int8`: a
+        "kn" linear on a CPU, not stacked, at most 1,024 input features, admitted by its
+        probe); ``self.packed`` holds one packed weight per limb, else ``None``. An extra copy
+        of the weights: the limbs stay for the other uses (a move to another device)."""
+        self.packed: list[packed_int8.PackedInt8Weight] | None = None
+        if (self.layout != "kn" or self.stacked or self.device.type != "cpu"
+                or not packed_int8.packed_products_are_exact(self.in_features,
+                                                             self.out_features)):
+            return
+        self.packed = [packed_int8.PackedInt8Weight(limb.t()) for limb in self.limbs]
 
     # -- weights as integers ------------------------------------------------------------
 
@@ -549,6 +574,7 @@ class IntegerLinear:
             self.bias = self.bias.to(self.device)
         self.kernel = "int8" if int8_kernel_is_exact(str(self.device), self.in_features) \
             else "float32"
+        self._pack()
         return self
 
     def _place_kn_weights(self, column_major: bool | None = None) -> None:
@@ -571,13 +597,17 @@ class IntegerLinear:
 
     # -- products -----------------------------------------------------------------------
 
-    def _mm(self, left: torch.Tensor, limb: torch.Tensor) -> torch.Tensor:
-        """Exact int32 products of int8 ``left [M, K]`` with a weight limb: ``[M, N]`` for the
-        "kn" layout, ``[N, M]`` (the weight as the left operand) for "nk".
+    def _mm(self, left: torch.Tensor, limb: torch.Tensor, index: int = 0) -> torch.Tensor:
+        """Exact products of int8 ``left [M, K]`` with weight limb ``index`` (``limb``):
+        ``[M, N]`` for the "kn" layout, ``[N, M]`` (the weight as the left operand) for "nk".
+        int32, or float32 holding the same integers exactly where the limb is packed
+        (:func:`packed_products`).
 
         On CUDA the right operand is handed over column-major (the int8 kernel's layout
         there): ``left.t()`` of the contiguous ``left`` is that already, with no copy."""
         if self.layout == "kn":
+            if self.packed is not None and left.shape[0] <= packed_int8.MAX_ROWS:
+                return packed_products(left, self.packed[index])
             return exact_products(left, limb, self.kernel)
         if left.device.type == "cuda":
             return exact_products(limb, left.t(), self.kernel)
@@ -590,7 +620,8 @@ class IntegerLinear:
 
     def integer_parts(self, rows: PreparedRows
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """``(high, low, low2)``: exact int32 products with
+        """``(high, low, low2)``: exact integer products (int32, or float32 holding them
+        exactly where the weight is packed: :meth:`_mm`) with
         ``x W^T ~ (high * 2**s + low + low2) * row_scale * col_scale`` (``s`` is 16 or 8;
         ``low2`` only for 16-bit weights), ``[M, N]`` each, or ``[N, M]`` for the "nk"
         layout."""
@@ -607,7 +638,7 @@ class IntegerLinear:
             high, low = first[:, : rows.count], first[:, rows.count:]
         low2 = None
         if self.weight_bits == 16:
-            low2 = self._mm(rows.limbs[: rows.count], self.limbs[1])
+            low2 = self._mm(rows.limbs[: rows.count], self.limbs[1], 1)
         return high, low, low2
 
     def apply(self, rows: PreparedRows) -> torch.Tensor:

@@ -1,0 +1,216 @@
+"""Products with weights packed once for oneDNN (dplang.models.packed_int8): the exact integers
+where admitted, refused where they might not be, and the same bits through every consumer
+(the fused kernels and the torch definitions) as the int32 products they replace."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+from dplang.models import cpu_kernels, exact, packed_int8
+from dplang.models.invariance import bitwise_equal
+
+needs_packing = pytest.mark.skipif(not packed_int8.usable(),
+                                   reason="no VNNI/AMX CPU or no oneDNN int8 ops here")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_verdicts() -> Iterator[None]:
+    """Each test decides admission anew (the verdicts are cached per process)."""
+    packed_int8.cpu_multiplies_int8_exactly.cache_clear()
+    packed_int8.packed_products_are_exact.cache_clear()
+    yield
+    packed_int8.cpu_multiplies_int8_exactly.cache_clear()
+    packed_int8.packed_products_are_exact.cache_clear()
+
+
+def _torch_path(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], object]) -> object:
+    with monkeypatch.context() as m:
+        m.setattr(cpu_kernels, "available", lambda tensor: False)
+        return fn()
+
+
+def _unpacked(lin: exact.IntegerLinear, fn: Callable[[], object]) -> object:
+    kept, lin.packed = lin.packed, None
+    try:
+        return fn()
+    finally:
+        lin.packed = kept
+
+
+def _same(a: object, b: object) -> None:
+    if isinstance(a, tuple):
+        assert isinstance(b, tuple)
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
+        return
+    assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+    assert a.shape == b.shape and a.dtype == b.dtype
+    nan = a.isnan() if a.is_floating_point() else torch.zeros_like(a, dtype=torch.bool)
+    assert torch.equal(nan, b.isnan() if b.is_floating_point() else nan)
+    assert bitwise_equal(a[~nan], b[~nan])
+
+
+@needs_packing
+@pytest.mark.parametrize("k", [1, 70, 640, packed_int8.MAX_K])
+def test_packed_products_are_the_exact_integers(k: int) -> None:
+    gen = torch.Generator().manual_seed(k)
+    weight = torch.randint(-128, 128, (83, k), generator=gen, dtype=torch.int8)
+    weight[0] = -128  # the extreme sums: -128 * -128 * K = 2**24 at K = 1024
+    packed = packed_int8.PackedInt8Weight(weight)
+    for m in (1, 2, 17, 64, 129, 700):
+        left = torch.randint(-128, 128, (m, k), generator=gen, dtype=torch.int8)
+        left[0] = -128
+        got = packed.products(left)
+        assert got.dtype == torch.float32 and got.shape == (m, 83)
+        assert torch.equal(got.double(), left.double() @ weight.double().t())
+
+
+@needs_packing
+def test_a_row_is_the_same_bits_alone_and_among_others() -> None:
+    gen = torch.Generator().manual_seed(3)
+    packed = packed_int8.PackedInt8Weight(
+        torch.randint(-128, 128, (300, 640), generator=gen, dtype=torch.int8))
+    rows = torch.randint(-128, 128, (2048, 640), generator=gen, dtype=torch.int8)
+    together = packed.products(rows)
+    for i in (0, 1, 1000, 2047):
+        assert bitwise_equal(packed.products(rows[i:i + 1])[0], together[i])
+
+
+def test_admission_refuses_what_might_not_be_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert packed_int8.MAX_K == 1024
+    assert not packed_int8.packed_products_are_exact(1025, 64)
+    with pytest.raises(ValueError, match="2\\*\\*24"):
+        packed_int8.PackedInt8Weight(torch.zeros(4, 1025, dtype=torch.int8))
+    with pytest.raises(ValueError, match="int8"):
+        packed_int8.PackedInt8Weight(torch.zeros(4, 8))
+    monkeypatch.setenv("DPLANG_NO_PACKED_INT8", "1")
+    assert not packed_int8.usable()
+    assert not packed_int8.packed_products_are_exact(640, 64)
+    monkeypatch.delenv("DPLANG_NO_PACKED_INT8")
+    for isa in ("AVX2", "avx512_core", "SSE41"):  # oneDNN limited below VNNI: wrong products
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+        packed_int8.cpu_multiplies_int8_exactly.cache_clear()
+        assert not packed_int8.cpu_multiplies_int8_exactly()
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")
+    packed_int8.cpu_multiplies_int8_exactly.cache_clear()
+    assert not packed_int8.cpu_multiplies_int8_exactly()
+
+
+@needs_packing
+def test_the_probe_rejects_a_kernel_wrong_at_one_row_count(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel that is exact except at one size (a library switching implementations at a
+    row count) is not admitted; the same kernel, right, is."""
+    assert packed_int8.packed_products_are_exact(70, 50)
+    right = packed_int8.PackedInt8Weight.products
+
+    def wrong_at_257(self: packed_int8.PackedInt8Weight, left: torch.Tensor) -> torch.Tensor:
+        out = right(self, left)
+        if left.shape[0] == 257:
+            out[-1, -1] += 1
+        return out
+
+    monkeypatch.setattr(packed_int8.PackedInt8Weight, "products", wrong_at_257)
+    packed_int8.packed_products_are_exact.cache_clear()
+    assert not packed_int8.packed_products_are_exact(70, 50)
+    lin = exact.IntegerLinear(torch.randn(50, 70), weight_bits=8)
+    assert lin.packed is None  # and so the linear keeps torch._int_mm
+
+
+@needs_packing
+def test_the_probe_alone_refuses_reductions_longer_than_float32_holds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the bound lifted, the probe's odd extreme sum (above 2**24 for K > 1024) is
+    rounded by float32, and the shape is refused."""
+    monkeypatch.setattr(packed_int8, "MAX_K", 4096)
+    assert packed_int8.packed_products_are_exact(1024, 40)
+    assert not packed_int8.packed_products_are_exact(1025, 40)
+
+
+def test_only_kn_linears_on_the_cpu_within_the_bound_are_packed() -> None:
+    expect = packed_int8.usable()
+    assert (exact.IntegerLinear(torch.randn(50, 70), weight_bits=8).packed is not None) == expect
+    assert (exact.IntegerLinear(torch.randn(50, 70)).packed is not None) == expect
+    assert exact.IntegerLinear(torch.randn(50, 70), layout="nk").packed is None
+    assert exact.IntegerLinear(torch.randn(50, 70), stacked=True).packed is None
+    assert exact.IntegerLinear(torch.randn(20, packed_int8.MAX_K + 8)).packed is None
+
+
+@needs_packing
+@pytest.mark.parametrize("bits", [16, 8])
+@pytest.mark.parametrize("kernels", [True, False])
+def test_every_consumer_gives_the_bits_of_the_int32_products(
+        monkeypatch: pytest.MonkeyPatch, bits: int, kernels: bool) -> None:
+    """apply, residual_rows, gated_rows on float32 parts (packed) and int32 parts (unpacked):
+    the same bits, with the fused kernels and with the torch definitions (the sum of two
+    float32 parts, 16-bit weights' ``low + low2``, rounds once, as int32 addition then a cast
+    does). Most rows share the weights' sign pattern, so that their parts reach 2**23."""
+    from dplang.models.decoder import Layer, Norm, qkv_step
+
+    gen = torch.Generator().manual_seed(bits)
+    width = 640
+    signs = torch.randn(width, generator=gen).sign()
+    x = signs * (1 + 0.01 * torch.randn(37, width, generator=gen))
+    x[:5] = torch.randn(5, width, generator=gen) * 3
+    x[0] = 0.0
+    x[1, 3] = float("nan")
+    rows = exact.prepare_rows(x)
+    gate = exact.IntegerLinear(signs.expand(96, width) * (2 - 0.1 * torch.rand(96, width,
+                                                                         generator=gen)),
+                               torch.randn(96, generator=gen), weight_bits=bits)
+    up = exact.IntegerLinear(torch.randn(96, width, generator=gen), None, weight_bits=bits)
+    out = exact.IntegerLinear(torch.randn(96, width, generator=gen), None, weight_bits=bits)
+    assert gate.packed is not None and up.packed is not None and out.packed is not None
+    parts = gate.integer_parts(rows)
+    assert parts[0].dtype == torch.float32
+    assert float(parts[0].abs().max()) > 2**23
+    h = torch.randn(37, 96, generator=gen)
+    norm_w = torch.randn(96, generator=gen)
+    heads, dim = 1, 32
+    layer = Layer(qkv=gate, o=None, gate=None, up=None, down=None,  # type: ignore[arg-type]
+                  input_norm=None, post_attention_norm=None,  # type: ignore[arg-type]
+                  pre_mlp_norm=None, post_mlp_norm=None,  # type: ignore[arg-type]
+                  q_norm=Norm(torch.randn(dim, generator=gen), 1e-6), k_norm=None,
+                  window=None, scaling=1.0, softcap=None, rope="default")
+    angles = torch.rand(37, dim, generator=gen, dtype=torch.float64) * 100
+    cos, sin = torch.cos(angles).float(), torch.sin(angles).float()
+
+    def run() -> tuple[torch.Tensor, ...]:
+        from dplang.models import attention
+
+        h_out, prepared = exact.residual_rows(out, rows, h, None, 1e-6, norm_w, 1e-5)
+        inner = exact.gated_rows("gelu_tanh", gate, up, rows)
+        cache = attention.SlotCache(num_layers=1, kv_heads=1, head_dim=dim, block=64,
+                                    device=torch.device("cpu"))
+        cache.allocate()
+        cache.reserve(37)
+        q = qkv_step(layer, rows, heads, 1, dim, cos, sin, True, cache, 0,
+                     torch.zeros(37, dtype=torch.int64), torch.arange(37))
+        return (gate.apply(rows), h_out, prepared.limbs, prepared.scale, inner.limbs,
+                inner.scale, q, cache.keys[0], cache.values[0])
+
+    def both() -> tuple[object, object]:
+        packed = run()
+
+        def unpacked() -> object:
+            return _unpacked(gate, lambda: _unpacked(up, lambda: _unpacked(out, run)))
+        return packed, unpacked()
+
+    packed, unpacked = both() if kernels else _torch_path(monkeypatch, both)  # type: ignore[misc]
+    _same(packed, unpacked)
+
+
+@needs_packing
+def test_more_rows_than_the_probe_saw_use_the_int32_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    lin = exact.IntegerLinear(torch.randn(40, 64), weight_bits=8)
+    assert lin.packed is not None
+    monkeypatch.setattr(packed_int8, "MAX_ROWS", 8)
+    rows = exact.prepare_rows(torch.randn(5, 64))  # 10 limb rows
+    assert lin.integer_parts(rows)[0].dtype == torch.int32
+    monkeypatch.setattr(packed_int8, "MAX_ROWS", 2048)
+    assert lin.integer_parts(rows)[0].dtype == torch.float32

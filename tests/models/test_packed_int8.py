@@ -5,6 +5,7 @@ where admitted, refused where they might not be, and the same bits through every
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -214,3 +215,20 @@ def test_more_rows_than_the_probe_saw_use_the_int32_kernel(
     assert lin.integer_parts(rows)[0].dtype == torch.int32
     monkeypatch.setattr(packed_int8, "MAX_ROWS", 2048)
     assert lin.integer_parts(rows)[0].dtype == torch.float32
+
+
+def test_the_reference_arithmetic_packs_nothing(tiny_gemma_dir: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load-time check's fallback (no fast paths) drops the packed weights too, and the
+    choice of the path is part of the check's record key."""
+    from dplang.models import invariance
+    from dplang.models.transformers import TransformersModel
+
+    model = TransformersModel(tiny_gemma_dir, threads=2, block_size=4, check_invariance=False)
+    mine = model._decoder._linears()
+    assert all((m.packed is not None) == packed_int8.usable() for m in mine
+               if m.layout == "kn")
+    monkeypatch.setattr(cpu_kernels, "disable", lambda: None)  # not for the other tests
+    model.use_reference_arithmetic()
+    assert all(m.packed is None and m.kernel == "float32" for m in mine)
+    assert "DPLANG_NO_PACKED_INT8" in invariance._KERNEL_ENV_NAMES

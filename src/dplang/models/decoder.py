@@ -474,10 +474,11 @@ class ExactDecoder:
         return None
 
     def use_float_products(self) -> None:
-        """Compute every integer product with float32 chunks instead of the int8 kernel (the
-        same integers)."""
+        """Compute every integer product with float32 chunks instead of the int8 kernels
+        (``torch._int_mm`` or the packed weights: the same integers)."""
         for linear in self._linears():
             linear.kernel = "float32"
+            linear.packed = None
 
     def _linears(self) -> list[IntegerLinear]:
         linears = [self.head, self.embedding]

@@ -41,7 +41,7 @@ _ARITHMETIC_ROOTS = ("dplang.models.transformers", "dplang.models.invariance")
 #: the arithmetic runs on (their values are part of the record's key).
 _KERNEL_ENV_PREFIXES = ("ATEN_", "ONEDNN_", "DNNL_", "MKL_", "NUMBA_", "TRITON_", "CUBLAS",
                         "TORCH_", "PYTORCH_")
-_KERNEL_ENV_NAMES = ("DPLANG_NO_KERNELS", "DPLANG_THREADS")
+_KERNEL_ENV_NAMES = ("DPLANG_NO_KERNELS", "DPLANG_NO_PACKED_INT8", "DPLANG_THREADS")
 #: Packages whose code computes the bits (their installed versions are part of the key).
 _ARITHMETIC_PACKAGES = ("torch", "numpy", "numba", "llvmlite", "triton", "transformers")
 

@@ -27,6 +27,16 @@ def _fresh_verdicts() -> Iterator[None]:
     packed_int8.packed_products_are_exact.cache_clear()
 
 
+def _cpu_has_int8_dot() -> bool:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines()
+                  if line.startswith("flags")), set())
+    return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
 def _torch_path(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], object]) -> object:
     with monkeypatch.context() as m:
         m.setattr(cpu_kernels, "available", lambda tensor: False)
@@ -91,10 +101,17 @@ def test_admission_refuses_what_might_not_be_exact(monkeypatch: pytest.MonkeyPat
     assert not packed_int8.usable()
     assert not packed_int8.packed_products_are_exact(640, 64)
     monkeypatch.delenv("DPLANG_NO_PACKED_INT8")
-    for isa in ("AVX2", "avx512_core", "SSE41"):  # oneDNN limited below VNNI: wrong products
+    # oneDNN limited below VNNI (wrong products seen) or below AMX (its reference kernel
+    # seen, 4,000 times slower): any limit at all
+    for isa in ("AVX2", "avx512_core", "SSE41", "AVX512_CORE_VNNI", "AVX2_VNNI",
+                "AVX10_1_512", "AVX512_CORE_AMX"):
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
         packed_int8.cpu_multiplies_int8_exactly.cache_clear()
         assert not packed_int8.cpu_multiplies_int8_exactly()
+    for isa in ("ALL", "default", ""):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+        packed_int8.cpu_multiplies_int8_exactly.cache_clear()
+        assert packed_int8.cpu_multiplies_int8_exactly() == _cpu_has_int8_dot()
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")
     packed_int8.cpu_multiplies_int8_exactly.cache_clear()
@@ -203,6 +220,50 @@ def test_every_consumer_gives_the_bits_of_the_int32_products(
 
     packed, unpacked = both() if kernels else _torch_path(monkeypatch, both)  # type: ignore[misc]
     _same(packed, unpacked)
+
+
+@needs_packing
+def test_a_call_runs_only_at_a_probed_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls are padded with zero rows up to the next row count the probe tried; the rows'
+    sums are unchanged, and the padding is at most a quarter of the rows (from 16 on)."""
+    counts = packed_int8.probed_rows()
+    assert counts[:16] == tuple(range(1, 17)) and counts[-1] == packed_int8.MAX_ROWS
+    for m in range(1, packed_int8.MAX_ROWS + 1):
+        padded = packed_int8.padded_rows(m)
+        assert padded in counts and m <= padded <= max(16, m * 5 // 4 + 1)
+    seen: list[int] = []
+    right = packed_int8.PackedInt8Weight.products
+
+    def recording(self: packed_int8.PackedInt8Weight, left: torch.Tensor) -> torch.Tensor:
+        seen.append(left.shape[0])
+        return right(self, left)
+
+    lin = exact.IntegerLinear(torch.randn(40, 64), weight_bits=8)
+    assert lin.packed is not None
+    rows = exact.prepare_rows(torch.randn(150, 64))  # 300 limb rows: run at 320
+    want = _unpacked(lin, lambda: lin.apply(rows))
+    monkeypatch.setattr(packed_int8.PackedInt8Weight, "products", recording)
+    got = lin.apply(rows)
+    assert seen == [320] and got.shape == (150, 40)
+    _same(got, want)
+
+
+def test_turning_the_path_off_later_in_a_process_holds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """DPLANG_NO_PACKED_INT8 set after a shape's verdict was cached still keeps new linears
+    unpacked (it is read at each packing), and a pickled or copied linear packs again where
+    the copy is made (oneDNN's packed tensors cannot be pickled), with the same bits."""
+    import copy
+    import pickle
+
+    first = exact.IntegerLinear(torch.randn(40, 64), weight_bits=8)
+    rows = exact.prepare_rows(torch.randn(9, 64))
+    for twin in (pickle.loads(pickle.dumps(first)), copy.deepcopy(first)):
+        assert (twin.packed is not None) == (first.packed is not None)
+        _same(twin.apply(rows), first.apply(rows))
+    monkeypatch.setenv("DPLANG_NO_PACKED_INT8", "1")
+    assert exact.IntegerLinear(torch.randn(40, 64), weight_bits=8).packed is None
+    assert pickle.loads(pickle.dumps(first)).packed is None
 
 
 @needs_packing

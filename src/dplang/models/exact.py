@@ -412,7 +412,7 @@ def packed_products(left: torch.Tensor, weight: packed_int8.PackedInt8Weight) ->
     :func:`dplang.models.packed_int8.packed_products_are_exact`). The same integers as
     :func:`exact_products`; a consumer reads them with ``.float()`` or adds two of them in
     float32, which rounds their exact sum once, as int32 addition then ``.float()`` does."""
-    return weight.products(left)
+    return weight.padded_products(left)
 
 
 def _float32_products(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
@@ -525,6 +525,8 @@ class IntegerLinear:
         of the weights: the limbs stay for the other uses (a move to another device)."""
         self.packed: list[packed_int8.PackedInt8Weight] | None = None
         if (self.layout != "kn" or self.stacked or self.device.type != "cpu"
+                or self.kernel != "int8"
+                or not packed_int8.usable()  # read each time: the probe's verdict is cached
                 or not packed_int8.packed_products_are_exact(self.in_features,
                                                              self.out_features)):
             return
@@ -547,10 +549,22 @@ class IntegerLinear:
         return q * self.col_scale[ids].unsqueeze(-1)
 
     def nbytes(self) -> int:
-        """Bytes of the integer weights."""
+        """Bytes of the integer weights (the packed copies included)."""
+        packed = sum(p.nbytes() for p in self.packed) if self.packed else 0
         if self.stacked:
-            return self._stack.numel() * self._stack.element_size()
-        return sum(t.numel() * t.element_size() for t in self.limbs)
+            return self._stack.numel() * self._stack.element_size() + packed
+        return sum(t.numel() * t.element_size() for t in self.limbs) + packed
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled and copied without the packed weights (oneDNN's opaque tensors cannot be);
+        they are packed again where the copy is made (:meth:`_pack`)."""
+        state = dict(self.__dict__)
+        state["packed"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._pack()
 
     def to(self, device: torch.device) -> IntegerLinear:
         """Move the weights to ``device`` (in place; the kernel is chosen again there).

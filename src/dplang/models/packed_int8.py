@@ -16,13 +16,16 @@ int8 products"):
   and ``|acc| <= K * 128 * 128``, so reductions of at most :data:`MAX_K` = 1024 terms come back
   as the exact integers. Longer reductions are not sent here;
 * oneDNN's int8 kernels are exact only where the CPU multiplies int8 in hardware with int32
-  accumulation (VNNI or AMX). On older ISAs, and when ``ONEDNN_MAX_CPU_ISA`` limits oneDNN
-  below VNNI while PyTorch packed the weights for the real CPU, the products were seen to be
-  wrong (not merely saturated). So the path is used only where the CPU reports VNNI or AMX,
-  no environment variable limits oneDNN's ISA below them, and :func:`packed_products_are_exact`
-  passed for the shape: extreme and random operands at row counts on both sides of every
-  power of two up to :data:`MAX_ROWS` (the most limb rows a CPU call makes), compared with exact
-  float64 sums. Anything else, including a call with more rows, uses ``torch._int_mm``.
+  accumulation (VNNI or AMX), and PyTorch packs the weight for the real CPU whatever oneDNN is
+  allowed to run: with ``ONEDNN_MAX_CPU_ISA=AVX2`` or ``AVX512_CORE`` the products were seen
+  wrong (not merely saturated), and with a limit that keeps VNNI but not AMX oneDNN fell back
+  to its reference kernel (exact, thousands of times slower). So the path is used only where
+  the CPU reports VNNI or AMX, neither ``ONEDNN_MAX_CPU_ISA`` nor ``DNNL_MAX_CPU_ISA`` limits
+  oneDNN at all, and :func:`packed_products_are_exact` passed for the weight's shape: extreme
+  and random operands at every row count a call may use, compared with exact float64 sums.
+  A call is padded with zero rows up to the next probed row count (:func:`padded_rows`; a zero
+  row changes no other row's sums), so that no call runs a shape the probe did not; a call
+  with more than :data:`MAX_ROWS` rows uses ``torch._int_mm`` (or the exact float32 chunks).
 
 Both paths give the same integers, so the choice changes no bit of any row.
 ``DPLANG_NO_PACKED_INT8=1`` turns this path off.
@@ -37,15 +40,13 @@ from pathlib import Path
 import torch
 
 __all__ = ["MAX_K", "MAX_ROWS", "PackedInt8Weight", "cpu_multiplies_int8_exactly",
-           "packed_products_are_exact", "usable"]
+           "packed_products_are_exact", "padded_rows", "probed_rows", "usable"]
 
 #: Longest reduction sent to the packed path: ``K * 128 * 128 <= 2**24``, exact in float32.
 MAX_K = 2**24 // (128 * 128)
 #: Most rows of one packed call (the admission probes row counts up to it): a CPU forward call
 #: holds at most 1,024 tokens, two limb rows each.
 MAX_ROWS = 2048
-#: ``ONEDNN_MAX_CPU_ISA`` values under which int8 products use VNNI or AMX.
-_ISA_WITH_INT8_DOT = ("VNNI", "AMX", "AVX10")
 _ONE = torch.tensor(1.0)
 _ZERO = torch.tensor(0)
 
@@ -61,12 +62,12 @@ def _ops_present() -> bool:
 @functools.cache
 def cpu_multiplies_int8_exactly() -> bool:
     """Whether this CPU has int8 dot products with int32 accumulation (AVX-512 VNNI, AVX-VNNI
-    or AMX-INT8, from ``/proc/cpuinfo``) and no environment variable limits oneDNN's ISA below
-    them. Unknown (no ``/proc/cpuinfo``): no."""
+    or AMX-INT8, from ``/proc/cpuinfo``) and oneDNN may use all of its ISA (no
+    ``ONEDNN_MAX_CPU_ISA`` or ``DNNL_MAX_CPU_ISA`` other than ``ALL``/``DEFAULT``: any limit
+    may leave the weights packed for a kernel oneDNN then does not run). Unknown (no
+    ``/proc/cpuinfo``): no."""
     for var in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
-        limit = os.environ.get(var, "").strip().upper()
-        if limit and limit not in ("ALL", "DEFAULT") and not any(
-                name in limit for name in _ISA_WITH_INT8_DOT):
+        if os.environ.get(var, "").strip().upper() not in ("", "ALL", "DEFAULT"):
             return False
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -88,15 +89,24 @@ def usable() -> bool:
     return _ops_present() and cpu_multiplies_int8_exactly()
 
 
-def _probe_rows() -> list[int]:
-    """Row counts the admission tries: 1, and each power of two up to :data:`MAX_ROWS` with its
-    neighbours (a library switches kernels at such sizes)."""
-    counts = {1, 2, 3}
-    power = 4
+@functools.cache
+def probed_rows() -> tuple[int, ...]:
+    """The row counts the admission tries, and the only ones a packed call runs: 1 to 16, and
+    from each power of two ``p`` up to :data:`MAX_ROWS` ``p - 1``, ``p``, ``p + 1``, ``5p/4``,
+    ``3p/2`` and ``7p/4`` (a library switches kernels at such sizes; padding a call up to the
+    next one costs at most a quarter more rows)."""
+    counts = set(range(1, 17))
+    power = 16
     while power <= MAX_ROWS:
-        counts.update((power - 1, power, power + 1))
+        counts.update((power - 1, power, power + 1, power * 5 // 4, power * 3 // 2,
+                       power * 7 // 4))
         power *= 2
-    return sorted(c for c in counts if c <= MAX_ROWS)
+    return tuple(sorted(c for c in counts if c <= MAX_ROWS))
+
+
+def padded_rows(m: int) -> int:
+    """The probed row count a call of ``m`` rows runs at (``m <= MAX_ROWS``)."""
+    return next(c for c in probed_rows() if c >= m)
 
 
 @functools.cache
@@ -108,27 +118,32 @@ def packed_products_are_exact(k: int, n: int) -> bool:
     if not usable() or not 0 < k <= MAX_K or n <= 0:
         return False
     gen = torch.Generator().manual_seed(k * 7919 + n)
-    tops = max(_probe_rows())
+    counts = probed_rows()
+    tops = counts[-1]
     # the largest sum (-128 * -128 each: 2**24 at k = 1024); an odd one just below it (one
     # term 127 * 127), which float32 could not hold if k allowed more than 2**24; random limbs
+    # at every probed row count, the extremes at the powers of two and their neighbours
     odd_left = torch.full((tops, k), -128, dtype=torch.int8)
     odd_left[:, 0] = -127
     odd_w = torch.full((n, k), -128, dtype=torch.int8)
     odd_w[:, 0] = -127
-    pairs = [(torch.full((tops, k), -128, dtype=torch.int8),
-              torch.full((n, k), -128, dtype=torch.int8)),
-             (odd_left, odd_w),
+    edges = tuple(c for c in counts if c <= 3 or any(abs(c - 2**e) <= 1 for e in range(12)))
+    cases = [(torch.full((tops, k), -128, dtype=torch.int8),
+              torch.full((n, k), -128, dtype=torch.int8), edges),
+             (odd_left, odd_w, edges),
              (torch.randint(-128, 128, (tops, k), generator=gen, dtype=torch.int8),
-              torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8))]
+              torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8), counts)]
     try:
-        for left, w in pairs:
+        for left, w, rows in cases:
             packed = PackedInt8Weight(w)
-            want_all = left.double() @ w.double().t()
-            for m in _probe_rows():
+            want = left.double() @ w.double().t()  # the exact sums
+            want_bits = want.float().view(torch.int32)  # their float32 bits, +0.0 for a zero
+            for m in rows:
                 got = packed.products(left[:m])
-                if got.dtype != torch.float32 or not torch.equal(got.double(), want_all[:m]):
+                if (got.dtype != torch.float32 or not torch.equal(got.double(), want[:m])
+                        or not torch.equal(got.view(torch.int32), want_bits[:m])):
                     return False
-    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+    except Exception:  # any failure of the op means: not admitted
         return False
     return True
 
@@ -152,14 +167,24 @@ class PackedInt8Weight:
                              f"(at most {MAX_K})")
         self._packed = torch.ops.onednn.qlinear_prepack(weight.contiguous(),
                                                         [1, self.in_features])
-        self._scales = torch.ones(self.out_features)
+        self._scales = torch.ones(self.out_features, dtype=torch.float32)
         self._zero_points = torch.zeros(self.out_features, dtype=torch.int64)
 
     def products(self, left: torch.Tensor) -> torch.Tensor:
-        """``left [M, K] @ weight.T`` as float32 exact integers ``[M, N]``."""
+        """``left [M, K] @ weight.T`` as float32 exact integers ``[M, N]``, computed at
+        exactly ``M`` rows (the probe's calls; :meth:`padded_products` for a model's)."""
         return torch.ops.onednn.qlinear_pointwise.tensor(
             left.contiguous(), _ONE, _ZERO, self._packed, self._scales, self._zero_points,
             None, 1.0, 0, torch.float32, "none", [], "")
+
+    def padded_products(self, left: torch.Tensor) -> torch.Tensor:
+        """:meth:`products` of ``left`` with zero rows appended up to :func:`padded_rows`
+        (``M <= MAX_ROWS``), cut back to ``M`` rows: the call runs at a probed row count."""
+        m = left.shape[0]
+        rows = padded_rows(m)
+        if rows != m:
+            left = torch.cat([left, left.new_zeros((rows - m, left.shape[1]))])
+        return self.products(left)[:m]
 
     def nbytes(self) -> int:
         """Bytes of the packed weight (about the weight's own)."""

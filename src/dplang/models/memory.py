@@ -50,24 +50,30 @@ def _libc() -> ctypes.CDLL | None:
     return lib
 
 
-def _file_mappings() -> list[tuple[int, int]]:
-    """``(start, end)`` of this process's mappings of regular files that still exist
-    (``/proc/self/maps``)."""
-    found = []
+def _in_one_file_mapping(low: int, high: int) -> bool:
+    """Whether ``[low, high)`` lies within one of this process's mappings of a regular file
+    that still exists (``/proc/self/maps``). Only the mapping that holds the range is looked
+    at further: a load releases hundreds of weights and the process maps about a thousand
+    ranges, so checking every file (as an earlier version did) took seconds per load."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             for line in maps:
-                fields = line.split(maxsplit=5)
-                if len(fields) < 6 or fields[4] == "0" or not fields[5].startswith("/"):
-                    continue  # anonymous, or a pseudo-file such as [heap] or [stack]
-                path = fields[5].rstrip("\n")
-                if path.endswith(" (deleted)") or not os.path.isfile(path):
-                    continue  # a device (/dev/...) or a file that is gone: leave it alone
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                found.append((start, end))
+                span, _, rest = line.partition(" ")
+                begin, _, end = span.partition("-")
+                try:
+                    if not int(begin, 16) <= low or not high <= int(end, 16):
+                        continue
+                except ValueError:
+                    continue
+                fields = rest.split(maxsplit=4)
+                if len(fields) < 5 or fields[3] == "0" or not fields[4].startswith("/"):
+                    return False  # anonymous, or a pseudo-file such as [heap] or [stack]
+                path = fields[4].rstrip("\n")
+                # a device (/dev/...) or a file that is gone: leave it alone
+                return not path.endswith(" (deleted)") and os.path.isfile(path)
     except OSError:
-        return []
-    return found
+        return False
+    return False
 
 
 def release_file_pages(tensor: torch.Tensor) -> int:
@@ -89,7 +95,7 @@ def release_file_pages(tensor: torch.Tensor) -> int:
     high = (start + size) // page * page
     if high <= low:
         return 0
-    if not any(begin <= low and high <= end for begin, end in _file_mappings()):
+    if not _in_one_file_mapping(low, high):
         return 0
     if not _clean_file_pages(low, high):
         return 0

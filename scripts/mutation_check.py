@@ -457,6 +457,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         (PACKED,),
     ),
     Mutation(
+        "packed-int8-record-without-cpu",
+        "a passed admission probe of the prepacked int8 products is reused on another CPU (its "
+        "record's key leaves the CPU out)",
+        (("src/dplang/models/packed_int8.py",
+          "                       \"cpu\": records.cpu_identity(), ",
+          "                       \"cpu\": \"\", "),),
+        (PACKED,),
+    ),
+    Mutation(
         "augpe-sigma-one-iteration",
         "Aug-PE's histograms get noise σ/√T (calibrated for one of its T iterations)",
         (("src/dplang/textgen/methods/augpe.py",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dplang.models import TransformersModel, attention, decoder
+from dplang.models import TransformersModel, attention, decoder, records
 from dplang.models import invariance as inv
 from dplang.models.invariance import RowInvarianceError
 
@@ -17,6 +17,11 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("DPLANG_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv(inv.RECHECK_ENV, raising=False)
     return tmp_path / "cache" / "invariance"
+
+
+def _row_records(cache: Path, pattern: str = "*.json") -> list[Path]:
+    """The load-time check's records (not the kernels' admission probes kept beside them)."""
+    return [p for p in cache.glob(pattern) if not p.name.startswith("packed-int8-")]
 
 
 def _calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -38,14 +43,14 @@ def test_a_pass_is_recorded_and_reused_for_the_same_configuration(
         tiny_llama_dir: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _calls(monkeypatch)
     TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance="cached")
-    assert calls == [1] and len(list(cache.glob("*.json"))) == 1
+    assert calls == [1] and len(_row_records(cache)) == 1
     TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance="cached")
     assert calls == [1]  # the same configuration: on record
     # anything in the numerics is another configuration: checked again, recorded apart
     TransformersModel(tiny_llama_dir, threads=2, block_size=8, check_invariance="cached")
     TransformersModel(tiny_llama_dir, threads=2, block_size=4, dtype="bfloat16",
                       check_invariance="cached")
-    assert calls == [1, 1, 1] and len(list(cache.glob("*.json"))) == 3
+    assert calls == [1, 1, 1] and len(_row_records(cache)) == 3
     monkeypatch.setenv(inv.RECHECK_ENV, "1")  # forced
     TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance="cached")
     assert len(calls) == 4
@@ -56,7 +61,7 @@ def test_a_pass_is_recorded_and_reused_for_the_same_configuration(
 
 
 def _passes(cache: Path) -> list[Path]:
-    return [p for p in cache.glob("*.json") if not p.name.endswith(".refused.json")]
+    return [p for p in _row_records(cache) if not p.name.endswith(".refused.json")]
 
 
 def _leaky(original):
@@ -78,7 +83,7 @@ def test_a_refusal_is_recorded_and_refused_at_once_next_time(
     monkeypatch.setattr(cpu_kernels, "attend_tokens", _leaky(cpu_kernels.attend_tokens))
     with pytest.raises(RowInvarianceError, match="reference arithmetic"):
         TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance="cached")
-    assert len(list(cache.glob("*.refused.json"))) == 1 and not _passes(cache)
+    assert len(_row_records(cache, "*.refused.json")) == 1 and not _passes(cache)
     calls = _calls(monkeypatch)
     start = time.perf_counter()
     with pytest.raises(RowInvarianceError, match="refused earlier on this machine"):
@@ -119,9 +124,9 @@ def test_the_key_covers_weights_and_backend_source(tiny_llama_dir: Path, cache: 
     assert inv._record_key(model) != key
     monkeypatch.setattr(model, "_digest", None)
     assert inv._record_key(model) == key
-    monkeypatch.setattr(inv, "_ARITHMETIC_ROOTS", ("dplang.models.errors",))
-    monkeypatch.setattr(inv, "_MODULES", {})  # the derivation runs again (another process)
-    monkeypatch.setattr(inv, "_DIGESTS", {})
+    monkeypatch.setattr(records, "_ARITHMETIC_ROOTS", ("dplang.models.errors",))
+    monkeypatch.setattr(records, "_MODULES", {})  # the derivation runs again (another process)
+    monkeypatch.setattr(records, "_DIGESTS", {})
     assert inv._record_key(model) != key
 
 
@@ -134,7 +139,7 @@ def test_a_changed_kernel_module_is_checked_again(tiny_llama_dir: Path, cache: P
     calls = _calls(monkeypatch)
     TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance="cached")
     assert calls == [1]
-    kernels = Path(inv.__file__).with_name("_numba_kernels.py").resolve()
+    kernels = Path(records.__file__).with_name("_numba_kernels.py").resolve()
     real_read = Path.read_bytes
 
     def edited(self: Path) -> bytes:
@@ -144,7 +149,7 @@ def test_a_changed_kernel_module_is_checked_again(tiny_llama_dir: Path, cache: P
         return data
 
     monkeypatch.setattr(Path, "read_bytes", edited)
-    monkeypatch.setattr(inv, "_DIGESTS", {})  # as another process reading the edited file
+    monkeypatch.setattr(records, "_DIGESTS", {})  # as another process reading the edited file
     TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance="cached")
     assert calls == [1, 1]
 
@@ -158,7 +163,7 @@ def test_what_chooses_the_kernels_is_in_the_key(change: str, tiny_llama_dir: Pat
     model = TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance=False)
     key = inv._record_key(model)
     real_version = metadata.version
-    monkeypatch.setattr(inv, "_VERSIONS", {})  # as another process would read them
+    monkeypatch.setattr(records, "_VERSIONS", {})  # as another process would read them
     if change == "numba version":
         monkeypatch.setattr(metadata, "version", lambda name: "0.0.1" if name == "numba"
                             else real_version(name))

@@ -18,13 +18,15 @@ needs_packing = pytest.mark.skipif(not packed_int8.usable(),
 
 
 @pytest.fixture(autouse=True)
-def _fresh_verdicts() -> Iterator[None]:
-    """Each test decides admission anew (the verdicts are cached per process)."""
+def _fresh_verdicts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test decides admission anew: the verdicts are cached per process, and passes are
+    kept on record in dplang's cache folder (here one of the test's own)."""
+    monkeypatch.setenv("DPLANG_CACHE_DIR", str(tmp_path / "cache"))
     packed_int8.cpu_multiplies_int8_exactly.cache_clear()
-    packed_int8.packed_products_are_exact.cache_clear()
+    packed_int8._admitted.cache_clear()
     yield
     packed_int8.cpu_multiplies_int8_exactly.cache_clear()
-    packed_int8.packed_products_are_exact.cache_clear()
+    packed_int8._admitted.cache_clear()
 
 
 def _cpu_has_int8_dot() -> bool:
@@ -133,7 +135,8 @@ def test_the_probe_rejects_a_kernel_wrong_at_one_row_count(
         return out
 
     monkeypatch.setattr(packed_int8.PackedInt8Weight, "products", wrong_at_257)
-    packed_int8.packed_products_are_exact.cache_clear()
+    monkeypatch.setenv("DPLANG_RECHECK_INVARIANCE", "1")  # another kernel: not the pass on
+    packed_int8._admitted.cache_clear()                   # record (whose key it would change)
     assert not packed_int8.packed_products_are_exact(70, 50)
     lin = exact.IntegerLinear(torch.randn(50, 70), weight_bits=8)
     assert lin.packed is None  # and so the linear keeps torch._int_mm
@@ -147,6 +150,54 @@ def test_the_probe_alone_refuses_reductions_longer_than_float32_holds(
     monkeypatch.setattr(packed_int8, "MAX_K", 4096)
     assert packed_int8.packed_products_are_exact(1024, 40)
     assert not packed_int8.packed_products_are_exact(1025, 40)
+
+
+@needs_packing
+def test_a_passed_probe_is_on_record_under_everything_that_decides_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass is kept on record and reused by a later process (not probed again) only under
+    the same key: another thread count, CPU, library version, kernel environment variable or
+    arithmetic source probes again, as does DPLANG_RECHECK_INVARIANCE=1; a refusal is not
+    kept (it is probed again)."""
+    from dplang.models import records
+
+    probes: list[tuple[int, int]] = []
+    real_probe = packed_int8._probe
+
+    def counted(k: int, n: int) -> bool:
+        probes.append((k, n))
+        return real_probe(k, n)
+
+    monkeypatch.setattr(packed_int8, "_probe", counted)
+
+    def new_process() -> bool:
+        packed_int8._admitted.cache_clear()
+        return packed_int8.packed_products_are_exact(70, 50)
+
+    assert new_process() and probes == [(70, 50)]
+    assert new_process() and probes == [(70, 50)]  # on record: not probed again
+    key = packed_int8.probe_record_key(70, 50, torch.get_num_threads())
+    assert (records.record_folder() / f"{key}.json").is_file()
+    changes = {
+        "threads": lambda m: m.setattr(torch, "get_num_threads", lambda: 7),
+        "cpu": lambda m: m.setattr(records, "cpu_identity", lambda: "another CPU"),
+        "library": lambda m: m.setattr(records, "package_versions",
+                                       lambda: {"torch": "0.0"}),
+        "environment": lambda m: m.setenv("ONEDNN_DEFAULT_FPMATH_MODE", "BF16"),
+        "source": lambda m: m.setattr(records, "arithmetic_source_digest", lambda: "other"),
+        "recheck": lambda m: m.setenv(records.RECHECK_ENV, "1"),
+    }
+    for name, change in changes.items():
+        with monkeypatch.context() as m:
+            change(m)
+            before = len(probes)
+            assert new_process(), name
+            assert len(probes) == before + 1, f"{name}: the record was reused"
+    monkeypatch.setattr(packed_int8, "_probe", lambda k, n: probes.append((k, n)) or False)
+    assert not packed_int8.packed_products_are_exact(71, 50)
+    packed_int8._admitted.cache_clear()
+    assert not packed_int8.packed_products_are_exact(71, 50)
+    assert probes[-2:] == [(71, 50), (71, 50)]  # a refusal is probed again
 
 
 def test_only_kn_linears_on_the_cpu_within_the_bound_are_packed() -> None:
@@ -282,7 +333,7 @@ def test_the_reference_arithmetic_packs_nothing(tiny_gemma_dir: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The load-time check's fallback (no fast paths) drops the packed weights too, and the
     choice of the path is part of the check's record key."""
-    from dplang.models import invariance
+    from dplang.models import records
     from dplang.models.transformers import TransformersModel
 
     model = TransformersModel(tiny_gemma_dir, threads=2, block_size=4, check_invariance=False)
@@ -292,4 +343,4 @@ def test_the_reference_arithmetic_packs_nothing(tiny_gemma_dir: Path,
     monkeypatch.setattr(cpu_kernels, "disable", lambda: None)  # not for the other tests
     model.use_reference_arithmetic()
     assert all(m.packed is None and m.kernel == "float32" for m in mine)
-    assert "DPLANG_NO_PACKED_INT8" in invariance._KERNEL_ENV_NAMES
+    assert "DPLANG_NO_PACKED_INT8" in records._KERNEL_ENV_NAMES

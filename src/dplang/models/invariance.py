@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,6 +20,16 @@ import torch
 
 from dplang.models.base import DecodeState
 from dplang.models.errors import RowInvarianceError
+from dplang.models.records import (
+    RECHECK_ENV,
+    arithmetic_modules,
+    arithmetic_source_digest,
+    cpu_identity,
+    kernel_environment,
+    package_versions,
+    record_folder,
+    write_json,
+)
 from dplang.models.row_state import RowDecodeState
 
 __all__ = [
@@ -32,18 +41,6 @@ __all__ = [
     "is_checked",
     "mark_checked",
 ]
-
-#: Set to 1 to run the check at every load even when an earlier pass is on record.
-RECHECK_ENV = "DPLANG_RECHECK_INVARIANCE"
-#: Where the derivation of the arithmetic's modules starts: the backend and this check.
-_ARITHMETIC_ROOTS = ("dplang.models.transformers", "dplang.models.invariance")
-#: Environment variables that choose kernels, vector paths or thread counts of the libraries
-#: the arithmetic runs on (their values are part of the record's key).
-_KERNEL_ENV_PREFIXES = ("ATEN_", "ONEDNN_", "DNNL_", "MKL_", "NUMBA_", "TRITON_", "CUBLAS",
-                        "TORCH_", "PYTORCH_")
-_KERNEL_ENV_NAMES = ("DPLANG_NO_KERNELS", "DPLANG_NO_PACKED_INT8", "DPLANG_THREADS")
-#: Packages whose code computes the bits (their installed versions are part of the key).
-_ARITHMETIC_PACKAGES = ("torch", "numpy", "numba", "llvmlite", "triton", "transformers")
 
 
 class CheckedModel(Protocol):
@@ -213,7 +210,7 @@ def check_row_invariance_cached(model: CheckedModel) -> bool:
     passes, the model keeps it (recorded, with a warning), else the refusal is recorded
     (:func:`record_refusal`) so that the next attempt with the same configuration is refused
     before any weight is loaded, and :class:`RowInvarianceError` is raised."""
-    folder = _record_folder()
+    folder = record_folder()
     record = folder / f"{_record_key(model)}.json"
     recheck = os.environ.get(RECHECK_ENV, "") not in ("", "0")
     if not recheck:
@@ -246,7 +243,7 @@ def check_row_invariance_cached(model: CheckedModel) -> bool:
         warnings.warn(f"{first}; using dplang's reference arithmetic instead (the same bits, "
                       "slower)", stacklevel=2)
         arithmetic = "reference"
-    _write_json(folder, record, {"model_id": model.model_id, "numerics": model.numerics,
+    write_json(folder, record, {"model_id": model.model_id, "numerics": model.numerics,
                                  "arithmetic": arithmetic})
     mark_checked(model)
     return False
@@ -266,16 +263,6 @@ def is_checked(model: CheckedModel) -> bool:
     return key is not None and key == _record_key(model)
 
 
-def _write_json(folder: Path, path: Path, data: dict[str, Any]) -> None:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as fh:
-            json.dump(data, fh)
-        os.replace(fh.name, path)
-    except OSError:  # a read-only cache: the check simply runs again next time
-        pass
-
-
 def refusal_key(files: list[Path], numerics: dict[str, Any]) -> str:
     """A key for a refusal record that needs no weights loaded: the model's files (path,
     size, modification time), the numerics and what decides the code and machine."""
@@ -289,7 +276,7 @@ def refusal_key(files: list[Path], numerics: dict[str, Any]) -> str:
             continue
         parts.append([str(file.resolve()), stat.st_size, stat.st_mtime_ns])
     source = arithmetic_source_digest()
-    blob = json.dumps({"files": parts, "numerics": numerics, "cpu": _cpu_identity(),
+    blob = json.dumps({"files": parts, "numerics": numerics, "cpu": cpu_identity(),
                        "python": platform.python_version(), "dplang": dplang.__version__,
                        "backend_source": source, "machine": _machine_identity(None)},
                       sort_keys=True, default=str)
@@ -299,8 +286,8 @@ def refusal_key(files: list[Path], numerics: dict[str, Any]) -> str:
 def record_refusal(key: str | None, message: str) -> None:
     """Remember that the configuration ``key`` (:func:`refusal_key`) was refused."""
     if key:
-        folder = _record_folder()
-        _write_json(folder, folder / f"{key}.refused.json", {"message": message})
+        folder = record_folder()
+        write_json(folder, folder / f"{key}.refused.json", {"message": message})
 
 
 def refusal_on_record(key: str | None) -> str | None:
@@ -308,7 +295,7 @@ def refusal_on_record(key: str | None) -> str | None:
     ``DPLANG_RECHECK_INVARIANCE=1``: the check then runs again)."""
     if not key or os.environ.get(RECHECK_ENV, "") not in ("", "0"):
         return None
-    path = _record_folder() / f"{key}.refused.json"
+    path = record_folder() / f"{key}.refused.json"
     try:
         message = json.loads(path.read_text())["message"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -316,122 +303,18 @@ def refusal_on_record(key: str | None) -> str | None:
     return f"{message} [refused earlier on this machine; {RECHECK_ENV}=1 checks again]"
 
 
-def _record_folder() -> Path:
-    from dplang.models.cache import cache_dir
-
-    return cache_dir() / "invariance"
-
-
-def arithmetic_modules(root: Path | None = None) -> list[Path]:
-    """The source files of every module of dplang's model arithmetic: the modules of
-    ``dplang.models`` that the backend and this check import, directly or through each other,
-    at module level or inside functions (found by reading their import statements, so a new
-    kernel module joins the list by being imported, never by being listed by hand).
-
-    ``root`` is the folder of the ``dplang`` package (default: this one)."""
-    import ast
-
-    root = root or Path(__file__).resolve().parent.parent
-    found: dict[str, Path] = {}
-    todo = list(_ARITHMETIC_ROOTS)
-    while todo:
-        name = todo.pop()
-        if name in found or not name.startswith("dplang.models"):
-            continue
-        parts = name.split(".")[1:]
-        path = root.joinpath(*parts).with_suffix(".py")
-        package = root.joinpath(*parts) / "__init__.py"
-        if package.is_file():
-            path = package
-        if not path.is_file():
-            continue
-        found[name] = path
-        base = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_bytes())):
-            if isinstance(node, ast.Import):
-                todo += [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    anchor = base.split(".")[: len(base.split(".")) - node.level + 1]
-                    module = ".".join(anchor + ([node.module] if node.module else []))
-                else:
-                    module = node.module or ""
-                todo.append(module)
-                todo += [f"{module}.{alias.name}" for alias in node.names]
-    return [found[name] for name in sorted(found)]
-
-
-#: Digests already computed in this process, by the files' (path, size, modification time):
-#: a load computes the key several times, and parsing and hashing every module took ~50 ms.
-_DIGESTS: dict[tuple[Any, ...], str] = {}
-_MODULES: dict[Path, list[Path]] = {}
-
-
-def arithmetic_source_digest(root: Path | None = None) -> str:
-    """sha256 over the sources of :func:`arithmetic_modules` (with their paths); computed
-    again whenever a file's size or modification time changed."""
-    root = root or Path(__file__).resolve().parent.parent
-    if root not in _MODULES:
-        _MODULES[root] = arithmetic_modules(root)
-    paths = _MODULES[root]
-    stats = [path.stat() for path in paths]
-    stamp = (root, *((str(p), st.st_size, st.st_mtime_ns) for p, st in zip(paths, stats,
-                                                                           strict=True)))
-    if stamp not in _DIGESTS:
-        digest = hashlib.sha256()
-        for path in paths:
-            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes()
-                          + b"\0")
-        _DIGESTS[stamp] = digest.hexdigest()
-    return _DIGESTS[stamp]
-
-
-_VERSIONS: dict[str, str] = {}
-
-
-def _package_versions() -> dict[str, str]:
-    """The installed versions of the arithmetic's packages (read once per process: scanning
-    the installed distributions costs tens of milliseconds each time)."""
-    if _VERSIONS:
-        return dict(_VERSIONS)
-    from importlib import metadata
-
-    versions = {}
-    for name in _ARITHMETIC_PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "absent"
-    versions["torch_runtime"] = torch.__version__
-    _VERSIONS.update(versions)
-    return versions
-
-
-#: Words of environment variable names that locate files or logs: not kernel choices
-#: (``NUMBA_CACHE_DIR`` is set by dplang itself when numba loads).
-_NOT_KERNEL_WORDS = ("CACHE", "DIR", "HOME", "PATH", "LOG", "DEBUG", "VERBOSE")
-
-
-def _kernel_environment() -> dict[str, str]:
-    """The environment variables that may steer the libraries' kernels (prefixes
-    :data:`_KERNEL_ENV_PREFIXES`), without those that only locate files or logs."""
-    return {k: v for k, v in sorted(os.environ.items())
-            if (k.startswith(_KERNEL_ENV_PREFIXES) or k in _KERNEL_ENV_NAMES)
-            and not any(word in k for word in _NOT_KERNEL_WORDS)}
-
-
 def _machine_identity(model: CheckedModel | None) -> dict[str, Any]:
     """What besides the code decides which kernels compute the bits: the library versions,
     the device and the environment variables that steer kernels (the CPU model and ISA flags
-    are :func:`_cpu_identity`) and, for a loaded ``model``, whether the fused kernels are on
+    are :func:`cpu_identity`) and, for a loaded ``model``, whether the fused kernels are on
     and the thread counts (torch's, process-wide, and the model's; numba's is per calling
     thread and set from the model's). Without a model (a refusal's key, computed before the
     load, after a refused check has switched the fused kernels off) only the stable part."""
     device = getattr(model, "device_type", "cpu") if model is not None else "cpu"
     identity: dict[str, Any] = {
-        "packages": _package_versions(),
+        "packages": package_versions(),
         "device": device,
-        "environment": _kernel_environment(),
+        "environment": kernel_environment(),
     }
     if model is not None:
         from dplang.models import cpu_kernels
@@ -447,16 +330,6 @@ def _machine_identity(model: CheckedModel | None) -> dict[str, Any]:
     return identity
 
 
-def _cpu_identity() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return platform.processor() or platform.machine()
-    keep = [line for line in text.splitlines()
-            if line.startswith(("model name", "flags", "vendor_id", "cpu family", "model\t"))]
-    return "\n".join(sorted(set(keep)))
-
-
 def _record_key(model: CheckedModel) -> str:
     import dplang
 
@@ -466,7 +339,7 @@ def _record_key(model: CheckedModel) -> str:
         "weights": model.weights_digest(),
         "config": config(use_diff=False) if callable(config) else repr(model.config),
         "numerics": model.numerics,
-        "cpu": _cpu_identity(),
+        "cpu": cpu_identity(),
         "python": platform.python_version(),
         "dplang": dplang.__version__,
         "backend_source": source,
@@ -488,18 +361,6 @@ def verification_key(weights_digest: str, config_text: str, dtype: str) -> str:
     source = arithmetic_source_digest()
     blob = json.dumps({"weights": weights_digest, "config": config_text, "dtype": dtype,
                        "dplang": dplang.__version__, "backend_source": source,
-                       "packages": _package_versions()},
+                       "packages": package_versions()},
                       sort_keys=True)
     return "verified-" + hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
-def verified_on_record(key: str) -> bool:
-    """Whether verification ``key`` passed before (``DPLANG_RECHECK_INVARIANCE=1``: never)."""
-    if os.environ.get(RECHECK_ENV, "") not in ("", "0"):
-        return False
-    return (_record_folder() / f"{key}.json").is_file()
-
-
-def record_verification(key: str) -> None:
-    folder = _record_folder()
-    _write_json(folder, folder / f"{key}.json", {"verified": True})

@@ -34,6 +34,8 @@ Both paths give the same integers, so the choice changes no bit of any row.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -109,14 +111,56 @@ def padded_rows(m: int) -> int:
     return next(c for c in probed_rows() if c >= m)
 
 
-@functools.cache
 def packed_products_are_exact(k: int, n: int) -> bool:
     """Whether prepacked products of int8 ``[M, k]`` rows with an int8 ``[n, k]`` weight give
     the exact integers on this machine, for every probed row count ``M`` (see the module
-    docstring); checked once per shape and process. False where the path is not
-    :func:`usable`, ``k`` exceeds :data:`MAX_K`, or anything raises."""
+    docstring); probed once per shape and thread count in a process, and a pass is kept on
+    record (:func:`probe_record_key`). False where the path is not :func:`usable`, ``k``
+    exceeds :data:`MAX_K`, or anything raises."""
     if not usable() or not 0 < k <= MAX_K or n <= 0:
         return False
+    return _admitted(k, n, torch.get_num_threads())
+
+
+@functools.cache
+def _admitted(k: int, n: int, threads: int) -> bool:
+    from dplang.models import records
+
+    key = probe_record_key(k, n, threads)
+    if records.verified_on_record(key):
+        return True  # the same probe passed for this key before (DPLANG_RECHECK_...: never)
+    admitted = _probe(k, n)
+    if admitted:
+        records.record_verification(key)  # a refusal is not recorded: it is probed again
+    return admitted
+
+
+def probe_record_key(k: int, n: int, threads: int) -> str:
+    """The key under which a passed probe of shape ``(k, n)`` is kept on record (a small file
+    in dplang's cache folder, beside the load-time check's records) and reused instead of
+    probing again: everything that decides which kernel oneDNN runs and what it computes --
+    the shape, the probed row counts and operands (this module's source, with the rest of the
+    arithmetic's), the thread count, the CPU (model, family, flags, cache size), the library
+    versions, the environment variables that steer kernels, the Python and dplang versions.
+    The same key is the same deterministic probe on the same kernels, so a recorded pass is
+    the same decision taken again; any change probes again, and so does
+    ``DPLANG_RECHECK_INVARIANCE=1``."""
+    import platform
+
+    import dplang
+    from dplang.models import records
+
+    blob = json.dumps({"shape": [k, n], "rows": list(probed_rows()), "threads": threads,
+                       "cpu": records.cpu_identity(), "python": platform.python_version(),
+                       "dplang": dplang.__version__,
+                       "backend_source": records.arithmetic_source_digest(),
+                       "packages": records.package_versions(),
+                       "environment": records.kernel_environment()}, sort_keys=True)
+    return "packed-int8-" + hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _probe(k: int, n: int) -> bool:
+    """Run the admission probe of shape ``(k, n)`` (see :func:`packed_products_are_exact`)."""
     gen = torch.Generator().manual_seed(k * 7919 + n)
     counts = probed_rows()
     tops = counts[-1]

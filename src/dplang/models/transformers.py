@@ -65,9 +65,7 @@ from dplang.models.hf_loading import (
 from dplang.models.invariance import (
     check_row_invariance,
     check_row_invariance_cached,
-    record_verification,
     verification_key,
-    verified_on_record,
 )
 from dplang.models.kernels.triton_check import admit_kernels
 from dplang.models.memory import trim_heap
@@ -81,6 +79,7 @@ from dplang.models.prompt_side import (
     numerics_for,
     prepare_tokenizer,
 )
+from dplang.models.records import record_verification, verified_on_record
 from dplang.models.row_state import RowDecodeState, RowSlot
 
 __all__ = ["MAX_STEP_TOKENS", "RowDecodeState", "RowSlot", "TransformersModel"]

@@ -32,12 +32,12 @@ __all__ = ["TopkStats", "load_tokenizer", "token_lengths", "topk_statistics"]
 def load_tokenizer(spec: str) -> Any:
     """The tokenizer of ``--model``: ``"default"`` (Gemma 3 270M, converted once into the
     dplang cache), a model folder or a ``.gguf`` file. Only the tokenizer is loaded."""
-    from transformers import AutoTokenizer
+    from dplang.models.tokenizer_loading import load_tokenizer as load_model_tokenizer
 
     if spec == "default":
         from dplang.models.default import ensure_default_model
 
-        return AutoTokenizer.from_pretrained(str(ensure_default_model()))
+        return load_model_tokenizer(ensure_default_model())
     path = Path(spec).expanduser()
     if not path.exists():
         raise FileNotFoundError(
@@ -46,8 +46,8 @@ def load_tokenizer(spec: str) -> Any:
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise FileNotFoundError(f"model file {spec!r} is not a .gguf file")
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return AutoTokenizer.from_pretrained(str(path))
+        return load_model_tokenizer(path.parent, path.name)
+    return load_model_tokenizer(path)
 
 
 def token_lengths(texts: Sequence[str], tokenizer: Any) -> np.ndarray:

@@ -52,7 +52,9 @@ def no_library_bars() -> Any:
 
 def load_pretrained(folder: Path, gguf_name: str | None, tokenizer: Any) -> tuple[Any, Any]:
     """The float32 causal LM (GGUF blocks dequantised) and its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from dplang.models.tokenizer_loading import load_tokenizer
 
     kwargs: dict[str, Any] = {"dtype": torch.float32}
     if gguf_name is not None:
@@ -67,8 +69,7 @@ def load_pretrained(folder: Path, gguf_name: str | None, tokenizer: Any) -> tupl
         model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
     strip_quantization(model)
     if tokenizer is None:
-        tok_kwargs = {"gguf_file": gguf_name} if gguf_name is not None else {}
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), **tok_kwargs)
+        tokenizer = load_tokenizer(folder, gguf_name)
     return model, tokenizer
 
 

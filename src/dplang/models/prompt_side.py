@@ -218,10 +218,9 @@ class PromptSide(TokenizerText):
         self.block_size = int(block_size)
         folder, self._gguf_name = resolve_model_path(Path(path), gguf_file)
         self._path = folder
-        from transformers import AutoTokenizer
+        from dplang.models.tokenizer_loading import load_tokenizer
 
-        kwargs = {"gguf_file": self._gguf_name} if self._gguf_name is not None else {}
-        self.tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(str(folder), **kwargs))
+        self.tokenizer = prepare_tokenizer(load_tokenizer(folder, self._gguf_name))
         self.model_id = model_id if model_id is not None else model_id_for(folder,
                                                                            self._gguf_name)
         self._digest = weights_digest

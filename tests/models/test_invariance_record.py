@@ -248,3 +248,24 @@ def test_a_refusal_is_found_by_the_next_process_before_any_load(tiny_llama_dir: 
             for mode in ("fail", "check")]
     assert "NOT ON RECORD" in outs[0].stdout and "REFUSED" in outs[0].stdout, outs[0].stderr
     assert "ON RECORD" in outs[1].stdout.replace("NOT ON RECORD", ""), outs[1]
+
+
+def test_the_statement_walk_finds_every_import_ast_walk_finds() -> None:
+    """The arithmetic's modules are derived from import statements found by walking
+    statement lists only; on every module of dplang (and a made-up one with imports at every
+    depth) it finds exactly what a walk of every node finds."""
+    import ast
+
+    made_up = ("import a\nif x:\n    import b\nelse:\n    from c import d\n"
+               "try:\n    import e\nexcept E:\n    import f\nelse:\n    import g\n"
+               "finally:\n    import h\nclass K:\n    def m(self):\n        with w:\n"
+               "            for i in j:\n                while k:\n                    import l\n"
+               "match v:\n    case 1:\n        import m\nasync def n():\n    async with o:\n"
+               "        import p\n")
+    sources = [made_up] + [p.read_text() for p in
+                           Path(records.__file__).resolve().parents[1].rglob("*.py")]
+    for source in sources:
+        tree = ast.parse(source)
+        every = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        assert sorted(map(id, records.import_statements(tree))) == sorted(map(id, every))
+    assert len(records.import_statements(ast.parse(made_up))) == 10

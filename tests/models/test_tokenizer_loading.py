@@ -159,3 +159,20 @@ def test_a_gguf_file_or_a_folder_without_tokenizer_json_uses_autotokenizer(
     folder.mkdir()
     assert load_tokenizer(folder) == "auto"
     assert auto_loads == ["model.gguf", ""] and not cache.exists()
+
+
+def test_end_of_turn_ids_asked_of_the_rust_tokenizer_are_the_vocabularys(
+        tiny_gemma_dir: Path, cache: Path) -> None:
+    from dplang.models.hf_loading import _token_id
+
+    tokenizer = load_tokenizer(tiny_gemma_dir)
+    vocab = tokenizer.get_vocab()
+
+    class VocabOnly:  # a tokenizer without a Rust backend
+        def get_vocab(self) -> dict[str, int]:
+            return vocab
+
+    for token in ["<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|endoftext|>", "<eos>",
+                  *list(vocab)[:50]]:
+        assert _token_id(tokenizer, token) == vocab.get(token)
+        assert _token_id(VocabOnly(), token) == vocab.get(token)

@@ -29,6 +29,7 @@ __all__ = [
     "arithmetic_modules",
     "arithmetic_source_digest",
     "cpu_identity",
+    "import_statements",
     "kernel_environment",
     "package_versions",
     "record_folder",
@@ -91,7 +92,7 @@ def arithmetic_modules(root: Path | None = None) -> list[Path]:
             continue
         found[name] = path
         base = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_bytes())):
+        for node in import_statements(ast.parse(path.read_bytes())):
             if isinstance(node, ast.Import):
                 todo += [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -103,6 +104,29 @@ def arithmetic_modules(root: Path | None = None) -> list[Path]:
                 todo.append(module)
                 todo += [f"{module}.{alias.name}" for alias in node.names]
     return [found[name] for name in sorted(found)]
+
+
+#: The fields of a node that hold statements (an import is a statement, never an expression).
+_STATEMENT_FIELDS = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def import_statements(tree: Any) -> list[Any]:
+    """Every ``import`` and ``from ... import`` statement of a module's syntax tree, at any
+    depth (in functions, classes, branches, ``try``, ``with``, ``match``), found by walking
+    statement lists only: ``ast.walk`` visits every expression too, five times the nodes
+    (0.3 s of every load for the arithmetic's modules)."""
+    import ast
+
+    found = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+            continue
+        for field in _STATEMENT_FIELDS:
+            todo.extend(getattr(node, field, None) or ())
+    return found
 
 
 #: Digests already computed in this process, by the files' (path, size, modification time):

@@ -12,7 +12,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
-if ! "$venv/bin/python" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
+if ! "$venv/bin/python" -c 'import sys; from importlib.metadata import version; sys.exit(version("torch").split("+")[0] != "2.13.0")' 2>/dev/null; then
   echo "dplang: installing torch==2.13.0" >&2
   "${pip[@]}" install torch==2.13.0
 fi

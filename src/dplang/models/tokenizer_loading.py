@@ -81,7 +81,10 @@ def load_tokenizer(folder: str | os.PathLike[str], gguf_file: str | None = None)
 
 def tokenizer_summary(tokenizer: Any) -> dict[str, Any]:
     """Everything a run reads of a tokenizer, as plain values (two tokenizers with equal
-    summaries tokenize, render and detokenize alike)."""
+    summaries tokenize, render and detokenize alike): the Rust tokenizer's serialisation
+    (normaliser, pre-tokeniser, model with its vocabulary and merges, post-processor,
+    decoder, added tokens), the settings, special and added tokens, and sample encodings and
+    decodings."""
     added = {int(i): [str(t.content), bool(t.special), bool(t.lstrip), bool(t.rstrip),
                       bool(t.normalized), bool(t.single_word)]
              for i, t in (tokenizer.added_tokens_decoder or {}).items()}
@@ -99,9 +102,7 @@ def tokenizer_summary(tokenizer: Any) -> dict[str, Any]:
         "special": repr(tokenizer.special_tokens_map),
         "special_ids": list(tokenizer.all_special_ids),
         "added": added,
-        "size": size,
-        "vocab": hashlib.sha256(json.dumps(sorted(tokenizer.get_vocab().items()))
-                                .encode()).hexdigest(),
+        "size": size,  # (the vocabulary and merges are in the backend's serialisation)
         "ids": [[list(tokenizer(text, add_special_tokens=special)["input_ids"])
                  for special in (False, True)] for text in _SAMPLES],
         "text": [tokenizer.decode(ids, skip_special_tokens=skip) for skip in (False, True)],

@@ -4,6 +4,7 @@ where admitted, refused where they might not be, and the same bits through every
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -135,8 +136,10 @@ def test_the_probe_rejects_a_kernel_wrong_at_one_row_count(
         return out
 
     monkeypatch.setattr(packed_int8.PackedInt8Weight, "products", wrong_at_257)
-    monkeypatch.setenv("DPLANG_RECHECK_INVARIANCE", "1")  # another kernel: not the pass on
-    packed_int8._admitted.cache_clear()                   # record (whose key it would change)
+    # a monkeypatched kernel does not change the record's key: probe again regardless (the
+    # per-test cache folder holds the pass of the first call above)
+    monkeypatch.setenv("DPLANG_RECHECK_INVARIANCE", "1")
+    packed_int8._admitted.cache_clear()
     assert not packed_int8.packed_products_are_exact(70, 50)
     lin = exact.IntegerLinear(torch.randn(50, 70), weight_bits=8)
     assert lin.packed is None  # and so the linear keeps torch._int_mm
@@ -185,6 +188,8 @@ def test_a_passed_probe_is_on_record_under_everything_that_decides_it(
                                        lambda: {"torch": "0.0"}),
         "environment": lambda m: m.setenv("ONEDNN_DEFAULT_FPMATH_MODE", "BF16"),
         "source": lambda m: m.setattr(records, "arithmetic_source_digest", lambda: "other"),
+        "kernel release": lambda m: m.setattr("platform.release", lambda: "0.0-other"),
+        "cpus": lambda m: m.setattr(os, "cpu_count", lambda: 97),
         "recheck": lambda m: m.setenv(records.RECHECK_ENV, "1"),
     }
     for name, change in changes.items():
@@ -193,6 +198,10 @@ def test_a_passed_probe_is_on_record_under_everything_that_decides_it(
             before = len(probes)
             assert new_process(), name
             assert len(probes) == before + 1, f"{name}: the record was reused"
+    for content in ("", "[]", '{"verified": false}', "{"):  # no pass: probed again
+        (records.record_folder() / f"{key}.json").write_text(content)
+        before = len(probes)
+        assert new_process() and len(probes) == before + 1, content
     monkeypatch.setattr(packed_int8, "_probe", lambda k, n: probes.append((k, n)) or False)
     assert not packed_int8.packed_products_are_exact(71, 50)
     packed_int8._admitted.cache_clear()

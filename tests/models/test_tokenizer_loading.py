@@ -95,10 +95,15 @@ def test_a_difference_keeps_autotokenizers_and_is_on_record(
         return kwargs
 
     monkeypatch.setattr(tokenizer_loading, "_init_kwargs", without_template)
+    built: list[int] = []
+    real_direct = tokenizer_loading._direct
+    monkeypatch.setattr(tokenizer_loading, "_direct",
+                        lambda *a: built.append(1) or real_direct(*a))
     first = load_tokenizer(tiny_gemma_dir)
     second = load_tokenizer(tiny_gemma_dir)
     assert first.chat_template and second.chat_template
     assert len(auto_loads) == 2 and _verdicts(cache)[0]["same"] is False
+    assert built == [1]  # found different: AutoTokenizer's at once, nothing compared again
 
 
 def test_a_class_with_behaviour_of_its_own_is_never_read_directly(
@@ -112,8 +117,20 @@ def test_a_class_with_behaviour_of_its_own_is_never_read_directly(
         def decode(self, *args: Any, **kwargs: Any) -> str:
             return "something else"
 
+    class WithProperty(TokenizersBackend):  # as DeBERTa's and MPNet's mask_token
+        @property
+        def mask_token(self) -> str:
+            return "<special mask>"
+
+    class WithClassMethod(TokenizersBackend):
+        @classmethod
+        def from_something(cls) -> None:
+            return None
+
     assert tokenizer_loading._direct(tiny_llama_dir, Plain) is not None
     assert tokenizer_loading._direct(tiny_llama_dir, Overriding) is None
+    assert tokenizer_loading._direct(tiny_llama_dir, WithProperty) is None
+    assert tokenizer_loading._direct(tiny_llama_dir, WithClassMethod) is None
     assert tokenizer_loading._direct(tiny_llama_dir, type(Overriding)) is None
     assert tokenizer_loading._direct(tiny_llama_dir, None) is None
 
@@ -131,6 +148,22 @@ def test_changed_files_libraries_or_a_recheck_compare_again(
     os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # an edited file
     load_tokenizer(folder)
     assert len(auto_loads) == 2
+    model_config = folder / "config.json"  # it can decide the class AutoTokenizer picks
+    stat = model_config.stat()
+    os.utime(model_config, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    load_tokenizer(folder)
+    assert len(auto_loads) == 3
+    (folder / "additional_chat_templates").mkdir()
+    (folder / "additional_chat_templates" / "tool_use.jinja").write_text("{{ messages }}")
+    load_tokenizer(folder)
+    assert len(auto_loads) == 4
+    # a named template the direct read does not build: found different, AutoTokenizer's kept
+    assert isinstance(load_tokenizer(folder).chat_template, dict)
+    assert len(auto_loads) == 5
+    shutil.rmtree(folder / "additional_chat_templates")
+    load_tokenizer(folder)  # the folder as it was before: its record (the same) again
+    assert len(auto_loads) == 5
+    auto_loads.clear()
     from importlib import metadata
 
     real_version = metadata.version
@@ -138,13 +171,23 @@ def test_changed_files_libraries_or_a_recheck_compare_again(
         m.setattr(metadata, "version", lambda name: "0.0" if name == "tokenizers"
                   else real_version(name))
         load_tokenizer(folder)
-    assert len(auto_loads) == 3
+    assert len(auto_loads) == 1
     monkeypatch.setenv("DPLANG_RECHECK_INVARIANCE", "1")
     load_tokenizer(folder)
-    assert len(auto_loads) == 4
+    assert len(auto_loads) == 2
     monkeypatch.delenv("DPLANG_RECHECK_INVARIANCE")
     load_tokenizer(folder)
-    assert len(auto_loads) == 4
+    assert len(auto_loads) == 2
+
+
+@pytest.mark.parametrize("content", ["[]", "null", '"x"', "{", "", '{"same": "yes"}'])
+def test_a_record_that_is_not_ours_is_compared_again(
+        content: str, tiny_llama_dir: Path, cache: Path, auto_loads: list[str]) -> None:
+    load_tokenizer(tiny_llama_dir)
+    (record,) = cache.glob("*.json")
+    record.write_text(content)
+    load_tokenizer(tiny_llama_dir)
+    assert len(auto_loads) == 2 and _verdicts(cache)[0]["same"] is True
 
 
 def test_a_gguf_file_or_a_folder_without_tokenizer_json_uses_autotokenizer(

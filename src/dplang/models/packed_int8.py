@@ -140,17 +140,24 @@ def probe_record_key(k: int, n: int, threads: int) -> str:
     in dplang's cache folder, beside the load-time check's records) and reused instead of
     probing again: everything that decides which kernel oneDNN runs and what it computes --
     the shape, the probed row counts and operands (this module's source, with the rest of the
-    arithmetic's), the thread count, the CPU (model, family, flags, cache size), the library
-    versions, the environment variables that steer kernels, the Python and dplang versions.
-    The same key is the same deterministic probe on the same kernels, so a recorded pass is
-    the same decision taken again; any change probes again, and so does
-    ``DPLANG_RECHECK_INVARIANCE=1``."""
+    arithmetic's), the thread count, the CPU (model, family, flags, cache size, microcode,
+    topology), the CPUs the process may use, the operating system's kernel release (which
+    grants AMX), the library versions, the environment variables that steer kernels (as read
+    at the probe), the Python and dplang versions. Under the same key the probe would run
+    the same kernels on the same operands, so a recorded pass stands for the decision taken
+    again; any change probes again, and so does ``DPLANG_RECHECK_INVARIANCE=1``."""
     import platform
 
     import dplang
     from dplang.models import records
 
+    try:
+        usable_cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable_cpus = None
     blob = json.dumps({"shape": [k, n], "rows": list(probed_rows()), "threads": threads,
+                       "os": [platform.system(), platform.release()],
+                       "cpus": [os.cpu_count(), usable_cpus],
                        "cpu": records.cpu_identity(), "python": platform.python_version(),
                        "dplang": dplang.__version__,
                        "backend_source": records.arithmetic_source_digest(),

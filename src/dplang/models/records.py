@@ -189,15 +189,16 @@ def kernel_environment() -> dict[str, str]:
 
 
 def cpu_identity() -> str:
-    """The CPU as the kernels see it: vendor, family, model and model name, ISA flags and
-    cache size (``/proc/cpuinfo``; a library's blocking and kernel choice follow them)."""
+    """The CPU as the kernels see it: vendor, family, model and model name, ISA flags, cache
+    size, microcode and topology (cores, siblings) from ``/proc/cpuinfo`` (a library's
+    blocking and kernel choice follow them)."""
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
         return platform.processor() or platform.machine()
     keep = [line for line in text.splitlines()
             if line.startswith(("model name", "flags", "vendor_id", "cpu family", "model\t",
-                                "cache size"))]
+                                "cache size", "microcode", "cpu cores", "siblings"))]
     return "\n".join(sorted(set(keep)))
 
 
@@ -205,7 +206,11 @@ def verified_on_record(key: str) -> bool:
     """Whether verification ``key`` passed before (``DPLANG_RECHECK_INVARIANCE=1``: never)."""
     if os.environ.get(RECHECK_ENV, "") not in ("", "0"):
         return False
-    return (record_folder() / f"{key}.json").is_file()
+    try:
+        info = json.loads((record_folder() / f"{key}.json").read_text())
+    except (OSError, ValueError):  # none, unreadable or not ours: not a pass
+        return False
+    return isinstance(info, dict) and info.get("verified") is True
 
 
 def record_verification(key: str) -> None:

@@ -9,15 +9,19 @@ file directly in about 1.3 s. :func:`load_tokenizer` does that -- an instance of
 ``tokenizer.json`` -- where it gives the same tokenizer:
 
 * only for a class whose behaviour is its base's: between the class and
-  ``TokenizersBackend`` no class defines a method other than ``__init__`` (Gemma's tokenizer
-  class defines only ``__init__``, which rebuilds the same Rust tokenizer);
+  ``TokenizersBackend`` no class defines code other than ``__init__`` (no method, property or
+  other descriptor; Gemma's tokenizer class defines only ``__init__``, which builds the Rust
+  tokenizer from its own normaliser, pre-tokeniser and decoder and the file's vocabulary:
+  that this equals the file's is what the comparison below checks);
 * only once the two were compared on this machine: the first load of a folder builds both, and
   the fast one is kept only if everything a run reads of a tokenizer is equal -- the Rust
   tokenizer's serialisation, the special and added tokens, the chat template, the settings,
   the ids of sample texts and the text of sample ids. The verdict is kept on record (dplang's
-  cache folder, ``tokenizers/``) under the tokenizer files' path, size and modification time,
+  cache folder, ``tokenizers/``) under the path, size and modification time of every file of
+  the folder (``config.json`` can decide the class) and of its ``additional_chat_templates/``,
   the library versions and this module's source; any change compares again, and so does
-  ``DPLANG_RECHECK_INVARIANCE=1``. Otherwise ``AutoTokenizer``'s is used.
+  ``DPLANG_RECHECK_INVARIANCE=1``. Otherwise ``AutoTokenizer``'s is used, and a folder found
+  different is not tried again under the same key.
 
 Privacy: a tokenizer is public (a function of the model's files); nothing here sees data.
 """
@@ -32,9 +36,6 @@ from typing import Any
 
 __all__ = ["load_tokenizer", "tokenizer_summary"]
 
-#: The files of a folder ``AutoTokenizer`` may read for a tokenizer with a ``tokenizer.json``.
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                    "added_tokens.json", "chat_template.jinja", "chat_template.json")
 #: ``tokenizer_config.json`` entries that say how to load, not what the tokenizer is.
 _LOADING_KEYS = ("tokenizer_class", "backend", "is_local", "local_files_only", "auto_map",
                  "tokenizer_file", "name_or_path")
@@ -59,15 +60,20 @@ def load_tokenizer(folder: str | os.PathLike[str], gguf_file: str | None = None)
         return AutoTokenizer.from_pretrained(str(folder))
     record = _record_path(folder)
     recheck = os.environ.get("DPLANG_RECHECK_INVARIANCE", "") not in ("", "0")
-    if record is not None and record.is_file() and not recheck:
+    verdict: Any = {}
+    if record is not None and not recheck:
         try:
             verdict = json.loads(record.read_text())
         except (OSError, ValueError):
             verdict = {}
-        if verdict.get("same") is True:
-            fast = _direct(folder, _class_named(str(verdict.get("class", ""))))
-            if fast is not None:
-                return fast
+    if not isinstance(verdict, dict):
+        verdict = {}  # a record that is not ours: compared again (and rewritten)
+    if verdict.get("same") is True:
+        fast = _direct(folder, _class_named(str(verdict.get("class", ""))))
+        if fast is not None:
+            return fast
+    elif verdict.get("same") is False:
+        return AutoTokenizer.from_pretrained(str(folder))  # found different: not tried again
     reference = AutoTokenizer.from_pretrained(str(folder))
     fast = _direct(folder, type(reference))
     same = fast is not None and tokenizer_summary(fast) == tokenizer_summary(reference)
@@ -120,8 +126,8 @@ def _direct(folder: Path, cls: type | None) -> Any:
     if cls is None or not issubclass(cls, TokenizersBackend):
         return None
     for klass in cls.__mro__[:cls.__mro__.index(TokenizersBackend)]:
-        if any(callable(value) and not isinstance(value, type) and name != "__init__"
-               for name, value in vars(klass).items()):
+        if any(name != "__init__" and _is_behaviour(value) for name, value in
+               vars(klass).items()):
             return None  # behaviour of its own: only AutoTokenizer builds it faithfully
     try:
         kwargs = _init_kwargs(folder)
@@ -131,6 +137,15 @@ def _direct(folder: Path, cls: type | None) -> Any:
     except Exception:
         return None
     return tokenizer
+
+
+def _is_behaviour(value: Any) -> bool:
+    """Whether a class attribute is code (a method, property, class or static method, any
+    descriptor or callable other than a nested class), not a plain setting."""
+    if isinstance(value, type):
+        return False
+    return (callable(value) or isinstance(value, (property, classmethod, staticmethod))
+            or hasattr(value, "__get__"))
 
 
 def _init_kwargs(folder: Path) -> dict[str, Any]:
@@ -178,13 +193,15 @@ def _record_path(folder: Path) -> Path | None:
     from dplang.models.cache import cache_dir
 
     files = []
-    for name in _TOKENIZER_FILES:
-        path = folder / name
+    candidates = [p for where in (folder, folder / "additional_chat_templates")
+                  if where.is_dir() for p in sorted(where.iterdir())]
+    for path in candidates:  # every file AutoTokenizer may read (config.json decides a class)
         try:
             stat = path.stat()
         except OSError:
             continue
-        files.append([str(path.resolve()), stat.st_size, stat.st_mtime_ns])
+        if path.is_file():
+            files.append([str(path.resolve()), stat.st_size, stat.st_mtime_ns])
     versions = {}
     for package in ("transformers", "tokenizers"):
         try:

@@ -526,7 +526,6 @@ class IntegerLinear:
         self.packed: list[packed_int8.PackedInt8Weight] | None = None
         if (self.layout != "kn" or self.stacked or self.device.type != "cpu"
                 or self.kernel != "int8"
-                or not packed_int8.usable()  # read each time: the probe's verdict is cached
                 or not packed_int8.packed_products_are_exact(self.in_features,
                                                              self.out_features)):
             return

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,8 +24,10 @@ from dplang.models.records import (
     arithmetic_modules,
     arithmetic_source_digest,
     cpu_identity,
+    file_stamps,
     kernel_environment,
     package_versions,
+    recheck_requested,
     record_folder,
     write_json,
 )
@@ -212,7 +213,7 @@ def check_row_invariance_cached(model: CheckedModel) -> bool:
     before any weight is loaded, and :class:`RowInvarianceError` is raised."""
     folder = record_folder()
     record = folder / f"{_record_key(model)}.json"
-    recheck = os.environ.get(RECHECK_ENV, "") not in ("", "0")
+    recheck = recheck_requested()
     if not recheck:
         refused = refusal_on_record(model.refusal_key())
         if refused:
@@ -244,7 +245,7 @@ def check_row_invariance_cached(model: CheckedModel) -> bool:
                       "slower)", stacklevel=2)
         arithmetic = "reference"
     write_json(folder, record, {"model_id": model.model_id, "numerics": model.numerics,
-                                 "arithmetic": arithmetic})
+                                "arithmetic": arithmetic})
     mark_checked(model)
     return False
 
@@ -268,13 +269,7 @@ def refusal_key(files: list[Path], numerics: dict[str, Any]) -> str:
     size, modification time), the numerics and what decides the code and machine."""
     import dplang
 
-    parts = []
-    for file in sorted(files):
-        try:
-            stat = file.stat()
-        except OSError:
-            continue
-        parts.append([str(file.resolve()), stat.st_size, stat.st_mtime_ns])
+    parts = file_stamps(sorted(files))
     source = arithmetic_source_digest()
     blob = json.dumps({"files": parts, "numerics": numerics, "cpu": cpu_identity(),
                        "python": platform.python_version(), "dplang": dplang.__version__,
@@ -293,7 +288,7 @@ def record_refusal(key: str | None, message: str) -> None:
 def refusal_on_record(key: str | None) -> str | None:
     """The recorded refusal message of configuration ``key``, or ``None`` (also ``None`` when
     ``DPLANG_RECHECK_INVARIANCE=1``: the check then runs again)."""
-    if not key or os.environ.get(RECHECK_ENV, "") not in ("", "0"):
+    if not key or recheck_requested():
         return None
     path = record_folder() / f"{key}.refused.json"
     try:

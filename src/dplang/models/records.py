@@ -29,9 +29,12 @@ __all__ = [
     "arithmetic_modules",
     "arithmetic_source_digest",
     "cpu_identity",
+    "file_stamps",
     "import_statements",
     "kernel_environment",
     "package_versions",
+    "read_json",
+    "recheck_requested",
     "record_folder",
     "record_verification",
     "verified_on_record",
@@ -49,6 +52,34 @@ _KERNEL_ENV_PREFIXES = ("ATEN_", "ONEDNN_", "DNNL_", "MKL_", "NUMBA_", "TRITON_"
 _KERNEL_ENV_NAMES = ("DPLANG_NO_KERNELS", "DPLANG_NO_PACKED_INT8", "DPLANG_THREADS")
 #: Packages whose code computes the bits (their installed versions are part of the key).
 _ARITHMETIC_PACKAGES = ("torch", "numpy", "numba", "llvmlite", "triton", "transformers")
+
+
+def recheck_requested() -> bool:
+    """Whether ``DPLANG_RECHECK_INVARIANCE`` asks every check on record to run again."""
+    return os.environ.get(RECHECK_ENV, "") not in ("", "0")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A record's contents, or ``{}`` where it is missing, unreadable or not a JSON object
+    (a record that is not ours counts as none)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def file_stamps(paths: list[Path]) -> list[list[Any]]:
+    """``[resolved path, size, modification time]`` of each of ``paths`` that exists: part of
+    a key that changes whenever one of the files does, without reading them."""
+    stamps = []
+    for path in paths:
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        stamps.append([str(path.resolve()), stat.st_size, stat.st_mtime_ns])
+    return stamps
 
 
 def write_json(folder: Path, path: Path, data: dict[str, Any]) -> None:
@@ -204,13 +235,9 @@ def cpu_identity() -> str:
 
 def verified_on_record(key: str) -> bool:
     """Whether verification ``key`` passed before (``DPLANG_RECHECK_INVARIANCE=1``: never)."""
-    if os.environ.get(RECHECK_ENV, "") not in ("", "0"):
+    if recheck_requested():
         return False
-    try:
-        info = json.loads((record_folder() / f"{key}.json").read_text())
-    except (OSError, ValueError):  # none, unreadable or not ours: not a pass
-        return False
-    return isinstance(info, dict) and info.get("verified") is True
+    return read_json(record_folder() / f"{key}.json").get("verified") is True
 
 
 def record_verification(key: str) -> None:

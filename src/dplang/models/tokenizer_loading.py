@@ -53,21 +53,16 @@ def load_tokenizer(folder: str | os.PathLike[str], gguf_file: str | None = None)
     else through ``AutoTokenizer``."""
     from transformers import AutoTokenizer
 
+    from dplang.models.records import read_json, recheck_requested, write_json
+
     folder = Path(folder)
     if gguf_file is not None:
         return AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_file)
     if not (folder / "tokenizer.json").is_file():
         return AutoTokenizer.from_pretrained(str(folder))
     record = _record_path(folder)
-    recheck = os.environ.get("DPLANG_RECHECK_INVARIANCE", "") not in ("", "0")
-    verdict: Any = {}
-    if record is not None and not recheck:
-        try:
-            verdict = json.loads(record.read_text())
-        except (OSError, ValueError):
-            verdict = {}
-    if not isinstance(verdict, dict):
-        verdict = {}  # a record that is not ours: compared again (and rewritten)
+    # a record that is missing or not ours reads as {}: compared again (and rewritten)
+    verdict = read_json(record) if record is not None and not recheck_requested() else {}
     if verdict.get("same") is True:
         fast = _direct(folder, _class_named(str(verdict.get("class", ""))))
         if fast is not None:
@@ -78,8 +73,6 @@ def load_tokenizer(folder: str | os.PathLike[str], gguf_file: str | None = None)
     fast = _direct(folder, type(reference))
     same = fast is not None and tokenizer_summary(fast) == tokenizer_summary(reference)
     if record is not None:
-        from dplang.models.records import write_json
-
         write_json(record.parent, record, {"same": same,
                                            "class": _class_name(type(reference))})
     return reference
@@ -191,17 +184,11 @@ def _record_path(folder: Path) -> Path | None:
 
     import dplang
     from dplang.models.cache import cache_dir
+    from dplang.models.records import file_stamps
 
-    files = []
-    candidates = [p for where in (folder, folder / "additional_chat_templates")
-                  if where.is_dir() for p in sorted(where.iterdir())]
-    for path in candidates:  # every file AutoTokenizer may read (config.json decides a class)
-        try:
-            stat = path.stat()
-        except OSError:
-            continue
-        if path.is_file():
-            files.append([str(path.resolve()), stat.st_size, stat.st_mtime_ns])
+    # every file AutoTokenizer may read (config.json can decide the class)
+    files = file_stamps([p for where in (folder, folder / "additional_chat_templates")
+                         if where.is_dir() for p in sorted(where.iterdir()) if p.is_file()])
     versions = {}
     for package in ("transformers", "tokenizers"):
         try:

@@ -466,6 +466,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         (PACKED,),
     ),
     Mutation(
+        "invariance-record-damaged-is-pass",
+        "a row-invariance record that does not say it passed (truncated, foreign) counts as a "
+        "pass with the fast arithmetic",
+        (("src/dplang/models/invariance.py",
+          '    if info.get("verified") is True and info.get("arithmetic") in RECORDED_ARITHMETICS:',
+          '    if record.is_file():'),),
+        ("tests/models/test_invariance_record.py",),
+    ),
+    Mutation(
         "augpe-sigma-one-iteration",
         "Aug-PE's histograms get noise σ/√T (calibrated for one of its T iterations)",
         (("src/dplang/textgen/methods/augpe.py",

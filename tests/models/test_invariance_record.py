@@ -116,6 +116,50 @@ def test_a_misbehaving_fast_path_falls_back_to_the_reference_arithmetic(
     assert len(records) == 1 and '"reference"' in records[0].read_text()
 
 
+@pytest.mark.parametrize("damaged", [
+    "", "{not json", "[]", '"pass"', '{"model_id": "x", "arithmetic": "fast"}',
+    '{"verified": "true", "arithmetic": "fast"}', '{"verified": true}',
+    '{"verified": true, "arithmetic": "faster"}', '{"verified": true, "arithmetic": null}'])
+def test_a_record_that_is_not_a_complete_pass_is_checked_again(
+        damaged: str, tiny_llama_dir: Path, cache: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A damaged, truncated or foreign record never stands for a pass: the check runs again
+    and the record is rewritten complete (an unreadable record used to count as a pass with
+    the fast arithmetic, even where the pass on record had needed the reference one)."""
+    calls = _calls(monkeypatch)
+    TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance="cached")
+    (record,) = _passes(cache)
+    record.write_text(damaged)
+    TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance="cached")
+    assert calls == [1, 1]
+    assert records.read_json(record).get("verified") is True
+    TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance="cached")
+    assert calls == [1, 1]  # the rewritten record is a pass
+
+
+def test_a_damaged_reference_record_does_not_grant_the_fast_arithmetic(
+        tiny_llama_dir: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dplang.models import cpu_kernels
+
+    if not cpu_kernels.available(torch.zeros(1)):
+        pytest.skip("numba is not installed: there is no fast path to fall back from")
+    numba = cpu_kernels._NUMBA
+    monkeypatch.setattr(cpu_kernels, "_NUMBA", numba)  # restored afterwards
+    monkeypatch.setattr(cpu_kernels, "_DISABLED", False)
+    monkeypatch.setattr(cpu_kernels, "attend_tokens", _leaky(cpu_kernels.attend_tokens))
+    with pytest.warns(UserWarning, match="reference arithmetic"):
+        TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance="cached")
+    (record,) = _passes(cache)
+    record.write_text(record.read_text()[:-3])  # truncated, e.g. by a full disk
+    cpu_kernels._NUMBA, cpu_kernels._DISABLED = numba, False  # the next process: fast path on
+    assert cpu_kernels.available(torch.zeros(1))
+    with pytest.warns(UserWarning, match="reference arithmetic"):  # checked again: refused
+        model = TransformersModel(tiny_llama_dir, threads=2, block_size=4,
+                                  check_invariance="cached")
+    assert {linear.kernel for linear in model._decoder._linears()} == {"float32"}
+    assert '"reference"' in record.read_text()
+
+
 def test_the_key_covers_weights_and_backend_source(tiny_llama_dir: Path, cache: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     model = TransformersModel(tiny_llama_dir, threads=2, block_size=4, check_invariance=False)

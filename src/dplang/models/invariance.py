@@ -27,11 +27,16 @@ from dplang.models.records import (
     file_stamps,
     kernel_environment,
     package_versions,
+    read_json,
     recheck_requested,
     record_folder,
     write_json,
 )
 from dplang.models.row_state import RowDecodeState
+
+#: The arithmetics a row-invariance record may name: the check passed with the backend's fast
+#: paths, or only with its reference arithmetic (which the model must then use).
+RECORDED_ARITHMETICS = ("fast", "reference")
 
 __all__ = [
     "RowInvarianceError",
@@ -203,8 +208,11 @@ def check_row_invariance_cached(model: CheckedModel) -> bool:
     the thread counts, the CUDA device, the environment variables that steer kernels, the CPU
     model and flags, and the Python and dplang versions.
     Any change runs the check again. ``DPLANG_RECHECK_INVARIANCE=1`` runs it whatever is on
-    record. The check is deterministic for a fixed key, so a recorded pass is the same
-    decision taken again, at a fraction of the start-up time.
+    record, and so does a record that is not a complete pass (unreadable, not a JSON object,
+    without ``"verified": true`` or without a known arithmetic): a damaged record never
+    stands for a pass, nor lets the fast arithmetic replace a recorded reference one. The
+    check is deterministic for a fixed key, so a recorded pass is the same decision taken
+    again, at a fraction of the start-up time.
 
     If the check fails, it is run again with the backend's reference arithmetic (no fused
     kernels, float32 products: the same bits by design, without the fast paths); if that
@@ -218,11 +226,8 @@ def check_row_invariance_cached(model: CheckedModel) -> bool:
         refused = refusal_on_record(model.refusal_key())
         if refused:
             raise RowInvarianceError(refused)
-    if record.is_file() and not recheck:
-        try:
-            info = json.loads(record.read_text())
-        except (OSError, ValueError):
-            info = {}
+    info = {} if recheck else read_json(record)
+    if info.get("verified") is True and info.get("arithmetic") in RECORDED_ARITHMETICS:
         if info.get("arithmetic") == "reference":
             model.use_reference_arithmetic()
         mark_checked(model)
@@ -244,8 +249,8 @@ def check_row_invariance_cached(model: CheckedModel) -> bool:
         warnings.warn(f"{first}; using dplang's reference arithmetic instead (the same bits, "
                       "slower)", stacklevel=2)
         arithmetic = "reference"
-    write_json(folder, record, {"model_id": model.model_id, "numerics": model.numerics,
-                                "arithmetic": arithmetic})
+    write_json(folder, record, {"verified": True, "model_id": model.model_id,
+                                "numerics": model.numerics, "arithmetic": arithmetic})
     mark_checked(model)
     return False
 

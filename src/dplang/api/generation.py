@@ -279,15 +279,22 @@ def run_generation(request: GenerationRequest, *, display: Display,
 def _run_locked(request: GenerationRequest, display: Display, execution: Execution,
                 loader: Callable[[str], PromptModel], check_model: Callable[[str], None] | None,
                 keep: bool, dry_run: bool = False) -> GenerationRun:
+    from ..models.cpu_kernels import compile_expected, record_compiled
+
     what = "the tokenizer" if execution.executor != "inline" else "the model"
+    compiles = execution.device == "cpu" and compile_expected()
+    note = (" (the first run of this dplang on this machine also compiles its CPU kernels: "
+            "about a minute, once)") if compiles else ""
     try:
-        with display.status(f"reading the data and loading {what}…"), library_bars_off():
+        with display.status(f"reading the data and loading {what}{note}…"), library_bars_off():
             plan = plan_generation(request, loader, check_model)
     except (GenerationError, ReferenceDataError) as exc:
         raise DPLangError(one_line(exc)) from None
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted while reading the data or loading {what}: nothing "
                           "was charged or written") from None
+    if compiles:  # recorded after the load (whose check ran the kernels), not at the run's end
+        record_compiled()
     display.info(plan_line(plan))
     display.info(plan.reference_usage())
     if str(request.prompt).lower() == "generic" and request.describe is None:

@@ -18,9 +18,13 @@ on another device, :func:`available` is false and the torch definitions run.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
 import math
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +38,7 @@ __all__ = [
     "attention_output",
     "available",
     "combine",
+    "compile_expected",
     "gated_limbs",
     "gathered_head",
     "gelu_tanh_mul",
@@ -41,6 +46,7 @@ __all__ = [
     "low_limb_range",
     "qkv_heads",
     "quantize_limbs",
+    "record_compiled",
     "residual_limbs",
     "rms_norm",
     "rotary",
@@ -88,6 +94,44 @@ def enabled() -> bool:
     """Whether fused kernels may run in this process at all (not :func:`disable`-d, and
     ``DPLANG_NO_KERNELS`` unset)."""
     return not _DISABLED and os.environ.get("DPLANG_NO_KERNELS", "") in ("", "0")
+
+
+def _compiled_record() -> Path:
+    """The record of a run that compiled this copy of the kernels into numba's cache on this
+    machine, keyed as numba keys its cache (the source file's path, size and modification
+    time), the numba version, the CPU and the cache folder."""
+    from dplang.models import records
+    from dplang.models.cache import cache_dir
+
+    source = Path(__file__).with_name("_numba_kernels.py")
+    key = json.dumps({"source": records.file_stamps([source]),
+                      "numba": records.package_versions().get("numba", "absent"),
+                      "cpu": records.cpu_identity(),
+                      "cache": os.environ.get("NUMBA_CACHE_DIR") or str(cache_dir() / "numba")},
+                     sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return cache_dir() / "kernels" / f"compiled-{digest}.json"
+
+
+def compile_expected() -> bool:
+    """Whether a model loaded in this process will first compile the fused kernels for this
+    machine (about a minute on 2 cores, once per install): they may run (not :func:`disable`-d,
+    ``DPLANG_NO_KERNELS`` unset), numba is installed, and no earlier run recorded
+    (:func:`record_compiled`) that it compiled this copy of them here. It decides a message
+    only: the kernels give the same bits compiled or read from numba's cache."""
+    if not enabled() or importlib.util.find_spec("numba") is None:
+        return False
+    return not _compiled_record().is_file()
+
+
+def record_compiled() -> None:
+    """Record that this copy of the kernels has been compiled on this machine (after a load
+    that ran them). The record holds no data; a read-only cache keeps no record."""
+    from dplang.models import records
+
+    path = _compiled_record()
+    if not path.is_file():
+        records.write_json(path.parent, path, {"compiled": True})
 
 
 def available(tensor: torch.Tensor) -> bool:

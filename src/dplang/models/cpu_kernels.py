@@ -61,6 +61,14 @@ __all__ = [
 _NUMBA: Any = None
 
 
+def _numba_cache_dir() -> str:
+    """Where numba keeps the compiled kernels: ``NUMBA_CACHE_DIR`` as set, else dplang's cache
+    folder's ``numba/`` (set as ``NUMBA_CACHE_DIR`` when numba is first imported here)."""
+    from dplang.models.cache import cache_dir
+
+    return os.environ.get("NUMBA_CACHE_DIR", str(cache_dir() / "numba"))
+
+
 def _load() -> Any:
     global _NUMBA
     if _NUMBA is None:
@@ -68,9 +76,7 @@ def _load() -> Any:
             _NUMBA = False
             return _NUMBA
         try:
-            from dplang.models.cache import cache_dir
-
-            os.environ.setdefault("NUMBA_CACHE_DIR", str(cache_dir() / "numba"))
+            os.environ.setdefault("NUMBA_CACHE_DIR", _numba_cache_dir())
             import numba
         except ImportError:
             _NUMBA = False
@@ -107,7 +113,7 @@ def _compiled_record() -> Path:
     key = json.dumps({"source": records.file_stamps([source]),
                       "numba": records.package_versions().get("numba", "absent"),
                       "cpu": records.cpu_identity(),
-                      "cache": os.environ.get("NUMBA_CACHE_DIR") or str(cache_dir() / "numba")},
+                      "cache": _numba_cache_dir()},
                      sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     return cache_dir() / "kernels" / f"compiled-{digest}.json"

@@ -79,6 +79,7 @@ def test_a_refusal_is_recorded_and_refused_at_once_next_time(
     from dplang.models.default import check_refusal_on_record
 
     monkeypatch.setattr(cpu_kernels, "_NUMBA", cpu_kernels._NUMBA)  # restored afterwards
+    monkeypatch.setattr(cpu_kernels, "_DISABLED", cpu_kernels._DISABLED)  # (disable() sets both)
     monkeypatch.setattr(decoder, "attend", _leaky(attention.attend))
     monkeypatch.setattr(cpu_kernels, "attend_tokens", _leaky(cpu_kernels.attend_tokens))
     with pytest.raises(RowInvarianceError, match="reference arithmetic"):
@@ -105,6 +106,7 @@ def test_a_misbehaving_fast_path_falls_back_to_the_reference_arithmetic(
     if not cpu_kernels.available(torch.zeros(1)):
         pytest.skip("numba is not installed: there is no fast path to fall back from")
     monkeypatch.setattr(cpu_kernels, "_NUMBA", cpu_kernels._NUMBA)  # restored afterwards
+    monkeypatch.setattr(cpu_kernels, "_DISABLED", cpu_kernels._DISABLED)  # (disable() sets both)
     monkeypatch.setattr(cpu_kernels, "attend_tokens", _leaky(cpu_kernels.attend_tokens))
     with pytest.warns(UserWarning, match="reference arithmetic"):
         model = TransformersModel(tiny_llama_dir, threads=2, block_size=4,
@@ -119,7 +121,9 @@ def test_a_misbehaving_fast_path_falls_back_to_the_reference_arithmetic(
 @pytest.mark.parametrize("damaged", [
     "", "{not json", "[]", '"pass"', '{"model_id": "x", "arithmetic": "fast"}',
     '{"verified": "true", "arithmetic": "fast"}', '{"verified": true}',
-    '{"verified": true, "arithmetic": "faster"}', '{"verified": true, "arithmetic": null}'])
+    '{"verified": true, "arithmetic": "faster"}', '{"verified": true, "arithmetic": null}',
+    '{"verified": 1, "arithmetic": "fast"}', '{"verified": 1.0, "arithmetic": "fast"}',
+    '{"verified": true, "arithmetic": ["fast"]}', "[" * 100_000])
 def test_a_record_that_is_not_a_complete_pass_is_checked_again(
         damaged: str, tiny_llama_dir: Path, cache: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -313,3 +317,14 @@ def test_the_statement_walk_finds_every_import_ast_walk_finds() -> None:
         every = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
         assert sorted(map(id, records.import_statements(tree))) == sorted(map(id, every))
     assert len(records.import_statements(ast.parse(made_up))) == 10
+
+
+def test_a_record_that_is_not_a_regular_file_counts_as_none(tmp_path: Path) -> None:
+    """A FIFO at a record's path would block the read forever; a folder cannot be read."""
+    import os
+
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    assert records.read_json(fifo) == {}
+    (tmp_path / "folder.json").mkdir()
+    assert records.read_json(tmp_path / "folder.json") == {}

@@ -250,6 +250,7 @@ def test_a_batch_dependent_kernel_is_refused(tiny_llama_dir: Path, monkeypatch) 
         return attend
 
     monkeypatch.setattr(cpu_kernels, "_NUMBA", cpu_kernels._NUMBA)  # restored afterwards
+    monkeypatch.setattr(cpu_kernels, "_DISABLED", cpu_kernels._DISABLED)
     monkeypatch.setattr(decoder, "attend", leaky(attention.attend))
     monkeypatch.setattr(cpu_kernels, "attend_tokens", leaky(cpu_kernels.attend_tokens))
     with pytest.raises(RowInvarianceError, match="differs from the same row decoded alone"):

@@ -282,7 +282,9 @@ def _run_locked(request: GenerationRequest, display: Display, execution: Executi
     from ..models.cpu_kernels import compile_expected, record_compiled
 
     what = "the tokenizer" if execution.executor != "inline" else "the model"
-    compiles = execution.device == "cpu" and compile_expected()
+    # the note is about a model loaded in this process (workers load and compile their own)
+    compiles = (execution.device == "cpu" and execution.executor == "inline"
+                and compile_expected())
     note = (" (the first run of this dplang on this machine also compiles its CPU kernels: "
             "about a minute, once)") if compiles else ""
     try:
@@ -294,6 +296,7 @@ def _run_locked(request: GenerationRequest, display: Display, execution: Executi
         raise Interrupted(f"interrupted while reading the data or loading {what}: nothing "
                           "was charged or written") from None
     if compiles:  # recorded after the load (whose check ran the kernels), not at the run's end
+        # (a folder only its owner may search: records.write_json)
         record_compiled()
     display.info(plan_line(plan))
     display.info(plan.reference_usage())

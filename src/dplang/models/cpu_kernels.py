@@ -23,6 +23,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,15 @@ _NUMBA: Any = None
 
 def _numba_cache_dir() -> str:
     """Where numba keeps the compiled kernels: ``NUMBA_CACHE_DIR`` as set, else dplang's cache
-    folder's ``numba/`` (set as ``NUMBA_CACHE_DIR`` when numba is first imported here)."""
+    folder's ``numba/`` (set as ``NUMBA_CACHE_DIR`` when numba is first imported here). numba
+    reads the variable once, at its import: where the program imported numba before dplang
+    did, the folder numba chose then (``""``: beside the kernels' source)."""
+    numba = sys.modules.get("numba")
+    if numba is not None:
+        config = getattr(getattr(numba, "core", None), "config", None)
+        chosen = getattr(config, "CACHE_DIR", None)
+        if isinstance(chosen, str):
+            return chosen
     from dplang.models.cache import cache_dir
 
     return os.environ.get("NUMBA_CACHE_DIR", str(cache_dir() / "numba"))
@@ -112,7 +121,8 @@ def _compiled_record() -> Path:
     source = Path(__file__).with_name("_numba_kernels.py")
     key = json.dumps({"source": records.file_stamps([source]),
                       "numba": records.package_versions().get("numba", "absent"),
-                      "cpu": records.cpu_identity(),
+                      "python": list(sys.version_info[:2]),  # numba's cache files are per
+                      "cpu": records.cpu_identity(),  # interpreter version
                       "cache": _numba_cache_dir()},
                      sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
@@ -127,7 +137,10 @@ def compile_expected() -> bool:
     only: the kernels give the same bits compiled or read from numba's cache."""
     if not enabled() or importlib.util.find_spec("numba") is None:
         return False
-    return not _compiled_record().is_file()
+    try:
+        return not _compiled_record().is_file()
+    except OSError:  # a cache folder this user may not search: no note (a message only)
+        return False
 
 
 def record_compiled() -> None:
@@ -135,9 +148,13 @@ def record_compiled() -> None:
     that ran them). The record holds no data; a read-only cache keeps no record."""
     from dplang.models import records
 
-    path = _compiled_record()
-    if not path.is_file():
-        records.write_json(path.parent, path, {"compiled": True})
+    try:
+        path = _compiled_record()
+        if path.is_file():
+            return
+    except OSError:
+        return
+    records.write_json(path.parent, path, {"compiled": True})
 
 
 def available(tensor: torch.Tensor) -> bool:

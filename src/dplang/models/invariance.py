@@ -295,10 +295,8 @@ def refusal_on_record(key: str | None) -> str | None:
     ``DPLANG_RECHECK_INVARIANCE=1``: the check then runs again)."""
     if not key or recheck_requested():
         return None
-    path = record_folder() / f"{key}.refused.json"
-    try:
-        message = json.loads(path.read_text())["message"]
-    except (OSError, ValueError, KeyError, TypeError):
+    message = read_json(record_folder() / f"{key}.refused.json").get("message")
+    if not isinstance(message, str):
         return None
     return f"{message} [refused earlier on this machine; {RECHECK_ENV}=1 checks again]"
 

@@ -14,6 +14,7 @@ check skipped, which is why every key holds everything the decision depends on.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -60,11 +61,14 @@ def recheck_requested() -> bool:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A record's contents, or ``{}`` where it is missing, unreadable or not a JSON object
-    (a record that is not ours counts as none)."""
+    """A record's contents, or ``{}`` where it is missing, not a regular file (a folder, a
+    FIFO that would block the read), unreadable or not a JSON object, nested too deeply to
+    parse included (a record that is not ours counts as none)."""
     try:
+        if not path.is_file():
+            return {}
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -83,13 +87,24 @@ def file_stamps(paths: list[Path]) -> list[list[Any]]:
 
 
 def write_json(folder: Path, path: Path, data: dict[str, Any]) -> None:
+    """Write a record atomically (a temporary file renamed over ``path``) in ``folder``, which
+    is made searchable by its owner only (mode 700): a record's times are those of the load
+    that wrote it, after the run had read its data, so nobody else may ``stat`` them. A cache
+    that cannot be written keeps no record (the check runs again next time) and no
+    temporary file."""
+    temporary = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        if folder.stat().st_mode & 0o077:
+            folder.chmod(0o700)
         with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as fh:
+            temporary = fh.name
             json.dump(data, fh)
-        os.replace(fh.name, path)
-    except OSError:  # a read-only cache: the check simply runs again next time
-        pass
+        os.replace(temporary, path)
+    except OSError:  # a read-only cache, a full disk, a folder of someone else's
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
 
 
 def record_folder() -> Path:

@@ -429,6 +429,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/models/test_triton_kernels.py",),
     ),
     Mutation(
+        "triton-gathered-head-neighbour-scale",
+        "the Triton gathered LM head scales every row's outputs by the first row's scale (a "
+        "row's logits then depend on another row: another group's data)",
+        (("src/dplang/models/kernels/triton_exact.py",
+          "    rs = tl.load(rscale_ptr + i)\n",
+          "    rs = tl.load(rscale_ptr + 0)\n"),),
+        ("tests/models/test_triton_kernels.py",),
+    ),
+    Mutation(
         "packed-int8-rounded-output",
         "the prepacked int8 products come back in bfloat16 (the integers rounded: other bits "
         "than torch._int_mm's exact sums)",

@@ -82,6 +82,46 @@ for bits in (16, 8):
         out[f"linear {bits} {m}x{k}x{n}"] = (same(ref, got) and same(ref, got_cm)
                                              and same(ref[:1], alone))
 
+for bits in (16, 8):  # the LM head ("nk", stacked for 16 bits): dense through the linear
+    for m, k, n, bias in ((1, 32, 20, False), (5, 70, 300, True)):  # kernel, and gathered
+        w = torch.randn(n, k, generator=g) * 0.3
+        b = torch.randn(n, generator=g) if bias else None
+        lin = exact.IntegerLinear(w, b, weight_bits=bits, layout="nk")
+        x = rows(m, k, 4.0)
+        prepared = exact.prepare_rows(x)
+        two = bits == 16
+        ref = lin.apply(prepared)
+        got = tk.linear(prepared.limbs, prepared.scale, lin.limbs[0].t(),
+                        lin.limbs[1].t() if two else None, lin.col_scale, lin.bias)
+        out[f"linear nk {bits} {m}x{k}x{n}"] = same(ref, got)
+        for width in (1, 7, 70):
+            ids = torch.stack([torch.randperm(n, generator=g)[:width] for _ in range(m)])
+            if width > 2:
+                ids[:, -2:] = ids[:, :1]  # a ragged set's padding: the row's first id
+            want = lin.gathered(x, ids)
+            shift = 256.0 if two else 1.0
+            got = tk.gathered_head(prepared.limbs, prepared.scale, lin.limbs[0],
+                                   lin.limbs[1] if two else None, ids, lin.col_scale,
+                                   lin.bias, shift * 256.0, shift)
+            # a row alone gives the bits it has among the others
+            alone = tk.gathered_head(prepared.limbs[[m - 1, 2 * m - 1]],
+                                     prepared.scale[m - 1:], lin.limbs[0],
+                                     lin.limbs[1] if two else None, ids[m - 1:],
+                                     lin.col_scale, lin.bias, shift * 256.0, shift)
+            out[f"gathered {bits} {m}x{k}x{n} w{width}"] = (
+                same(want, got) and same(ref.gather(1, ids), got)
+                and same(want[m - 1:], alone))
+        # an id out of range reads nothing outside the weights: NaN there, the rest unchanged
+        ids = torch.stack([torch.randperm(n, generator=g)[:5] for _ in range(m)])
+        wrong = ids.clone()
+        wrong[0, 1], wrong[-1, 3] = n, -1
+        got = tk.gathered_head(prepared.limbs, prepared.scale, lin.limbs[0],
+                               lin.limbs[1] if two else None, wrong, lin.col_scale, lin.bias,
+                               shift * 256.0, shift)
+        bad = wrong != ids
+        out[f"gathered {bits} out of range"] = bool(
+            got[bad].isnan().all() and same(got[~bad], ref.gather(1, ids)[~bad]))
+
 for m, k in ((1, 8), (4, 64), (9, 200)):
     x = torch.randn(m, k, generator=g) * 3
     x[0, :3] = 0.0
@@ -110,8 +150,8 @@ for capacity in (BLOCK_SIZE, 2 * BLOCK_SIZE):
         alone = tk.attend_tokens(q[3:4], slot[3:4], pos[3:4], keys, ks, values, vs, window,
                                  0.125, cap, WEIGHT_LEVELS, MAX_POSITIONS)
         out[f"attend {capacity} {window} {cap}"] = same(ref, got) and same(ref[3:4], alone)
-for op in ("quantize", "quantize_limbs", "rms_norm", "gelu_tanh_mul", "silu_mul", "linear",
-           "attend_tokens"):
+from dplang.models import kernels
+for op in kernels.gpu_ops():  # every operation with a Triton kernel has its self-test
     out[f"selftest {op}"] = triton_check.self_test(op, torch.device("cpu"))
 print("VERDICT " + json.dumps(out))
 '''
@@ -131,8 +171,8 @@ def verdicts() -> dict[str, bool]:
     return _interpreted()
 
 
-@pytest.mark.parametrize("family", ["quantize", "limbs", "linear", "rms", "gelu", "silu",
-                                    "attend", "selftest"])
+@pytest.mark.parametrize("family", ["quantize", "limbs", "linear", "gathered", "rms", "gelu",
+                                    "silu", "attend", "selftest"])
 def test_each_kernel_gives_the_bits_of_its_torch_definition(verdicts, family):
     cases = {name: ok for name, ok in verdicts.items() if name.split()[0] == family}
     assert cases, f"no {family} case ran"
@@ -222,3 +262,13 @@ def test_the_kernels_on_a_gpu_give_the_bits_of_the_cpu_definitions():
     assert torch.equal(tk.gelu_tanh_mul(gate.cuda(), up.cuda()).cpu(),
                        exact.gelu_tanh(gate) * up)
     assert torch.equal(tk.silu_mul(gate.cuda(), up.cuda()).cpu(), exact.silu(gate) * up)
+    # the LM head ("nk", stacked limbs): dense through the linear kernel, and gathered
+    head = exact.IntegerLinear(torch.randn(5000, 640, generator=g) * 0.2, layout="nk")
+    dense = head.apply(prepared)
+    ids = torch.randint(0, 5000, (37, 50), generator=g)
+    on_gpu = [t.cuda() for t in head.limbs]
+    got = tk.linear(limbs, scale, on_gpu[0].t(), on_gpu[1].t(), head.col_scale.cuda(), None)
+    assert torch.equal(got.cpu().view(torch.int32), dense.view(torch.int32))
+    got = tk.gathered_head(limbs, scale, on_gpu[0], on_gpu[1], ids.cuda(), head.col_scale.cuda(),
+                           None, 65536.0, 256.0)
+    assert torch.equal(got.cpu().view(torch.int32), dense.gather(1, ids).view(torch.int32))

@@ -656,10 +656,13 @@ class IntegerLinear:
 
     def apply(self, rows: PreparedRows) -> torch.Tensor:
         """The outputs ``[M, N]`` for prepared rows."""
-        fused_linear = kernels.lookup("linear", rows.limbs) if self.layout == "kn" else None
+        fused_linear = kernels.lookup("linear", rows.limbs)
         if fused_linear is not None:  # products and combination in one kernel (a GPU)
-            return fused_linear(rows.limbs, rows.scale, self.limbs[0],
-                                self.limbs[1] if self.weight_bits == 16 else None,
+            # the kernel reads "kn" limbs [K, N] with any strides: an "nk" weight's transpose
+            # is such a view (the LM head, dense for the public rows), with no copy
+            limbs = self.limbs if self.layout == "kn" else [t.t() for t in self.limbs]
+            return fused_linear(rows.limbs, rows.scale, limbs[0],
+                                limbs[1] if self.weight_bits == 16 else None,
                                 self.col_scale, self.bias)
         high, low, low2 = self.integer_parts(rows)
         shift = float(LIMB) if self.weight_bits == 16 else 1.0

@@ -600,7 +600,8 @@ class TransformersModel(TokenizerText):
         logit is the same bits as in the full-vocabulary logits. The logits are on the CPU
         whatever the model's device, or on the model's device with ``keep_device`` (then
         candidates already on that device are not range-checked on the host, which would
-        synchronise a GPU: an id out of range fails in the gather there)."""
+        synchronise a GPU: an id out of range fails in the gather there, or gets a NaN logit
+        from the Triton kernel of the sparse head, which reads nothing outside the weights)."""
         hidden = torch.as_tensor(hidden).to(device=self.device, dtype=torch.float32)
         if hidden.ndim != 2 or hidden.shape[1] != self.hidden_size:
             raise ValueError(

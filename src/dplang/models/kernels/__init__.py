@@ -75,7 +75,7 @@ OPS: dict[str, tuple[str, ...]] = {
     "write_kv": ("cpu",),
     "topk_plus": ("cpu",),
     "topk_plus_rows": ("cpu",),
-    "gathered_head": ("cpu",),
+    "gathered_head": ("cpu", "cuda"),
     "top_superset": ("cpu",),
 }
 

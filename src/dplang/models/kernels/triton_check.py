@@ -111,17 +111,31 @@ def self_test(op: str, device: torch.device) -> bool:
                 got = tk.attend_tokens(*args, window, 0.25, cap, WEIGHT_LEVELS, MAX_POSITIONS)
                 ok = ok and same(ref, got)
             return ok
-        if op == "linear":
+        if op in ("linear", "gathered_head"):
             ok = True
-            for bits in (16, 8):
+            rows = exact.prepare_rows(x.nan_to_num())
+            # "kn": a body linear; "nk": the LM head, whose transpose the kernel reads
+            for bits, layout in ((16, "kn"), (8, "kn"), (16, "nk"), (8, "nk")):
                 w = torch.randn(70, 96, generator=g) * 0.3
-                lin = exact.IntegerLinear(w, torch.randn(70, generator=g), weight_bits=bits)
+                lin = exact.IntegerLinear(w, torch.randn(70, generator=g), weight_bits=bits,
+                                          layout=layout)
                 lin.to(device)
-                rows = exact.prepare_rows(x.nan_to_num())
-                ref = lin.apply(rows)
-                got = tk.linear(rows.limbs, rows.scale, lin.limbs[0],
-                                lin.limbs[1] if bits == 16 else None, lin.col_scale, lin.bias)
-                ok = ok and same(ref, got)
+                two = bits == 16
+                if op == "linear":
+                    ref = lin.apply(rows)
+                    limbs = lin.limbs if layout == "kn" else [t.t() for t in lin.limbs]
+                    got = tk.linear(rows.limbs, rows.scale, limbs[0], limbs[1] if two else None,
+                                    lin.col_scale, lin.bias)
+                    ok = ok and same(ref, got)
+                elif layout == "nk":
+                    ids = torch.randint(0, 70, (rows.count, 9), generator=g).to(device)
+                    ids[:, -2:] = ids[:, :1]  # a ragged set's padding: the row's first id
+                    ref = lin.gathered(x.nan_to_num(), ids)
+                    shift = 256.0 if two else 1.0
+                    got = tk.gathered_head(rows.limbs, rows.scale, lin.limbs[0],
+                                           lin.limbs[1] if two else None, ids, lin.col_scale,
+                                           lin.bias, shift * 256.0, shift)
+                    ok = ok and same(ref, got)
             return ok
     raise KeyError(f"no self-test for {op!r}")
 

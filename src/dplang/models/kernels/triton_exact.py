@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["attend_tokens", "gelu_tanh_mul", "linear", "quantize", "quantize_limbs",
-           "rms_norm", "silu_mul"]
+__all__ = ["attend_tokens", "gathered_head", "gelu_tanh_mul", "linear", "quantize",
+           "quantize_limbs", "rms_norm", "silu_mul"]
 
 #: Launch options of every kernel (see the module docstring).
 _LAUNCH = {"enable_fp_fusion": False}
@@ -185,6 +185,78 @@ def linear(limbs: torch.Tensor, row_scale: torch.Tensor, w_hi: torch.Tensor,
         out, rows, n, w_hi.stride(0), w_hi.stride(1), high_shift, low_shift,
         K=k, TWO=two, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=64,
         **_LAUNCH)
+    return out
+
+
+@triton.jit
+def _gathered_head_kernel(limbs_ptr, w_hi_ptr, w_lo_ptr, ids_ptr, rscale_ptr, cscale_ptr,
+                          bias_ptr, out_ptr, rows, W, N, high_shift, low_shift,
+                          K: tl.constexpr, TWO: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Row ``i``'s outputs on a block of its own columns ``ids[i, j]`` ("nk" weight rows):
+    the exact int32 dot products of its limbs with the gathered weight rows' limbs, then the
+    fixed formula of :func:`_linear_kernel` (:meth:`~dplang.models.exact.IntegerLinear.combine`).
+    An id outside ``0 .. N - 1`` reads nothing and gives NaN (where torch's gather would
+    fail)."""
+    i = tl.program_id(0)
+    rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    in_set = rc < W
+    c = tl.load(ids_ptr + i * W + rc, mask=in_set, other=0)
+    known = (c >= 0) & (c < N)
+    in_row = in_set & known
+    c = tl.where(known, c, 0)
+    rk = tl.arange(0, BLOCK_K)
+    high = tl.zeros((BLOCK_C,), dtype=tl.int32)
+    low = tl.zeros((BLOCK_C,), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        k_in = kk < K
+        x_hi = tl.load(limbs_ptr + i * K + kk, mask=k_in, other=0).to(tl.int32)
+        x_lo = tl.load(limbs_ptr + (rows + i) * K + kk, mask=k_in, other=0).to(tl.int32)
+        w_off = c[:, None] * K + kk[None, :]
+        w_mask = in_row[:, None] & k_in[None, :]
+        w_hi = tl.load(w_hi_ptr + w_off, mask=w_mask, other=0).to(tl.int32)
+        high += tl.sum(x_hi[None, :] * w_hi, axis=1)
+        low += tl.sum(x_lo[None, :] * w_hi, axis=1)
+        if TWO:
+            w_lo = tl.load(w_lo_ptr + w_off, mask=w_mask, other=0).to(tl.int32)
+            low += tl.sum(x_hi[None, :] * w_lo, axis=1)
+    rs = tl.load(rscale_ptr + i)
+    cs = tl.load(cscale_ptr + c, mask=in_row, other=1.0)
+    y = high.to(tl.float32) * (rs * high_shift)
+    y = y + low.to(tl.float32) * (rs * low_shift)
+    y = y * cs
+    if HAS_BIAS:
+        y = y + tl.load(bias_ptr + c, mask=in_row, other=0.0)
+    y = tl.where(known, y, float("nan"))
+    tl.store(out_ptr + i * W + rc, y, mask=in_set)
+
+
+def gathered_head(limbs: torch.Tensor, row_scale: torch.Tensor, w_hi: torch.Tensor,
+                  w_lo: torch.Tensor | None, ids: torch.Tensor, col_scale: torch.Tensor,
+                  bias: torch.Tensor | None, high_shift: float, low_shift: float
+                  ) -> torch.Tensor:
+    """:meth:`~dplang.models.exact.IntegerLinear.gathered`'s outputs ``[M, W]`` of prepared
+    rows (``limbs`` int8 ``[2M, K]``, ``row_scale [M, 1]``) on their own columns ``ids [M, W]``
+    of "nk" weight limbs ``[N, K]`` (``w_lo`` for 16-bit weights): one kernel, the weight rows
+    read where they are (no gathered copy). An id out of range gives a NaN output, not a read
+    outside the weights (the ids are not checked on the host, which would wait for the GPU)."""
+    k = limbs.shape[1]
+    if k >= 2**17:  # int8 x int8 products summed in int32, as the torch definition's
+        raise ValueError(f"gathered head: width {k} too large for int32 sums")
+    rows, width = ids.shape
+    out = torch.empty((rows, width), dtype=torch.float32, device=limbs.device)
+    if rows == 0 or width == 0:
+        return out
+    two = w_lo is not None
+    w_hi = w_hi.contiguous()
+    block_c = min(64, _block(width))
+    _gathered_head_kernel[(rows, triton.cdiv(width, block_c))](
+        limbs.contiguous(), w_hi, w_lo.contiguous() if two else w_hi,
+        ids.to(torch.int64).contiguous(), row_scale.reshape(-1).contiguous(),
+        col_scale.contiguous(), bias.contiguous() if bias is not None else col_scale, out,
+        rows, width, w_hi.shape[0], float(high_shift), float(low_shift), K=k, TWO=two,
+        HAS_BIAS=bias is not None, BLOCK_C=block_c, BLOCK_K=64, **_LAUNCH)
     return out
 
 

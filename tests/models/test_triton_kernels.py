@@ -62,7 +62,7 @@ for m, k in ((1, 16), (6, 48), (23, 100)):
     out[f"limbs {m}x{k}"] = same(ref.limbs, limbs) and same(ref.scale, scale)
 
 for bits in (16, 8):
-    for m, k, n, bias in ((1, 32, 16, True), (3, 70, 40, False), (37, 96, 130, True)):
+    for m, k, n, bias in ((1, 32, 16, True), (3, 70, 40, False), (100, 96, 130, True)):
         w = torch.randn(n, k, generator=g) * 0.3
         b = torch.randn(n, generator=g) if bias else None
         lin = exact.IntegerLinear(w, b, weight_bits=bits)
@@ -83,7 +83,7 @@ for bits in (16, 8):
                                              and same(ref[:1], alone))
 
 for bits in (16, 8):  # the LM head ("nk", stacked for 16 bits): dense through the linear
-    for m, k, n, bias in ((1, 32, 20, False), (5, 70, 300, True)):  # kernel, and gathered
+    for m, k, n, bias in ((1, 32, 20, False), (70, 70, 300, True)):  # kernel, and gathered
         w = torch.randn(n, k, generator=g) * 0.3
         b = torch.randn(n, generator=g) if bias else None
         lin = exact.IntegerLinear(w, b, weight_bits=bits, layout="nk")
@@ -243,6 +243,23 @@ def test_the_kernels_on_a_gpu_give_the_bits_of_the_cpu_definitions():
 
     verdicts = triton_check.admit_kernels("cuda")  # every kernel passes its self-test here
     assert verdicts == {op: True for op in kernels.gpu_ops()}, verdicts
+    # the LM head ("nk", its limbs views of one stacked tensor, as moved by .to): dense and
+    # gathered through the dispatch, several row blocks and candidate blocks
+    import copy
+
+    gh = torch.Generator().manual_seed(5)
+    rows = torch.randn(150, 640, generator=gh) * 5
+    head = exact.IntegerLinear(torch.randn(5000, 640, generator=gh) * 0.2, layout="nk")
+    with kernels.definitions_only():  # the CPU reference by the torch definitions
+        dense = head.apply(exact.prepare_rows(rows))
+    ids = torch.randint(0, 5000, (150, 130), generator=gh)
+    on_gpu = copy.deepcopy(head).to(torch.device("cuda"))
+    assert kernels.lookup("linear", rows.cuda()) is tk.linear
+    assert kernels.lookup("gathered_head", rows.cuda()) is tk.gathered_head
+    got = on_gpu.apply(exact.prepare_rows(rows.cuda()))
+    assert torch.equal(got.cpu().view(torch.int32), dense.view(torch.int32))
+    got = on_gpu.gathered(rows.cuda(), ids.cuda())
+    assert torch.equal(got.cpu().view(torch.int32), dense.gather(1, ids).view(torch.int32))
     cpu_kernels.disable()
     g = torch.Generator().manual_seed(3)
     x = torch.randn(37, 640, generator=g) * 5
@@ -262,13 +279,3 @@ def test_the_kernels_on_a_gpu_give_the_bits_of_the_cpu_definitions():
     assert torch.equal(tk.gelu_tanh_mul(gate.cuda(), up.cuda()).cpu(),
                        exact.gelu_tanh(gate) * up)
     assert torch.equal(tk.silu_mul(gate.cuda(), up.cuda()).cpu(), exact.silu(gate) * up)
-    # the LM head ("nk", stacked limbs): dense through the linear kernel, and gathered
-    head = exact.IntegerLinear(torch.randn(5000, 640, generator=g) * 0.2, layout="nk")
-    dense = head.apply(prepared)
-    ids = torch.randint(0, 5000, (37, 50), generator=g)
-    on_gpu = [t.cuda() for t in head.limbs]
-    got = tk.linear(limbs, scale, on_gpu[0].t(), on_gpu[1].t(), head.col_scale.cuda(), None)
-    assert torch.equal(got.cpu().view(torch.int32), dense.view(torch.int32))
-    got = tk.gathered_head(limbs, scale, on_gpu[0], on_gpu[1], ids.cuda(), head.col_scale.cuda(),
-                           None, 65536.0, 256.0)
-    assert torch.equal(got.cpu().view(torch.int32), dense.gather(1, ids).view(torch.int32))

@@ -113,11 +113,13 @@ def self_test(op: str, device: torch.device) -> bool:
             return ok
         if op in ("linear", "gathered_head"):
             ok = True
-            rows = exact.prepare_rows(x.nan_to_num())
+            # more rows than one of the linear kernel's row blocks (64), a NaN row among them
+            many = torch.cat([x, (torch.randn(60, 96, generator=g) * 3).to(device)])
+            rows = exact.prepare_rows(many)
             # "kn": a body linear; "nk": the LM head, whose transpose the kernel reads
             for bits, layout in ((16, "kn"), (8, "kn"), (16, "nk"), (8, "nk")):
-                w = torch.randn(70, 96, generator=g) * 0.3
-                lin = exact.IntegerLinear(w, torch.randn(70, generator=g), weight_bits=bits,
+                w = torch.randn(300, 96, generator=g) * 0.3
+                lin = exact.IntegerLinear(w, torch.randn(300, generator=g), weight_bits=bits,
                                           layout=layout)
                 lin.to(device)
                 two = bits == 16
@@ -128,9 +130,11 @@ def self_test(op: str, device: torch.device) -> bool:
                                     lin.col_scale, lin.bias)
                     ok = ok and same(ref, got)
                 elif layout == "nk":
-                    ids = torch.randint(0, 70, (rows.count, 9), generator=g).to(device)
-                    ids[:, -2:] = ids[:, :1]  # a ragged set's padding: the row's first id
-                    ref = lin.gathered(x.nan_to_num(), ids)
+                    # more candidates than one column block (64), the padding of a ragged
+                    # set (the row's first id) at its end
+                    ids = torch.randint(0, 300, (rows.count, 70), generator=g).to(device)
+                    ids[:, -2:] = ids[:, :1]
+                    ref = lin.gathered(many, ids)
                     shift = 256.0 if two else 1.0
                     got = tk.gathered_head(rows.limbs, rows.scale, lin.limbs[0],
                                            lin.limbs[1] if two else None, ids, lin.col_scale,

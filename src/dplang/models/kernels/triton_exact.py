@@ -70,7 +70,7 @@ def _quantize_kernel(x_ptr, out_ptr, scale_ptr, rows, levels, K: tl.constexpr,
     """One row per program: ``q = round(x / scale)``, ``scale = max|x| / levels`` (a row whose
     scale is not a positive normal float: zeros, scale 1); with ``LIMBS`` the int8 limbs
     ``hi = floor((q + 128) / 256)``, ``lo = q - 256 hi`` at rows ``r`` and ``rows + r``."""
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_K)
     mask = cols < K
     x = tl.load(x_ptr + row * K + cols, mask=mask, other=0.0)
@@ -132,8 +132,9 @@ def _linear_kernel(limbs_ptr, w_hi_ptr, w_lo_ptr, rscale_ptr, cscale_ptr, bias_p
     limb products (``TWO``: 16-bit weights in two limbs)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # offsets in int64: rows x N outputs of the LM head pass 2**31 from 8,192 rows
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     rk = tl.arange(0, BLOCK_K)
     high = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     low = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
@@ -198,13 +199,13 @@ def _gathered_head_kernel(limbs_ptr, w_hi_ptr, w_lo_ptr, ids_ptr, rscale_ptr, cs
     fixed formula of :func:`_linear_kernel` (:meth:`~dplang.models.exact.IntegerLinear.combine`).
     An id outside ``0 .. N - 1`` reads nothing and gives NaN (where torch's gather would
     fail)."""
-    i = tl.program_id(0)
+    i = tl.program_id(0).to(tl.int64)  # offsets in int64 (N x K weights, M x W outputs)
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     in_set = rc < W
     c = tl.load(ids_ptr + i * W + rc, mask=in_set, other=0)
     known = (c >= 0) & (c < N)
     in_row = in_set & known
-    c = tl.where(known, c, 0)
+    c = tl.where(known, c, 0).to(tl.int64)
     rk = tl.arange(0, BLOCK_K)
     high = tl.zeros((BLOCK_C,), dtype=tl.int32)
     low = tl.zeros((BLOCK_C,), dtype=tl.int32)
@@ -269,7 +270,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, K: tl.constexpr, BLOCK_K: tl.co
     """One row: squares exact in float64, rounded to the row's power-of-two grid
     (:func:`~dplang.models.exact.fixed_point_sum`), summed as integers, then
     ``x * (1 / sqrt(mean + eps)) * w``."""
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_K)
     mask = cols < K
     x = tl.load(x_ptr + row * K + cols, mask=mask, other=0.0)
@@ -338,7 +339,7 @@ def _exp(x):
 
 @triton.jit
 def _gated_kernel(gate_ptr, up_ptr, out_ptr, total, GELU: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < total
     x = tl.load(gate_ptr + offs, mask=mask, other=0.0)
     up = tl.load(up_ptr + offs, mask=mask, other=0.0)

@@ -87,21 +87,21 @@ def file_stamps(paths: list[Path]) -> list[list[Any]]:
 
 
 def write_json(folder: Path, path: Path, data: dict[str, Any]) -> None:
-    """Write a record atomically (a temporary file renamed over ``path``) in ``folder``, which
-    is made searchable by its owner only (mode 700): a record's times are those of the load
-    that wrote it, after the run had read its data, so nobody else may ``stat`` them. A cache
-    that cannot be written keeps no record (the check runs again next time) and no
-    temporary file."""
+    """Write a record atomically (a temporary file renamed over ``path``) in ``folder``, a
+    folder only its owner may enter (:func:`dplang.release.private_dir`): a record's times are
+    those of the load that wrote it, after the run had read its data, so nobody else may
+    ``stat`` them. A cache that cannot be written, or whose folder is not this user's own,
+    keeps no record (the check runs again next time) and no temporary file."""
+    from dplang.release import ReleaseError, private_dir
+
     temporary = None
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if folder.stat().st_mode & 0o077:
-            folder.chmod(0o700)
+        private_dir(folder)
         with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as fh:
             temporary = fh.name
             json.dump(data, fh)
         os.replace(temporary, path)
-    except OSError:  # a read-only cache, a full disk, a folder of someone else's
+    except (OSError, ReleaseError):  # a read-only cache, a full disk, another's folder
         if temporary is not None:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)

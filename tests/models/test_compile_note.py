@@ -98,33 +98,9 @@ def test_not_expected_where_the_kernels_do_not_run(cache: Path,
     assert not cpu_kernels.compile_expected()
 
 
-@needs_numba
-def test_the_first_run_says_so_while_loading_and_the_next_does_not(
-        cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    data = tmp_path / "d.csv"
-    data.write_text("text\n" + "\n".join(f"review {i} was fine" for i in range(6)) + "\n")
-    shown: list[str] = []
-
-    @contextlib.contextmanager
-    def status(self, message: str):
-        shown.append(message)
-        yield
-
-    monkeypatch.setattr(RichDisplay, "status", status)
-    monkeypatch.setattr(gen_cli, "_load_model",
-                        lambda spec, dtype="float32": ToyModel(vocab_size=30, eos_after=None))
-    for run in ("a", "b"):
-        assert main(["generate", "--data", str(data), "--out", str(tmp_path / f"{run}.jsonl"),
-                     "--epsilon", "3", "-B", "3", "-T", "2", "--device", "cpu"]) == 0
-    assert [NOTE in message for message in shown] == [True, False]
-    assert all(message.startswith("reading the data and loading the model") for message in shown)
-
-
-@needs_numba
-def test_no_note_where_workers_load_the_model(cache: Path, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """With ``--executor local`` this process loads the tokenizer only; the workers compile
-    (or read) the kernels in their own processes: no note here, and no record."""
+def _statuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The status lines ``dplang generate`` will show (a toy model, a six-line data file at
+    ``tmp_path / "d.csv"``), collected in the list returned."""
     data = tmp_path / "d.csv"
     data.write_text("text\n" + "\n".join(f"review {i} was fine" for i in range(6)) + "\n")
     shown: list[str] = []
@@ -138,8 +114,31 @@ def test_no_note_where_workers_load_the_model(cache: Path, tmp_path: Path,
     monkeypatch.setattr(gen_cli, "_load_model",
                         lambda spec, dtype="float32", **kw: ToyModel(vocab_size=30,
                                                                      eos_after=None))
-    assert main(["generate", "--data", str(data), "--out", str(tmp_path / "w.jsonl"),
-                 "--epsilon", "3", "-B", "3", "-T", "2", "--device", "cpu", "--executor",
-                 "local", "--workers", "1", "--dry-run"]) == 0
+    return shown
+
+
+def _generate(tmp_path: Path, out: str, *extra: str) -> int:
+    return main(["generate", "--data", str(tmp_path / "d.csv"), "--out", str(tmp_path / out),
+                 "--epsilon", "3", "-B", "3", "-T", "2", "--device", "cpu", *extra])
+
+
+@needs_numba
+def test_the_first_run_says_so_while_loading_and_the_next_does_not(
+        cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shown = _statuses(tmp_path, monkeypatch)
+    for run in ("a", "b"):
+        assert _generate(tmp_path, f"{run}.jsonl") == 0
+    assert [NOTE in message for message in shown] == [True, False]
+    assert all(message.startswith("reading the data and loading the model") for message in shown)
+
+
+@needs_numba
+def test_no_note_where_workers_load_the_model(cache: Path, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``--executor local`` this process loads the tokenizer only; the workers compile
+    (or read) the kernels in their own processes: no note here, and no record."""
+    shown = _statuses(tmp_path, monkeypatch)
+    assert _generate(tmp_path, "w.jsonl", "--executor", "local", "--workers", "1",
+                     "--dry-run") == 0
     assert shown and not any(NOTE in message for message in shown)
     assert cpu_kernels.compile_expected()

@@ -203,6 +203,35 @@ def test_report_with_language_model_proposer(tmp_path, capsys, monkeypatch) -> N
     assert doc["predicate"]["kind"] == "embedding"
 
 
+def test_a_judge_changed_in_place_is_another_release(tmp_path, capsys, tiny_nli) -> None:
+    """The same seed, data and judge path after the judge's weights changed: another
+    release (the seed is refused for it), never a free rerun whose bounds, subtracted from
+    the first run's, would show noise-free changes of the support counts."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    data, statements = write_corpus(tmp_path, copies=2), write_statements(tmp_path)
+    judge = tmp_path / "judge"
+    shutil.copytree(tiny_nli, judge)
+    args = ["--data", str(data), "--statements", str(statements), "--predicate",
+            "entailment", "--judge", str(judge), "--epsilon", "1", "--threshold", "0.1",
+            "--seed", "424242", "--dataset", "reviews", "-q"]
+    assert run(capsys, *args, "--out", str(tmp_path / "r1"))[0] == 0
+    assert run(capsys, *args, "--out", str(tmp_path / "r1-again"))[0] == 0  # a rerun
+    ledger = PrivacyLedger(os.environ["DPLANG_LEDGER"])
+    assert len(ledger.releases("reviews")) == 1
+    model = AutoModelForSequenceClassification.from_pretrained(judge)
+    with torch.no_grad():
+        model.score.weight.mul_(-1.0)
+    model.save_pretrained(judge)
+    code, _, err = run(capsys, *args, "--out", str(tmp_path / "r2"))
+    assert code == 3 and "seed" in err, err
+    assert not (tmp_path / "r2.json").exists()
+    assert len(ledger.releases("reviews")) == 1
+
+
 def test_budget_exceeded_is_refused_before_writing(tmp_path, capsys) -> None:
     data, statements = write_corpus(tmp_path), write_statements(tmp_path)
     ledger = PrivacyLedger(os.environ["DPLANG_LEDGER"])

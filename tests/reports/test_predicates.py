@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 
 import numpy as np
@@ -149,6 +150,26 @@ def test_entailment_predicate_with_causal_lm(tiny_causal_lm) -> None:
             assert got[j, i] == bool(logits[yes] > logits[no])
     # a record's verdicts alone are those it got beside the others
     assert pred.matrix(statements, [records[0]])[:, 0].tolist() == got[:, 0].tolist()
+
+
+def test_the_judge_is_identified_by_its_files_not_its_path(tiny_nli, tmp_path) -> None:
+    """A judge changed in place is another judge: its digest (in describe(), hence in the
+    release's fingerprint) changes with any file a loader reads, not with download
+    bookkeeping under a hidden folder."""
+    import shutil
+
+    judge = tmp_path / "judge"
+    shutil.copytree(tiny_nli, judge)
+    first = EntailmentPredicate(judge, max_words=4).describe()
+    assert first["model"] == str(judge) and len(first["model_sha256"]) == 64
+    (judge / ".cache").mkdir()
+    (judge / ".cache" / "download.metadata").write_text("etag, time")
+    assert EntailmentPredicate(judge, max_words=4).describe() == first
+    config = json.loads((judge / "config.json").read_text())
+    config["id2label"] = {"0": "entailment", "1": "contradiction", "2": "neutral"}
+    (judge / "config.json").write_text(json.dumps(config))
+    assert EntailmentPredicate(judge, max_words=4).describe()["model_sha256"] \
+        != first["model_sha256"]
 
 
 def test_entailment_predicate_errors(tmp_path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 __all__ = [
     "find_body",
     "find_eos_ids",
+    "folder_digest",
     "load_pretrained",
     "logit_postprocessing",
     "model_files",
@@ -193,6 +195,29 @@ def weights_digest_of(path: Path | None, gguf_name: str | None, model: Any) -> s
         digest.update(name.encode())
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.detach().contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def folder_digest(path: Path) -> str:
+    """sha256 over every file a model folder holds (weights, configuration, tokenizer, chat
+    template), each with its path relative to the folder; of a file, its bytes. Hidden paths
+    (``.cache/``, ``.git/``: download bookkeeping, never read by a loader) are left out.
+    Symlinks are followed (a Hugging Face cache snapshot links its files to blobs).
+
+    What identifies a public model in a release's fingerprint (:mod:`dplang.release`): a
+    model changed in place is another release, never a rerun of the old one."""
+    digest = hashlib.sha256()
+    if path.is_file():
+        files = [(path.name, path)]
+    else:
+        files = sorted((file.relative_to(path).as_posix(), file) for file in path.rglob("*")
+                       if file.is_file() and not any(part.startswith(".") for part in
+                                                     file.relative_to(path).parts))
+    for name, file in files:
+        digest.update(json.dumps([name, file.stat().st_size]).encode())
+        with file.open("rb") as handle:
+            while block := handle.read(1 << 22):
+                digest.update(block)
     return digest.hexdigest()
 
 

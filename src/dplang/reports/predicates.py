@@ -569,6 +569,10 @@ class EntailmentPredicate(_ChunkedPredicate):
         self._nli: tuple[Any, Any, int] | None = None
         self._lm: tuple[Any, int, int] | None = None
         self._load()
+        #: sha256 of the judge's files (of its weights for a packaged model such as
+        #: "default"): in :meth:`describe`, hence in the release's fingerprint, so a judge
+        #: changed in place makes another release (a new charge), never a free rerun.
+        self.model_sha256 = self._digest()
 
     @staticmethod
     def _detect(path: str) -> str:
@@ -622,8 +626,17 @@ class EntailmentPredicate(_ChunkedPredicate):
             raise PredicateError("the judge's tokenizer cannot tell ' yes' from ' no'")
         self._lm = (model, int(yes[0]), int(no[0]))
 
+    def _digest(self) -> str:
+        from ..models.hf_loading import folder_digest
+
+        if Path(self.path).exists():
+            return folder_digest(Path(self.path))
+        assert self._lm is not None  # a name resolve_model knows (e.g. "default")
+        return str(self._lm[0].weights_digest())
+
     def describe(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"kind": self.kind, "judge": self.judge, "model": self.path}
+        d: dict[str, Any] = {"kind": self.kind, "judge": self.judge, "model": self.path,
+                             "model_sha256": self.model_sha256}
         if self.judge == "nli":
             d["rule"] = ("argmax label is entailment" if self.p_min is None
                          else f"P(entailment) >= {self.p_min}")

@@ -778,8 +778,9 @@ class Release:
             "delta": g.delta,
             "ex_ante": g.ex_ante,
             "fingerprint": self.fingerprint,
-            "private_side_file": "kept beside the output with mode 600; not part of the "
-                                 "release (seed, data digest, counts, paths)",
+            "private_side_file": f"kept in {PRIVATE_DIR}/ beside the output (folder mode "
+                                 "700, file mode 600); not part of the release (data digest, "
+                                 "counts, paths; the seed only where a run must resume)",
             "created": self.opened,  # before the private computation: no timing side channel
         }
         if g.public_seed:

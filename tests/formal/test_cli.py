@@ -226,6 +226,49 @@ def test_data_run_over_a_custom_dfa_collection(capsys, tmp_path):
     assert "released" in out
 
 
+def _two_dfas(path, accept_even_b: str = "0") -> None:
+    path.write_text(json.dumps({"name": "mine", "alphabet": "ab", "languages": [
+        {"name": "sigma", "transitions": {"0": {"a": "0", "b": "0"}}, "start": "0",
+         "accept": ["0"]},
+        {"name": "even-b", "transitions": {"0": {"a": "0", "b": "1"},
+                                           "1": {"a": "1", "b": "0"}},
+         "start": "0", "accept": [accept_even_b]}]}))
+
+
+def test_a_collection_edited_in_place_is_another_release(capsys, tmp_path):
+    """Same name, same size, same seed and data, other DFAs: another release (the seed is
+    refused for it), never a free rerun drawing the same noise."""
+    coll, words = tmp_path / "c.json", tmp_path / "w.txt"
+    words.write_text("\n".join(["aa", "bb", "abba", "b"] * 30) + "\n")
+    args = ["run", "soft-margin", "--collection", str(coll), "--epsilon", "1", "--data",
+            str(words), "--seed", "77", "--dataset", "words"]
+    _two_dfas(coll)
+    assert run(capsys, *args, "--out", str(tmp_path / "o1"))[0] == 0
+    assert run(capsys, *args, "--out", str(tmp_path / "o1-again"))[0] == 0  # a rerun
+    assert len(PrivacyLedger().releases("words")) == 1
+    _two_dfas(coll, accept_even_b="1")  # odd b's now
+    code, _, err = run(capsys, *args, "--out", str(tmp_path / "o2"))
+    assert code == 3 and "seed" in err, err
+    assert not (tmp_path / "o2").exists() and len(PrivacyLedger().releases("words")) == 1
+
+
+@pytest.mark.parametrize("algorithm, epsilon, message", [
+    ("soft-margin", "1000", "limit"),  # ε > 100: no meaningful privacy
+    ("soft-margin", "1e308", "limit"),
+    ("epoch-em", "1", "finite pairwise intersections"),  # public properties of the
+    ("stochastic", "1", "tell-tales"),                   # collection, checked first
+])
+def test_a_data_run_refused_before_the_charge(capsys, tmp_path, algorithm, epsilon, message):
+    coll, words = tmp_path / "c.json", tmp_path / "w.txt"
+    _two_dfas(coll)
+    words.write_text("aa\nbb\nabba\n")
+    code, _, err = run(capsys, "run", algorithm, "--collection", str(coll), "--epsilon",
+                       epsilon, "--data", str(words), "--dataset", "words", "--out",
+                       str(tmp_path / "o"))
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "o").exists() and PrivacyLedger().releases("words") == []
+
+
 def test_reproduce_quick_is_fast_and_worker_independent(capsys, tmp_path):
     start = time.perf_counter()
     code, out, err = run(capsys, "reproduce", "price:thm4.5", "--quick", "--workers", "1",

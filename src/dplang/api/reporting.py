@@ -78,8 +78,8 @@ def run_report_checked(request: ReportRequest, *, display: Display,
         raise DPLangError(str(exc), BUDGET) from None
     except KeyboardInterrupt:
         raise Interrupted("interrupted before the report was written: a report is charged "
-                          "only right before its files are written (`dplang ledger show` "
-                          "lists the charges)") from None
+                          "right before its first computation on the records, so a stop after "
+                          "that point counts (`dplang ledger show` lists the charges)") from None
 
 
 @dataclass(frozen=True)

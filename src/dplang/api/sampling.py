@@ -85,8 +85,8 @@ def run_sample(request: ReleaseRequest, *, display: Display) -> tuple[ReleasePla
         raise DPLangError(one_line(exc)) from None
     except KeyboardInterrupt:
         raise Interrupted("interrupted before the samples were written: a release is charged "
-                          "only right before its files are written (`dplang ledger show` "
-                          "lists the charges)") from None
+                          "right before its first computation on the records, so a stop after "
+                          "that point counts (`dplang ledger show` lists the charges)") from None
     finally:
         lock.release()
     return plan, manifest

@@ -307,6 +307,12 @@ def run(
         fail(f"--n given to {alg_name}, an algorithm of the limit setting; use --horizon")
     _check_out(out)
     if data is not None:
+        from ..privacy.accounting import BudgetLimitError, check_budget_limit
+
+        try:  # a release: the limit every command applies (docs/privacy.md, "Budget limits")
+            check_budget_limit(epsilon, name="--epsilon")
+        except BudgetLimitError as exc:
+            fail(str(exc))
         if n is not None or horizon is not None:
             fail("with --data, n (or the horizon) is the number of elements in the file; do "
                  "not give --n or --horizon")

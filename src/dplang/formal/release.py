@@ -18,6 +18,7 @@ function of public inputs, or private (mode 600).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..privacy.accounting import check_budget_limit
 from ..privacy.randomness import RandomStreams
 from ..release import OutputPaths, Release, ReleaseError
 from .collections import Collection, finite_collection
@@ -127,6 +129,25 @@ def custom_collection(path: Path) -> Collection:
     return finite_collection(str(spec.get("name", path.stem)), langs)
 
 
+def collection_digest(collection: Collection) -> str | None:
+    """sha256 of what a finite collection's languages are (each DFA's alphabet, transitions,
+    start and accepting states, with its name); None for a countable collection, which only
+    dplang's own code builds (its name and the version identify it). In the fingerprint: a
+    collection edited in place under the same name and size is another release (a new
+    charge), never a free rerun with the same noise."""
+    if not collection.is_finite:
+        return None
+    parts: list[Any] = []
+    for i in range(1, int(collection.size or 0) + 1):
+        lang = collection[i]
+        dfa = getattr(lang, "dfa", None)
+        parts.append([lang.name, "dfa", list(dfa.alphabet), [list(r) for r in dfa.delta],
+                      dfa.start, sorted(dfa.accept)] if dfa is not None
+                     else [lang.name, type(lang).__name__, lang.describe()])
+    blob = json.dumps(parts, default=str, sort_keys=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
 @dataclass
 class ReleaseOutcome:
     manifest: dict[str, Any]
@@ -161,9 +182,14 @@ def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path
     n = len(elements)
     stream_alg = isinstance(alg, ApproximateIntersectionGenerator | EpochEMIdentifier
                             | StochasticIdentifier | UPGContinual)
+    check_budget_limit(getattr(alg, "epsilon", None), name="--epsilon")
+    if hasattr(alg, "check"):  # a public property of the collection: refused before the charge
+        alg.check(collection)
     guarantee = alg.guarantee(n)
     fingerprint = {"algorithm": alg.name, "paper": getattr(alg, "paper", ""),
-                   "collection": collection.describe(), "parameters": parameters, "n": n}
+                   "collection": collection.describe(),
+                   "collection_sha256": collection_digest(collection),
+                   "parameters": parameters, "n": n}
     release = Release.open("formal run", data=data_path, guarantee=guarantee,
                            fingerprint=fingerprint, dataset=dataset, seed=seed, ledger=ledger,
                            description=f"dplang formal run {alg.name} → {out}")

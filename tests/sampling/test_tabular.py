@@ -102,3 +102,29 @@ def test_jsonl_column_in_no_record_is_not_refused(tmp_path):
     assert tx.n == ty.n == 6 and tx.absent == ("c",) and ty.absent == ()
     assert tx.codes[:, 1].tolist() == [0] * 6
     assert ty.codes[:, 1].tolist() == [0, 0, 0, 1, 0, 0]
+
+
+@pytest.mark.parametrize("kind", ["timestamp", "date", "decimal", "binary", "list"])
+def test_a_parquet_cell_of_any_type_maps_like_a_missing_one(tmp_path, kind):
+    """Neighbours: a column all null, and the same with one non-null cell of a type JSON
+    cannot write (timestamp, date, decimal, binary). Both load (the cell is out of the
+    declared domain, mapped to the fallback): one record's cell never decides a crash."""
+    import datetime
+    import decimal
+
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    value, arrow_type = {
+        "timestamp": (datetime.datetime(2020, 1, 2, 3, 4, 5), pa.timestamp("us")),
+        "date": (datetime.date(2020, 1, 2), pa.date32()),
+        "decimal": (decimal.Decimal("1.25"), pa.decimal128(5, 2)),
+        "binary": (b"\xff\x00", pa.binary()),
+        "list": ([datetime.date(2020, 1, 2)], pa.list_(pa.date32())),
+    }[kind]
+    spec = parse_column("c=x,y")
+    tables = []
+    for name, cells in (("null", [None, None, None]), ("one", [None, value, None])):
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.table({"c": pa.array(cells, type=arrow_type)}), path)
+        tables.append(load_table(path, ["c"], {"c": spec}))
+    assert [t.codes[:, 0].tolist() for t in tables] == [[0, 0, 0], [0, 0, 0]]

@@ -282,7 +282,13 @@ def _cell_string(value: Any) -> str | None:
         return str(int(value))
     if isinstance(value, str):
         return value.strip() if value.strip() else None
-    return json.dumps(value, sort_keys=True)
+    # any other cell (a list, a dict; a Parquet timestamp, date, decimal or binary) gets a
+    # string by one rule that never raises: a cell's type must not decide whether a release
+    # happens (a crash on one record's cell is visible to anyone who sees no output)
+    try:
+        return json.dumps(value, sort_keys=True, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)
 
 
 def _read_columns(path: Path, columns: Sequence[str]

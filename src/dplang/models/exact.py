@@ -105,6 +105,18 @@ def pow2(exponents: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.T
     return torch.bitwise_left_shift(exponents.to(itype) + bias, shift).view(dtype)
 
 
+def divide(x: torch.Tensor, number: float) -> torch.Tensor:
+    """``x / number``, correctly rounded on every device.
+
+    PyTorch's CUDA kernel divides a tensor by a host number as a multiplication by the
+    number's rounded reciprocal, which differs from the division in the last bit for about
+    one value in twenty when the number is not a power of two (e.g. 32,512 levels, a hidden
+    size of 640); a CPU divides. A divisor that is a tensor on ``x``'s own device is divided
+    on both, so the GPU computes the CPU definitions' bits (and its Triton kernels', which
+    divide with ``div_rn``). Used for every division by a number in the exact path."""
+    return x / x.new_full((), float(number))
+
+
 def quantize_rows(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Round each row (last dimension) of float32 ``x`` to integers on its own scale.
 
@@ -117,7 +129,7 @@ def quantize_rows(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Ten
     if fused is not None and x.numel():
         return fused(x, levels)
     amax = x.abs().amax(dim=-1, keepdim=True)
-    scale = amax / levels
+    scale = divide(amax, levels)
     # A subnormal scale is rounded to a few significant bits, so |x / scale| could exceed
     # levels by half: such a row (largest magnitude below ~1e-34) counts as too small.
     usable = torch.isfinite(scale) & (scale >= torch.finfo(torch.float32).tiny)
@@ -186,7 +198,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     fused = kernels.lookup("rms_norm", x)
     if fused is not None:
         return fused(x, weight, eps)
-    mean = sum_of_squares(x) / x.shape[-1]
+    mean = divide(sum_of_squares(x), x.shape[-1])
     inv = (1.0 / ieee_sqrt(mean + eps)).float()
     return x * inv * weight
 

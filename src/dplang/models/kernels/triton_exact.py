@@ -265,7 +265,7 @@ def gathered_head(limbs: torch.Tensor, row_scale: torch.Tensor, w_hi: torch.Tens
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr,
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps_ptr, K: tl.constexpr, BLOCK_K: tl.constexpr,
                      HEADROOM: tl.constexpr):
     """One row: squares exact in float64, rounded to the row's power-of-two grid
     (:func:`~dplang.models.exact.fixed_point_sum`), summed as integers, then
@@ -289,6 +289,10 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, K: tl.constexpr, BLOCK_K: tl.co
     # no approximate float64 forms; the *_rn functions are float32-only)
     total = total / grid
     mean = total / K
+    # eps from a float64 tensor: a compiled kernel types a Python float argument (or a
+    # constexpr one) as float32, and 1e-5 is not a float32 number; the definition adds the
+    # float64 eps
+    eps = tl.load(eps_ptr)
     inv = (1.0 / tl.sqrt(mean + eps)).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     y = (x * inv) * w
@@ -303,7 +307,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     rows, k = flat.shape
     if rows:
         headroom = 52 - max(1, math.ceil(math.log2(k)))
-        _rms_norm_kernel[(rows,)](flat, weight.contiguous().float(), out, float(eps), K=k,
+        eps64 = torch.full((1,), float(eps), dtype=torch.float64, device=flat.device)
+        _rms_norm_kernel[(rows,)](flat, weight.contiguous().float(), out, eps64, K=k,
                                   BLOCK_K=_block(k), HEADROOM=headroom, **_LAUNCH)
     return out.view(shape)
 

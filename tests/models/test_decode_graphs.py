@@ -133,6 +133,22 @@ def test_a_row_never_gets_the_padding_slot(model: TransformersModel) -> None:
         graphs.run(state.cache, [5, 6], [0], [3])
 
 
+def test_the_padding_slot_is_reserved_with_the_rows(model: TransformersModel) -> None:
+    """The store is sized for the rows and the graphs' padding slot at once: the first
+    decode call does not grow it (by half: at G = 1024 on a GPU tens of GiB and a copy)."""
+    model.set_decode_graphs("static")
+    state = RowDecodeState(prompts=[[5, 6, 7]] * 8)
+    model.next_hidden(state, None)
+    slots = state.cache.slots
+    assert slots == 9
+    model.next_hidden(state, torch.arange(3, 11))
+    assert state.cache.decode_graphs is not None and state.cache.slots == slots
+    model.set_decode_graphs("off")  # without graphs, no slot is reserved for them
+    state = RowDecodeState(prompts=[[5, 6, 7]] * 8)
+    model.next_hidden(state, None)
+    assert state.cache.slots == 8
+
+
 def test_graphs_are_rebuilt_when_the_store_grows(model: TransformersModel) -> None:
     """More positions than the store held reallocate it: the graphs are recorded again (a
     graph keeps the addresses it was recorded with)."""

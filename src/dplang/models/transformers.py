@@ -370,7 +370,11 @@ class TransformersModel(TokenizerText):
             # beyond MAX_POSITIONS still raises, as without the hint
             room = min(state.new_tokens, MAX_HINTED_TOKENS)
             wanted = max(longest, min(longest + room, MAX_POSITIONS))
-            state.cache.prepare(len(new_prefixes) + len(pending), wanted)
+            # decode graphs take one slot of the store for their padding tokens at the first
+            # decode call: reserved now, or that call would grow the store by half (a copy of
+            # it, and half of it unused: tens of GiB at G = 1024 on a GPU)
+            pad = int(state.cache.decode_graphs is None and self._graphs_wanted())
+            state.cache.prepare(len(new_prefixes) + len(pending) + pad, wanted)
         self._run_prefixes(state, pending)
         for r in pending:
             cache, ids = self._start_row(state, r)

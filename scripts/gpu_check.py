@@ -233,6 +233,8 @@ def main() -> None:
         print(f"invariance {dtype}: {summary[f'invariance_{dtype}']}", flush=True)
     if "float32" not in models:
         models["float32"], _ = load(args.device, "float32", check=False, quick=args.quick)
+    models.pop("bfloat16", None)  # checked; its memory is for the larger G below
+    free_memory(args.device)
     from dplang.models.kernels import triton_check
 
     # which Triton kernels passed their self-test on this GPU (the model admitted them)
@@ -282,8 +284,10 @@ def main() -> None:
         # the lent machine lacks (opendp, numba's CPU kernels are optional) for nothing.
         gpu_files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
                            if "mark.gpu" in p.read_text(encoding="utf-8"))
+        # a file that cannot be collected there (a test library missing) costs only itself
         done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p",
-                               "no:cacheprovider", *gpu_files], cwd=ROOT, capture_output=True,
+                               "no:cacheprovider", "--continue-on-collection-errors",
+                               *gpu_files], cwd=ROOT, capture_output=True,
                               text=True, timeout=240, check=False,
                               env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
         summary["pytest_gpu"] = {"exit": done.returncode,
@@ -335,12 +339,20 @@ def main() -> None:
                               params.stop_at_eos)
         batch = jobs(model, g, rng, words)
         sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-        dp_s = timed_dp(model, batch, params, 3, args.device)
         prompts = [p for j in batch for p in j.private_prompts]
-        t0 = time.perf_counter()
-        run_plain(model, prompts, run_tokens, TAU, K, RandomStreams(4), stop_at_eos=False)
-        sync()
-        plain_s = time.perf_counter() - t0
+        try:  # a G that does not fit (out of memory) must not cost the rows after it
+            dp_s = timed_dp(model, batch, params, 3, args.device)
+            t0 = time.perf_counter()
+            run_plain(model, prompts, run_tokens, TAU, K, RandomStreams(4), stop_at_eos=False)
+            sync()
+            plain_s = time.perf_counter() - t0
+        except Exception as exc:
+            rows.append({"arch": arch, "G": g, "T": run_tokens,
+                         "error": f"{type(exc).__name__}: {exc}"[:300]})
+            print(f"throughput: {rows[-1]}", flush=True)
+            free_memory(args.device)
+            save(summary)
+            continue
         dp_tps = g * run_tokens / dp_s
         plain_tps = len(prompts) * run_tokens / plain_s
         rows.append({"arch": arch, "G": g, "T": run_tokens,
@@ -368,7 +380,13 @@ def main() -> None:
             dp_per_token_group[g] = dp_s / (g * run_tokens)
         save(summary)
     if args.long:
-        summary["long"] = long_run(args, models["float32"], dp_per_token_group, start, words)
+        model = None  # the last architecture's model: its memory is for the long run
+        free_memory(args.device)
+        try:
+            summary["long"] = long_run(args, models["float32"], dp_per_token_group, start,
+                                       words)
+        except Exception as exc:  # the summary must still be printed
+            summary["long"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         print(f"long: {summary['long']}", flush=True)
     save(summary)
     print(json.dumps(summary))
@@ -440,6 +458,16 @@ def graphs_ab(model, params, device: str, quick: bool, words: int) -> dict:
             "graphs_refused": model.graphs_refused,
             # whether "auto" replayed graphs here at all (a CUDA GPU, every kernel admitted)
             "graphs_used": graphs_wanted(model.device) and model.graphs_refused is None}
+
+
+def free_memory(device: str) -> None:
+    """Return what the dropped tensors held to the device (after an out-of-memory error, or
+    a model no longer used)."""
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def save(summary: dict) -> None:

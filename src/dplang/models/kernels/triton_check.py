@@ -108,7 +108,9 @@ def self_test(op: str, device: torch.device) -> bool:
             vs = torch.rand(2, 2, BLOCK_SIZE, generator=g) * 1e-2 + 1e-3
             q = torch.randn(4, 4, 16, generator=g) * 3
             slot, pos = torch.tensor([0, 1, 1, 0]), torch.tensor([0, 9, 63, 30])
-            args = [t.to(device) for t in (q, slot, pos, keys.float(), ks, values.float(), vs)]
+            # int16 keys and values, as the store holds them
+            args = [t.to(device) for t in (q, slot, pos, keys.to(torch.int16), ks,
+                                           values.to(torch.int16), vs)]
             ok = True
             for window, cap in ((None, None), (8, 30.0)):
                 ref = reference_attend_tokens(*args, window, 0.25, cap)

@@ -559,6 +559,65 @@ MUTATIONS: tuple[Mutation, ...] = (
           "            if False:"),),
         (GRAPHS,),
     ),
+    Mutation(
+        "report-continuous-half-noise",
+        "the report's Laplace and Gaussian support tests draw half their calibrated noise "
+        "(twice the privacy loss printed)",
+        (("src/dplang/reports/noise.py",
+          "            return float(laplace(self.scale, rng))",
+          "            return float(laplace(self.scale / 2, rng))"),
+         ("src/dplang/reports/noise.py",
+          "        return float(gaussian(self.scale, rng))",
+          "        return float(gaussian(self.scale / 2, rng))")),
+        ("tests/reports/test_noise.py",),
+    ),
+    Mutation(
+        "marginal-samplers-half-noise",
+        "the Laplace and Gaussian marginal samplers' release draws use half their noise scale",
+        (("src/dplang/sampling/product.py",
+          "laplace_noisy_sum(arr.mean(axis=0), self.noise_scale(n, d), rng)",
+          "laplace_noisy_sum(arr.mean(axis=0), self.noise_scale(n, d) / 2, rng)"),
+         ("src/dplang/sampling/product.py",
+          "gaussian_noisy_sum(arr.mean(axis=0), self.sigma(n, d), rng)",
+          "gaussian_noisy_sum(arr.mean(axis=0), self.sigma(n, d) / 2, rng)")),
+        ("tests/sampling/test_sampling_product.py",),
+    ),
+    Mutation(
+        "ledger-delta-counted-twice",
+        "the ledger converts the zCDP spend at the whole δ, not at the δ the approximate "
+        "releases left (their δ then counts twice: a total over the budget's δ)",
+        (("src/dplang/privacy/ledger.py",
+          "        return rho_to_epsilon(self.rho, remaining) + self.approx_epsilon",
+          "        return rho_to_epsilon(self.rho, delta) + self.approx_epsilon"),),
+        ("tests/privacy/test_ledger.py",),
+    ),
+    Mutation(
+        "report-judge-by-path-only",
+        "the entailment judge is named by its path only: a judge changed in place is the same "
+        "release (a free rerun with the same noise)",
+        (("src/dplang/reports/predicates.py",
+          '                             "model_sha256": self.model_sha256}',
+          "                             }"),),
+        ("tests/reports/test_cli_report.py", "tests/reports/test_predicates.py"),
+    ),
+    Mutation(
+        "formal-collection-by-name-only",
+        "a formal --data release names its collection by name and size only: a collection "
+        "edited in place is the same release",
+        (("src/dplang/formal/release.py",
+          '                   "collection_sha256": collection_digest(collection),\n',
+          ""),),
+        ("tests/formal/test_cli.py",),
+    ),
+    Mutation(
+        "exact-division-by-host-number",
+        "the quantizer divides by its levels as a host number (on a GPU a multiplication by "
+        "the rounded reciprocal: other bits than the CPU's and the Triton kernels')",
+        (("src/dplang/models/exact.py",
+          "    scale = divide(amax, levels)",
+          "    scale = amax / levels"),),
+        ("tests/models/test_cuda_semantics.py",),
+    ),
 )
 
 

@@ -46,6 +46,27 @@ def test_mixed_pure_and_zcdp(new_ledger):
     assert spent.epsilon_at(1e-6) == pytest.approx(1.0 + rho_to_epsilon(0.05, 1e-6))
 
 
+def test_mixed_approximate_and_zcdp_spend_the_delta_once(new_ledger):
+    """An (ε, δ) release without a ρ (e.g. a Gaussian report) beside a zCDP one: at total δ,
+    the zCDP part is converted at the δ that is left, not at the whole δ again (which would
+    count the approximate release's δ twice: a total over the budget's δ)."""
+    ledger = PrivacyLedger(new_ledger())
+    ledger.set_budget("d", 10.0, 1e-5)
+    approx = Guarantee.approximate("report", "record", "replace-by-null", 1.0, 4e-6)
+    ledger.charge("d", "a", approx)
+    ledger.charge("d", "b", _g(0.05))
+    spent = ledger.spent("d")
+    assert spent.epsilon_at(1e-5) == pytest.approx(1.0 + rho_to_epsilon(0.05, 6e-6))
+    assert spent.epsilon_at(1e-5) > 1.0 + rho_to_epsilon(0.05, 1e-5)
+    assert spent.epsilon_at(4e-6) == math.inf  # no δ left for the zCDP part
+    # the budget is checked against that total: a release that fits only if δ were counted
+    # twice is refused
+    room = 10.0 - spent.epsilon_at(1e-5)
+    with pytest.raises(BudgetExceeded):
+        ledger.charge("d", "c", Guarantee.pure("report", "record", "replace-by-null",
+                                               room + 1e-3))
+
+
 def test_mixed_adjacencies_are_stated_under_replace_one_by_group_privacy(new_ledger):
     """A replace-by-null release and a replace-one release of the same dataset are not summed
     as they are: the total is stated under replace-one, the replace-by-null release counted at

@@ -1,5 +1,6 @@
 import csv
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,9 @@ def setup(tmp_path, monkeypatch):
 def test_sweep_runs_resumes_and_writes_tables(setup, capsys):
     tmp, calls = setup
     out = tmp / "out"
+    before = time.time()
     assert main(["experiment", str(tmp / "exp.toml"), "--out", str(out)]) == 0
+    after = time.time()
     with open(out / "results.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 4 + 2
@@ -85,6 +88,13 @@ def test_sweep_runs_resumes_and_writes_tables(setup, capsys):
     for p in out.rglob("*.manifest.json"):
         doc = json.loads(p.read_text())
         assert not {"finished", "gen_seconds", "cpu_seconds", "wall_clock_seconds"} & set(doc)
+    # every private cell states the sweep's start, in its manifest and its files' times: a
+    # cell's own start minus the one before it would be that cell's duration on private rows
+    manifests = [p for p in out.glob("cells/invisibleink*/gen.manifest.json")]
+    started = {json.loads(p.read_text())["started"] for p in manifests}
+    times = {int(q.stat().st_mtime) for p in manifests for q in (p, p.with_name("gen.jsonl"))}
+    assert len(manifests) == 4 and len(started) == 1 and before <= started.pop() <= after
+    assert len(times) == 1
     assert {r["seed"] for r in inv} == {"secret"}
     assert "fresh secret seed" in md and "No privacy guarantee" not in md
     # the sweep charged the user's ledger under the data's name, not a ledger of its own

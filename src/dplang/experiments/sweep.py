@@ -345,7 +345,8 @@ def preflight(config: ExperimentConfig, out_dir: Path, ledger: str | Path | None
 
 def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
               load_model: Callable[[str], LogitsModel], ledger: str | Path | None, dataset: str,
-              overwrite: bool = False) -> tuple[Path, dict[str, Any]]:
+              overwrite: bool = False, opened: float | None = None
+              ) -> tuple[Path, dict[str, Any]]:
     """Generate one cell; returns the output and its timing: ``gen_seconds`` (wall clock) and
     ``cpu_seconds`` (CPU time of this process over all threads, which a paused or contended
     run does not inflate), plus ``resumed: True`` when an interrupted generation was continued
@@ -372,7 +373,8 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
             generate_public_texts(model, template, labels, config.max_tokens,
                                   cell.temperature, cell.top_k, seed, out)
         return out, timing()
-    request = replace(_request(config, cell, refs, out, ledger, dataset), overwrite=overwrite)
+    request = replace(_request(config, cell, refs, out, ledger, dataset), overwrite=overwrite,
+                      opened=opened)
     plan = plan_generation(request, load_model)
     execute_plan(plan)
     return out, timing()
@@ -468,6 +470,10 @@ def run_experiment(
     in the cell's private side file unless the config writes seeds (then not secret: toy or
     public data only). ``results.md`` states the sweep's total charge."""
     say = progress or (lambda _msg: None)
+    # every cell's release states this public time (its manifest's ``started``, its files'
+    # times), taken before anything is read: a cell's own start, minus the one before it,
+    # would show how long that cell took on the private rows
+    opened = time.time()
     with RunLock(out_dir):
         digest, specs, states = preflight(config, out_dir, ledger, dataset, check_model,
                                           overwrite)
@@ -481,7 +487,7 @@ def run_experiment(
         refs, real = (None, None) if report_only else split_data(config, out_dir, digest)
         try:
             rows = _run_cells(config, out_dir, load_model, say, report_only, ledger, name,
-                              specs, states, refs, real)
+                              specs, states, refs, real, opened)
         except BaseException:
             if fresh_split and not report_only:
                 _remove_unused_split(out_dir)
@@ -508,7 +514,7 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
                load_model: Callable[[str, str], LogitsModel], say: Callable[[str], None],
                report_only: bool, ledger: str | Path | None, name: str,
                specs: dict[str, Any], states: dict[str, str], refs: Path | None,
-               real: Path | None) -> list[dict[str, Any]]:
+               real: Path | None, opened: float | None = None) -> list[dict[str, Any]]:
     """Generate and evaluate every cell not yet finished (see :func:`run_experiment`)."""
     from ..evaluation import evaluate_files
 
@@ -556,7 +562,8 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
                                if state == "re-evaluate" else "resuming"))
             try:
                 gen, timing = _generate(config, cell, refs, cell_dir, generation_model,
-                                        ledger, name, overwrite=state == "changed")
+                                        ledger, name, overwrite=state == "changed",
+                                        opened=opened)
             except BaseException:
                 if new and not _started(cell_dir / "gen.jsonl"):
                     _remove_empty_cell(cell_dir)  # a cell that never started leaves nothing

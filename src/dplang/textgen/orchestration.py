@@ -592,6 +592,8 @@ def _execute_locked(
         seed_source="resumed from the private side file" if resuming else None,
         coupling=req.coupling,
     )
+    if req.opened is not None:
+        release.opened = req.opened
     done = set() if req.overwrite else truncate_to_finished_groups(
         plan.paths.partial if plan.paths.partial.exists() else req.out)
     population = plan.method.spec.run_population

@@ -72,3 +72,8 @@ class GenerationRequest:
     #: of (seed, release id), so that runs on neighbouring datasets sharing seed and key are
     #: coupled (:attr:`dplang.release.Release.coupling`).
     coupling: str | None = None
+    #: The release's public time (the manifest's ``started``, the public files' times) when
+    #: not the moment it is opened: a sweep gives every cell the sweep's start, since one
+    #: cell's time minus the one before it would show how long that cell's generation and
+    #: evaluation on private rows took (:mod:`dplang.experiments.sweep`).
+    opened: float | None = None

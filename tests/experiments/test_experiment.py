@@ -350,6 +350,10 @@ def test_config_values_are_checked_by_name(tmp_path, edit, needle):
     ("real = [60, 90]", "real = [60, 200]", "has 100 data rows"),
     ("num = 20", "num = 31", "need 62 references"),
     ('prompt = "template.toml"', 'prompt = "yelp"', "--group-by"),
+    # the evaluation's sizes too: else the first cell is charged and published, and the
+    # sweep stops at its evaluation
+    ("real = [60, 90]", "real = [60, 70]", "[data].real holds 10 rows"),
+    ("num = 20", "num = 10", "MAUVE needs at least 20 texts"),
 ])
 def test_every_cell_is_checked_before_any_model_loads(setup, capsys, old, new, needle):
     """A bad cell anywhere in the sweep fails the run before the first model load: no cell
@@ -553,3 +557,48 @@ def test_a_refused_model_stops_the_sweep_in_one_line_and_leaves_no_private_rows(
     assert not any("Traceback" in line or "bug in dplang" in line for line in err), err
     assert calls and not list(out.rglob("*.jsonl"))
     assert not (out / "data").exists()
+
+
+@pytest.mark.parametrize(("old", "new", "budget", "needle"), [
+    # four cells of ε 1 and 10 against a budget of 15: the first cells would fit
+    ("methods = [\"invisibleink\"]", "methods = [\"invisibleink\"]", 15.0, "over its budget"),
+    # the non-private ceiling under a budget: refused before the private cells run
+    ("methods = [\"invisibleink\"]", "methods = [\"invisibleink\", \"nonprivate\"]", 1000.0,
+     "no differential-privacy guarantee"),
+])
+def test_a_sweep_the_budget_would_stop_is_refused_before_any_charge(setup, capsys, old, new,
+                                                                    budget, needle):
+    """The budget, the ledger and every cell's guarantee are public: a sweep that would be
+    refused at some cell is refused whole, before the cells ahead of it are charged and
+    published (else the sweep stops halfway)."""
+    from dplang.privacy.ledger import PrivacyLedger
+
+    tmp, calls = setup
+    name = str((tmp / "data.csv").resolve())
+    PrivacyLedger().set_budget(name, budget, 1e-6)
+    cfg = tmp / "exp.toml"
+    cfg.write_text(CONFIG.replace(old, new))
+    code = main(["experiment", str(cfg), "--out", str(tmp / "out")])
+    err = capsys.readouterr().err
+    assert code == 3 and needle in err, err
+    assert not calls and PrivacyLedger().spent(name).releases == 0
+
+
+def test_a_failed_evaluation_does_not_stop_the_later_cells(setup, capsys):
+    """One blank held-out row leaves 19 real texts for 20 generated: every cell's evaluation
+    fails. Each cell is still generated (and charged and published), as on the neighbour whose
+    row is not blank: what is published does not depend on the held-out rows. The sweep then
+    says which evaluations failed (exit 2)."""
+    from dplang.privacy.ledger import PrivacyLedger
+
+    tmp, calls = setup
+    rows = (tmp / "data.csv").read_text().splitlines()
+    rows[1 + 60] = '""'  # the first held-out row of [data].real = [60, 80], num = 20
+    (tmp / "data.csv").write_text("\n".join(rows) + "\n")
+    (tmp / "exp.toml").write_text(CONFIG.replace("real = [60, 90]", "real = [60, 80]"))
+    out = tmp / "out"
+    code = main(["experiment", str(tmp / "exp.toml"), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "evaluation of 6 cell(s) failed" in err, err
+    assert len(list(out.glob("cells/*/gen.jsonl"))) == 6
+    assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == 4

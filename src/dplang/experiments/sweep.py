@@ -36,6 +36,7 @@ import contextlib
 import csv
 import io
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -312,13 +313,14 @@ def preflight(config: ExperimentConfig, out_dir: Path, ledger: str | Path | None
             check_model(config.model)
         except ValueError as exc:
             raise ConfigError(str(exc).splitlines()[0]) from None
+    guarantees = {}
     for cell in config.cells:
         if cell.method == PUBLIC:
             continue
         request = _request(config, cell, config.data_path, out_dir / "cells" / cell.key
                            / "gen.jsonl", ledger, dataset)
         try:
-            check_request(request)
+            guarantees[cell.key] = check_request(request).guarantee
         except GenerationError as exc:
             raise GenerationError(f"cell {cell.key}: {exc}") from None
     rows = count_rows(config)
@@ -336,11 +338,61 @@ def preflight(config: ExperimentConfig, out_dir: Path, ledger: str | Path | None
                 raise ConfigError(
                     f"cell {cell.key}: num = {config.num} generations × B = {cell.batch_size} "
                     f"need {need} references but [data].references holds {available} rows")
+    _check_evaluation_sizes(config)
     digest = file_digest(config.data_path)
     specs = {c.key: cell_spec(config, c, digest) for c in config.cells}
     states = {c.key: _cell_state(out_dir / "cells" / c.key, specs[c.key], overwrite)
               for c in config.cells}
+    if not (isinstance(where, Path) and not where.exists()):
+        _check_sweep_budget(PrivacyLedger(ledger), name,
+                            [g for key, g in guarantees.items()
+                             if states[key] in ("new", "changed")])
     return digest, specs, states
+
+
+def _check_evaluation_sizes(config: ExperimentConfig) -> None:
+    """Refuse, before any cell is charged, an evaluation that cannot run on the configured
+    sizes (public): fewer held-out rows than texts, or a MAUVE that ``num`` texts cannot
+    hold. Otherwise the first cell would be charged and published, and the sweep stop at its
+    evaluation."""
+    held_out = config.real[1] - config.real[0]
+    if held_out < config.num:
+        raise ConfigError(f"[data].real holds {held_out} rows but each cell is evaluated on "
+                          f"num = {config.num} held-out texts")
+    if "mauve" in config.metrics:
+        from ..evaluation.data import EvaluationError
+        from ..evaluation.mauve_metric import check_mauve_sizes
+
+        try:
+            check_mauve_sizes(config.num, config.num, config.num_buckets)
+        except EvaluationError as exc:
+            raise ConfigError(f"[evaluation]: {str(exc).splitlines()[0]}") from None
+
+
+def _check_sweep_budget(book: PrivacyLedger, name: str, guarantees: list[Any]) -> None:
+    """Refuse the sweep, before anything is charged, when its cells still to run would be
+    refused by the dataset's budget (all public: the budget, what the ledger holds, each
+    cell's ex-ante guarantee): a release that is not differential privacy (the non-private
+    ceiling, a data-dependent bound) under a budget, or a total over it. Otherwise the
+    cells before the refused one would be charged and published, and the sweep stop
+    halfway."""
+    budget = book.budget(name)
+    if budget is None or not guarantees:
+        return
+    spend = book.spent(name)
+    for g in guarantees:
+        if not g.ex_ante or g.public_seed or not math.isfinite(g.epsilon):
+            raise BudgetExceeded(
+                f"dataset {name} has a differential-privacy budget and this sweep has a "
+                f"{g.mechanism} cell with no differential-privacy guarantee, which no budget "
+                "can account for: run it on data without a budget, or drop that method")
+        spend = spend.plus(g)
+    total = spend.epsilon_at(budget[1])
+    if total > budget[0] * (1 + 1e-12):
+        raise BudgetExceeded(
+            f"this sweep's {len(guarantees)} release(s) would bring dataset {name} to "
+            f"ε={total:.4g} at δ={budget[1]:g}, over its budget ε={budget[0]:g}: nothing was "
+            "run (fewer cells or smaller ε)")
 
 
 def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
@@ -486,13 +538,19 @@ def run_experiment(
         fresh_split = not (out_dir / "data" / "references.jsonl").exists()
         refs, real = (None, None) if report_only else split_data(config, out_dir, digest)
         try:
-            rows = _run_cells(config, out_dir, load_model, say, report_only, ledger, name,
-                              specs, states, refs, real, opened)
+            rows, failed = _run_cells(config, out_dir, load_model, say, report_only, ledger,
+                                      name, specs, states, refs, real, opened)
         except BaseException:
             if fresh_split and not report_only:
                 _remove_unused_split(out_dir)
             raise
         write_results(rows, out_dir, config, ledger, name)
+    if failed:
+        from ..evaluation.data import EvaluationError
+
+        raise EvaluationError(
+            f"the evaluation of {len(failed)} cell(s) failed; every cell was generated, and "
+            f"the others evaluated (results.md): {failed[0]}")
     return rows
 
 
@@ -514,9 +572,16 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
                load_model: Callable[[str, str], LogitsModel], say: Callable[[str], None],
                report_only: bool, ledger: str | Path | None, name: str,
                specs: dict[str, Any], states: dict[str, str], refs: Path | None,
-               real: Path | None, opened: float | None = None) -> list[dict[str, Any]]:
-    """Generate and evaluate every cell not yet finished (see :func:`run_experiment`)."""
+               real: Path | None, opened: float | None = None
+               ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Generate and evaluate every cell not yet finished (see :func:`run_experiment`); the
+    rows of the evaluated cells, and a line per cell whose evaluation failed.
+
+    A failed evaluation does not stop the sweep: it computes on the held-out private rows
+    (one blank row among them leaves fewer texts than the cell's), and whether the later
+    cells are generated and published must not depend on them."""
     from ..evaluation import evaluate_files
+    from ..evaluation.data import EvaluationError
 
     if real is not None and config.label_column is not None:
         _check_downstream_rows(real, config)
@@ -531,6 +596,7 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
         return cached(spec, config.dtype)
 
     rows = []
+    failed: list[str] = []
     for i, cell in enumerate(config.cells, 1):
         tag = f"[{i}/{len(config.cells)}] {cell.key}"
         cell_dir = out_dir / "cells" / cell.key
@@ -573,17 +639,22 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
             say(f"{tag}: evaluating")
             model_for_eval = (cached(config.model, "float32")
                               if _scores_with_model(config) else config.model)
-            evaluate_files(real, gen, metrics=_cell_metrics(config, gen),
-                           embedder=config.embedder,
-                           model=model_for_eval, num=config.num,
-                           num_buckets=config.num_buckets,
-                           mauve_bootstrap=config.mauve_bootstrap,
-                           real_max_tokens=config.real_max_tokens,
-                           out_dir=cell_dir / "eval", label_column=config.label_column)
+            try:
+                evaluate_files(real, gen, metrics=_cell_metrics(config, gen),
+                               embedder=config.embedder,
+                               model=model_for_eval, num=config.num,
+                               num_buckets=config.num_buckets,
+                               mauve_bootstrap=config.mauve_bootstrap,
+                               real_max_tokens=config.real_max_tokens,
+                               out_dir=cell_dir / "eval", label_column=config.label_column)
+            except EvaluationError as exc:
+                failed.append(f"{cell.key}: {str(exc).splitlines()[0]}")
+                say(f"{tag}: evaluation failed ({failed[-1]}); going on")
+                continue
         metrics = json.loads(metrics_path.read_text())
         timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
         rows.append(_row(cell, config, metrics, timing))
-    return rows
+    return rows, failed
 
 
 def _started(gen: Path) -> bool:

@@ -461,7 +461,7 @@ def _shared_prefix(plan: GenerationPlan, labels: dict[str, str], public: str) ->
 #: the dataset name (private side file), concurrency (does not change the output) and
 #: ``overwrite`` (what to do with an earlier run, not what this run is).
 _NOT_FINGERPRINTED = ("seed", "ledger", "out", "concurrent_groups", "data", "dataset",
-                      "overwrite", "public_seed", "coupling")
+                      "overwrite", "public_seed", "coupling", "opened")
 
 
 def _public_parameters(req: GenerationRequest, method: CalibratedMethod) -> dict[str, Any]:

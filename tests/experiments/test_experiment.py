@@ -591,7 +591,7 @@ def test_a_failed_evaluation_does_not_stop_the_later_cells(setup, capsys):
     says which evaluations failed (exit 2)."""
     from dplang.privacy.ledger import PrivacyLedger
 
-    tmp, calls = setup
+    tmp, _ = setup
     rows = (tmp / "data.csv").read_text().splitlines()
     rows[1 + 60] = '""'  # the first held-out row of [data].real = [60, 80], num = 20
     (tmp / "data.csv").write_text("\n".join(rows) + "\n")
@@ -602,3 +602,19 @@ def test_a_failed_evaluation_does_not_stop_the_later_cells(setup, capsys):
     assert code == 2 and "evaluation of 6 cell(s) failed" in err, err
     assert len(list(out.glob("cells/*/gen.jsonl"))) == 6
     assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == 4
+
+
+def test_results_say_no_guarantee_covers_a_sweep_with_a_non_private_cell(setup):
+    """A sweep with the non-private ceiling: its cell is not counted as a release of ρ = 0,
+    and results.md says that nothing covers the sweep as a whole or a choice made from it."""
+    tmp, _ = setup
+    (tmp / "exp.toml").write_text(_edit(
+        CONFIG, ('methods = ["invisibleink"]', 'methods = ["invisibleink", "nonprivate"]'),
+        ("epsilon = [1, 10]", "epsilon = { invisibleink = [1] }"),
+        ("top_k = [3, 5]", "top_k = [3]")))
+    out = tmp / "out"
+    assert main(["experiment", str(tmp / "exp.toml"), "--out", str(out)]) == 0
+    md = (out / "results.md").read_text()
+    assert "No differential-privacy guarantee covers this sweep as a whole" in md
+    assert "1 of its cells are not differentially private" in md
+    assert "holds 1 DP release(s)" in md

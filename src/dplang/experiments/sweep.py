@@ -676,20 +676,26 @@ def _remove_empty_cell(cell_dir: Path) -> None:
 
 
 def sweep_spend(ledger_path: str | Path | None, release_ids: list[str], delta: float
-                ) -> tuple[float, float, int]:
-    """(Σρ, ε at δ, number of releases) of the given DP releases as recorded in the ledger
-    (sequential composition: every cell reads the same references). Toy runs (a seed written
-    in the config) are not DP releases and are left out."""
+                ) -> tuple[float, float, int, int]:
+    """(Σρ, ε at δ, number of DP releases, number of releases that are not DP) of the given
+    releases as recorded in the ledger (sequential composition: every cell reads the same
+    references). Toy runs (a seed written in the config) are left out; a release that is not
+    differential privacy (the non-private ceiling, a data-dependent bound) is counted apart,
+    never as a release of ρ = 0."""
     book = PrivacyLedger(ledger_path)
     rho = 0.0
-    found = 0
+    found = not_dp = 0
     for rid in dict.fromkeys(release_ids):
         rec = book.release(rid)
         if rec is None or rec["guarantee"].get("public_seed"):
             continue
+        epsilon = float(rec["guarantee"].get("epsilon", math.inf))
+        if not rec["ex_ante"] or not math.isfinite(epsilon):
+            not_dp += 1
+            continue
         found += 1
         rho += float(rec["guarantee"].get("rho") or 0.0)
-    return rho, (rho_to_epsilon(rho, delta) if rho > 0 else 0.0), found
+    return rho, (rho_to_epsilon(rho, delta) if rho > 0 else 0.0), found, not_dp
 
 
 def _cell_release_ids(out_dir: Path, config: ExperimentConfig) -> list[str]:
@@ -716,8 +722,9 @@ def write_results(rows: list[dict[str, Any]], out_dir: Path, config: ExperimentC
         writer.writerow(r)
     write_atomic(out_dir / "results.csv", buf.getvalue(), private=True)
     name = dataset or dataset_name(config.data_path, config.dataset)
-    rho, eps, releases = sweep_spend(ledger, _cell_release_ids(out_dir, config), config.delta)
+    rho, eps, releases, not_dp = sweep_spend(ledger, _cell_release_ids(out_dir, config),
+                                             config.delta)
     total = PrivacyLedger(ledger).spent(name)
     write_results_md(rows, out_dir / "results.md", config, rho, eps, releases=releases,
-                     dataset_total=total)
+                     dataset_total=total, not_dp=not_dp)
     write_plots(rows, out_dir)

@@ -115,16 +115,26 @@ def _true(value: Any) -> bool:
 
 
 def privacy_section(config: ExperimentConfig, sweep_rho: float, sweep_eps: float,
-                    releases: int, dataset_total: Spend | None) -> list[str]:
-    """The results' privacy paragraph: the sweep's charge (from the ledger), and whether the
+                    releases: int, dataset_total: Spend | None, not_dp: int = 0) -> list[str]:
+    """The results' privacy paragraph: the sweep's charge (from the ledger), whether a cell
+    is not differentially private (then nothing covers the sweep as a whole), and whether the
     cells' seeds were secret."""
-    lines = [
-        f"Every private cell read the same references, so the sweep as a whole is the "
-        f"sequential composition of its cells: the ledger holds {releases} release(s) of this "
+    lines = []
+    if not_dp:
+        lines += [f"**No differential-privacy guarantee covers this sweep as a whole, or a "
+                  f"choice made from its results: {not_dp} of its cells are not differentially "
+                  "private** (the non-private ceiling, ε = ∞, or a data-dependent bound such "
+                  "as AdaPMixED's; `dplang ledger show` lists them as NOT PRIVATE). The total "
+                  "below covers its differentially private cells only.", ""]
+    lines += [
+        f"Every private cell read the same references, so the sweep's differentially private "
+        f"cells compose sequentially: the ledger holds {releases} DP release(s) of this "
         f"sweep, ρ = {sweep_rho:.4g} (ε = {sweep_eps:.4g} at δ = {config.delta:g}), charged to "
         "the dataset's budget in the user's ledger. Choosing the best cell after looking at "
-        "these results is covered by this total for the reference rows, not by one cell's "
-        "guarantee; the choice also depends on the held-out rows, which no guarantee covers.",
+        "these results is covered by this total for the reference rows"
+        + (" only when every cell is differentially private" if not_dp else "")
+        + ", not by one cell's guarantee; the choice also depends on the held-out rows, which "
+        "no guarantee covers.",
     ]
     if dataset_total is not None and dataset_total.dp_releases > releases:
         lines += ["", f"All releases of this dataset in the ledger (this sweep included): "
@@ -198,7 +208,7 @@ def two_sample_section(rows: list[dict[str, Any]]) -> list[str]:
 
 def write_results_md(rows: list[dict[str, Any]], path: Path, config: ExperimentConfig,
                      sweep_rho: float, sweep_eps: float, releases: int = 0,
-                     dataset_total: Spend | None = None) -> None:
+                     dataset_total: Spend | None = None, not_dp: int = 0) -> None:
     parts = [
         f"# Experiment {config.name}",
         "",
@@ -222,7 +232,7 @@ def write_results_md(rows: list[dict[str, Any]], path: Path, config: ExperimentC
         "",
         "## Privacy spent by the sweep",
         "",
-        *privacy_section(config, sweep_rho, sweep_eps, releases, dataset_total),
+        *privacy_section(config, sweep_rho, sweep_eps, releases, dataset_total, not_dp),
         "",
         "Plots: `utility_vs_epsilon.png`, `utility_vs_compute.png`, `effective_k_vs_epsilon.png`"
         + (", `downstream_vs_compute.png`" if _has(rows, "downstream_accuracy") else "")

@@ -284,6 +284,7 @@ def test_run_canaries_through_the_release_pipeline(tmp_path: Path, monkeypatch) 
     written = write_canary_outputs(result, tmp_path / "out")
     assert {p.name for p in written} == {"canaries.md", "canaries.png", "canaries.json"}
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in written)
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o700  # sizes, times private
     assert "| 10 | 5 | 10 | 2 |" in render_canaries(result)
     with pytest.raises(CanaryRunError, match="raise --num to at least 4"):
         run_canaries(CanaryRunSettings(data=data, repeats=(1, 2, 5), num=3, batch_size=3))

@@ -357,10 +357,11 @@ def plot_canaries(result: dict[str, Any], path: str | Path) -> Path:
 def write_canary_outputs(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """``canaries.json``, ``canaries.md`` and ``canaries.png`` in ``out_dir``, **mode 600
     from creation** (they describe generations from the private references)."""
-    from dplang.release import write_atomic
+    from dplang.release import private_dir, write_atomic
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if not out.exists():  # a new folder only its owner can enter (as `evaluate --out`): the
+        private_dir(out)  # sizes and times of the files, and the run lock's, are private
     md = out / "canaries.md"
     write_atomic(md, render_canaries(result), private=True)
     png = plot_canaries(result, out / "canaries.png")

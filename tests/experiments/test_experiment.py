@@ -618,3 +618,24 @@ def test_results_say_no_guarantee_covers_a_sweep_with_a_non_private_cell(setup):
     assert "No differential-privacy guarantee covers this sweep as a whole" in md
     assert "1 of its cells are not differentially private" in md
     assert "holds 1 DP release(s)" in md
+
+
+def test_a_refusal_for_changed_data_names_no_digest(setup, capsys):
+    """Rerun into the same --out after the data changed: refused, saying the content changed,
+    without printing either digest of the private data (terminal output is often logged)."""
+    from dplang.io import file_digest
+
+    tmp, _ = setup
+    cfg = tmp / "exp.toml"
+    cfg.write_text(_small(CONFIG))
+    out = tmp / "out"
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    before = file_digest(tmp / "data.csv")
+    rows = (tmp / "data.csv").read_text().splitlines()
+    rows[5] = "another first sentence"
+    (tmp / "data.csv").write_text("\n".join(rows) + "\n")
+    capsys.readouterr()
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "the data's content changed" in err, err
+    assert before not in err and file_digest(tmp / "data.csv") not in err

@@ -236,6 +236,9 @@ def _cell_state(cell_dir: Path, spec: dict[str, Any], overwrite: bool = False) -
     if diff:
         if overwrite:
             return "changed"
+        # a digest of the data is private: named, never printed (terminals are logged)
+        diff = [("the data's content changed" if d.split(":")[0].endswith("data_sha256") else d)
+                for d in diff]
         shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
         raise ConfigError(f"cell {cell_dir.name} in this --out was generated with other "
                           f"settings ({shown}); use a new --out, restore the config, or "

@@ -479,6 +479,24 @@ def test_missing_path_raises(tmp_path: Path) -> None:
         TransformersModel(tmp_path / "nope")
 
 
+def test_a_checkpoint_without_some_weights_is_refused(tiny_llama_dir: Path,
+                                                      tmp_path: Path) -> None:
+    """transformers fills missing weights with random numbers (e.g. the LM head of a
+    classification checkpoint): another model, and other texts, at every load of the same
+    files under the same fingerprint. Refused."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "headless"
+    shutil.copytree(tiny_llama_dir, folder)
+    weights = load_file(folder / "model.safetensors")
+    del weights["lm_head.weight"]
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"holds no weights for lm_head\.weight"):
+        TransformersModel(folder)
+
+
 # ------------------------------------------------------------------ dtype
 
 LONG_PROMPTS = [

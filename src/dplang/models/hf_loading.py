@@ -68,7 +68,15 @@ def load_pretrained(folder: Path, gguf_name: str | None, tokenizer: Any) -> tupl
         except ImportError:  # pragma: no cover - older transformers always dequantise
             pass
     with no_library_bars():  # transformers' "Loading weights" bar is not dplang's progress
-        model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+        model, info = AutoModelForCausalLM.from_pretrained(str(folder), output_loading_info=True,
+                                                           **kwargs)
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # transformers fills them with random numbers: another model at every load
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3
+                                          else "")
+        raise ValueError(f"{folder / gguf_name if gguf_name else folder} holds no weights for "
+                         f"{shown} of {type(model).__name__}: they would be random, another "
+                         "model at every load (is it a causal language model's checkpoint?)")
     strip_quantization(model)
     if tokenizer is None:
         tokenizer = load_tokenizer(folder, gguf_name)

@@ -103,3 +103,32 @@ def test_a_tokenizer_larger_than_the_model_is_refused_in_one_line(tmp_path, tiny
     with pytest.raises(UnsupportedModelError, match=r"the tokenizer has 7\d\d tokens but the "
                        r"model's output layer 300: they do not belong together"):
         TransformersModel(other, check_invariance=False, verify=False)
+
+
+@pytest.mark.parametrize("edit", ["config", "tokenizer"])
+def test_a_model_whose_other_files_changed_is_another_release(tmp_path, capsys,
+                                                              tiny_llama_dir, edit):
+    """The same weights, seed and data, but the model's configuration (its norm's ε) or its
+    tokenizer (no BOS token added) changed in place: other texts, so another release (the
+    seed is refused for it), never a rerun charged once. Found by a review: the fingerprint
+    named the weight files only."""
+    model = _copy_with_config(tiny_llama_dir, tmp_path / "m")
+    data = _data(tmp_path)
+    args = ["generate", "--data", str(data), "--model", str(model), "--epsilon", "3", "-B",
+            "2", "-T", "3", "--seed", "11", "--dataset", "d", "-q"]
+    assert _run(capsys, *args, "--out", str(tmp_path / "a.jsonl"))[0] == 0
+    assert _run(capsys, *args, "--out", str(tmp_path / "a2.jsonl"))[0] == 0  # a rerun
+    assert PrivacyLedger().spent("d").releases == 1
+    if edit == "config":
+        config = json.loads((model / "config.json").read_text())
+        config["rms_norm_eps"] = 0.5
+        (model / "config.json").write_text(json.dumps(config))
+    else:
+        tok = json.loads((model / "tokenizer.json").read_text())
+        tok["post_processor"] = None
+        (model / "tokenizer.json").write_text(json.dumps(tok))
+    code, err = _run(capsys, *args, "--out", str(tmp_path / "b.jsonl"))
+    assert code == 3 and "seed" in err, err
+    assert PrivacyLedger().spent("d").releases == 1 and not (tmp_path / "b.jsonl").exists()
+    manifest = json.loads((tmp_path / "a.manifest.json").read_text())
+    assert len(manifest["fingerprint"]["model_files_sha256"]) == 64

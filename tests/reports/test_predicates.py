@@ -168,8 +168,35 @@ def test_the_judge_is_identified_by_its_files_not_its_path(tiny_nli, tmp_path) -
     config = json.loads((judge / "config.json").read_text())
     config["id2label"] = {"0": "entailment", "1": "contradiction", "2": "neutral"}
     (judge / "config.json").write_text(json.dumps(config))
-    assert EntailmentPredicate(judge, max_words=4).describe()["model_sha256"] \
-        != first["model_sha256"]
+    second = EntailmentPredicate(judge, max_words=4).describe()["model_sha256"]
+    assert second != first["model_sha256"]
+    # files in a hidden or a symlinked folder (a shard index may name them) are files too
+    (judge / ".shards").mkdir()
+    (judge / ".shards" / "extra.json").write_text("1")
+    third = EntailmentPredicate(judge, max_words=4).describe()["model_sha256"]
+    assert third != second
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "part.json").write_text("1")
+    (judge / "linked").symlink_to(elsewhere, target_is_directory=True)
+    fourth = EntailmentPredicate(judge, max_words=4).describe()["model_sha256"]
+    (elsewhere / "part.json").write_text("2")
+    assert fourth != third
+    assert EntailmentPredicate(judge, max_words=4).describe()["model_sha256"] != fourth
+
+
+def test_a_judge_path_with_a_tilde_is_the_users_folder(tiny_nli, tmp_path, monkeypatch) -> None:
+    """"--judge=~/judge" keeps its "~" past the shell: read as the home folder's judge (an
+    NLI judge seen as such, identified by its files), not as a path that does not exist."""
+    import shutil
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(tiny_nli, tmp_path / "judge")
+    pred = EntailmentPredicate("~/judge", max_words=4)
+    described = pred.describe()
+    assert pred.judge == "nli" and described["model"] == str(tmp_path / "judge")
+    assert described["model_sha256"] == EntailmentPredicate(
+        tmp_path / "judge", max_words=4).describe()["model_sha256"]
 
 
 def test_entailment_predicate_errors(tmp_path) -> None:

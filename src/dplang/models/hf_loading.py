@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = [
     "model_files",
     "resolve_model_path",
     "strip_quantization",
+    "support_files_digest",
     "weights_digest_of",
 ]
 
@@ -206,27 +208,65 @@ def weights_digest_of(path: Path | None, gguf_name: str | None, model: Any) -> s
     return digest.hexdigest()
 
 
-def folder_digest(path: Path) -> str:
+#: Folders inside a model folder that no loader reads: version control and download
+#: bookkeeping (whose etags and times change when the same files are downloaded again).
+_BOOKKEEPING = (".git", ".cache")
+#: Weight files, identified by :func:`weights_digest_of` (``model_sha256``), left out of
+#: :func:`support_files_digest`.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".ckpt", ".h5", ".msgpack",
+                    ".onnx", ".ot")
+
+
+def _model_files(path: Path) -> list[tuple[str, Path]]:
+    """(relative name, path) of every file of a model folder, symlinked folders followed
+    (a Hugging Face cache snapshot links to blobs; a shard index may name a file in a linked
+    or hidden folder), each real folder once; ``.git/`` and ``.cache/`` left out."""
+    found: list[tuple[str, Path]] = []
+    seen: set[tuple[int, int]] = set()
+    for root, dirs, files in os.walk(path, followlinks=True):
+        st = os.stat(root)
+        if (st.st_dev, st.st_ino) in seen:  # a link cycle, or a folder linked twice
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        here = Path(root)
+        if here == path:
+            dirs[:] = [d for d in dirs if d not in _BOOKKEEPING]
+        for name in files:
+            file = here / name
+            if file.is_file():
+                found.append((file.relative_to(path).as_posix(), file))
+    return sorted(found)
+
+
+def folder_digest(path: Path, *, skip_weights: bool = False) -> str:
     """sha256 over every file a model folder holds (weights, configuration, tokenizer, chat
-    template), each with its path relative to the folder; of a file, its bytes. Hidden paths
-    (``.cache/``, ``.git/``: download bookkeeping, never read by a loader) are left out.
-    Symlinks are followed (a Hugging Face cache snapshot links its files to blobs).
+    template, hidden and symlinked folders included), each with its path relative to the
+    folder; of a file, its bytes. Only ``.git/`` and ``.cache/`` (version control, download
+    bookkeeping: never read by a loader) are left out; with ``skip_weights`` the weight files
+    too (:data:`_WEIGHT_SUFFIXES`, identified by :func:`weights_digest_of`).
 
     What identifies a public model in a release's fingerprint (:mod:`dplang.release`): a
     model changed in place is another release, never a rerun of the old one."""
     digest = hashlib.sha256()
-    if path.is_file():
-        files = [(path.name, path)]
-    else:
-        files = sorted((file.relative_to(path).as_posix(), file) for file in path.rglob("*")
-                       if file.is_file() and not any(part.startswith(".") for part in
-                                                     file.relative_to(path).parts))
+    files = ([(path.name, path)] if path.is_file() else _model_files(path))
     for name, file in files:
+        if skip_weights and file.suffix.lower() in _WEIGHT_SUFFIXES:
+            continue
         digest.update(json.dumps([name, file.stat().st_size]).encode())
         with file.open("rb") as handle:
             while block := handle.read(1 << 22):
                 digest.update(block)
     return digest.hexdigest()
+
+
+def support_files_digest(path: Path | None) -> str | None:
+    """sha256 of a model folder's files other than its weights (configuration, tokenizer,
+    chat template, generation configuration: they change the texts as the weights do), for
+    the fingerprint beside ``model_sha256``; None for a model built in memory."""
+    if path is None or not path.is_dir():
+        return None
+    return folder_digest(path, skip_weights=True)
 
 
 def strip_quantization(model: Any) -> None:

@@ -29,7 +29,7 @@ import torch
 
 from dplang.models.attention import BLOCK_SIZE
 from dplang.models.dtypes import available_cores, resolve_dtype
-from dplang.models.hf_loading import resolve_model_path, weights_digest_of
+from dplang.models.hf_loading import resolve_model_path, support_files_digest, weights_digest_of
 
 __all__ = [
     "ARITHMETIC",
@@ -224,6 +224,8 @@ class PromptSide(TokenizerText):
         self.model_id = model_id if model_id is not None else model_id_for(folder,
                                                                            self._gguf_name)
         self._digest = weights_digest
+        self._identity_given = weights_digest is not None
+        self._support: str | bool | None = False  # support_digest: not computed yet
         #: The context window from the folder's config.json (None when it has none).
         self.context_length: int | None = _context_from_folder(folder)
 
@@ -231,6 +233,13 @@ class PromptSide(TokenizerText):
     def numerics(self) -> dict[str, Any]:
         """The workers' numerics (:func:`numerics_for`)."""
         return numerics_for(self.threads, self.dtype, self.block_size, self.device_type)
+
+    def support_digest(self) -> str | None:
+        """As :meth:`TransformersModel.support_digest` (the same files, the same digest)."""
+        if self._support is False:
+            self._support = (None if self._identity_given
+                             else support_files_digest(self._path))
+        return self._support
 
     def weights_digest(self) -> str:
         """sha256 of the weight files (as :meth:`TransformersModel.weights_digest`), computed

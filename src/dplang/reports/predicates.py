@@ -563,16 +563,21 @@ class EntailmentPredicate(_ChunkedPredicate):
             raise PredicateError(f"judge must be auto, nli or causal-lm, got {judge!r}")
         if p_min is not None and not 0 < p_min < 1:
             raise PredicateError(f"p_min must be in (0, 1), got {p_min}")
-        self.path, self.p_min = str(path), p_min
+        # "~/judge" as the shell would read it (a CLI option keeps the "~" of "--judge=~/j")
+        self.path, self.p_min = str(Path(path).expanduser()), p_min
         self.prompt, self.max_length = prompt, max_length
         self.judge = judge if judge != "auto" else self._detect(self.path)
         self._nli: tuple[Any, Any, int] | None = None
         self._lm: tuple[Any, int, int] | None = None
+        #: sha256 of the judge's files (of its weights for the packaged "default" model):
+        #: in :meth:`describe`, hence in the release's fingerprint, so a judge changed in
+        #: place makes another release (a new charge), never a free rerun. Computed before
+        #: the load, so that the files loaded are not newer than the files named.
+        self.model_sha256 = self._files_digest()
         self._load()
-        #: sha256 of the judge's files (of its weights for a packaged model such as
-        #: "default"): in :meth:`describe`, hence in the release's fingerprint, so a judge
-        #: changed in place makes another release (a new charge), never a free rerun.
-        self.model_sha256 = self._digest()
+        if self.model_sha256 is None:
+            assert self._lm is not None
+            self.model_sha256 = str(self._lm[0].weights_digest())
 
     @staticmethod
     def _detect(path: str) -> str:
@@ -626,13 +631,15 @@ class EntailmentPredicate(_ChunkedPredicate):
             raise PredicateError("the judge's tokenizer cannot tell ' yes' from ' no'")
         self._lm = (model, int(yes[0]), int(no[0]))
 
-    def _digest(self) -> str:
+    def _files_digest(self) -> str | None:
+        """:func:`~dplang.models.hf_loading.folder_digest` of the judge's folder or file;
+        None for the packaged default model (identified by its weights' digest, which its
+        package pins with everything else), even if a folder "./default" exists."""
         from ..models.hf_loading import folder_digest
 
-        if Path(self.path).exists():
-            return folder_digest(Path(self.path))
-        assert self._lm is not None  # a name resolve_model knows (e.g. "default")
-        return str(self._lm[0].weights_digest())
+        if self.path == "default" or not Path(self.path).exists():
+            return None
+        return folder_digest(Path(self.path))
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind, "judge": self.judge, "model": self.path,

@@ -496,6 +496,9 @@ def _fingerprint(plan: GenerationPlan) -> dict[str, Any]:
         "parameters": _public_parameters(plan.request, plan.method),
         "model_id": plan.model.model_id,
         "model_sha256": plan.model.weights_digest(),
+        # the configuration, tokenizer and chat template change the texts as the weights do
+        "model_files_sha256": (plan.model.support_digest()
+                               if hasattr(plan.model, "support_digest") else None),
         "model_dtype": str(getattr(plan.model, "dtype", "float32")).replace("torch.", ""),
         "prompt": {"name": plan.template.name, "form": plan.template.form,
                    "private": plan.template.private_text, "public": plan.template.public_text,

@@ -128,3 +128,36 @@ def test_a_parquet_cell_of_any_type_maps_like_a_missing_one(tmp_path, kind):
         pq.write_table(pa.table({"c": pa.array(cells, type=arrow_type)}), path)
         tables.append(load_table(path, ["c"], {"c": spec}))
     assert [t.codes[:, 0].tolist() for t in tables] == [[0, 0, 0], [0, 0, 0]]
+
+
+def test_a_parquet_cell_python_cannot_hold_maps_like_a_missing_one(tmp_path):
+    """A timestamp Python cannot hold (10^12 s: beyond year 9999) beside nulls: the column
+    loads (its cells out of the domain, mapped), as its all-null neighbour does."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    spec = parse_column("c=x,y")
+    codes = []
+    for name, cells in (("null", [None, None]), ("far", [None, 10**12])):
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.table({"c": pa.array(cells, type=pa.timestamp("s"))}), path)
+        codes.append(load_table(path, ["c"], {"c": spec}).codes[:, 0].tolist())
+    assert codes == [[0, 0], [0, 0]]
+
+
+def test_parquet_decimals_and_dates_are_read_as_their_values(tmp_path):
+    """A decimal column declared as integers maps its numbers (not their JSON quotes), a
+    date column declared as categories matches the ISO dates."""
+    import datetime
+    import decimal
+
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({
+        "n": pa.array([decimal.Decimal("5.00"), decimal.Decimal("7.40")], pa.decimal128(5, 2)),
+        "d": pa.array([datetime.date(2020, 1, 2), datetime.date(2021, 3, 4)], pa.date32()),
+    }), path)
+    t = load_table(path, ["n", "d"], {"n": parse_column("n=0..10"),
+                                      "d": parse_column("d=2020-01-02,2021-03-04")})
+    assert [t.columns[0].values[c] for c in t.codes[:, 0]] == ["5", "7"]
+    assert t.codes[:, 1].tolist() == [0, 1] and t.mapped == {"n": 1, "d": 0}  # 7.40: rounded

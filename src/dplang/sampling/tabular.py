@@ -39,6 +39,7 @@ Validation errors are :class:`SamplingDataError` with a one-line message.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import tomllib
@@ -282,6 +283,10 @@ def _cell_string(value: Any) -> str | None:
         return str(int(value))
     if isinstance(value, str):
         return value.strip() if value.strip() else None
+    if isinstance(value, Decimal):  # a Parquet decimal reads as its number ("5.00")
+        return str(value)
+    if isinstance(value, (datetime.date, datetime.time)):  # datetimes are dates
+        return value.isoformat()
     # any other cell (a list, a dict; a Parquet timestamp, date, decimal or binary) gets a
     # string by one rule that never raises: a cell's type must not decide whether a release
     # happens (a crash on one record's cell is visible to anyone who sees no output)
@@ -341,7 +346,30 @@ def _read_columns(path: Path, columns: Sequence[str]
     except (pa.ArrowException, OSError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SamplingDataError(f"{path}: cannot read its rows ({first})") from None
-    return {c: table.column(c).to_pylist() for c in columns}, table.num_rows, ()
+    return {c: _column_values(table.column(c)) for c in columns}, table.num_rows, ()
+
+
+def _column_values(column: Any) -> list[Any]:
+    """A column's cells as Python values, by one rule that never raises: a cell Python cannot
+    hold (a timestamp beyond year 9999, say) must not make a run fail where its neighbour's
+    null cell would not. Cells Python cannot hold become Arrow's own strings, or their repr."""
+    import pyarrow as pa
+
+    try:
+        return column.to_pylist()
+    except (ArithmeticError, ValueError, pa.ArrowException):
+        pass
+    try:
+        return column.cast(pa.string()).to_pylist()
+    except (ArithmeticError, ValueError, pa.ArrowException):
+        pass
+    values: list[Any] = []
+    for scalar in column:
+        try:
+            values.append(scalar.as_py())
+        except (ArithmeticError, ValueError, pa.ArrowException):
+            values.append(repr(scalar))
+    return values
 
 
 def _check_known(path: Path, available: Sequence[str], columns: Sequence[str]) -> None:

@@ -317,6 +317,7 @@ def main() -> None:
     per_token_group_s = 0.0  # seconds per token and group at the last G (DP + non-private)
     peers: dict = {}  # the Hugging Face peer model of the current architecture
     dp_per_token_group: dict[int, float] = {}  # default architecture: DP s / (token · group)
+    too_large: dict[str, int] = {}  # per architecture, the smallest G that failed
     for arch, g in plan:
         if arch != current:  # another architecture: its own model, checked at load
             model, secs = load(args.device, "float32", check=True, quick=args.quick,
@@ -340,6 +341,11 @@ def main() -> None:
         batch = jobs(model, g, rng, words)
         sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
         prompts = [p for j in batch for p in j.private_prompts]
+        if arch in too_large and g >= too_large[arch]:
+            rows.append({"arch": arch, "G": g, "skipped": f"G = {too_large[arch]} did not run"})
+            print(f"throughput: {rows[-1]}", flush=True)
+            continue
+        failure = None
         try:  # a G that does not fit (out of memory) must not cost the rows after it
             dp_s = timed_dp(model, batch, params, 3, args.device)
             t0 = time.perf_counter()
@@ -347,8 +353,10 @@ def main() -> None:
             sync()
             plain_s = time.perf_counter() - t0
         except Exception as exc:
-            rows.append({"arch": arch, "G": g, "T": run_tokens,
-                         "error": f"{type(exc).__name__}: {exc}"[:300]})
+            failure = f"{type(exc).__name__}: {exc}"[:300]
+        if failure is not None:  # outside the except: its traceback no longer holds tensors
+            rows.append({"arch": arch, "G": g, "T": run_tokens, "error": failure})
+            too_large[arch] = g  # a larger G of this architecture would fail as well
             print(f"throughput: {rows[-1]}", flush=True)
             free_memory(args.device)
             save(summary)
@@ -382,11 +390,15 @@ def main() -> None:
     if args.long:
         model = None  # the last architecture's model: its memory is for the long run
         free_memory(args.device)
-        try:
-            summary["long"] = long_run(args, models["float32"], dp_per_token_group, start,
-                                       words)
-        except Exception as exc:  # the summary must still be printed
-            summary["long"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        g_long = int(args.long.split(":")[0])
+        if "default" in too_large and g_long >= too_large["default"]:
+            summary["long"] = {"skipped": f"G = {too_large['default']} did not run"}
+        else:
+            try:
+                summary["long"] = long_run(args, models["float32"], dp_per_token_group,
+                                           start, words)
+            except Exception as exc:  # the summary must still be printed
+                summary["long"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         print(f"long: {summary['long']}", flush=True)
     save(summary)
     print(json.dumps(summary))

@@ -246,6 +246,8 @@ def test_a_collection_edited_in_place_is_another_release(capsys, tmp_path):
     assert run(capsys, *args, "--out", str(tmp_path / "o1"))[0] == 0
     assert run(capsys, *args, "--out", str(tmp_path / "o1-again"))[0] == 0  # a rerun
     assert len(PrivacyLedger().releases("words")) == 1
+    manifest = (tmp_path / "o1" / "results.manifest.json").read_text()
+    assert '"instance": "c.json"' in manifest and str(tmp_path) not in manifest
     _two_dfas(coll, accept_even_b="1")  # odd b's now
     code, _, err = run(capsys, *args, "--out", str(tmp_path / "o2"))
     assert code == 3 and "seed" in err, err

@@ -98,3 +98,29 @@ def test_the_emulation_sees_the_difference() -> None:
     assert mode.inexact == [32512.0]
     assert not torch.equal(emulated, x / 32512)
     assert torch.equal(x / 32512, x / torch.full((), 32512.0))
+
+
+@pytest.mark.parametrize("width", [48, 96, 640, 1000])
+def test_the_exact_functions_keep_their_bits_at_widths_not_powers_of_two(width: int) -> None:
+    """The tiny models' sizes are powers of two, where a reciprocal is exact: the RMS norm's
+    mean (``/ width``) and the quantizer are checked here at other widths (Gemma 3 270M's
+    hidden size is 640), under the GPU rule, with no host-number divisor left."""
+    from dplang.models import exact
+
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(64, width, generator=g) * torch.logspace(-3, 3, 64)[:, None]
+    w = 1 + torch.randn(width, generator=g) * 0.1
+    with kernels.definitions_only():
+        plain = [exact.rms_norm(x, w, 1e-5), *exact.quantize_rows(x, exact.TWO_LIMB_LEVELS),
+                 exact.prepare_rows(x).limbs]
+        mode = CudaDivision()
+        with mode:
+            emulated = [exact.rms_norm(x, w, 1e-5),
+                        *exact.quantize_rows(x, exact.TWO_LIMB_LEVELS),
+                        exact.prepare_rows(x).limbs]
+    assert mode.inexact == []
+    for a, b in zip(plain, emulated, strict=True):
+        assert torch.equal(a, b) and torch.equal(a.view(torch.int32) if a.dtype ==
+                                                 torch.float32 else a,
+                                                 b.view(torch.int32) if b.dtype ==
+                                                 torch.float32 else b)

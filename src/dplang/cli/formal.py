@@ -356,7 +356,10 @@ def run(
     k_alg = None if alg_name == "uniform-private" else k
     alg, params_used, warnings = _build(alg_name, fake_inst, n, epsilon, delta, k_alg, tau_v,
                                         window, calibration, big_r, data is not None)
-    params_used["instance"] = instance_name or str(collection_file)
+    # a collection file by its name (its content is in the fingerprint): a path names the
+    # user's folders in a public manifest
+    params_used["instance"] = instance_name or (collection_file.name if collection_file
+                                                else None)
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)
     if data is not None:

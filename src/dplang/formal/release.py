@@ -178,13 +178,13 @@ def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path
     Privacy contract: see the module docstring. Non-private algorithms are refused."""
     if not getattr(alg, "private", True) or math.isinf(getattr(alg, "epsilon", 1.0)):
         raise ReleaseError(f"{alg.name} is not private: it cannot run on --data")
+    check_budget_limit(getattr(alg, "epsilon", None), name="--epsilon")
+    if hasattr(alg, "check"):  # a public property of the collection: refused before the data
+        alg.check(collection)  # is read, and before the charge
     elements = read_elements(data_path, collection.universe)
     n = len(elements)
     stream_alg = isinstance(alg, ApproximateIntersectionGenerator | EpochEMIdentifier
                             | StochasticIdentifier | UPGContinual)
-    check_budget_limit(getattr(alg, "epsilon", None), name="--epsilon")
-    if hasattr(alg, "check"):  # a public property of the collection: refused before the charge
-        alg.check(collection)
     guarantee = alg.guarantee(n)
     fingerprint = {"algorithm": alg.name, "paper": getattr(alg, "paper", ""),
                    "collection": collection.describe(),

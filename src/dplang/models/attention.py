@@ -75,13 +75,14 @@ class SlotCache:
     Per layer: ``keys``/``values`` ``[slots, kv_heads, capacity, head_dim]`` holding
     integers in [-levels, levels] (at most 2**15 - 1: :func:`key_levels`, :func:`value_levels`),
     as int16 on every device (half the memory of float32: at G = 1,024 groups on a GPU the
-    store is most of the memory; the kernels read them as integers, the torch definition
-    converts the rows it reads to float32, the same integers). ``key_scale``/``value_scale``
-    ``[slots, kv_heads, capacity]`` float32. The capacity is a multiple of ``block`` (the
-    positions of one exact value sum) and grows when a row needs more; the number of slots
-    grows when more rows are live. Slots are reused: a new row's positions beyond its
-    length are never read (masked), and every stored number is finite (zero until
-    written)."""
+    store is most of the memory). The kernels read them as integers; the torch definition
+    converts what it reads to float32 (on a decode call the whole layer's store, a transient
+    copy where no fused attention kernel is admitted): the same integers.
+    ``key_scale``/``value_scale`` ``[slots, kv_heads, capacity]`` float32. The capacity is a
+    multiple of ``block`` (the positions of one exact value sum) and grows when a row needs
+    more; the number of slots grows when more rows are live. Slots are reused: a new row's
+    positions beyond its length are never read (masked), and every stored number is finite
+    (zero until written)."""
 
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, block: int,
                  device: torch.device) -> None:

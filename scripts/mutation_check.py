@@ -618,6 +618,23 @@ MUTATIONS: tuple[Mutation, ...] = (
           "    scale = amax / levels"),),
         ("tests/models/test_cuda_semantics.py",),
     ),
+    Mutation(
+        "generate-model-files-unnamed",
+        "generate's fingerprint names the model's weight files only: a model whose config or "
+        "tokenizer changed in place is the same release (charged once, other texts)",
+        (("src/dplang/textgen/orchestration.py",
+          '        "model_files_sha256": (plan.model.support_digest()\n',
+          '        "model_files_sha256": (None and plan.model.support_digest()\n'),),
+        ("tests/cli/test_limits.py",),
+    ),
+    Mutation(
+        "missing-weights-loaded",
+        "a checkpoint missing some weights loads them random (another model at every load)",
+        (("src/dplang/models/hf_loading.py",
+          "    if missing:  # transformers fills them",
+          "    if False:  # transformers fills them"),),
+        ("tests/models/test_transformers_backend.py",),
+    ),
 )
 
 

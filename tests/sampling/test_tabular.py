@@ -161,3 +161,21 @@ def test_parquet_decimals_and_dates_are_read_as_their_values(tmp_path):
                                       "d": parse_column("d=2020-01-02,2021-03-04")})
     assert [t.columns[0].values[c] for c in t.codes[:, 0]] == ["5", "7"]
     assert t.codes[:, 1].tolist() == [0, 1] and t.mapped == {"n": 1, "d": 0}  # 7.40: rounded
+
+
+def test_one_cell_python_cannot_hold_changes_no_other_cell(tmp_path):
+    """A far timestamp in one record: the other records' dates read as without it (a column
+    recast to strings whole would read them otherwise, so one record would move the others)."""
+    import datetime
+
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    spec = parse_column("c=other,2020-01-02T03:04:05")
+    codes = []
+    for far in (None, 10**12):
+        path = tmp_path / f"{far}.parquet"
+        cells = [int(datetime.datetime(2020, 1, 2, 3, 4, 5,
+                                       tzinfo=datetime.UTC).timestamp()), far]
+        pq.write_table(pa.table({"c": pa.array(cells, type=pa.timestamp("s"))}), path)
+        codes.append(load_table(path, ["c"], {"c": spec}).codes[:, 0].tolist())
+    assert codes == [[1, 0], [1, 0]]

@@ -352,15 +352,13 @@ def _read_columns(path: Path, columns: Sequence[str]
 def _column_values(column: Any) -> list[Any]:
     """A column's cells as Python values, by one rule that never raises: a cell Python cannot
     hold (a timestamp beyond year 9999, say) must not make a run fail where its neighbour's
-    null cell would not. Cells Python cannot hold become Arrow's own strings, or their repr."""
+    null cell would not. Such a cell becomes its repr; every other cell is read as it is, cell
+    by cell (never the whole column recast: one record's cell must not change how the other
+    records' cells read)."""
     import pyarrow as pa
 
     try:
         return column.to_pylist()
-    except (ArithmeticError, ValueError, pa.ArrowException):
-        pass
-    try:
-        return column.cast(pa.string()).to_pylist()
     except (ArithmeticError, ValueError, pa.ArrowException):
         pass
     values: list[Any] = []

@@ -241,3 +241,19 @@ def test_check_charge_is_the_charge_rule_without_recording(new_ledger):
     with pytest.raises(BudgetExceeded, match="data-dependent"):
         ledger.check_charge("data", data_dependent)
     assert ledger.releases("data") == []
+
+
+def test_check_charges_refuses_a_set_that_the_charges_would_stop_halfway(new_ledger):
+    """Several releases each under the budget, together over it: refused before any is
+    charged, by the charge's own rule; the non-private ceiling is named as what it is."""
+    ledger = PrivacyLedger(new_ledger())
+    ledger.set_budget("data", epsilon=3.0, delta=1e-6)
+    ledger.check_charges("data", [_g(0.05), _g(0.05)])  # ε ≈ 2.5 together
+    with pytest.raises(BudgetExceeded, match="4 releases refused"):
+        ledger.check_charges("data", [_g(0.05)] * 4)  # ε ≈ 3.5 together, 1.7 each
+    ceiling = Guarantee.non_private("nonprivate", "reference", "replace-by-null")
+    with pytest.raises(BudgetExceeded, match="non-private ceiling") as refused:
+        ledger.check_charges("data", [_g(0.1), ceiling])
+    assert "data-dependent" not in str(refused.value)
+    ledger.check_charges("other", [_g(100.0), ceiling])  # no budget: nothing refused
+    assert ledger.releases("data") == []

@@ -373,29 +373,16 @@ def _check_evaluation_sizes(config: ExperimentConfig) -> None:
 
 
 def _check_sweep_budget(book: PrivacyLedger, name: str, guarantees: list[Any]) -> None:
-    """Refuse the sweep, before anything is charged, when its cells still to run would be
-    refused by the dataset's budget (all public: the budget, what the ledger holds, each
-    cell's ex-ante guarantee): a release that is not differential privacy (the non-private
-    ceiling, a data-dependent bound) under a budget, or a total over it. Otherwise the
-    cells before the refused one would be charged and published, and the sweep stop
-    halfway."""
-    budget = book.budget(name)
-    if budget is None or not guarantees:
-        return
-    spend = book.spent(name)
-    for g in guarantees:
-        if not g.ex_ante or g.public_seed or not math.isfinite(g.epsilon):
-            raise BudgetExceeded(
-                f"dataset {name} has a differential-privacy budget and this sweep has a "
-                f"{g.mechanism} cell with no differential-privacy guarantee, which no budget "
-                "can account for: run it on data without a budget, or drop that method")
-        spend = spend.plus(g)
-    total = spend.epsilon_at(budget[1])
-    if total > budget[0] * (1 + 1e-12):
-        raise BudgetExceeded(
-            f"this sweep's {len(guarantees)} release(s) would bring dataset {name} to "
-            f"ε={total:.4g} at δ={budget[1]:g}, over its budget ε={budget[0]:g}: nothing was "
-            "run (fewer cells or smaller ε)")
+    """Refuse the sweep, before anything is charged, when the dataset's budget would refuse
+    any of its cells still to run (:meth:`PrivacyLedger.check_charges`: the charge's own
+    rule, on public inputs only). Otherwise the cells before the refused one would be
+    charged and published, and the sweep stop halfway."""
+    try:
+        book.check_charges(name, guarantees)
+    except BudgetExceeded as exc:
+        raise BudgetExceeded(f"this sweep's {len(guarantees)} cell(s) still to run: {exc}; "
+                             "nothing was run (fewer cells, smaller ε, or drop the method "
+                             "with no differential-privacy guarantee)") from None
 
 
 def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,

@@ -70,6 +70,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -423,7 +424,7 @@ class PrivacyLedger:
                     "same command on the same data with it is the same release, anything else "
                     "needs another one): pass another --seed, or none for a fresh secret seed"
                 )
-            self._refuse_over_budget(db, dataset, guarantee)
+            self._refuse_over_budget(db, dataset, [guarantee])
             # DO NOTHING: the same release id committed meanwhile under another dataset's
             # lock (PostgreSQL locks per dataset) is a resumed release, not a new charge.
             # ex_ante = 0 for every release that is not DP (data-dependent, or a toy run):
@@ -444,41 +445,54 @@ class PrivacyLedger:
         now, by :meth:`charge`'s own rule and message; records nothing. A command checks this
         before it reads data or loads a model (a refusal then costs milliseconds); the charge
         itself checks again, atomically, at the last moment."""
-        with self._connect() as db:
-            self._refuse_over_budget(db, dataset, guarantee)
+        self.check_charges(dataset, [guarantee])
 
-    def _refuse_over_budget(self, db: Db, dataset: str, guarantee: Guarantee) -> None:
+    def check_charges(self, dataset: str, guarantees: Sequence[Guarantee]) -> None:
+        """Raise :class:`BudgetExceeded` when new releases of all ``guarantees``, charged one
+        after another, would be refused at any of them by :meth:`charge`'s rule; records
+        nothing. A command of several releases (an experiment's cells) checks this before the
+        first is charged: otherwise the releases ahead of the refused one would be charged and
+        published, and the command stop halfway. Everything it reads is public (the budget,
+        the ledger's releases, each release's ex-ante guarantee)."""
+        with self._connect() as db:
+            self._refuse_over_budget(db, dataset, list(guarantees))
+
+    def _refuse_over_budget(self, db: Db, dataset: str, guarantees: list[Guarantee]) -> None:
         budget = db.execute(
             "SELECT epsilon, delta FROM budgets WHERE dataset = ?", (dataset,)
         ).fetchone()
-        if budget is not None and guarantee.public_seed:
-            raise BudgetExceeded(
-                f"release refused: dataset {dataset} has a differential-privacy "
-                f"budget and this {guarantee.mechanism} release is a toy run (its seed is "
-                "public, written in a configuration file), which has no privacy guarantee "
-                "at all: remove the seeds from the configuration (each release then gets "
-                "a fresh secret seed)"
-            )
-        if budget is not None and not guarantee.ex_ante:
-            raise BudgetExceeded(
-                f"release refused: dataset {dataset} has a differential-privacy "
-                f"budget and this {guarantee.mechanism} release has only a "
-                + ("bound resting on an unproven assumption" if guarantee.details.get(
-                    "unproven") else "data-dependent bound")
-                + " (not differential privacy), which no DP budget can account for"
-            )
-        if budget is not None:
-            before = self._spent(db, dataset)
-            after = before.plus(guarantee)
-            total = after.epsilon_at(budget[1])
-            if total > budget[0] * (1 + 1e-12):
-                mixed = ("" if len(after.by_adjacency) < 2 else
-                         f" under {after.adjacency} adjacency (its releases mix "
-                         "adjacencies: the others count by group privacy)")
+        if budget is None or not guarantees:
+            return
+        for guarantee in guarantees:
+            if guarantee.public_seed:
                 raise BudgetExceeded(
-                    f"release refused: dataset {dataset} would spend ε={total:.4g} at "
-                    f"δ={budget[1]:g}{mixed}, over its budget ε={budget[0]:g}"
+                    f"release refused: dataset {dataset} has a differential-privacy "
+                    f"budget and this {guarantee.mechanism} release is a toy run (its seed is "
+                    "public, written in a configuration file), which has no privacy guarantee "
+                    "at all: remove the seeds from the configuration (each release then gets "
+                    "a fresh secret seed)"
                 )
+            if not guarantee.ex_ante:
+                raise BudgetExceeded(
+                    f"release refused: dataset {dataset} has a differential-privacy "
+                    f"budget and this {guarantee.mechanism} release has "
+                    + _not_dp_kind(guarantee)
+                    + ", which no DP budget can account for"
+                )
+        after = self._spent(db, dataset)
+        for guarantee in guarantees:
+            after = after.plus(guarantee)
+        total = after.epsilon_at(budget[1])
+        if total > budget[0] * (1 + 1e-12):
+            mixed = ("" if len(after.by_adjacency) < 2 else
+                     f" under {after.adjacency} adjacency (its releases mix "
+                     "adjacencies: the others count by group privacy)")
+            what = ("release refused" if len(guarantees) == 1 else
+                    f"{len(guarantees)} releases refused")
+            raise BudgetExceeded(
+                f"{what}: dataset {dataset} would spend ε={total:.4g} at "
+                f"δ={budget[1]:g}{mixed}, over its budget ε={budget[0]:g}"
+            )
 
     def datasets(self) -> list[str]:
         """Every dataset name with a budget or a release, sorted."""
@@ -514,3 +528,12 @@ class PrivacyLedger:
         return {"release_id": r[0], "created": r[1], "guarantee": json.loads(r[2]),
                 "description": r[3], "ex_ante": bool(r[4]), "data_digest": r[5],
                 "dataset": r[6]}
+
+
+def _not_dp_kind(guarantee: Guarantee) -> str:
+    """What a guarantee that is not ex-ante DP is, for a refusal's message."""
+    if math.isinf(guarantee.epsilon):
+        return "no differential-privacy guarantee at all (the non-private ceiling)"
+    if guarantee.details.get("unproven"):
+        return "only a bound resting on an unproven assumption (not differential privacy)"
+    return "only a data-dependent bound (not differential privacy)"

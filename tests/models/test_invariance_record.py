@@ -290,9 +290,17 @@ def test_a_refusal_is_found_by_the_next_process_before_any_load(tiny_llama_dir: 
              "        resolve_model(sys.argv[1], threads=2)\n"
              "    except RowInvarianceError:\n"
              "        print('REFUSED')\n")
+    from dplang.models import cpu_kernels
+
     env = {**os.environ, "DPLANG_CACHE_DIR": str(tmp_path / "cache")}
     env.pop(inv.RECHECK_ENV, None)
     env.pop("NUMBA_CACHE_DIR", None)
+    # the children set NUMBA_CACHE_DIR themselves, to the fresh cache's numba/ folder; a link
+    # there to this process's compiled kernels spares them a compilation (most of a minute)
+    compiled = Path(cpu_kernels._numba_cache_dir())
+    if compiled.is_dir():
+        (tmp_path / "cache").mkdir()
+        (tmp_path / "cache" / "numba").symlink_to(compiled, target_is_directory=True)
     outs = [subprocess.run([sys.executable, "-c", child, str(tiny_llama_dir), mode],
                            capture_output=True, text=True, env=env, timeout=600)
             for mode in ("fail", "check")]

@@ -23,8 +23,9 @@ triton = pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Each case: (name, code run in the interpreted process that prints a JSON verdict).
-_CHECKS = r'''
+#: What every part's interpreted process runs first; each part then adds its cases to ``out``
+#: (case name: the kernel gave the definition's bits), printed as one JSON verdict.
+_PRELUDE = r'''
 import json, math, sys, torch
 from dplang.models import exact, cpu_kernels
 from dplang.models.kernels import triton_check, triton_exact as tk
@@ -49,6 +50,11 @@ def rows(m, k, spread=1.0):
         x[4, 2] = float("inf")
     return x
 
+'''
+
+#: The checks, in two parts run side by side (each its own interpreted process): the
+#: interpreter runs on one core, and the attention cases are half of the time.
+_PARTS = {"kernels": r'''
 for levels in (exact.TWO_LIMB_LEVELS, exact.ONE_LIMB_LEVELS):
     for m, k in ((1, 7), (5, 33), (19, 64), (40, 130)):
         x = rows(m, k, 30.0)
@@ -137,6 +143,18 @@ gate = torch.cat([torch.randn(3000, generator=g) * 6, torch.tensor([0.0, -0.0, 1
 up = torch.randn(gate.numel(), generator=g)
 out["gelu"] = same(exact.gelu_tanh(gate) * up, tk.gelu_tanh_mul(gate, up))
 out["silu"] = same(exact.silu(gate) * up, tk.silu_mul(gate, up))
+from dplang.models import kernels
+sys.path.insert(0, "tests/models")
+from test_cuda_semantics import CudaDivision
+for op in kernels.gpu_ops():  # every operation with a Triton kernel has its self-test
+    # run with the definitions under a GPU's division rule (a host-number divisor multiplies
+    # by its reciprocal there), as on a GPU; under the CPU's rule the definitions give the
+    # same bits (exact.divide divides by a tensor), which the family checks above compare
+    with CudaDivision():
+        out[f"selftest {op} under the GPU division"] = triton_check.self_test(
+            op, torch.device("cpu"))
+''',
+           "attention": r'''
 from dplang.models.attention import BLOCK_SIZE, MAX_POSITIONS, WEIGHT_LEVELS
 S, KVH, D, H = 3, 2, 16, 4
 for capacity in (BLOCK_SIZE, 2 * BLOCK_SIZE):
@@ -154,27 +172,24 @@ for capacity in (BLOCK_SIZE, 2 * BLOCK_SIZE):
         alone = tk.attend_tokens(q[3:4], slot[3:4], pos[3:4], keys, ks, values, vs, window,
                                  0.125, cap, WEIGHT_LEVELS, MAX_POSITIONS)
         out[f"attend {capacity} {window} {cap}"] = same(ref, got) and same(ref[3:4], alone)
-from dplang.models import kernels
-sys.path.insert(0, "tests/models")
-from test_cuda_semantics import CudaDivision
-for op in kernels.gpu_ops():  # every operation with a Triton kernel has its self-test
-    out[f"selftest {op}"] = triton_check.self_test(op, torch.device("cpu"))
-    # ... and passes with the definitions under a GPU's division rule (a host-number divisor
-    # multiplies by its reciprocal there), as it must on a GPU
-    with CudaDivision():
-        out[f"selftest {op} under the GPU division"] = triton_check.self_test(
-            op, torch.device("cpu"))
-print("VERDICT " + json.dumps(out))
-'''
+'''}
 
 
 def _interpreted() -> dict[str, bool]:
+    """Every part's verdicts, the parts run side by side in interpreted processes."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, "-c", _CHECKS], capture_output=True, text=True,
-                          env=env, timeout=900, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("VERDICT "))
-    return json.loads(line.removeprefix("VERDICT "))
+    verdict = '\nprint("VERDICT " + json.dumps(out))\n'
+    running = {part: subprocess.Popen([sys.executable, "-c", _PRELUDE + code + verdict],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env, cwd=ROOT)
+               for part, code in _PARTS.items()}
+    out: dict[str, bool] = {}
+    for part, process in running.items():
+        stdout, stderr = process.communicate(timeout=900)
+        assert process.returncode == 0, f"{part}: {stderr[-3000:]}"
+        line = next(ln for ln in stdout.splitlines() if ln.startswith("VERDICT "))
+        out.update(json.loads(line.removeprefix("VERDICT ")))
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -45,9 +45,25 @@ __all__ = [
 
 class TokenizerText:
     """Rendering, counting, truncating and decoding text with ``self.tokenizer`` (a Hugging
-    Face tokenizer, see :func:`prepare_tokenizer`)."""
+    Face tokenizer, see :func:`prepare_tokenizer`), and the digest of the model folder's
+    files besides the weights (:meth:`support_digest`). A subclass sets ``_path`` (the
+    folder, or None for a model built in memory) and ``_identity_given``."""
 
     tokenizer: Any
+    _path: Path | None
+    _identity_given: bool
+    _support: str | bool | None = False  # support_digest: not computed yet
+
+    def support_digest(self) -> str | None:
+        """sha256 of the model folder's files other than its weights (configuration,
+        tokenizer, chat template: :func:`~dplang.models.hf_loading.support_files_digest`),
+        for a run's fingerprint; the same for the whole model and its prompt side. None for a
+        model built in memory or one whose identity was given (the packaged default model:
+        its package pins every file). Computed once."""
+        if self._support is False:
+            self._support = (None if self._identity_given
+                             else support_files_digest(self._path))
+        return self._support
 
     @property
     def has_chat_template(self) -> bool:
@@ -225,7 +241,6 @@ class PromptSide(TokenizerText):
                                                                            self._gguf_name)
         self._digest = weights_digest
         self._identity_given = weights_digest is not None
-        self._support: str | bool | None = False  # support_digest: not computed yet
         #: The context window from the folder's config.json (None when it has none).
         self.context_length: int | None = _context_from_folder(folder)
 
@@ -233,13 +248,6 @@ class PromptSide(TokenizerText):
     def numerics(self) -> dict[str, Any]:
         """The workers' numerics (:func:`numerics_for`)."""
         return numerics_for(self.threads, self.dtype, self.block_size, self.device_type)
-
-    def support_digest(self) -> str | None:
-        """As :meth:`TransformersModel.support_digest` (the same files, the same digest)."""
-        if self._support is False:
-            self._support = (None if self._identity_given
-                             else support_files_digest(self._path))
-        return self._support
 
     def weights_digest(self) -> str:
         """sha256 of the weight files (as :meth:`TransformersModel.weights_digest`), computed

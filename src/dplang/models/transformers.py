@@ -60,7 +60,6 @@ from dplang.models.hf_loading import (
     logit_postprocessing,
     model_files,
     resolve_model_path,
-    support_files_digest,
     weights_digest_of,
 )
 from dplang.models.invariance import (
@@ -201,7 +200,6 @@ class TransformersModel(TokenizerText):
             raise ValueError(f"{type(model).__name__} has no output embeddings (LM head)")
         self._digest = weights_digest
         self._identity_given = weights_digest is not None
-        self._support: str | bool | None = False  # support_digest: not computed yet
         if self._digest is None and (self._path is None or not self._path.is_dir()):
             self._digest = weights_digest_of(None, None, model)  # before the weights go
         verification = None
@@ -267,16 +265,6 @@ class TransformersModel(TokenizerText):
         arithmetic's version, the precision, the attention block and the device type (public;
         part of a run's identity, so that a run with other numerics is a new release)."""
         return numerics_for(self.threads, self.dtype, self.block_size, self.device_type)
-
-    def support_digest(self) -> str | None:
-        """sha256 of the model folder's files other than its weights (configuration,
-        tokenizer, chat template: :func:`~dplang.models.hf_loading.support_files_digest`),
-        for a run's fingerprint; None for a model built in memory or one whose identity was
-        given (the packaged default model: its package pins every file)."""
-        if self._support is False:
-            self._support = (None if self._identity_given
-                             else support_files_digest(self._path))
-        return self._support
 
     def weights_digest(self) -> str:
         """sha256 of the weight file bytes (the GGUF file, or the ``*.safetensors`` /

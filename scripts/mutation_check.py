@@ -592,6 +592,25 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/privacy/test_ledger.py",),
     ),
     Mutation(
+        "ledger-budget-not-enforced",
+        "the ledger records a release whatever the dataset's budget (the total is compared "
+        "with infinity)",
+        (("src/dplang/privacy/ledger.py",
+          "        if total > budget[0] * (1 + 1e-12):",
+          "        if total > math.inf:"),),
+        ("tests/privacy/test_ledger.py",),
+    ),
+    Mutation(
+        "sweep-budget-checks-first-cell-only",
+        "a set of releases (an experiment's cells) is checked against the budget by its first "
+        "release alone: the sweep is charged and published cell by cell until the budget "
+        "stops it halfway",
+        (("src/dplang/privacy/ledger.py",
+          "            self._refuse_over_budget(db, dataset, list(guarantees))",
+          "            self._refuse_over_budget(db, dataset, list(guarantees)[:1])"),),
+        ("tests/privacy/test_ledger.py", "tests/experiments/test_experiment.py"),
+    ),
+    Mutation(
         "report-judge-by-path-only",
         "the entailment judge is named by its path only: a judge changed in place is the same "
         "release (a free rerun with the same noise)",

@@ -237,6 +237,11 @@ def _label_str(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
+        # 5.0 reads "5": a label is its own cell's, whatever the column's type (one missing
+        # cell makes a column of integers floats in pandas, and must not turn every other
+        # record's "5" into "5.0")
+        return str(int(value))
     return str(value)
 
 

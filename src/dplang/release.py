@@ -340,17 +340,21 @@ def write_json(path: str | Path, obj: Mapping[str, Any], *, private: bool = Fals
 TEMPORARY_RUN_PREFIX = "dplang-run-"
 
 
-def output_label(path: str | Path) -> str:
-    """How a release's ledger description names its output: the path, or, for an API call's
-    temporary file (removed when the call returns), that nothing was kept."""
+def is_temporary_output(path: str | Path) -> bool:
+    """Whether ``path`` is an API call's temporary output (removed when the call returns:
+    it can never be resumed)."""
     path = Path(path)
     try:
         inside = path.resolve().parent.parent == Path(tempfile.gettempdir()).resolve()
     except OSError:
         inside = False
-    if inside and path.parent.name.startswith(TEMPORARY_RUN_PREFIX):
-        return "returned in memory (no out=)"
-    return str(path)
+    return inside and path.parent.name.startswith(TEMPORARY_RUN_PREFIX)
+
+
+def output_label(path: str | Path) -> str:
+    """How a release's ledger description names its output: the path, or, for an API call's
+    temporary file (removed when the call returns), that nothing was kept."""
+    return "returned in memory (no out=)" if is_temporary_output(path) else str(path)
 
 
 def publish(staging: str | Path, target: str | Path, data: str | bytes, *,

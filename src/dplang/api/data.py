@@ -92,11 +92,39 @@ def _as_table(data: Any, text_column: str) -> Any:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise DPLangError(f"the records cannot be read as a table ({first}): give each "
                               "key values of one type (missing values as None)") from None
+    if data and isinstance(data[0], Mapping):  # records, but not all of them
+        i, item = next((i, item) for i, item in enumerate(data)
+                       if not isinstance(item, Mapping))
+        raise DPLangError(f"data[{i}] is a {type(item).__name__} but data[0] is a record: a "
+                          "list of records holds dicts only")
     for i, item in enumerate(data):
         if item is not None and not isinstance(item, str):
             raise DPLangError(f"data[{i}] is a {type(item).__name__}: a list of texts holds "
                               "strings (None for a missing text)")
     return pa.table({text_column: pa.array(list(data), type=pa.string())})
+
+
+def _table(data: Any, text_column: str) -> Any:
+    """:func:`_as_table`, with every refusal a :class:`DPLangError` naming the problem (a
+    repeated column name, a text Arrow cannot hold, a number too large for its column)."""
+    try:
+        table = _as_table(data, text_column)
+    except DPLangError:
+        raise
+    except UnicodeEncodeError as exc:
+        raise DPLangError(f"the data holds a string that is not valid Unicode ({exc.reason}: "
+                          f"{exc.object[exc.start:exc.end]!r}): text must encode as UTF-8"
+                          ) from None
+    except (OverflowError, ValueError, KeyError, TypeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DPLangError(f"the data cannot be read as a table ({type(exc).__name__}: "
+                          f"{first[:200]})") from None
+    names = list(table.column_names)
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise DPLangError(f"the data has more than one column named "
+                          f"{', '.join(map(repr, repeated))}: give each column its own name")
+    return table
 
 
 def _ipc_bytes(table: Any) -> bytes:
@@ -108,7 +136,9 @@ def _ipc_bytes(table: Any) -> bytes:
     table = table.cast(pa.schema([
         pa.field(f.name, pa.string() if pa.types.is_large_string(f.type) else f.type)
         for f in table.schema]))
-    table = table.replace_schema_metadata(None)
+    # one batch: the same records in one chunk or several (a concatenated table, a Dataset's
+    # select) are the same content
+    table = table.replace_schema_metadata(None).combine_chunks()
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
@@ -147,10 +177,14 @@ def _materialized(raw: bytes) -> Iterator[Path]:
             folder.rmdir()
         return
     folder = base / hashlib.sha256(raw).hexdigest()[:32]
+    _sweep_unused(base, keep=folder)
     path, users = folder / IN_MEMORY_NAME, folder / ".users"
     while True:
         folder.mkdir(mode=0o700, exist_ok=True)
-        fd = os.open(users, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(users, os.O_RDWR | os.O_CREAT, 0o600)
+        except FileNotFoundError:  # its last user removed the folder meanwhile
+            continue
         fcntl.flock(fd, fcntl.LOCK_SH)
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(users))
@@ -164,17 +198,38 @@ def _materialized(raw: bytes) -> Iterator[Path]:
             write_atomic(path, raw, private=True)
         yield path
     finally:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the last user deletes
-        except OSError:
-            pass
-        else:
-            path.unlink(missing_ok=True)
-            users.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        finally:
-            os.close(fd)
+        _delete_if_unused(folder, fd)  # the last user deletes
+
+
+def _delete_if_unused(folder: Path, fd: int) -> None:
+    """Delete ``folder``'s data file, its ``.users`` file (open as ``fd``) and the folder
+    when no process holds ``.users`` (an exclusive lock is free); close ``fd`` either way."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass
+    else:
+        (folder / IN_MEMORY_NAME).unlink(missing_ok=True)
+        (folder / ".users").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    finally:
+        os.close(fd)
+
+
+def _sweep_unused(base: Path, keep: Path) -> None:
+    """Delete the copies of data a process left in ``base`` when it died inside a call (a
+    ``kill -9`` runs no ``finally``): every folder but ``keep`` whose ``.users`` no process
+    holds. A folder being made has no ``.users`` yet, or one its maker holds: kept."""
+    with contextlib.suppress(OSError):
+        for folder in base.iterdir():
+            if folder == keep or not folder.is_dir() or folder.is_symlink():
+                continue
+            try:
+                fd = os.open(folder / ".users", os.O_RDWR | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            _delete_if_unused(folder, fd)
 
 
 @contextlib.contextmanager
@@ -187,7 +242,7 @@ def data_input(data: Any, *, dataset: str | None, text_column: str = "text"
     if isinstance(data, (str, os.PathLike)):
         yield DataInput(Path(data).expanduser(), dataset, False)
         return
-    table = _as_table(data, text_column)
+    table = _table(data, text_column)
     if dataset is None or not str(dataset).strip():
         raise DPLangError("dataset= is required for data in memory (a list, a DataFrame, a "
                           "Dataset): the privacy ledger keeps the data's budget under that "

@@ -30,6 +30,9 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .. import notices
+from .params import pythonize
+
 if TYPE_CHECKING:
     from ..privacy.guarantees import Guarantee
 
@@ -137,7 +140,7 @@ class Display:
 
     def warning(self, message: str) -> None:
         """dplang's own warning (privacy or correctness): shown even when quiet."""
-        warnings.warn(message, DPLangWarning, stacklevel=2)
+        notices.warn(pythonize(message), DPLangWarning, stacklevel=2)
 
     def start(self, total: int, done: int, *, population: bool = False,
               max_tokens: int | None = None) -> None:

@@ -134,7 +134,7 @@ def _check_budget_early(request: GenerationRequest, guarantee: Guarantee) -> Non
 BARE_PROMPT_WARNING = (
     "the generic prompt does not say what your texts are, and the model then writes about "
     "anything (off-topic texts): describe them with --describe \"restaurant reviews from Yelp\" "
-    "(describe= in Python; public: it goes into the prompts and the manifest) or give a "
+    "(public: it goes into the prompts and the manifest) or give a "
     "template, --prompt FILE.toml (docs/generation.md, \"Prompts\")")
 
 

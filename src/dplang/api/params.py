@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import numbers
 import os
 import re
 import tempfile
@@ -55,12 +56,22 @@ def pythonize(message: str) -> str:
     methods = _method_flags()
 
     def keyword(match: re.Match[str]) -> str:
-        flag = match.group(0)
+        flag = "--" + match.group(1)
+        if flag.startswith("--no-"):  # a switch's off side (--split/--no-split): split=False
+            return f"{match.group(1)[3:].replace('-', '_')}=False"
         return methods.get(flag, match.group(1).replace("-", "_"))
 
+    # a flag with a quoted value reads as a keyword argument: --describe "x" → describe="x"
+    message = re.sub(_FLAG.pattern + r' (".*?")',
+                     lambda m: f"{keyword(m)}={m.group(2)}", message)
     message = _FLAG.sub(keyword, message)
     base = re.escape(str(Path(tempfile.gettempdir())))
-    return re.sub(base + r"/dplang-[^\s:,;)]+", "data", message)
+    # the in-memory data's file (api/data.py: named by a digest of the data, which must not
+    # reach the output a notebook shows) and a call's temporary output folder (api/outputs.py)
+    message = re.sub(base + r"/dplang-(?:\d+/[0-9a-f]{32}|data-[^/\s]+)/in-memory\.arrow",
+                     "data", message)
+    return re.sub(base + r"/dplang-run-[^/\s]+/[^\s:,;)]*", "the call's temporary output",
+                  message)
 
 
 def unknown_keyword(function: str, name: str, known: Sequence[str]) -> DPLangError:
@@ -119,6 +130,18 @@ def _accepts(kind: Any, value: Any) -> bool | None:
     return None
 
 
+def _plain_number(kind: Any, value: Any) -> Any:
+    """A number of another library (numpy's ``int64``, ``float32``) as the Python ``int`` or
+    ``float`` that ``kind`` takes; any other value as it is."""
+    if isinstance(value, bool) or type(value) in (int, float):
+        return value
+    if isinstance(value, numbers.Integral) and _accepts(kind, int(value)) is True:
+        return int(value)
+    if isinstance(value, numbers.Real) and _accepts(kind, float(value)) is True:
+        return float(value)
+    return value
+
+
 def _check_types(function: str, hints: dict[str, Any], arguments: dict[str, Any]) -> None:
     for name, value in arguments.items():
         kind = hints.get(name)
@@ -154,10 +177,13 @@ def python_api(func: F) -> F:
             bound = signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise DPLangError(f"{func.__name__}(): {exc}") from None
+        for name, value in bound.arguments.items():
+            if name in hints:
+                bound.arguments[name] = _plain_number(hints[name], value)
         _check_types(func.__name__, hints, {k: v for k, v in bound.arguments.items()
                                             if k in hints})
         try:
-            return func(*args, **kwargs)
+            return func(*bound.args, **bound.kwargs)
         except DPLangError as exc:
             raise DPLangError(pythonize(str(exc)), exc.code) from None
 

@@ -119,6 +119,31 @@ class ReportResult:
                                      "simultaneous_lower_bound", "threshold"])
 
 
+def _statement_line(i: int, item: Any) -> str:
+    """Statement ``i`` of a list as its line of a statements file; refused (never changed or
+    dropped) when that line would read back as something else."""
+    if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(x, str)
+                                                                  for x in item):
+        if "\t" in item[0]:
+            raise DPLangError(f"statements[{i}]: its text holds a tab, which separates a "
+                              "statement's text from its regex")
+        line = f"{item[0]}\t{item[1]}"
+    elif isinstance(item, str):
+        line = item
+    else:
+        raise DPLangError("statements must be a .txt file or a list of statements "
+                          "(\"text\", \"text<TAB>regex\" or (text, regex)), not "
+                          f"{type(item).__name__} at statements[{i}]")
+    if not line.partition("\t")[0].strip():
+        raise DPLangError(f"statements[{i}] has no text")
+    if len(line.splitlines()) != 1:
+        raise DPLangError(f"statements[{i}] holds a line break: one statement is one line")
+    if line.lstrip().startswith("#"):
+        raise DPLangError(f"statements[{i}] starts with '#', which a statements file reads "
+                          "as a comment: reword it")
+    return line
+
+
 @contextlib.contextmanager
 def _statements_file(statements: str | Path | Sequence[Any] | None) -> Iterator[Path | None]:
     """``statements`` as the ``--statements`` file: a path, or a list of statements (``"text"``,
@@ -126,15 +151,7 @@ def _statements_file(statements: str | Path | Sequence[Any] | None) -> Iterator[
     if statements is None or isinstance(statements, (str, Path)):
         yield None if statements is None else Path(statements).expanduser()
         return
-    lines = []
-    for item in statements:
-        if isinstance(item, (tuple, list)) and len(item) == 2:
-            lines.append(f"{item[0]}\t{item[1]}")
-        elif isinstance(item, str):
-            lines.append(item)
-        else:
-            raise DPLangError("statements must be a .txt file or a list of statements "
-                              "(\"text\", \"text<TAB>regex\" or (text, regex))")
+    lines = [_statement_line(i, item) for i, item in enumerate(statements)]
     with tempfile.TemporaryDirectory(prefix="dplang-statements-") as folder:
         path = Path(folder) / "statements.txt"
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -244,9 +244,9 @@ def check_row_invariance_cached(model: CheckedModel) -> bool:
                        "of dplang or of this platform's floating point: please report it)")
             record_refusal(model.refusal_key(), message)
             raise RowInvarianceError(message) from first
-        import warnings
+        from dplang import notices
 
-        warnings.warn(f"{first}; using dplang's reference arithmetic instead (the same bits, "
+        notices.warn(f"{first}; using dplang's reference arithmetic instead (the same bits, "
                       "slower)", stacklevel=2)
         arithmetic = "reference"
     write_json(folder, record, {"verified": True, "model_id": model.model_id,

@@ -36,7 +36,6 @@ this project yet (``pytest -m gpu``).
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from typing import Any
 
 import torch
 
+from dplang import notices
 from dplang.models.attention import MAX_POSITIONS, TILE, AttentionStep, PromptTile, SlotCache
 from dplang.models.base import DecodeState
 from dplang.models.decode_graphs import DecodeGraphs, GraphRecordingError, graphs_wanted
@@ -559,7 +559,7 @@ class TransformersModel(TokenizerText):
                 return hidden.clone()  # the graph's output is overwritten by its next replay
         except GraphRecordingError as error:
             self.graphs_refused = str(error)
-            warnings.warn(f"decode graphs turned off, decode calls run eagerly: {error}",
+            notices.warn(f"decode graphs turned off, decode calls run eagerly: {error}",
                           RuntimeWarning, stacklevel=2)
             return None
 

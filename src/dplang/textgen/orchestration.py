@@ -60,6 +60,7 @@ from ..release import (
     RunLock,
     check_output_path,
     dataset_name,
+    is_temporary_output,
     output_label,
     write_json,
 )
@@ -641,7 +642,9 @@ def _execute_locked(
                        "the public prompt's (check --text-column)")
         if not resuming:
             release.write_private(plan.paths, release.private_record(
-                keep_seed=True,
+                # the seed is kept to resume; an API call's temporary output is never resumed,
+                # and a crash (kill -9) would leave its seed behind
+                keep_seed=not is_temporary_output(req.out),
                 data={"read": {"rows_seen": plan.read_stats.rows_seen,
                                "used": plan.read_stats.used,
                                "unusable_by_reason": dict(plan.read_stats.skipped_by_reason),

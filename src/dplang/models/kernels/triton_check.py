@@ -18,12 +18,12 @@ which kernel computes them, so the table must not import them back (no import ci
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from dplang import notices
 from dplang.models import exact, kernels
 from dplang.models.attention import BLOCK_SIZE, MAX_POSITIONS, WEIGHT_LEVELS, attend
 from dplang.models.exact import TWO_LIMB_LEVELS, quantize_rows
@@ -54,7 +54,7 @@ def admit_kernels(device: torch.device | str) -> dict[str, bool]:
         else:
             why = "its result differs from the definition's"
         if not ok:
-            warnings.warn(f"dplang's Triton kernel {op!r} is not used on {device} ({why}); the "
+            notices.warn(f"dplang's Triton kernel {op!r} is not used on {device} ({why}); the "
                           "torch definition computes it (the same bits, slower)", stacklevel=2)
         results[op] = getattr(triton_exact, op) if ok else None
     kernels.record_self_tests(device, results)

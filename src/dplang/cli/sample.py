@@ -55,7 +55,8 @@ def declared_types(domain: list[str], binary: list[str], schema: Path | None,
 
 
 def sample(
-    data: Path = typer.Option(..., "--data", help="Records: CSV, TSV, JSONL or Parquet."),
+    data: Path = typer.Option(..., "--data", help="Records: a CSV, TSV, JSONL, Parquet or "
+                              "Arrow file, or a saved Hugging Face dataset folder."),
     columns: str = typer.Option(..., "--columns", help="Comma-separated columns A,B,C."),
     epsilon: float = typer.Option(..., "--epsilon", help="Privacy parameter ε (> 0)."),
     out: Path = typer.Option(..., "--out", help="Output .csv or .jsonl (+ OUT.manifest.json)."),

@@ -167,8 +167,9 @@ class ModelSource:
 
 def model_identity(model: PromptModel) -> dict[str, Any]:
     """What must be equal between the driver's model and a worker's for the worker to compute
-    the same bits: id, weights digest, numerics (library versions, thread count, dtype,
-    device) and, for a whole model, vocabulary and EOS ids (a driver that loaded only the
+    the same bits: id, weights digest, numerics (library and arithmetic versions, dtype,
+    attention block, device type: not the thread count, which changes no bit) and, for a
+    whole model, vocabulary and EOS ids (a driver that loaded only the
     prompt side, :class:`~dplang.models.prompt_side.PromptSide`, does not know those: the
     executors then require every worker to agree with the first one). Public."""
     identity = {
@@ -221,7 +222,7 @@ def _identity_diffs(want: dict[str, Any], got: dict[str, Any]) -> list[str]:
 def check_identity(model: LogitsModel, recipe: WorkerRecipe) -> dict[str, Any]:
     """A worker's model's :func:`model_identity` (it reports it to the driver), once checked
     against the driver's on every key the driver knows. Raises :class:`ExecutorError` naming
-    what differs (another library version, thread count, device...): its texts would
+    what differs (another library version, dtype, device...): its texts would
     differ."""
     mine = model_identity(model)
     diffs = _identity_diffs(recipe.identity, mine)

@@ -192,7 +192,7 @@ class LocalExecutor(PooledExecutor):
     retried ``max_retries`` times stops the run. A worker that holds groups and reports no
     progress (decode steps, at most every 0.2 s, or finished groups) for ``stall_timeout_s``
     is hung: it is terminated (then killed), and handled like one that died. A worker whose
-    model is not the driver's (another library version, device or thread count) or refuses
+    model is not the driver's (another library version, dtype or device) or refuses
     its configuration stops the run at once."""
 
     workers: int = 2

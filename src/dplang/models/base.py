@@ -158,3 +158,25 @@ class LogitsModel(Protocol):
     def decode(self, token_ids: Sequence[int]) -> str:
         """Detokenize generated ids (special tokens skipped)."""
         ...
+
+
+#: Characters per token assumed for a model that does not say (``max_token_chars``).
+DEFAULT_TOKEN_CHARS = 64
+
+
+def reference_prefix(model: PromptModel | LogitsModel, text: str, max_tokens: int
+                     ) -> tuple[str, bool]:
+    """(``text`` cut to its first ``max_tokens`` tokens, whether it was cut).
+
+    Privacy contract: the work, and so the time, it takes is bounded by a public number of
+    characters, whatever the text's length: only the first
+    ``4 · (max_tokens + 1) · max_token_chars`` characters are tokenized (``max_token_chars``:
+    the longest token of the vocabulary, public), which hold the first ``max_tokens`` tokens
+    with a margin for normalisation. Tokenizing a whole reference of megabytes would make the
+    run's planning time, which the lock file's and the manifest's times show, a measure of
+    that one reference's length."""
+    chars = int(getattr(model, "max_token_chars", DEFAULT_TOKEN_CHARS) or DEFAULT_TOKEN_CHARS)
+    head = text[:4 * (max_tokens + 1) * chars]
+    if len(head) == len(text) and model.count_tokens(head) <= max_tokens:
+        return text, False
+    return model.truncate_tokens(head, max_tokens), True

@@ -53,6 +53,16 @@ class TokenizerText:
     _path: Path | None
     _identity_given: bool
     _support: str | bool | None = False  # support_digest: not computed yet
+    _max_token_chars: int | None = None
+
+    @property
+    def max_token_chars(self) -> int:
+        """The longest token of the vocabulary, in characters (public: a function of the
+        tokenizer; :func:`dplang.models.base.reference_prefix`). Computed once."""
+        if self._max_token_chars is None:
+            self._max_token_chars = max(
+                (len(str(t)) for t in self.tokenizer.get_vocab()), default=1) or 1
+        return self._max_token_chars
 
     def support_digest(self) -> str | None:
         """sha256 of the model folder's files other than its weights (configuration,

@@ -126,6 +126,9 @@ class ToyModel:
         """``user``, with ``system`` and a blank line before it if given."""
         return user if system is None else f"{system}\n\n{user}"
 
+    #: One character per token.
+    max_token_chars = 1
+
     def count_tokens(self, text: str) -> int:
         """One token per character."""
         return len(text)

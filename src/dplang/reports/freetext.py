@@ -36,7 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..models.base import LogitsModel
+from ..models.base import LogitsModel, reference_prefix
 from ..privacy.accounting import epsilon_to_rho
 from ..privacy.guarantees import Guarantee
 from ..privacy.mechanisms import exponential_mechanism_probabilities
@@ -227,8 +227,8 @@ class InvisibleInkReport:
             private = []
             for i in rows:
                 ref = records[i]
-                if ref and self.model.count_tokens(ref) > self.max_reference_tokens:
-                    ref = self.model.truncate_tokens(ref, self.max_reference_tokens)
+                if ref:
+                    ref, _ = reference_prefix(self.model, ref, self.max_reference_tokens)
                 private.append(self.model.render_prompt(self.prompt.render(ref),
                                                         self.prompt.system))
             out.append(GroupJob(g, public, tuple(private)))

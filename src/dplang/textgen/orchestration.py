@@ -43,7 +43,7 @@ from ..io import (
     file_digest,
     load_references,
 )
-from ..models.base import LogitsModel, PromptModel
+from ..models.base import LogitsModel, PromptModel, reference_prefix
 from ..models.dtypes import DTYPES
 from ..privacy.accounting import (
     BudgetLimitError,
@@ -430,9 +430,9 @@ def _job(plan: GenerationPlan, batch: Batch) -> GroupJob:
     public = model.render_prompt(template.render(None, labels), template.system)
     private = []
     for ref in batch.references:
-        if ref and model.count_tokens(ref) > limit:
-            ref = model.truncate_tokens(ref, limit)
-            plan.truncated_references += 1
+        if ref:
+            ref, cut = reference_prefix(model, ref, limit)
+            plan.truncated_references += int(cut)
         private.append(model.render_prompt(template.render(ref, labels), template.system))
     return GroupJob(batch.index, public, tuple(private), _shared_prefix(plan, labels, public))
 

@@ -12,10 +12,16 @@ own warnings therefore go through :func:`warn`, which honours every filter but "
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import warnings
 
-__all__ = ["warn"]
+__all__ = ["warn", "warn_at_caller"]
+
+#: Frames from here are dplang's (or the context managers it runs in), not the caller's.
+_OURS = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+         os.path.abspath(contextlib.__file__))
 
 
 def warn(message: str, category: type[Warning] = UserWarning, stacklevel: int = 1) -> None:
@@ -30,3 +36,12 @@ def warn(message: str, category: type[Warning] = UserWarning, stacklevel: int = 
                 break
             frame = frame.f_back
         warnings.showwarning(message, category, frame.f_code.co_filename, frame.f_lineno)
+
+
+def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """:func:`warn`, attributed to the first line outside dplang on the stack (the user's
+    call of ``dplang.generate``, say), as a library's warning should be."""
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_OURS):
+        frame, level = frame.f_back, level + 1
+    warn(message, category, stacklevel=level if frame is not None else 1)

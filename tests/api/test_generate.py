@@ -337,3 +337,70 @@ def test_a_loaded_model_runs_a_release_only_with_a_passed_check(tiny_llama_dir, 
         dplang.generate(TEXTS, epsilon=3, dataset="duck", batch_size=3, max_tokens=2,
                         model=DuckTyped(vocab_size=30, eos_after=None), quiet=True)
     assert _releases("duck") == []
+
+
+def test_ctrl_c_inside_the_charge_says_it_was_charged(tmp_path, capsys, monkeypatch):
+    """A Ctrl-C right after the ledger recorded the release, before the run heard back: the
+    message asks the ledger, never says "nothing was charged" of a recorded release."""
+    data = tmp_path / "d.csv"
+    data.write_text("text\n" + "\n".join(TEXTS) + "\n")
+    original = PrivacyLedger.charge
+
+    def charge_then_interrupt(self, *args, **kw):
+        original(self, *args, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PrivacyLedger, "charge", charge_then_interrupt)
+    monkeypatch.setattr(gen_cli, "_load_model",
+                        lambda spec, dtype="float32": ToyModel(vocab_size=30, eos_after=None))
+    args = ["generate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"), "--epsilon",
+            "3", "-B", "3", "-T", "4", "-q"]
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert "interrupted while the release was charged: it is in the ledger" in err, err
+    assert "nothing was charged" not in err
+    assert len(_releases(str(data.resolve()))) == 1
+
+
+def test_ctrl_c_of_an_overwrite_says_to_resume_without_it(tmp_path, capsys, monkeypatch):
+    data = tmp_path / "d.csv"
+    data.write_text("text\n" + "\n".join(TEXTS) + "\n")
+    model = Interrupting(after=10, vocab_size=30, eos_after=None)
+    monkeypatch.setattr(gen_cli, "_load_model", lambda spec, dtype="float32": model)
+    args = ["generate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"), "--epsilon",
+            "3", "-B", "3", "-T", "4", "-G", "1", "-q", "--overwrite"]
+    assert main(args) == 130
+    assert "run the same command again without --overwrite to resume" in \
+        capsys.readouterr().err
+
+
+class Terminating(ToyModel):
+    """A toy model whose process is sent SIGTERM (a scheduler's stop) at its 10th step."""
+
+    calls = 0
+
+    def next_hidden(self, *args, **kw):
+        import signal
+
+        self.calls += 1
+        if self.calls == 10:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().next_hidden(*args, **kw)
+
+
+def test_sigterm_is_handled_as_a_ctrl_c(tmp_path, capsys, monkeypatch):
+    """``timeout``, Slurm, systemd and ``docker stop`` send SIGTERM: the run says what was
+    kept and charged, removes its lock and marks nothing as still running; the rerun resumes."""
+    data = tmp_path / "d.csv"
+    data.write_text("text\n" + "\n".join(TEXTS) + "\n")
+    model = Terminating(vocab_size=30, eos_after=None)
+    monkeypatch.setattr(gen_cli, "_load_model", lambda spec, dtype="float32": model)
+    out = tmp_path / "o.jsonl"
+    args = ["generate", "--data", str(data), "--out", str(out), "--epsilon", "3", "-B", "3",
+            "-T", "4", "-G", "1", "-q"]
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert "interrupted: 2 of 4 generations are kept" in err, err
+    assert not (tmp_path / ".o.jsonl.lock").exists()
+    model.calls = -1000
+    assert main(args) == 0 and len(out.read_text().splitlines()) == 4

@@ -32,6 +32,19 @@ def _g(rho):
                      rho_to_epsilon(rho, 1e-6), 1e-6)
 
 
+def test_a_file_named_by_its_resolved_path_gets_no_warning(tmp_path, capsys, default_ledger,
+                                                           monkeypatch):
+    """A NAME that is a file here is warned about only when the file's releases are charged
+    under another name (its resolved path); the resolved path itself is that name."""
+    data = tmp_path / "d.csv"
+    data.write_text("text\na\n")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, "budget", str(data.resolve()), "--epsilon", "1", "--delta", "1e-6")
+    assert code == 0 and "also a file here" not in err, err
+    code, _, err = run(capsys, "budget", "d.csv", "--epsilon", "1", "--delta", "1e-6")
+    assert code == 0 and "also a file here" in err and str(data.resolve()) in err, err
+
+
 def test_budget_and_show(tmp_path, capsys, default_ledger):
     data = tmp_path / "d.csv"
     data.write_text("text\na\n")

@@ -140,7 +140,7 @@ class Display:
 
     def warning(self, message: str) -> None:
         """dplang's own warning (privacy or correctness): shown even when quiet."""
-        notices.warn(pythonize(message), DPLangWarning, stacklevel=2)
+        notices.warn_at_caller(pythonize(message), DPLangWarning)
 
     def start(self, total: int, done: int, *, population: bool = False,
               max_tokens: int | None = None) -> None:

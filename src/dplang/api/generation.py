@@ -34,7 +34,7 @@ from ..privacy.accounting import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT
 from ..privacy.guarantees import Guarantee
 from ..privacy.ledger import BudgetExceeded, LedgerError, PrivacyLedger
 from ..privacy.ledger_backends import is_ledger_url, ledger_location
-from ..release import Charge, OutputPaths, ReleaseError, RunLock, dataset_name
+from ..release import Charge, OutputPaths, Release, ReleaseError, RunLock, dataset_name
 from ..textgen.defaults import DEFAULT_CONCURRENT_GROUPS
 from ..textgen.executors import ExecutorError, check_executor, make_executor
 from ..textgen.orchestration import (
@@ -133,7 +133,8 @@ def _check_budget_early(request: GenerationRequest, guarantee: Guarantee) -> Non
 #: Said when a run uses the generic prompt with no description of the texts.
 BARE_PROMPT_WARNING = (
     "the generic prompt does not say what your texts are, and the model then writes about "
-    "anything (off-topic texts): describe them with --describe \"restaurant reviews from Yelp\" "
+    "anything (off-topic texts): describe them, e.g. --describe \"customer reviews of local "
+    "businesses\" "
     "(public: it goes into the prompts and the manifest) or give a "
     "template, --prompt FILE.toml (docs/generation.md, \"Prompts\")")
 
@@ -200,6 +201,7 @@ class _RunState:
     def __init__(self, plan: GenerationPlan, keep: bool) -> None:
         self.plan, self.keep = plan, keep
         self.charge: Charge | None = None
+        self.release: Release | None = None  # set right before the charge
         self.total = len(plan.jobs)
         self.done_before = 0
         self.written = 0
@@ -207,6 +209,11 @@ class _RunState:
     def interrupted(self) -> str:
         plan = self.plan
         out = plan.request.out
+        if self.charge is None and self._recorded():
+            return (f"interrupted while the release was charged: it is in the ledger of "
+                    f"dataset {plan.dataset!r} ({short_guarantee(plan.guarantee)}), but its "
+                    "seed was not kept and nothing was written: a rerun is a new release, "
+                    "charged again")
         if self.charge is None:
             return ("interrupted before the release was charged: nothing was charged"
                     + (f" and nothing written to {out}" if self.keep else ""))
@@ -221,14 +228,31 @@ class _RunState:
                     "out= to make a run resumable")
         if plan.method.spec.run_population is not None:
             return (f"interrupted: {charged}; --method {plan.request.method} runs whole, so "
-                    f"no text is published; run the same command again to start it over with "
+                    f"no text is published; run the same command again"
+                    f"{self._without_overwrite()} to start it over with "
                     f"the same seed (kept in {plan.private_path}: the same texts), no new "
                     "charge")
         kept = self.done_before + self.written
         return (f"interrupted: {kept} of {self.total} generations are kept in "
                 f"{plan.paths.partial} (private until the run is complete; {out} appears "
-                f"then); {charged}; run the same command again to resume (the seed is kept in "
-                f"{plan.private_path}): resuming charges nothing new")
+                f"then); {charged}; run the same command again{self._without_overwrite()} to "
+                f"resume (the seed is kept in {plan.private_path}): resuming charges nothing "
+                "new")
+
+    def _without_overwrite(self) -> str:
+        """How to say "the same command": with --overwrite, it would discard what was kept
+        and charge a new release."""
+        return " without --overwrite" if self.plan.request.overwrite else ""
+
+    def _recorded(self) -> bool:
+        """Whether the release an interruption stopped inside its charge is in the ledger."""
+        if self.release is None:
+            return False
+        try:
+            return PrivacyLedger(self.release.ledger_path).has_release(
+                self.release.release_id)
+        except Exception:  # the ledger cannot answer now: say what is known
+            return False
 
 
 def run_generation(request: GenerationRequest, *, display: Display,
@@ -313,6 +337,9 @@ def _run_locked(request: GenerationRequest, display: Display, execution: Executi
     def on_charge(charge: Charge) -> None:
         state.charge = charge
 
+    def on_release(release: Release) -> None:
+        state.release = release
+
     def on_start(total: int, done: int) -> None:
         state.total, state.done_before = total, done
         display.start(total, done, population=population, max_tokens=request.max_tokens)
@@ -326,7 +353,7 @@ def _run_locked(request: GenerationRequest, display: Display, execution: Executi
     try:
         summary = execute_plan(
             plan, on_result=on_result, on_step=display.step, on_start=on_start,
-            on_warning=display.warning, on_charge=on_charge,
+            on_warning=display.warning, on_charge=on_charge, on_release=on_release,
             executor=make_executor(execution.executor, execution.workers,
                                    ray_address=execution.ray_address,
                                    stall_timeout_s=execution.worker_timeout))

@@ -119,7 +119,26 @@ def _root(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: runs the app and turns usage errors into one-line messages."""
+    """Entry point: runs the app and turns usage errors into one-line messages. A SIGTERM
+    (``timeout``, a job scheduler, ``docker stop``, systemd) is handled as a Ctrl-C: the run
+    cleans up, says what was kept and charged, and exits with 130."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(*_args: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _main(argv: list[str] | None) -> int:
     from ..models.errors import ModelConfigurationError
     from ..privacy.ledger import LedgerError
     from ..release import ReleaseError

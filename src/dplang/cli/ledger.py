@@ -260,7 +260,7 @@ def budget(
     typer.echo(f"budget of dataset {key}: ε = {epsilon:g}, δ = {delta:g}; spent so far "
                f"ε = {0.0 if spent is None else spent:.6g} over {s['dp']['releases']} DP "
                f"release(s) (ledger {book.location})")
-    if dataset is not None and Path(key).is_file():
+    if dataset is not None and Path(key).is_file() and dataset_name(key) != key:
         typer.echo(f"warning: {key!r} is a dataset name, and also a file here: its budget "
                    f"counts the releases made with --dataset {key}; a release of the file "
                    f"without --dataset is charged to its resolved path, {dataset_name(key)} "

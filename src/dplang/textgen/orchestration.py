@@ -544,6 +544,7 @@ def execute_plan(
     on_warning: Callable[[str], None] | None = None,
     executor: Executor | None = None,
     on_charge: Callable[[Charge], None] | None = None,
+    on_release: Callable[[Release], None] | None = None,
 ) -> RunSummary:
     """Charge the ledger, write the private side file and the public manifest, and generate
     every group not yet in the output.
@@ -553,7 +554,8 @@ def execute_plan(
     ``on_warning(message)`` with the ledger's warnings for the data holder (a dataset name
     whose content changed...), which must not be written to a public file; ``on_charge``
     with the ledger's answer as soon as the release is charged (so that an interrupted run
-    can say what it cost).
+    can say what it cost); ``on_release`` with the release right before its charge (an
+    interruption inside the charge can then ask the ledger whether it was recorded).
 
     Privacy contract: the texts written satisfy ``plan.guarantee``; the release (public
     fingerprint, dataset name, data digest, seed) is in the ledger before anything is written
@@ -573,7 +575,7 @@ def execute_plan(
     workers receive per-group stream states."""
     with RunLock(plan.request.out):
         return _execute_locked(plan, on_result, on_step, on_start, on_warning, executor,
-                               on_charge)
+                               on_charge, on_release)
 
 
 def _execute_locked(
@@ -584,6 +586,7 @@ def _execute_locked(
     on_warning: Callable[[str], None] | None,
     executor: Executor | None = None,
     on_charge: Callable[[Charge], None] | None = None,
+    on_release: Callable[[Release], None] | None = None,
 ) -> RunSummary:
     req = plan.request
     fingerprint = _fingerprint(plan)
@@ -619,6 +622,8 @@ def _execute_locked(
     with executor_session(executor, recipe, len(pending)):
         if plan.method.spec.prepare is not None and pending:
             plan.method.spec.prepare(plan.method.params)  # e.g. an embedder, before the charge
+        if on_release is not None:
+            on_release(release)
         charge = release.charge(on_warning)  # before any output (invariant 6); idempotent
         if on_charge is not None:
             on_charge(charge)

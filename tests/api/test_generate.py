@@ -404,3 +404,21 @@ def test_sigterm_is_handled_as_a_ctrl_c(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / ".o.jsonl.lock").exists()
     model.calls = -1000
     assert main(args) == 0 and len(out.read_text().splitlines()) == 4
+
+
+def test_rerunning_a_complete_run_leaves_its_published_files_as_they_are(tmp_path, capsys,
+                                                                          monkeypatch):
+    data = tmp_path / "d.csv"
+    data.write_text("text\n" + "\n".join(TEXTS) + "\n")
+    monkeypatch.setattr(gen_cli, "_load_model",
+                        lambda spec, dtype="float32": ToyModel(vocab_size=30, eos_after=None))
+    out = tmp_path / "o.jsonl"
+    args = ["generate", "--data", str(data), "--out", str(out), "--epsilon", "3", "-B", "3",
+            "-T", "4", "-q"]
+    assert main(args) == 0
+    manifest = tmp_path / "o.manifest.json"
+    before = [(p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes()) for p in (out, manifest)]
+    assert main(args) == 0
+    after = [(p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes()) for p in (out, manifest)]
+    assert after == before
+    assert len(_releases(str(data.resolve()))) == 1

@@ -578,6 +578,17 @@ def execute_plan(
                                on_charge, on_release)
 
 
+def _published_complete(paths: OutputPaths) -> bool:
+    """Whether a run's output is published whole: the output exists, nothing grows in the
+    private folder, and its manifest says complete."""
+    if not paths.output.exists() or paths.partial.exists() or not paths.manifest.exists():
+        return False
+    try:
+        return json.loads(paths.manifest.read_text(encoding="utf-8")).get("status") == "complete"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _execute_locked(
     plan: GenerationPlan,
     on_result: Callable[[dict[str, Any]], None] | None,
@@ -645,6 +656,12 @@ def _execute_locked(
             # told.
             on_warning(f"no row of {req.data} holds a usable reference: every generation is "
                        "the public prompt's (check --text-column)")
+        if resuming and not pending and _published_complete(plan.paths):
+            # nothing left to do: the published output and manifest stay as they are (a
+            # rewrite would unpublish the output for a moment and give both new times)
+            if on_start is not None:
+                on_start(len(plan.jobs), len(plan.jobs))
+            return RunSummary(0, len(done), len(plan.jobs), plan.guarantee, 0.0, 0)
         if not resuming:
             release.write_private(plan.paths, release.private_record(
                 # the seed is kept to resume; an API call's temporary output is never resumed,

@@ -250,9 +250,31 @@ class OutputPaths:
                             self.output.with_name(stem),
                             self.output.with_name(name + PRIVATE_SUFFIX))
 
-    @staticmethod
-    def _others(current: Path, *candidates: Path) -> tuple[Path, ...]:
-        return tuple(p for p in dict.fromkeys(candidates) if p != current)
+    def _others(self, current: Path, *candidates: Path) -> tuple[Path, ...]:
+        """The legacy ``candidates`` but ``current``. A legacy name ``NAME.EXT.…`` is also the
+        current name of the files of an output ``NAME.EXT.E`` (``x.jsonl``'s legacy manifest
+        ``x.jsonl.manifest.json`` is ``x.jsonl.jsonl``'s manifest): while such an output
+        exists or grows, those names are its, never this output's."""
+        taken = self._sibling_exists()
+        prefix = self.output.name + "."
+        return tuple(p for p in dict.fromkeys(candidates)
+                     if p != current and not (taken and p.name.startswith(prefix)))
+
+    def _sibling_exists(self) -> bool:
+        """Whether another output ``NAME.EXT.E`` is published beside this one or grows in the
+        private folder (its partial file ``NAME.EXT.E.partial``)."""
+        prefix = self.output.name + "."
+        own = {self.output.name + MANIFEST_SUFFIX, self.output.name + PRIVATE_SUFFIX,
+               self.partial.name}
+        for folder, suffix in ((self.output.parent, ""), (self.private.parent, PARTIAL_SUFFIX)):
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            if any(n.startswith(prefix) and n.endswith(suffix) and n not in own
+                   for n in names):
+                return True
+        return False
 
     @staticmethod
     def _find(current: Path, legacy: tuple[Path, ...]) -> Path:

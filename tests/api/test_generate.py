@@ -422,3 +422,26 @@ def test_rerunning_a_complete_run_leaves_its_published_files_as_they_are(tmp_pat
     after = [(p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes()) for p in (out, manifest)]
     assert after == before
     assert len(_releases(str(data.resolve()))) == 1
+
+
+def test_an_output_named_like_anothers_legacy_files_keeps_apart(tmp_path, monkeypatch):
+    """``x.jsonl.jsonl``'s manifest and side file have the names an older dplang gave
+    ``x.jsonl``'s: a run into ``x.jsonl`` neither adopts nor removes them."""
+    data = tmp_path / "d.csv"
+    data.write_text("text\n" + "\n".join(TEXTS) + "\n")
+    monkeypatch.setattr(gen_cli, "_load_model",
+                        lambda spec, dtype="float32": ToyModel(vocab_size=30, eos_after=None))
+
+    def run(out, *extra):
+        return main(["generate", "--data", str(data), "--out", str(out), "--epsilon", "3",
+                     "-B", "3", "-T", "4", "-q", *extra])
+
+    other = tmp_path / "x.jsonl.jsonl"
+    assert run(other) == 0
+    files = {p: p.read_bytes() for p in (other, tmp_path / "x.jsonl.manifest.json",
+                                         tmp_path / ".dplang-private" / "x.jsonl.private.json")}
+    assert run(tmp_path / "x.jsonl", "-T", "3") == 0  # other parameters: no "different run"
+    assert run(tmp_path / "x.jsonl") == 2  # an existing output of another run, as always
+    assert {p: p.read_bytes() for p in files} == files
+    assert (tmp_path / "x.manifest.json").exists()
+    assert len(_releases(str(data.resolve()))) == 2

@@ -445,3 +445,15 @@ def test_an_output_named_like_anothers_legacy_files_keeps_apart(tmp_path, monkey
     assert {p: p.read_bytes() for p in files} == files
     assert (tmp_path / "x.manifest.json").exists()
     assert len(_releases(str(data.resolve()))) == 2
+
+
+def test_a_run_resumes_whichever_way_its_data_path_is_written(tmp_path, monkeypatch):
+    data = tmp_path / "d.csv"
+    data.write_text("text\n" + "\n".join(TEXTS) + "\n")
+    monkeypatch.setattr(gen_cli, "_load_model",
+                        lambda spec, dtype="float32": ToyModel(vocab_size=30, eos_after=None))
+    monkeypatch.chdir(tmp_path)
+    args = ["--out", str(tmp_path / "o.jsonl"), "--epsilon", "3", "-B", "3", "-T", "4", "-q"]
+    assert main(["generate", "--data", "d.csv", *args]) == 0
+    assert main(["generate", "--data", str(data), *args]) == 0
+    assert len(_releases(str(data.resolve()))) == 1

@@ -89,7 +89,20 @@ def _other_private(private_path: Path, private_fp: dict[str, Any]) -> str:
     stored = {"path": data.get("path"), "sha256": data.get("sha256"),
               "dataset": private.get("dataset")}
     return ", ".join(_PRIVATE_NAMES[k] for k in ("path", "sha256", "dataset")
-                     if stored[k] != private_fp.get(k))
+                     if not _same(k, stored[k], private_fp.get(k)))
+
+
+def _same(key: str, stored: Any, given: Any) -> bool:
+    """Whether a recorded identity value is the given one; a data path as the file it names
+    (``a.csv`` from its folder is ``/abs/a.csv``)."""
+    if stored == given:
+        return True
+    if key != "path" or not isinstance(stored, str) or not isinstance(given, str):
+        return False
+    try:
+        return Path(stored).expanduser().resolve() == Path(given).expanduser().resolve()
+    except (OSError, RuntimeError):
+        return False
 
 
 def check_existing(

@@ -196,3 +196,23 @@ def test_release_writes_replace_the_files_of_older_versions(tmp_path):
     r.write_manifest(paths, r.public_manifest())
     assert paths.existing() == [paths.manifest, paths.private]
     assert oct(paths.private.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
+    """``kill -9`` inside write_atomic leaves ``.NAME.PID.HEX.tmp`` in the (public) folder; the
+    next write of that file removes those whose process is gone, never a live one's."""
+    import subprocess
+    import sys
+
+    from dplang.release import write_atomic
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    gone = tmp_path / f".out.jsonl.{int(dead.stdout)}.0a1b2c3d.tmp"
+    live = tmp_path / f".out.jsonl.{os.getppid()}.0a1b2c3d.tmp"
+    other = tmp_path / f".other.jsonl.{int(dead.stdout)}.0a1b2c3d.tmp"
+    for p in (gone, live, other):
+        p.write_text("texts")
+    write_atomic(tmp_path / "out.jsonl", "x\n")
+    assert not gone.exists() and live.exists() and other.exists()
+    assert (tmp_path / "out.jsonl").read_text() == "x\n"

@@ -61,6 +61,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import secrets
 import stat
 import tempfile
@@ -316,6 +317,28 @@ class OutputPaths:
             fsync_dir(found.parent)
 
 
+def _remove_dead_writers_files(path: Path) -> None:
+    """Remove the temporary files of ``path`` (``.NAME.PID.HEX.tmp``) that a process killed
+    inside :func:`write_atomic` left (``kill -9`` runs no clean-up): those whose process is
+    gone. A live process's, or one this process may not signal, is kept."""
+    pattern = re.compile(re.escape(f".{path.name}.") + r"(\d+)\.[0-9a-f]{8}\.tmp")
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    for name in names:
+        found = pattern.fullmatch(name)
+        if found is None or int(found.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(found.group(1)), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                (path.parent / name).unlink()
+        except (PermissionError, OverflowError, OSError):
+            continue
+
+
 def write_atomic(path: str | Path, data: str | bytes, *, private: bool = False,
                  times: float | None = None) -> None:
     """Write ``data`` to ``path`` atomically: a temporary file in the same directory (mode 600
@@ -334,6 +357,7 @@ def write_atomic(path: str | Path, data: str | bytes, *, private: bool = False,
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode("utf-8") if isinstance(data, str) else data
+    _remove_dead_writers_files(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_MODE if private else 0o666)
     try:

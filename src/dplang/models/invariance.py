@@ -247,7 +247,7 @@ def check_row_invariance_cached(model: CheckedModel) -> bool:
         from dplang import notices
 
         notices.warn(f"{first}; using dplang's reference arithmetic instead (the same bits, "
-                      "slower)", stacklevel=2)
+                     "slower)", stacklevel=2)
         arithmetic = "reference"
     write_json(folder, record, {"verified": True, "model_id": model.model_id,
                                 "numerics": model.numerics, "arithmetic": arithmetic})

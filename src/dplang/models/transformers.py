@@ -560,7 +560,7 @@ class TransformersModel(TokenizerText):
         except GraphRecordingError as error:
             self.graphs_refused = str(error)
             notices.warn(f"decode graphs turned off, decode calls run eagerly: {error}",
-                          RuntimeWarning, stacklevel=2)
+                         RuntimeWarning, stacklevel=2)
             return None
 
     def token_hidden_states(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:

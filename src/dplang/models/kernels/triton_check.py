@@ -55,7 +55,7 @@ def admit_kernels(device: torch.device | str) -> dict[str, bool]:
             why = "its result differs from the definition's"
         if not ok:
             notices.warn(f"dplang's Triton kernel {op!r} is not used on {device} ({why}); the "
-                          "torch definition computes it (the same bits, slower)", stacklevel=2)
+                         "torch definition computes it (the same bits, slower)", stacklevel=2)
         results[op] = getattr(triton_exact, op) if ok else None
     kernels.record_self_tests(device, results)
     return {op: kernel is not None for op, kernel in results.items()}

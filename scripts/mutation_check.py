@@ -621,6 +621,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/api/test_api_edges.py",),
     ),
     Mutation(
+        "reference-tokenized-whole",
+        "a reference is tokenized whole before it is cut to max_reference_tokens (the planning "
+        "time, which the lock file's and the manifest's times show, then measures one "
+        "reference's length)",
+        (("src/dplang/models/base.py",
+          "    head = text[:4 * (max_tokens + 1) * chars]\n",
+          "    head = text\n"),),
+        ("tests/textgen/test_reference_prefix.py",),
+    ),
+    Mutation(
         "report-judge-by-path-only",
         "the entailment judge is named by its path only: a judge changed in place is the same "
         "release (a free rerun with the same noise)",

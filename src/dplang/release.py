@@ -9,6 +9,9 @@ invariants 6 and 8; "Public and private files (the release pipeline)")::
     streams     the release's random streams are rooted at H(seed, release id)
                 (:attr:`Release.stream_seed`): fresh noise for every release, whatever seed
                 is passed, so two releases never share (and cancel) their noise
+    opening     a resumable run (``generate --out``) first writes its private side file
+                with the seed (``Release.opening_record``, mode 600, private folder): a stop
+                inside the charge keeps the seed of a release the ledger may hold
     charge()    records the release in the ledger BEFORE any output; refuses over budget, and
                 refuses a seed already used for another release of the dataset
     outputs     the private side file (mode 600 from creation, in a folder only its owner can
@@ -81,6 +84,7 @@ from .privacy.ledger_backends import ledger_location
 __all__ = [
     "MANIFEST_FORMAT",
     "MANIFEST_SUFFIX",
+    "OPENED_STAGE",
     "PRIVATE_DIR",
     "PRIVATE_DIR_MODE",
     "PRIVATE_FORMAT",
@@ -129,6 +133,9 @@ PARTIAL_SUFFIX = ".partial"
 #: computation on the private rows took (a timing side channel), so none is written into a
 #: public file (durations go to private files, mode 600, or to the terminal).
 TIMESTAMP_FIELDS = ("created", "started")
+#: ``stage`` of a private side file written before its run's charge
+#: (:meth:`Release.opening_record`); a side file without it is a charged run's.
+OPENED_STAGE = "opened"
 PRIVATE_NOTE = ("PRIVATE: not part of the release; never publish this file. It holds the data's "
                 "digest and counts, and may hold the secret seed (knowing it voids the privacy "
                 "guarantee).")
@@ -862,6 +869,37 @@ class Release:
             else:
                 record[key] = value
         return record
+
+    def opening_record(self, **fields: Any) -> dict[str, Any]:
+        """The private side file of a resumable run *before* its charge: release id, dataset
+        name, data path and digest, the seed, the public fingerprint, ``"stage": "opened"``
+        (:data:`OPENED_STAGE`), then ``fields``. Written by :meth:`write_opening` so that a
+        stop inside the charge, or between it and the run's first public file, keeps the
+        seed of a release the ledger may hold: the same command continues it, charged once
+        (``dplang.textgen.resume``)."""
+        record: dict[str, Any] = {
+            "format": PRIVATE_FORMAT,
+            "note": PRIVATE_NOTE,
+            "command": self.command,
+            "stage": OPENED_STAGE,
+            "release_id": self.release_id,
+            "dataset": self.dataset,
+            "data": {"path": str(self.data), "sha256": self.data_digest},
+            "seed": self.seed,
+            "seed_source": self.seed_source,
+            "fingerprint": self.fingerprint,
+            "created": time.time(),
+        }
+        record.update(fields)
+        return record
+
+    def write_opening(self, paths: OutputPaths, record: Mapping[str, Any]) -> None:
+        """Write :meth:`opening_record`'s record to ``paths.private`` (mode 600 in the mode-700
+        private folder), before the charge: the one private write allowed then. Nothing
+        public is written before the charge (invariant 6)."""
+        if record.get("stage") != OPENED_STAGE:
+            raise ValueError("write_opening takes an opening_record()")
+        write_json(paths.private, record, private=True)
 
     def write_private(self, paths: OutputPaths, record: Mapping[str, Any]) -> None:
         """Write the private side file ``paths.private`` atomically with mode 600 from

@@ -210,10 +210,14 @@ class _RunState:
         plan = self.plan
         out = plan.request.out
         if self.charge is None and self._recorded():
-            return (f"interrupted while the release was charged: it is in the ledger of "
-                    f"dataset {plan.dataset!r} ({short_guarantee(plan.guarantee)}), but its "
-                    "seed was not kept and nothing was written: a rerun is a new release, "
-                    "charged again")
+            recorded = (f"interrupted while the release was charged: it is in the ledger of "
+                        f"dataset {plan.dataset!r} ({short_guarantee(plan.guarantee)})")
+            if self._seed_kept():  # in the side file written before the charge
+                return (f"{recorded}; nothing was written to {out}; run the same command "
+                        f"again{self._without_overwrite()} to continue it (the seed is kept in "
+                        f"{plan.private_path}): no new charge")
+            return (f"{recorded}, but its seed was not kept and nothing was written: a rerun "
+                    "is a new release, charged again")
         if self.charge is None:
             return ("interrupted before the release was charged: nothing was charged"
                     + (f" and nothing written to {out}" if self.keep else ""))
@@ -243,6 +247,18 @@ class _RunState:
         """How to say "the same command": with --overwrite, it would discard what was kept
         and charge a new release."""
         return " without --overwrite" if self.plan.request.overwrite else ""
+
+    def _seed_kept(self) -> bool:
+        """Whether the run's side file holds this release's seed (written before the charge;
+        not for an API call's temporary output, nor for ``--overwrite`` of an existing run)."""
+        if self.release is None or not self.keep:
+            return False
+        try:
+            record = json.loads(self.plan.private_path.read_text(encoding="utf-8"))
+            return (record.get("release_id") == self.release.release_id
+                    and record.get("seed") is not None)
+        except (OSError, ValueError, AttributeError):
+            return False
 
     def _recorded(self) -> bool:
         """Whether the release an interruption stopped inside its charge is in the ledger."""

@@ -51,8 +51,9 @@ from ..privacy.accounting import (
     check_epsilon_limit,
 )
 from ..privacy.guarantees import Adjacency, Guarantee
-from ..privacy.ledger import LedgerError, check_ledger_path
+from ..privacy.ledger import BudgetExceeded, LedgerError, check_ledger_path
 from ..release import (
+    OPENED_STAGE,
     Charge,
     OutputPaths,
     Release,
@@ -630,16 +631,23 @@ def _execute_locked(
                               functools.partial(params_policy_factory, plan.method.params)))
     # Workers (local, ray) load the model and run its load-time checks now, before the charge:
     # a configuration they refuse stops the run with nothing charged or written.
+    keep_seed = not is_temporary_output(req.out)  # (see the side file below)
     with executor_session(executor, recipe, len(pending)):
         if plan.method.spec.prepare is not None and pending:
             plan.method.spec.prepare(plan.method.params)  # e.g. an embedder, before the charge
+        opening, made_folder = _open_side_file(plan, release, resuming, keep_seed)
         if on_release is not None:
             on_release(release)
-        charge = release.charge(on_warning)  # before any output (invariant 6); idempotent
+        try:
+            charge = release.charge(on_warning)  # before any output (invariant 6); idempotent
+        except BudgetExceeded:  # nothing was charged: nothing is left either
+            if opening:
+                _remove_opening(plan.paths, made_folder)
+            raise
         if on_charge is not None:
             on_charge(charge)
-        if req.overwrite:  # the earlier run's files go only now that the new run is charged
-            plan.paths.remove()
+        if req.overwrite and not opening:  # the earlier run's files go only now that the new
+            plan.paths.remove()  # run is charged (an opening means there were none)
         if restart:  # (see above) its unfinished texts, wherever an older dplang left them
             plan.paths.partial.unlink(missing_ok=True)
             req.out.unlink(missing_ok=True)
@@ -662,19 +670,6 @@ def _execute_locked(
             if on_start is not None:
                 on_start(len(plan.jobs), len(plan.jobs))
             return RunSummary(0, len(done), len(plan.jobs), plan.guarantee, 0.0, 0)
-        if not resuming:
-            release.write_private(plan.paths, release.private_record(
-                # the seed is kept to resume; an API call's temporary output is never resumed,
-                # and a crash (kill -9) would leave its seed behind
-                keep_seed=not is_temporary_output(req.out),
-                data={"read": {"rows_seen": plan.read_stats.rows_seen,
-                               "used": plan.read_stats.used,
-                               "unusable_by_reason": dict(plan.read_stats.skipped_by_reason),
-                               "unusable_rule": plan.read_stats.on_unusable},
-                      "truncated_references": plan.truncated_references,
-                      "references_used": plan.references_used},
-                output=str(req.out),
-            ))
         manifest = release.public_manifest(
             clip=plan.params.clip,
             adjacency=req.adjacency,
@@ -686,6 +681,20 @@ def _execute_locked(
         )
         del manifest["created"]
         release.write_manifest(plan.paths, manifest)
+        if opening or not resuming:  # after the manifest: a stop between the two leaves the
+            # opening record, from which the same command resumes
+            release.write_private(plan.paths, release.private_record(
+                # the seed is kept to resume; an API call's temporary output is never resumed,
+                # and a crash (kill -9) would leave its seed behind
+                keep_seed=keep_seed,
+                data={"read": {"rows_seen": plan.read_stats.rows_seen,
+                               "used": plan.read_stats.used,
+                               "unusable_by_reason": dict(plan.read_stats.skipped_by_reason),
+                               "unusable_rule": plan.read_stats.on_unusable},
+                      "truncated_references": plan.truncated_references,
+                      "references_used": plan.references_used},
+                output=str(req.out),
+            ))
 
         if on_start is not None:
             on_start(len(plan.jobs), len(plan.jobs) - len(pending))
@@ -738,6 +747,43 @@ def _execute_locked(
                     write_json(plan.manifest_path, manifest, times=release.opened)
         return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                           time.time() - start, tokens)
+
+
+def _open_side_file(plan: GenerationPlan, release: Release, resuming: bool,
+                    keep_seed: bool) -> tuple[bool, bool]:
+    """Write the run's opening side file (its seed, before the charge) when it has none yet.
+    Returns (whether the side file is an opening: written now, or left by a run stopped
+    before its manifest, which this one continues; whether its private folder was made
+    now). A stop inside the charge, or between it and the
+    manifest, then keeps the seed of a release the ledger may hold: the same command
+    continues it, charged once (``resume.check_existing``).
+
+    Not written for an API call's temporary output (never resumed: no seed is kept) nor for
+    ``--overwrite`` of an existing run (whose files stay until the new run is charged)."""
+    paths = plan.paths
+    if resuming:
+        return _is_opening(paths.private), False
+    if not keep_seed or (plan.request.overwrite and paths.existing()):
+        return False, False
+    made_folder = not paths.private.parent.exists()
+    release.write_opening(paths, release.opening_record())
+    return True, made_folder
+
+
+def _is_opening(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("stage") == OPENED_STAGE
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _remove_opening(paths: OutputPaths, made_folder: bool) -> None:
+    """Remove the opening side file of a refused charge, and its private folder when this run
+    made it and it is still empty: a refused run leaves nothing behind."""
+    paths.private.unlink(missing_ok=True)
+    if made_folder:
+        with contextlib.suppress(OSError):
+            paths.private.parent.rmdir()  # only when empty
 
 
 def _canonical_lines(path: Path) -> str:

@@ -7,6 +7,9 @@ folder ``.dplang-private`` (mode 700) that holds its private side file ``OUT.pri
 the same run (resume with the stored seed), a new one (nothing there) or a different one
 (refused, naming what differs, unless ``--overwrite``); :func:`truncate_to_finished_groups`
 cuts a torn last line off the output (a write killed midway) and returns the groups it holds.
+A run's side file is written before its charge (its ``stage`` is then ``"opened"``), so a run
+stopped inside the charge, or before its manifest, keeps its seed: the same command continues
+it, charged once.
 
 Privacy contract: reads the data holder's own files and prints only to the data holder; the
 messages name which private field differs (path, content, dataset name), never its value.
@@ -18,7 +21,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..release import OutputPaths
+from ..privacy.ledger import PrivacyLedger
+from ..release import OPENED_STAGE, OutputPaths
 from .errors import GenerationError
 
 if TYPE_CHECKING:
@@ -105,6 +109,48 @@ def _same(key: str, stored: Any, given: Any) -> bool:
         return False
 
 
+def _opening(private_path: Path) -> dict[str, Any] | None:
+    """The side file's record when it was written before its run's charge (an opening:
+    :meth:`~dplang.release.Release.opening_record`), else None."""
+    record = _read_json(private_path)
+    return record if isinstance(record, dict) and record.get("stage") == OPENED_STAGE else None
+
+
+def _continue_opening(
+    req: GenerationRequest, private_path: Path, opening: dict[str, Any],
+    parameters: dict[str, Any], private_fp: dict[str, Any], fingerprint: dict[str, Any] | None,
+) -> tuple[bool, int | None]:
+    """What to do with the side file of a run stopped before it wrote its manifest (inside
+    its charge, or right after it): the same run continues with its seed (charged once); a
+    different run replaces it when the ledger does not hold its release (nothing was charged
+    or published with that seed), and is refused when it does (its seed would be lost)."""
+    try:
+        seed = int(opening["seed"])
+    except (KeyError, TypeError, ValueError):
+        raise GenerationError(f"cannot resume {req.out}: {private_path} holds no seed"
+                              ) from None
+    old_fp = opening.get("fingerprint")
+    old_fp = old_fp if isinstance(old_fp, dict) else {}
+    diff = differences(old_fp.get("parameters"), parameters)
+    if fingerprint is not None:
+        diff += differences({k: v for k, v in old_fp.items() if k != "parameters"},
+                             {k: v for k, v in fingerprint.items() if k != "parameters"})
+    other = _other_private(private_path, private_fp)
+    if req.seed is not None and req.seed != seed:
+        diff.append("--seed")
+    if not diff and not other:
+        return True, seed
+    release_id = opening.get("release_id")
+    if not isinstance(release_id, str) or not PrivacyLedger(req.ledger).has_release(release_id):
+        return False, None  # never charged, nothing published: the new run replaces it
+    shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
+    what = "; ".join(x for x in (shown, f"other {other}" if other else "") if x)
+    raise GenerationError(
+        f"{private_path} holds the seed of a different run ({what}) that was charged but "
+        "stopped before it wrote anything; run its command again to continue it (no new "
+        "charge), or --overwrite (or delete it) to start a new run (a new seed, charged anew)")
+
+
 def check_existing(
     req: GenerationRequest, parameters: dict[str, Any], private_fp: dict[str, Any],
     fingerprint: dict[str, Any] | None = None,
@@ -116,7 +162,10 @@ def check_existing(
     ``--overwrite`` whatever is there is to be replaced: (False, None). Refused with a
     one-line error: an output without its manifest; a manifest of a different run (the
     message names what differs); a run whose private side file is gone; a private side file
-    left without its run's outputs (a stale seed is never half-used)."""
+    left without its run's outputs (a stale seed is never half-used). A side file written
+    before its run's charge, with no manifest yet (a run stopped inside its charge or right
+    after it), is continued by the same run, replaced by a different one when the ledger
+    does not hold its release, and refused otherwise."""
     if req.overwrite:
         return False, None
     paths = OutputPaths.of(req.out)
@@ -126,12 +175,16 @@ def check_existing(
         if req.out.exists() or paths.partial.exists():
             raise GenerationError(f"{req.out} exists without a manifest; choose another --out "
                                   "or --overwrite")
-        if private_path.exists():
+        if not private_path.exists():
+            return False, None
+        opening = _opening(private_path)
+        if opening is None:
             raise GenerationError(
                 f"{private_path} is left from a run whose outputs are gone; restore "
                 f"{req.out.name} and {manifest_path.name} to resume it, or delete it (or "
                 "--overwrite) to start a new run (a new seed, charged anew)")
-        return False, None
+        return _continue_opening(req, private_path, opening, parameters, private_fp,
+                                 fingerprint)
     old = _read_json(manifest_path)
     old_fp = old.get("fingerprint")
     if not isinstance(old_fp, dict):

@@ -1,0 +1,132 @@
+"""A run stopped inside its charge, or between the charge and its first public files, keeps
+its seed: the side file is written before the charge (its ``stage`` "opened"), and the same
+command continues the release, charged once (``dplang.textgen.resume``)."""
+
+import json
+
+import pytest
+
+from dplang.privacy.ledger import PrivacyLedger
+from dplang.release import OPENED_STAGE, Release
+
+from .test_generate import PRIVATE, custom_template, run, toy, write_csv  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("toy")  # the toy model for every run
+
+
+def _args(tmp_path, data, *extra):
+    """A run without --seed (fresh OS entropy): only its side file can give the seed back."""
+    return ["--data", str(data), "--out", str(tmp_path / "a.jsonl"), "--epsilon", "5",
+            "--batch-size", "3", "--max-tokens", "4", "--top-k", "4", "--prompt",
+            str(custom_template(tmp_path)), "--quiet", *extra]
+
+
+def _side(tmp_path):
+    return json.loads((tmp_path / PRIVATE / "a.private.json").read_text())
+
+
+def _releases(data):
+    return PrivacyLedger().spent(str(data.resolve())).releases
+
+
+def _stop_in_charge(monkeypatch, *, record: bool):
+    """Ctrl-C inside the ledger's charge, after it recorded the release or before."""
+    original = PrivacyLedger.charge
+
+    def charge(self, *args, **kw):
+        if record:
+            original(self, *args, **kw)
+        monkeypatch.setattr(PrivacyLedger, "charge", original)  # the next run charges
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PrivacyLedger, "charge", charge)
+
+
+def test_a_stop_after_the_ledger_recorded_the_charge_is_continued_once(tmp_path, capsys,
+                                                                        monkeypatch):
+    data = write_csv(tmp_path / "d.csv", 6)
+    _stop_in_charge(monkeypatch, record=True)
+    code, _, err = run(capsys, *_args(tmp_path, data))
+    assert code == 130 and "it is in the ledger" in err and "to continue it" in err, err
+    assert "charged again" not in err
+    opening = _side(tmp_path)
+    assert opening["stage"] == OPENED_STAGE and isinstance(opening["seed"], int)
+    assert not (tmp_path / "a.jsonl").exists() and not (tmp_path / "a.manifest.json").exists()
+    assert _releases(data) == 1
+    # another run in the same --out is refused: the charged seed would be lost
+    code, _, err = run(capsys, *_args(tmp_path, data, "--max-tokens", "3"))
+    assert code == 2 and "charged but stopped before it wrote anything" in err, err
+    assert "max_tokens" in err and err.count("\n") == 1
+    # the same command continues it: same seed, no new charge
+    assert run(capsys, *_args(tmp_path, data))[0] == 0
+    side = _side(tmp_path)
+    assert side["seed"] == opening["seed"] and side["release_id"] == opening["release_id"]
+    assert "stage" not in side and side["data"]["read"]["used"] == 6
+    assert _releases(data) == 1
+    assert len((tmp_path / "a.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_stop_before_the_ledger_recorded_it_leaves_nothing_that_binds(tmp_path, capsys,
+                                                                        monkeypatch):
+    data = write_csv(tmp_path / "d.csv", 6)
+    _stop_in_charge(monkeypatch, record=False)
+    code, _, err = run(capsys, *_args(tmp_path, data))
+    assert code == 130 and "nothing was charged" in err, err
+    opening = _side(tmp_path)
+    assert _releases(data) == 0
+    # a different run replaces the uncharged opening (nothing was charged or published)
+    assert run(capsys, *_args(tmp_path, data, "--max-tokens", "3"))[0] == 0
+    side = _side(tmp_path)
+    assert side["release_id"] != opening["release_id"] and _releases(data) == 1
+
+
+def test_the_same_command_after_an_uncharged_stop_uses_the_kept_seed(tmp_path, capsys,
+                                                                     monkeypatch):
+    data = write_csv(tmp_path / "d.csv", 6)
+    _stop_in_charge(monkeypatch, record=False)
+    assert run(capsys, *_args(tmp_path, data))[0] == 130
+    opening = _side(tmp_path)
+    assert run(capsys, *_args(tmp_path, data))[0] == 0
+    assert _side(tmp_path)["seed"] == opening["seed"] and _releases(data) == 1
+
+
+def test_a_stop_between_the_manifest_and_the_side_file_is_resumed(tmp_path, capsys,
+                                                                  monkeypatch):
+    data = write_csv(tmp_path / "d.csv", 6)
+    original = Release.write_private
+
+    def stop(self, paths, record):
+        monkeypatch.setattr(Release, "write_private", original)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Release, "write_private", stop)
+    assert run(capsys, *_args(tmp_path, data))[0] == 130
+    assert (tmp_path / "a.manifest.json").exists() and _side(tmp_path)["stage"] == OPENED_STAGE
+    seed = _side(tmp_path)["seed"]
+    assert run(capsys, *_args(tmp_path, data))[0] == 0
+    side = _side(tmp_path)
+    assert side["seed"] == seed and "stage" not in side and "read" in side["data"]
+    assert _releases(data) == 1
+
+
+def test_a_refused_charge_leaves_no_side_file_nor_folder(tmp_path, capsys):
+    data = write_csv(tmp_path / "d.csv", 6)
+    PrivacyLedger().set_budget(str(data.resolve()), epsilon=1.0, delta=1e-6)
+    code, _, err = run(capsys, *_args(tmp_path, data))
+    assert code == 3 and "budget" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.csv", "t.toml"]
+
+
+def test_an_overwrite_keeps_the_earlier_run_until_the_new_one_is_charged(tmp_path, capsys,
+                                                                         monkeypatch):
+    data = write_csv(tmp_path / "d.csv", 6)
+    assert run(capsys, *_args(tmp_path, data))[0] == 0
+    before = {p: p.read_bytes() for p in (tmp_path / "a.jsonl", tmp_path / "a.manifest.json",
+                                          tmp_path / PRIVATE / "a.private.json")}
+    _stop_in_charge(monkeypatch, record=False)
+    assert run(capsys, *_args(tmp_path, data, "--overwrite"))[0] == 130
+    assert {p: p.read_bytes() for p in before} == before
+    assert run(capsys, *_args(tmp_path, data, "--overwrite"))[0] == 0
+    assert _side(tmp_path)["seed"] != json.loads(before[tmp_path / PRIVATE / "a.private.json"]
+                                                 )["seed"]
+    assert _releases(data) == 2

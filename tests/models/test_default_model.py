@@ -144,7 +144,7 @@ def test_gguf_path_matches_cached_default(gemma, tmp_path) -> None:
 
     gguf = package.assemble(tmp_path / package.MODEL_NAME)
     direct = resolve_model(str(gguf), threads=2)
-    assert direct.model_id == str(gguf)
+    assert direct.model_id == gguf.name
     assert direct.weights_digest() == gemma.weights_digest() == package.EXPECTED_SHA256
     prompt = ["Here is a 4-star review of a restaurant:\n"]
     torch.testing.assert_close(

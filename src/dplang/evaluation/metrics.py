@@ -33,6 +33,7 @@ from dplang.evaluation.registry import (
     register_metric,
 )
 from dplang.evaluation.stats import wald_interval
+from dplang.models.base import public_model_name
 
 __all__ = ["LENGTH", "MAUVE", "PERPLEXITY", "TOPK", "ScoringModels"]
 
@@ -241,7 +242,27 @@ def _same_model(run: SyntheticRun, model: Any) -> bool:
         named = {recorded, model, fp.get("model_id")} - {"default", None}
         return named == {DEFAULT_MODEL_ID}
     try:
-        return Path(recorded).expanduser().resolve() == Path(model).expanduser().resolve()
+        if Path(recorded).expanduser().resolve() == Path(model).expanduser().resolve():
+            return True  # (an older dplang recorded the path as typed)
+    except OSError:
+        return False
+    fp = (run.manifest or {}).get("fingerprint") or {}
+    return recorded == public_model_name(model) and _same_model_files(fp, Path(model))
+
+
+def _same_model_files(fingerprint: dict[str, Any], path: Path) -> bool:
+    """Whether the model at ``path`` has the tokenizer and configuration a run's fingerprint
+    records (a run names a model by its name only: another folder of that name may hold
+    another model); a GGUF file, which holds its tokenizer, by its own digest too."""
+    from dplang.io import file_digest
+    from dplang.models.hf_loading import support_files_digest
+
+    path = path.expanduser()
+    folder = path.parent if path.is_file() else path
+    try:
+        if fingerprint.get("model_files_sha256") != support_files_digest(folder):
+            return False
+        return not path.is_file() or fingerprint.get("model_sha256") == file_digest(path)
     except OSError:
         return False
 

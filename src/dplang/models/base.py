@@ -39,6 +39,7 @@ private; the caller decides which rows get which candidates.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # annotations only: a command that refuses its flags imports no torch
@@ -180,3 +181,23 @@ def reference_prefix(model: PromptModel | LogitsModel, text: str, max_tokens: in
     if len(head) == len(text) and model.count_tokens(head) <= max_tokens:
         return text, False
     return model.truncate_tokens(head, max_tokens), True
+
+
+def public_model_name(spec: str) -> str:
+    """How public files name a model given as ``spec``: ``"default"`` as such, a folder or a
+    GGUF file by its own name (``/home/ana/models/llama-1b/`` → ``llama-1b``), never the
+    folders above it (the data holder's file layout, like a template file's folder).
+
+    What identifies the model in a release is its digests (weights, other files: the
+    fingerprint's ``model_sha256`` and ``model_files_sha256``), so the same model under
+    another path, or spelled ``./m`` or ``/abs/m``, is the same model."""
+    if spec == "default":
+        return spec
+    path = Path(spec).expanduser()
+    name = path.name
+    if not name or name in (".", ".."):
+        try:
+            name = path.resolve().name
+        except (OSError, RuntimeError):
+            name = ""
+    return name or spec

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from dplang.models.attention import BLOCK_SIZE
+from dplang.models.base import public_model_name
 from dplang.models.dtypes import available_cores, resolve_dtype
 from dplang.models.hf_loading import resolve_model_path, support_files_digest, weights_digest_of
 
@@ -200,8 +201,10 @@ def _context_from_folder(folder: Path) -> int | None:
 
 
 def model_id_for(folder: Path, gguf_name: str | None) -> str:
-    """The default model id of a model loaded from ``folder`` (or its GGUF file)."""
-    return str(folder / gguf_name if gguf_name else folder)
+    """The default model id of a model loaded from ``folder`` (or its GGUF file): its name
+    only (:func:`~dplang.models.base.public_model_name`), which public files record; its
+    digests identify it."""
+    return public_model_name(str(folder / gguf_name if gguf_name else folder))
 
 
 def check_device(device: str | torch.device) -> torch.device:

@@ -119,7 +119,8 @@ class TransformersModel(TokenizerText):
             file itself as ``path``).
         model: an already loaded causal LM (then ``path`` is only used for the id).
         tokenizer: its tokenizer (required with ``model``).
-        model_id: identity recorded in manifests (default: the resolved path).
+        model_id: identity recorded in manifests (default: the folder's or GGUF
+            file's name, :func:`~dplang.models.base.public_model_name`).
         weights_digest: a known digest of the weights (default: computed lazily from the
             files, or at load for an in-memory model).
         threads: ``torch.set_num_threads`` value (default: the number of available cores; it

@@ -43,7 +43,7 @@ from ..io import (
     file_digest,
     load_references,
 )
-from ..models.base import LogitsModel, PromptModel, reference_prefix
+from ..models.base import LogitsModel, PromptModel, public_model_name, reference_prefix
 from ..models.dtypes import DTYPES
 from ..privacy.accounting import (
     BudgetLimitError,
@@ -76,7 +76,7 @@ from .prompts import (
     get_template,
 )
 from .request import GenerationRequest
-from .resume import check_existing, truncate_to_finished_groups
+from .resume import check_existing, stored_fingerprint, truncate_to_finished_groups
 
 # Which methods exist, their adjacencies, budget forms and options: the method registry
 # (dplang.textgen.methods). No method offers add-remove at the data-set level: removing a row
@@ -480,6 +480,9 @@ def _public_parameters(req: GenerationRequest, method: CalibratedMethod) -> dict
     if not req.special_tokens:  # likewise
         del params["special_tokens"]
     params["adjacency"] = str(req.adjacency)
+    # a model by its name only: its folders are a path (the private side file has it); its
+    # digests (the fingerprint's model_sha256, model_files_sha256) identify it
+    params["model"] = public_model_name(req.model)
     params["method_options"] = dict(method.options)
     if str(req.prompt).lower() not in BUILTIN_TEMPLATES:
         # A template file by its name only: its folder is a path (private side file, like the
@@ -603,6 +606,8 @@ def _execute_locked(
     req = plan.request
     fingerprint = _fingerprint(plan)
     resuming, stored_seed = _resume_seed(plan, fingerprint)
+    if resuming:  # the stored one: equal up to how an older dplang named the model, and part
+        fingerprint = stored_fingerprint(req.out) or fingerprint  # of the ledger's release id
     seed = stored_seed if stored_seed is not None else req.seed
     release = Release.open(
         "generate", data=req.data, guarantee=plan.guarantee, fingerprint=fingerprint,
@@ -694,6 +699,7 @@ def _execute_locked(
                       "truncated_references": plan.truncated_references,
                       "references_used": plan.references_used},
                 output=str(req.out),
+                model=str(req.model),  # the path as given (public files name it only)
             ))
 
         if on_start is not None:

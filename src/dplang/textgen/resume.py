@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..models.base import public_model_name
 from ..privacy.ledger import PrivacyLedger
 from ..release import OPENED_STAGE, OutputPaths
 from .errors import GenerationError
@@ -28,7 +29,7 @@ from .errors import GenerationError
 if TYPE_CHECKING:
     from .request import GenerationRequest
 
-__all__ = ["check_existing", "differences", "truncate_to_finished_groups"]
+__all__ = ["check_existing", "differences", "stored_fingerprint", "truncate_to_finished_groups"]
 
 
 def truncate_to_finished_groups(out: Path) -> set[int]:
@@ -71,6 +72,36 @@ def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     if old == new:
         return []
     return [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
+
+
+def _as_now(fingerprint: Any) -> Any:
+    """A fingerprint with its model named as this version names it: older versions recorded a
+    model by its path as typed (``parameters.model``, ``model_id``), this one by its name
+    (:func:`~dplang.models.base.public_model_name`). Applied to both sides of a comparison;
+    the digests still tell models apart."""
+    if not isinstance(fingerprint, dict):
+        return fingerprint
+    fp = dict(fingerprint)
+    params = fp.get("parameters")
+    if isinstance(params, dict) and isinstance(params.get("model"), str):
+        fp["parameters"] = {**params, "model": public_model_name(params["model"])}
+    if isinstance(fp.get("model_id"), str):
+        fp["model_id"] = public_model_name(fp["model_id"])
+    return fp
+
+
+def stored_fingerprint(out: Path) -> dict[str, Any] | None:
+    """The public fingerprint of the run ``out`` holds (its manifest's, or its opening side
+    file's), which a resumed run keeps: equal to the request's up to how an older version
+    named the model, and part of the release id the ledger knows."""
+    paths = OutputPaths.of(out)
+    for path in (paths.find_manifest(), paths.find_private()):
+        if path.exists():
+            record = _read_json(path)
+            fp = record.get("fingerprint") if isinstance(record, dict) else None
+            if isinstance(fp, dict):
+                return fp
+    return None
 
 
 def _different_run(req: GenerationRequest, detail: str = "") -> GenerationError:
@@ -129,12 +160,13 @@ def _continue_opening(
     except (KeyError, TypeError, ValueError):
         raise GenerationError(f"cannot resume {req.out}: {private_path} holds no seed"
                               ) from None
-    old_fp = opening.get("fingerprint")
+    old_fp = _as_now(opening.get("fingerprint"))
     old_fp = old_fp if isinstance(old_fp, dict) else {}
-    diff = differences(old_fp.get("parameters"), parameters)
+    diff = differences(old_fp.get("parameters"), _as_now({"parameters": parameters})["parameters"])
     if fingerprint is not None:
         diff += differences({k: v for k, v in old_fp.items() if k != "parameters"},
-                             {k: v for k, v in fingerprint.items() if k != "parameters"})
+                             {k: v for k, v in _as_now(fingerprint).items()
+                              if k != "parameters"})
     other = _other_private(private_path, private_fp)
     if req.seed is not None and req.seed != seed:
         diff.append("--seed")
@@ -186,13 +218,14 @@ def check_existing(
         return _continue_opening(req, private_path, opening, parameters, private_fp,
                                  fingerprint)
     old = _read_json(manifest_path)
-    old_fp = old.get("fingerprint")
+    old_fp = _as_now(old.get("fingerprint"))
     if not isinstance(old_fp, dict):
         raise _different_run(req, " (its manifest has no fingerprint)")
-    diff = differences(old_fp.get("parameters"), parameters)
+    diff = differences(old_fp.get("parameters"), _as_now({"parameters": parameters})["parameters"])
     if fingerprint is not None:
         diff += differences({k: v for k, v in old_fp.items() if k != "parameters"},
-                             {k: v for k, v in fingerprint.items() if k != "parameters"})
+                             {k: v for k, v in _as_now(fingerprint).items()
+                              if k != "parameters"})
     if diff:
         shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
         other = _other_private(private_path, private_fp)

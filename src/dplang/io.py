@@ -251,7 +251,8 @@ def _check_columns(
     shown = ", ".join(repr(c) for c in available) or "(none)"
     if text_column is not None and text_column not in available:
         raise ReferenceDataError(
-            f"{path}: unknown text column {text_column!r}; available columns: {shown}"
+            f"{path}: unknown text column {text_column!r}; available columns: {shown} (name "
+            "the text column with --text-column)"
         )
     missing = [c for c in columns if c not in available]
     if missing:

@@ -101,7 +101,9 @@ def test_a_stop_between_the_manifest_and_the_side_file_is_resumed(tmp_path, caps
 
     monkeypatch.setattr(Release, "write_private", stop)
     assert run(capsys, *_args(tmp_path, data))[0] == 130
-    assert (tmp_path / "a.manifest.json").exists() and _side(tmp_path)["stage"] == OPENED_STAGE
+    assert _side(tmp_path)["stage"] == OPENED_STAGE
+    # the manifest written before the stop does not say "running" after it
+    assert json.loads((tmp_path / "a.manifest.json").read_text())["status"] == "interrupted"
     seed = _side(tmp_path)["seed"]
     assert run(capsys, *_args(tmp_path, data))[0] == 0
     side = _side(tmp_path)
@@ -130,3 +132,21 @@ def test_an_overwrite_keeps_the_earlier_run_until_the_new_one_is_charged(tmp_pat
     assert _side(tmp_path)["seed"] != json.loads(before[tmp_path / PRIVATE / "a.private.json"]
                                                  )["seed"]
     assert _releases(data) == 2
+
+
+def test_a_stop_right_after_the_publish_says_complete(tmp_path, capsys, monkeypatch):
+    data = write_csv(tmp_path / "d.csv", 6)
+    original = Release.publish
+
+    def publish_then_stop(self, paths, text):
+        original(self, paths, text)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Release, "publish", publish_then_stop)
+    assert run(capsys, *_args(tmp_path, data))[0] == 130
+    manifest = json.loads((tmp_path / "a.manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["generations_written"] == 2
+    monkeypatch.setattr(Release, "publish", original)
+    published = (tmp_path / "a.jsonl").read_bytes()
+    assert run(capsys, *_args(tmp_path, data))[0] == 0
+    assert (tmp_path / "a.jsonl").read_bytes() == published and _releases(data) == 1

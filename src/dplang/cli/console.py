@@ -18,7 +18,17 @@ import typer
 
 from ..api.display import Display, GenerationProgress, quiet_libraries
 
-__all__ = ["GenerationProgress", "RichDisplay", "quiet_libraries", "warn"]
+__all__ = ["GenerationProgress", "RichDisplay", "quiet_libraries", "text_preview", "warn"]
+
+
+#: Characters of a generated text shown on its live line.
+PREVIEW_CHARS = 300
+
+
+def text_preview(text: str, limit: int = PREVIEW_CHARS) -> str:
+    """A text's live line: its ``repr`` (line breaks shown as ``\\n``), cut to ``limit``
+    characters of text with an ellipsis when longer."""
+    return repr(text[:limit]) + ("…" if len(text) > limit else "")
 
 
 def warn(message: str) -> None:
@@ -42,7 +52,9 @@ class RichDisplay(Display):
 
     @contextlib.contextmanager
     def status(self, message: str) -> Iterator[None]:
-        with self.console.status(message):
+        from rich.text import Text
+
+        with self.console.status(Text(message)):  # plain text: a path may hold "[/x]"
             yield
 
     def info(self, message: str) -> None:
@@ -86,7 +98,11 @@ class RichDisplay(Display):
             self._progress.advance(self._task)
         self._refresh()
         if not self.quiet:
-            self.console.print(f"[dim]#{record['group']}[/] {record['text'][:300]!r}")
+            from rich.markup import escape
+
+            # escaped: a generated text is data, never markup ("[/b]" in a text would stop
+            # the run with rich's MarkupError)
+            self.console.print(f"[dim]#{record['group']}[/] {escape(text_preview(record['text']))}")
 
     def finish(self) -> None:
         if self._progress is not None:

@@ -128,7 +128,7 @@ def _sample(data: Path, columns: str, epsilon: float, out: Path, delta: float | 
         fail(str(exc), exc.code)
     from rich.console import Console
 
-    console = Console(quiet=quiet, highlight=False, soft_wrap=True)
+    console = Console(quiet=quiet, highlight=False, soft_wrap=True, markup=False)  # paths
     g = plan.guarantee
     console.print(
         f"{method}: {num} sample(s) of {len(plan.table.columns)} column(s) from "

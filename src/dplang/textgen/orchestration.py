@@ -685,72 +685,70 @@ def _execute_locked(
             started=release.opened,
         )
         del manifest["created"]
-        release.write_manifest(plan.paths, manifest)
-        if opening or not resuming:  # after the manifest: a stop between the two leaves the
-            # opening record, from which the same command resumes
-            release.write_private(plan.paths, release.private_record(
-                # the seed is kept to resume; an API call's temporary output is never resumed,
-                # and a crash (kill -9) would leave its seed behind
-                keep_seed=keep_seed,
-                data={"read": {"rows_seen": plan.read_stats.rows_seen,
-                               "used": plan.read_stats.used,
-                               "unusable_by_reason": dict(plan.read_stats.skipped_by_reason),
-                               "unusable_rule": plan.read_stats.on_unusable},
-                      "truncated_references": plan.truncated_references,
-                      "references_used": plan.references_used},
-                output=str(req.out),
-                model=str(req.model),  # the path as given (public files name it only)
-            ))
-
-        if on_start is not None:
-            on_start(len(plan.jobs), len(plan.jobs) - len(pending))
         batches = {b.index: b for b in plan.batches}
         start = time.time()
         written = 0
         tokens = 0
 
-        with release.append_log(plan.paths) as log:
+        def persist(res: GroupResult) -> None:
+            nonlocal written, tokens
+            record = _record(res, batches[res.index], req.method)
+            log.write_line(json.dumps(record, ensure_ascii=False))
+            written += 1
+            tokens += res.num_tokens
+            if on_result is not None:
+                on_result(record)
 
-            def persist(res: GroupResult) -> None:
-                nonlocal written, tokens
-                record = _record(res, batches[res.index], req.method)
-                log.write_line(json.dumps(record, ensure_ascii=False))
-                written += 1
-                tokens += res.num_tokens
-                if on_result is not None:
-                    on_result(record)
-
-            status = "interrupted"
-            try:
+        publishing = False
+        try:  # from the first public file on, a stop leaves the manifest saying "interrupted"
+            release.write_manifest(plan.paths, manifest)
+            if opening or not resuming:  # after the manifest: a stop between the two leaves
+                # the opening record, from which the same command resumes
+                release.write_private(plan.paths, release.private_record(
+                    # the seed is kept to resume; an API call's temporary output is never
+                    # resumed, and a crash (kill -9) would leave its seed behind
+                    keep_seed=keep_seed,
+                    data={"read": {"rows_seen": plan.read_stats.rows_seen,
+                                   "used": plan.read_stats.used,
+                                   "unusable_by_reason": dict(plan.read_stats.skipped_by_reason),
+                                   "unusable_rule": plan.read_stats.on_unusable},
+                          "truncated_references": plan.truncated_references,
+                          "references_used": plan.references_used},
+                    output=str(req.out),
+                    model=str(req.model),  # the path as given (public files name it only)
+                ))
+            if on_start is not None:
+                on_start(len(plan.jobs), len(plan.jobs) - len(pending))
+            with release.append_log(plan.paths) as log:
                 if population is not None:
                     if pending:  # a population method: runs whole (no per-group resume)
                         _run_population(plan, population, release.stream_seed, on_step,
                                         persist, manifest)
-                    status = "complete"
-                    return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
-                                      time.time() - start, tokens)
-                assert recipe is not None
-                dispatch_plan(executor, plan, pending, release.stream_seed, recipe, persist,
-                              on_step)
-                status = "complete"
-            finally:
-                log.close()
-                if status == "complete":
-                    # the output appears now, whole, in group order (not the order the groups
-                    # finished in, which timing decides), with the release's start time as its
-                    # modification time; an interrupted run's stays in the private folder
-                    release.publish(plan.paths, _canonical_lines(plan.paths.partial))
-                manifest["status"] = status
-                # no "finished" time: with "started" it would publish how long the generation
-                # on the private references took (a timing side channel;
-                # release.TIMESTAMP_FIELDS); the file's own times are the start's too
-                if status == "complete":  # an interrupted run's count would show how far
-                    # the computation got in the time it had (a timing side channel)
-                    manifest["generations_written"] = len(done) + written
                 else:
-                    manifest.pop("generations_written", None)
-                with contextlib.suppress(OSError):
-                    write_json(plan.manifest_path, manifest, times=release.opened)
+                    assert recipe is not None
+                    dispatch_plan(executor, plan, pending, release.stream_seed, recipe,
+                                  persist, on_step)
+            # the output appears now, whole, in group order (not the order the groups
+            # finished in, which timing decides), with the release's start time as its
+            # modification time; an interrupted run's stays in the private folder
+            publishing = True
+            release.publish(plan.paths, _canonical_lines(plan.paths.partial))
+        finally:
+            # complete once published: the partial file is gone only then (a stop right after
+            # the publish still says "complete")
+            status = ("complete" if publishing and not plan.paths.partial.exists()
+                      else "interrupted")
+            manifest["status"] = status
+            # no "finished" time: with "started" it would publish how long the generation
+            # on the private references took (a timing side channel;
+            # release.TIMESTAMP_FIELDS); the file's own times are the start's too
+            if status == "complete":  # an interrupted run's count would show how far
+                # the computation got in the time it had (a timing side channel)
+                manifest["generations_written"] = len(done) + written
+            else:
+                manifest.pop("generations_written", None)
+            with contextlib.suppress(OSError):
+                write_json(plan.manifest_path, manifest, times=release.opened)
         return RunSummary(written, len(done), len(plan.jobs), plan.guarantee,
                           time.time() - start, tokens)
 

@@ -667,6 +667,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/cli/test_limits.py",),
     ),
     Mutation(
+        "model-folders-published",
+        "public files name a model by its path as given: the folders above it (the data "
+        "holder's file layout) reach the manifest",
+        (("src/dplang/models/base.py",
+          "    name = path.name\n",
+          "    name = str(path)\n"),),
+        ("tests/cli/test_generate_model_names.py",),
+    ),
+    Mutation(
         "missing-weights-loaded",
         "a checkpoint missing some weights loads them random (another model at every load)",
         (("src/dplang/models/hf_loading.py",

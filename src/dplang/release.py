@@ -79,7 +79,7 @@ from . import __version__
 from .io import file_digest
 from .privacy.guarantees import Guarantee
 from .privacy.ledger import BudgetExceeded, PrivacyLedger, SeedReused
-from .privacy.ledger_backends import ledger_location
+from .privacy.ledger_backends import backend_for, ledger_location
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -888,6 +888,9 @@ class Release:
             "seed": self.seed,
             "seed_source": self.seed_source,
             "fingerprint": self.fingerprint,
+            # the ledger it is charged to (a URL's password masked): only that ledger can say
+            # whether the opening's release was charged
+            "ledger": backend_for(self.ledger_path).location,
             "created": time.time(),
         }
         record.update(fields)

@@ -55,7 +55,7 @@ def test_a_stop_after_the_ledger_recorded_the_charge_is_continued_once(tmp_path,
     assert _releases(data) == 1
     # another run in the same --out is refused: the charged seed would be lost
     code, _, err = run(capsys, *_args(tmp_path, data, "--max-tokens", "3"))
-    assert code == 2 and "charged but stopped before it wrote anything" in err, err
+    assert code == 2 and "charged but stopped before its first public file" in err, err
     assert "max_tokens" in err and err.count("\n") == 1
     # the same command continues it: same seed, no new charge
     assert run(capsys, *_args(tmp_path, data))[0] == 0
@@ -150,3 +150,49 @@ def test_a_stop_right_after_the_publish_says_complete(tmp_path, capsys, monkeypa
     published = (tmp_path / "a.jsonl").read_bytes()
     assert run(capsys, *_args(tmp_path, data))[0] == 0
     assert (tmp_path / "a.jsonl").read_bytes() == published and _releases(data) == 1
+
+
+def test_an_opening_charged_to_another_ledger_is_never_replaced(tmp_path, capsys, monkeypatch):
+    """Only the ledger an opening was charged to can say it was not: another ledger (another
+    $DPLANG_LEDGER, a mistyped --ledger) does not hold it, and must not let its seed go."""
+    data = write_csv(tmp_path / "d.csv", 6)
+    _stop_in_charge(monkeypatch, record=True)
+    assert run(capsys, *_args(tmp_path, data))[0] == 130
+    opening = _side(tmp_path)
+    other = tmp_path / "other-ledger.sqlite"
+    code, _, err = run(capsys, *_args(tmp_path, data, "--max-tokens", "3", "--ledger",
+                                      str(other)))
+    assert code == 2 and "other-ledger.sqlite" in err and "--overwrite" in err, err
+    assert _side(tmp_path) == opening
+
+
+def test_an_overwrite_stopped_before_its_manifest_keeps_its_seed(tmp_path, capsys, monkeypatch):
+    data = write_csv(tmp_path / "d.csv", 6)
+    assert run(capsys, *_args(tmp_path, data))[0] == 0
+    first = _side(tmp_path)["seed"]
+    original = Release.write_manifest
+
+    def stop(self, paths, manifest):
+        monkeypatch.setattr(Release, "write_manifest", original)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Release, "write_manifest", stop)
+    code, _, err = run(capsys, *_args(tmp_path, data, "--overwrite"))
+    assert code == 130 and "without --overwrite to resume" in err, err
+    opening = _side(tmp_path)
+    assert opening["stage"] == OPENED_STAGE and opening["seed"] != first
+    assert _releases(data) == 2
+    # as the message says: the same command without --overwrite continues it, no new charge
+    assert run(capsys, *_args(tmp_path, data))[0] == 0
+    assert _side(tmp_path)["seed"] == opening["seed"] and _releases(data) == 2
+
+
+def test_an_output_path_that_looks_like_markup(tmp_path, capsys):
+    data = write_csv(tmp_path / "d.csv", 6)
+    out = tmp_path / "x[" / "b]" / "a.jsonl"
+    args = _args(tmp_path, data)
+    args[args.index("--out") + 1] = str(out)
+    args.remove("--quiet")
+    code, _, err = run(capsys, *args)
+    assert code == 0, err
+    assert out.exists() and str(out) in capsys.readouterr().err + err

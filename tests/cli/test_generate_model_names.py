@@ -96,3 +96,17 @@ def test_evaluate_knows_a_runs_model_by_name_and_files(setup, capsys, tmp_path):
     other = tmp_path / "other"
     shutil.copytree(model, other)
     assert not _same_model(run, str(other))  # another name
+
+
+def test_a_model_built_in_memory_is_named_without_its_folders(tiny_llama_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dplang.models.base import local_model_name
+    from dplang.models.transformers import TransformersModel
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    model = TransformersModel(model=hf, tokenizer=tokenizer, threads=1)
+    assert model.model_id == tiny_llama_dir.name
+    assert local_model_name("google/gemma-3-270m") == "google/gemma-3-270m"  # a hub id
+    assert local_model_name(str(tiny_llama_dir)) == tiny_llama_dir.name

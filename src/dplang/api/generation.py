@@ -12,9 +12,11 @@ Order of work (the command line's, which is the privacy argument's; ``docs/api.m
    run to resume, or the seed is given) is checked only by the charge, which knows;
 3. under the output's lock: the data is read, the batches formed, the output compared with
    what it holds, the model loaded (its loaders' own bars folded into the status line);
-4. :func:`~dplang.textgen.orchestration.execute_plan`: the charge, at the last moment before the
-   first computation on the private references (after the workers loaded and checked their
-   model), then the private side file, the manifest, and each generation as it is finished.
+4. :func:`~dplang.textgen.orchestration.execute_plan`: the private side file's opening record
+   (the seed, so that a stop inside the charge keeps it), the charge, at the last moment before
+   the first computation on the private references (after the workers loaded and checked their
+   model), then the manifest, the whole private side file, and each generation as it is
+   finished.
 
 A Ctrl-C becomes :class:`~dplang.api.errors.Interrupted`, whose message says what was kept, what
 was charged and how to resume.
@@ -213,9 +215,9 @@ class _RunState:
             recorded = (f"interrupted while the release was charged: it is in the ledger of "
                         f"dataset {plan.dataset!r} ({short_guarantee(plan.guarantee)})")
             if self._seed_kept():  # in the side file written before the charge
-                return (f"{recorded}; nothing was written to {out}; run the same command "
-                        f"again{self._without_overwrite()} to continue it (the seed is kept in "
-                        f"{plan.private_path}): no new charge")
+                return (f"{recorded}; its seed is kept in {plan.paths.find_private()}: run the "
+                        f"same command again{self._without_overwrite()} to continue it (no new "
+                        "charge)")
             return (f"{recorded}, but its seed was not kept and nothing was written: a rerun "
                     "is a new release, charged again")
         if self.charge is None:
@@ -254,7 +256,7 @@ class _RunState:
         if self.release is None or not self.keep:
             return False
         try:
-            record = json.loads(self.plan.private_path.read_text(encoding="utf-8"))
+            record = json.loads(self.plan.paths.find_private().read_text(encoding="utf-8"))
             return (record.get("release_id") == self.release.release_id
                     and record.get("seed") is not None)
         except (OSError, ValueError, AttributeError):

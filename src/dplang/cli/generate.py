@@ -303,7 +303,7 @@ def _checked_run(request: GenerationRequest, quiet: bool,
     display.console.print(
         f"wrote {summary.written} new generations ({summary.skipped_existing} already there) "
         f"to {request.out}; public manifest {plan.manifest_path}, private side file "
-        f"{plan.private_path} (mode 600, never publish it)"
+        f"{plan.private_path} (mode 600, never publish it)", markup=False, highlight=False
     )
     if not quiet:
         typer.echo(plan.guarantee.summary())

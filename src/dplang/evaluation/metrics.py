@@ -229,24 +229,25 @@ def _same_model(run: SyntheticRun, model: Any) -> bool:
     recorded = run.parameters.get("model")
     if recorded is None:
         return False
-    if not isinstance(model, str):
-        fp = (run.manifest or {}).get("fingerprint") or {}
-        return fp.get("model_id") == getattr(model, "model_id", None)
-    if recorded == model:
+    fp = (run.manifest or {}).get("fingerprint") or {}
+    if not isinstance(model, str):  # a loaded model: its name and its weights' digest
+        digest = getattr(model, "weights_digest", None)
+        return (fp.get("model_id") == getattr(model, "model_id", None)
+                and (digest is None or fp.get("model_sha256") == digest()))
+    if recorded == model == "default":
         return True
     if "default" in (recorded, model):
         # the default model is recorded by its id when a loaded model was passed to the API
         from ..models.default import DEFAULT_MODEL_ID
 
-        fp = (run.manifest or {}).get("fingerprint") or {}
         named = {recorded, model, fp.get("model_id")} - {"default", None}
         return named == {DEFAULT_MODEL_ID}
-    try:
-        if Path(recorded).expanduser().resolve() == Path(model).expanduser().resolve():
-            return True  # (an older dplang recorded the path as typed)
-    except OSError:
-        return False
-    fp = (run.manifest or {}).get("fingerprint") or {}
+    if recorded != public_model_name(recorded):  # an older dplang recorded the path as typed
+        try:
+            return Path(recorded).expanduser().resolve() == Path(model).expanduser().resolve()
+        except OSError:
+            return False
+    # a name: another folder of that name may hold another model
     return recorded == public_model_name(model) and _same_model_files(fp, Path(model))
 
 

@@ -201,3 +201,14 @@ def public_model_name(spec: str) -> str:
         except (OSError, RuntimeError):
             name = ""
     return name or spec
+
+
+def local_model_name(name_or_path: str) -> str:
+    """A checkpoint's ``_name_or_path`` as public files name it: a local path (absolute, from
+    ``.`` or ``~``, or an existing file or folder) by :func:`public_model_name`, anything else
+    (a hub id such as ``org/name``) as it is."""
+    if not name_or_path:
+        return name_or_path
+    local = (name_or_path.startswith(("/", ".", "~"))
+             or Path(name_or_path).expanduser().exists())
+    return public_model_name(name_or_path) if local else name_or_path

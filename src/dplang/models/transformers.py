@@ -45,7 +45,7 @@ import torch
 
 from dplang import notices
 from dplang.models.attention import MAX_POSITIONS, TILE, AttentionStep, PromptTile, SlotCache
-from dplang.models.base import DecodeState
+from dplang.models.base import DecodeState, local_model_name
 from dplang.models.decode_graphs import DecodeGraphs, GraphRecordingError, graphs_wanted
 from dplang.models.decoder import ExactDecoder, logits_postprocess
 from dplang.models.devices import index_tensor
@@ -241,7 +241,10 @@ class TransformersModel(TokenizerText):
         elif self._path is not None:
             self.model_id = model_id_for(self._path, self._gguf_name)
         else:
-            self.model_id = getattr(self.config, "_name_or_path", "") or type(model).__name__
+            # the checkpoint it was loaded from: a local folder by its name only (public files
+            # never show the folders above it), a hub id ("org/name") as it is
+            self.model_id = (local_model_name(getattr(self.config, "_name_or_path", ""))
+                             or type(model).__name__)
         if self.device_type != "cpu":
             self._decoder.to(self.device)  # before the verification, which runs on the device
             admit_kernels(self.device)  # the Triton kernels that give their definitions' bits

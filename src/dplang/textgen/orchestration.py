@@ -653,6 +653,9 @@ def _execute_locked(
             on_charge(charge)
         if req.overwrite and not opening:  # the earlier run's files go only now that the new
             plan.paths.remove()  # run is charged (an opening means there were none)
+            if keep_seed:  # and its seed is kept at once, before the manifest
+                release.write_opening(plan.paths, release.opening_record())
+                opening = True
         if restart:  # (see above) its unfinished texts, wherever an older dplang left them
             plan.paths.partial.unlink(missing_ok=True)
             req.out.unlink(missing_ok=True)
@@ -762,8 +765,9 @@ def _open_side_file(plan: GenerationPlan, release: Release, resuming: bool,
     manifest, then keeps the seed of a release the ledger may hold: the same command
     continues it, charged once (``resume.check_existing``).
 
-    Not written for an API call's temporary output (never resumed: no seed is kept) nor for
-    ``--overwrite`` of an existing run (whose files stay until the new run is charged)."""
+    Not written for an API call's temporary output (never resumed: no seed is kept) nor,
+    before the charge, for ``--overwrite`` of an existing run (whose files stay until the new
+    run is charged: its opening is written right after their removal)."""
     paths = plan.paths
     if resuming:
         return _is_opening(paths.private), False

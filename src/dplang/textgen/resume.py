@@ -172,14 +172,22 @@ def _continue_opening(
         diff.append("--seed")
     if not diff and not other:
         return True, seed
-    release_id = opening.get("release_id")
-    if not isinstance(release_id, str) or not PrivacyLedger(req.ledger).has_release(release_id):
-        return False, None  # never charged, nothing published: the new run replaces it
     shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
     what = "; ".join(x for x in (shown, f"other {other}" if other else "") if x)
+    release_id = opening.get("release_id")
+    charged_to = opening.get("ledger")
+    ledger = PrivacyLedger(req.ledger)
+    if charged_to is not None and not _same("path", charged_to, ledger.location):
+        raise GenerationError(
+            f"{private_path} holds the seed of a different run ({what}) that was stopped "
+            f"inside or right after its charge to the ledger {charged_to}, not this run's "
+            f"{ledger.location}; run its command again to continue it (no new charge), or "
+            "--overwrite (or delete it) to start a new run (a new seed, charged anew)")
+    if not isinstance(release_id, str) or not ledger.has_release(release_id):
+        return False, None  # never charged, nothing published: the new run replaces it
     raise GenerationError(
         f"{private_path} holds the seed of a different run ({what}) that was charged but "
-        "stopped before it wrote anything; run its command again to continue it (no new "
+        "stopped before its first public file; run its command again to continue it (no new "
         "charge), or --overwrite (or delete it) to start a new run (a new seed, charged anew)")
 
 

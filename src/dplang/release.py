@@ -69,7 +69,7 @@ import secrets
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -793,6 +793,34 @@ class Release:
                                  data_digest=self.data_digest, seed_tag=self.seed_tag)
         self._charge = Charge(self.release_id, ledger.location, recorded, warnings)
         return self._charge
+
+    def stop_note(self, outputs: Sequence[str | Path]) -> str:
+        """What a stop (a Ctrl-C, an error) of a release that writes its files at once left,
+        in words for the data holder's terminal: charged or not (the ledger asked when the
+        stop came inside the charge), which of its public ``outputs`` were written (after the
+        charge an ``--overwrite``'s earlier files are gone, so those that exist are this
+        release's), and what a rerun costs."""
+        charge = self._charge
+        try:
+            recorded = charge.recorded if charge is not None else PrivacyLedger(
+                self.ledger_path).has_release(self.release_id)
+        except Exception:  # the ledger cannot answer now: say what is known
+            recorded = charge is not None and charge.recorded
+        if charge is None and not recorded:
+            return "nothing was charged or written"
+        g = self.guarantee
+        cost = (f"the release was charged to dataset {self.dataset!r} (ε={g.epsilon:.4g}, "
+                f"δ={g.delta:g})" if recorded else
+                f"nothing new was charged to dataset {self.dataset!r} (the release was already "
+                "in the ledger)")
+        # before the charge returned, what exists is an earlier release's (--overwrite)
+        written = [str(p) for p in outputs if charge is not None and Path(p).exists()]
+        wrote = (f"it wrote {', '.join(written)} but not all its files" if written else
+                 "nothing was written")
+        rerun = ("the same command with the same --seed is the same release, charged once"
+                 if self.seed_source == "given" else
+                 "its seed is not kept, so a rerun is a new release, charged again")
+        return f"{cost}; {wrote}; {rerun}"
 
     def _budget_elsewhere(self, ledger: PrivacyLedger) -> list[str]:
         """A warning when the data file itself has a budget in the ledger (keyed by its

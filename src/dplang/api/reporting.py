@@ -76,10 +76,11 @@ def run_report_checked(request: ReportRequest, *, display: Display,
         raise DPLangError(one_line(exc)) from None
     except BudgetExceeded as exc:
         raise DPLangError(str(exc), BUDGET) from None
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted before the report was written: a report is charged "
-                          "right before its first computation on the records, so a stop after "
-                          "that point counts (`dplang ledger show` lists the charges)") from None
+    except KeyboardInterrupt as exc:
+        raise Interrupted(str(exc) or (  # the pipeline says what the stop left
+            "interrupted before the report was written: a report is charged "
+            "right before its first computation on the records, so a stop after that point "
+            "counts (`dplang ledger show` lists the charges)")) from None
 
 
 @dataclass(frozen=True)

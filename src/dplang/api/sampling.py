@@ -83,10 +83,11 @@ def run_sample(request: ReleaseRequest, *, display: Display) -> tuple[ReleasePla
         raise DPLangError(str(exc), BUDGET) from None
     except (SamplingDataError, ValueError, OSError) as exc:  # a ledger that cannot be written
         raise DPLangError(one_line(exc)) from None
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted before the samples were written: a release is charged "
-                          "right before its first computation on the records, so a stop after "
-                          "that point counts (`dplang ledger show` lists the charges)") from None
+    except KeyboardInterrupt as exc:
+        raise Interrupted(str(exc) or (  # the pipeline says what the stop left
+            "interrupted before the samples were written: a release is charged "
+            "right before its first computation on the records, so a stop after that point "
+            "counts (`dplang ledger show` lists the charges)")) from None
     finally:
         lock.release()
     return plan, manifest

@@ -196,8 +196,7 @@ def _main(argv: list[str] | None) -> int:
 def _interrupted(exc: KeyboardInterrupt) -> None:
     """Ctrl-C: dplang.Interrupted says what was kept, what was charged and how to resume."""
     echo_error(_one_line(exc) if str(exc).strip() else
-               "interrupted; finished work was kept, and a release is charged only right "
-               "before its first output is written (`dplang ledger show` lists the charges)")
+               "interrupted (`dplang ledger show` lists what was charged)")
 
 
 def _report_interruptions(command: Any) -> None:

@@ -21,6 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,14 @@ import numpy as np
 
 from ..privacy.accounting import check_budget_limit
 from ..privacy.randomness import RandomStreams
-from ..release import OutputPaths, Release, ReleaseError
+from ..release import (
+    OutputPaths,
+    Release,
+    ReleaseError,
+    RunLock,
+    check_output_path,
+    fsync_dir,
+)
 from .collections import Collection, finite_collection
 from .languages import DFALanguage, dfa_language
 from .limit import (
@@ -43,8 +53,8 @@ from .statistical import Unmaterialised
 from .streams import ExplicitStream
 from .universe import CantorPairs, FiniteUniverse, Naturals, Shortlex, Universe
 
-__all__ = ["FormalDataError", "ReleaseOutcome", "custom_collection", "read_elements",
-           "release_on_data"]
+__all__ = ["FormalDataError", "ReleaseOutcome", "custom_collection", "data_lines",
+           "read_elements", "release_on_data"]
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -85,13 +95,28 @@ def _parse(line: str, universe: Universe) -> Any:
     raise FormalDataError(f"unsupported universe {universe.describe()}")
 
 
+def data_lines(text: str) -> list[str]:
+    """The records of a ``--data`` file: its lines as every dplang reader splits them, at
+    ``\n`` only (a ``\r\n`` ending is a line ending too), after a UTF-8 byte-order mark.
+
+    Never ``str.splitlines``, which also splits at ``\r``, form feeds, ``\x1c``-``\x1e``,
+    U+0085, U+2028 and U+2029: one record holding one of them would count as two, and the
+    public n of a neighbouring file would differ."""
+    text = text.removeprefix("\ufeff")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final line ending
+    return [line.removesuffix("\r") for line in lines]
+
+
 def read_elements(path: Path, universe: Universe) -> list[Any]:
-    """Read one element per line; FormalDataError (one line) for anything unreadable."""
+    """Read one element per line (:func:`data_lines`); FormalDataError (one line) for anything
+    unreadable."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise FormalDataError(f"cannot read --data {path}: {exc}") from None
-    lines = text.splitlines()
+    lines = data_lines(text)
     if not lines:
         raise FormalDataError(f"--data {path} is empty")
     out = []
@@ -181,10 +206,19 @@ def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path
     check_budget_limit(getattr(alg, "epsilon", None), name="--epsilon")
     if hasattr(alg, "check"):  # a public property of the collection: refused before the data
         alg.check(collection)  # is read, and before the charge
+    check_output_path(out, directory=True)
+    with RunLock(out):  # one process per --out, from before the data is read
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise ReleaseError(f"{out} already exists; choose another --out")
+        return _release_locked(alg, collection, data_path, out, parameters, seed=seed,
+                               dataset=dataset, ledger=ledger, on_warning=on_warning)
+
+
+def _release_locked(alg: Any, collection: Collection, data_path: Path, out: Path,
+                    parameters: dict[str, Any], *, seed: int | None, dataset: str | None,
+                    ledger: str | Path | None, on_warning: Any) -> ReleaseOutcome:
     elements = read_elements(data_path, collection.universe)
     n = len(elements)
-    stream_alg = isinstance(alg, ApproximateIntersectionGenerator | EpochEMIdentifier
-                            | StochasticIdentifier | UPGContinual)
     guarantee = alg.guarantee(n)
     fingerprint = {"algorithm": alg.name, "paper": getattr(alg, "paper", ""),
                    "collection": collection.describe(),
@@ -193,7 +227,60 @@ def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path
     release = Release.open("formal run", data=data_path, guarantee=guarantee,
                            fingerprint=fingerprint, dataset=dataset, seed=seed, ledger=ledger,
                            description=f"dplang formal run {alg.name} → {out}")
-    release.charge(on_warning)  # before anything is written (DESIGN invariant 6)
+    # The folder is filled under a hidden name, mode 700 (nobody else can enter it or stat
+    # what it holds), and renamed into place whole: --out never shows results without their
+    # manifest, and a folder that cannot be made is found before the charge.
+    staging = _staging_folder(out)
+    try:
+        release.charge(on_warning)  # before anything is written (DESIGN invariant 6)
+        rows = _run(alg, collection, elements, n, release)
+        from .experiments import rows_to_csv
+
+        staged = OutputPaths.of(staging / "results.csv")
+        release.write_private(staged, release.private_record(keep_seed=False,
+                                                             data={"elements": n}))
+        manifest = release.public_manifest(algorithm=alg.name, parameters=parameters,
+                                           collection=collection.describe(), n=n,
+                                           n_rule="n = the number of elements (public under "
+                                                  "replace-one adjacency)",
+                                           output_file=staged.output.name)
+        release.write_output(staged.output, rows_to_csv(rows))
+        release.write_manifest(staged, manifest)
+        _publish_folder(staging, out, release.opened)
+    except KeyboardInterrupt:  # say what the stop left: charged or not (nothing is written)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise KeyboardInterrupt(f"interrupted: {release.stop_note([])}") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return ReleaseOutcome(manifest, rows, OutputPaths.of(out / "results.csv"))
+
+
+def _staging_folder(out: Path) -> Path:
+    """A new hidden folder beside ``out`` (mode 700) where its files are written."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    except OSError as exc:
+        raise ReleaseError(f"--out {out} cannot be created ({exc.strerror or exc})") from None
+
+
+def _publish_folder(staging: Path, out: Path, opened: float) -> None:
+    """Give ``staging`` the mode a new folder gets (the umask's) and the release's opening
+    time, and rename it to ``out`` (absent, or an empty folder: checked under the lock)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(staging, 0o777 & ~mask)
+    os.utime(staging, (opened, opened))
+    os.rename(staging, out)  # onto an empty folder too (POSIX)
+    fsync_dir(out.parent)
+
+
+def _run(alg: Any, collection: Collection, elements: list[Any], n: int,
+         release: Release) -> list[dict[str, Any]]:
+    """The algorithm's released rows, its noise from the release's streams."""
+    stream_alg = isinstance(alg, ApproximateIntersectionGenerator | EpochEMIdentifier
+                            | StochasticIdentifier | UPGContinual)
     rng = RandomStreams(release.stream_seed).generator(0)  # fresh for every release
     rows: list[dict[str, Any]] = []
     if stream_alg:
@@ -214,17 +301,4 @@ def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path
         sel = alg.run(arr, collection, rng)
         rows.append({"index": sel.index, "output": _describe(sel.output),
                      "threshold": "" if sel.threshold is None else sel.threshold})
-    from .experiments import rows_to_csv
-
-    out.mkdir(parents=True, exist_ok=True)
-    paths = OutputPaths.of(out / "results.csv")
-    release.write_private(paths, release.private_record(keep_seed=False,
-                                                        data={"elements": n}))
-    manifest = release.public_manifest(algorithm=alg.name, parameters=parameters,
-                                       collection=collection.describe(), n=n,
-                                       n_rule="n = the number of elements (public under "
-                                              "replace-one adjacency)",
-                                       output_file=paths.output.name)
-    release.write_output(paths.output, rows_to_csv(rows))
-    release.write_manifest(paths, manifest)
-    return ReleaseOutcome(manifest, rows, paths)
+    return rows

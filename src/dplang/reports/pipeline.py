@@ -391,14 +391,27 @@ def _execute_locked(plan: ReportPlan, on_warning: Callable[[str], None] | None,
                                description=f"dplang report → {output_label(req.out)}")
     except (ReleaseError, io.ReferenceDataError) as exc:
         raise ReportError(str(exc)) from None
-    n, m = len(plan.texts), len(plan.candidates)
     # the charge comes right before the first computation on the records (as generate's):
     # a crash that depends on a record, a Ctrl-C or a refusal can then never leave a
     # computation on the data unrecorded, and a refusal costs nothing because nothing ran
     try:
+        return _charge_and_write(plan, release, existing, on_warning, status)
+    except KeyboardInterrupt:  # say what the stop left: charged or not, which files written
+        raise KeyboardInterrupt(
+            f"interrupted: {release.stop_note([req.json_path, req.md_path])}") from None
+
+
+def _charge_and_write(plan: ReportPlan, release: Release, existing: list[Path],
+                      on_warning: Callable[[str], None] | None,
+                      status: Status | None) -> ReportResult:
+    req = plan.request
+    n, m = len(plan.texts), len(plan.candidates)
+    try:
         charge = release.charge(on_warning)
     except LedgerError as exc:
         raise ReportError(str(exc)) from None
+    for path in existing:  # --overwrite: the earlier report goes now that this one is charged
+        path.unlink(missing_ok=True)  # (a stop below never leaves two releases' files)
     with (status or _no_status)(f"evaluating {m} statements on {n} records…"):
         report = proposal_and_filter(plan.candidates, plan.texts, plan.predicate, plan.config,
                                      seed=release.stream_seed)

@@ -363,7 +363,20 @@ def _execute_locked(plan: ReleasePlan,
         dataset=plan.dataset, seed=req.seed, ledger=req.ledger,
         description=f"dplang sample ({req.method}, {req.num} draw(s)) → "
                     f"{output_label(req.out)}")
+    try:
+        return _charge_and_write(plan, release, params, fingerprint, on_warning)
+    except KeyboardInterrupt:  # say what the stop left: charged or not, which files written
+        raise KeyboardInterrupt(
+            f"interrupted: {release.stop_note([plan.paths.manifest, req.out])}") from None
+
+
+def _charge_and_write(plan: ReleasePlan, release: Release, params: dict[str, Any],
+                      fingerprint: dict[str, Any],
+                      on_warning: Callable[[str], None] | None) -> dict[str, Any]:
+    req = plan.request
     release.charge(on_warning)  # before anything is written
+    if req.overwrite:  # the earlier release's files go now that this one is charged: a stop
+        plan.paths.remove()  # below never leaves files of two releases side by side
     streams = RandomStreams(release.stream_seed)  # fresh for every release
     result = sample_repeated(plan.sampler, plan.records, req.num, streams, split=req.split,
                              delta=req.delta)

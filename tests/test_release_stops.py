@@ -188,3 +188,31 @@ def test_formal_records_are_lines_split_at_newlines_only(separator):
     assert data_lines(f"1\n3{separator}4\n5\n") == ["1", f"3{separator}4", "5"]
     assert data_lines("\ufeff1\r\n2\r\n") == ["1", "2"]
     assert data_lines("1\n2") == ["1", "2"] and data_lines("") == []
+
+
+def test_an_error_after_the_charge_says_it_was_charged(tmp_path, capsys, monkeypatch, table):
+    """A full disk after the charge: exit 1 (not 2, "nothing charged or written"), and the
+    message says what was charged."""
+    import dplang.api.errors as api_errors
+    import dplang.release as release_module
+
+    assert api_errors.CHARGED_NOTE_PREFIX == release_module.CHARGED_NOTE_PREFIX
+
+    def full_disk(self, *args, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Release, "write_manifest", full_disk)
+    code, _, err = _sample(capsys, table, tmp_path / "s.csv")
+    assert code == 1 and "No space left" in err and "the release was charged" in err, err
+    assert err.count("\n") == 1
+
+
+def test_formal_error_after_the_charge_says_it_was_charged(tmp_path, capsys, monkeypatch,
+                                                           elements):
+    def full_disk(self, *args, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Release, "write_output", full_disk)
+    code, _, err = _formal(capsys, elements, tmp_path / "res")
+    assert code == 1 and "the release was charged" in err and "No space left" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["e.txt"]

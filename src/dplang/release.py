@@ -646,6 +646,10 @@ def dataset_name(data: str | Path, given: str | None = None) -> str:
     return str(Path(data).resolve())
 
 
+#: How :meth:`Release.note_failure` starts its note on an exception.
+CHARGED_NOTE_PREFIX = "after the charge: "
+
+
 def make_stream_seed(seed: int, release_id: str | None, coupling: str | None = None) -> int:
     """The root of a release's random streams: H(seed, release id) as a 256-bit integer.
 
@@ -821,6 +825,14 @@ class Release:
                  if self.seed_source == "given" else
                  "its seed is not kept, so a rerun is a new release, charged again")
         return f"{cost}; {wrote}; {rerun}"
+
+    def note_failure(self, exc: BaseException, outputs: Sequence[str | Path]) -> None:
+        """Attach :meth:`stop_note` to ``exc`` (a failure after the release was opened: a full
+        disk, a bug) when the release is in the ledger, so that its message says so
+        (:func:`dplang.api.errors.one_line` shows the note)."""
+        note = self.stop_note(outputs)
+        if note != "nothing was charged or written":
+            exc.add_note(CHARGED_NOTE_PREFIX + note)
 
     def _budget_elsewhere(self, ledger: PrivacyLedger) -> list[str]:
         """A warning when the data file itself has a budget in the ledger (keyed by its

@@ -11,18 +11,24 @@ charged and how to resume (the command line prints it and exits with 130).
 
 from __future__ import annotations
 
-__all__ = ["BUDGET", "INPUT", "INTERRUPTED", "DPLangError", "Interrupted"]
+__all__ = ["AFTER_CHARGE", "BUDGET", "INPUT", "INTERRUPTED", "DPLangError", "Interrupted"]
 
 #: Exit codes (and :attr:`DPLangError.code`).
 INPUT = 2
 BUDGET = 3
+#: An error after a release's charge (a full disk...): its message says what was charged.
+AFTER_CHARGE = 1
+#: How ``dplang.release.Release.note_failure`` starts its note (equal to
+#: ``dplang.release.CHARGED_NOTE_PREFIX``; not imported: this module imports nothing of dplang).
+CHARGED_NOTE_PREFIX = "after the charge: "
 INTERRUPTED = 130
 
 
 class DPLangError(Exception):
     """A run refused as asked, with the command line's one-line message; ``code`` is 2 (bad
-    input: nothing charged or written) or 3 (over the privacy budget: nothing charged or
-    written)."""
+    input: nothing charged or written), 3 (over the privacy budget: nothing charged or
+    written) or 1 (an error after the release was charged: the message says what was charged
+    and written)."""
 
     def __init__(self, message: str, code: int = INPUT) -> None:
         super().__init__(message)
@@ -42,6 +48,20 @@ class Interrupted(KeyboardInterrupt):
 
 
 def one_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type's name when it has none)."""
+    """The first line of an exception's message (its type's name when it has none), with what
+    was charged when the failure came after a release's charge
+    (``Release.note_failure``)."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    line = text.splitlines()[0] if text else type(exc).__name__
+    for note in getattr(exc, "__notes__", ()):
+        if isinstance(note, str) and note.startswith(CHARGED_NOTE_PREFIX):
+            line += f" ({note})"
+    return line
+
+
+def input_error(exc: BaseException) -> DPLangError:
+    """:class:`DPLangError` for a refusal (code 2: nothing charged or written), or, for an
+    error after a release's charge (its message says so), code 1."""
+    notes = getattr(exc, "__notes__", ())
+    charged = any(isinstance(n, str) and n.startswith(CHARGED_NOTE_PREFIX) for n in notes)
+    return DPLangError(one_line(exc), AFTER_CHARGE if charged else INPUT)

@@ -27,7 +27,7 @@ from ..reports.pipeline import ReportError, ReportRequest, check_report, run_rep
 from ..reports.pipeline import ReportResult as PipelineResult
 from .data import data_input
 from .display import Display, TqdmDisplay, quiet_libraries, short_guarantee
-from .errors import BUDGET, DPLangError, Interrupted, one_line
+from .errors import BUDGET, DPLangError, Interrupted, input_error, one_line
 from .outputs import output_location
 from .params import python_api
 
@@ -73,7 +73,7 @@ def run_report_checked(request: ReportRequest, *, display: Display,
         return run_report(request, load_model=load_model, on_warning=display.warning,
                           status=display.status)
     except ReportError as exc:
-        raise DPLangError(one_line(exc)) from None
+        raise input_error(exc) from None
     except BudgetExceeded as exc:
         raise DPLangError(str(exc), BUDGET) from None
     except KeyboardInterrupt as exc:

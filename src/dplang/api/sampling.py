@@ -35,7 +35,7 @@ from ..sampling.tabular import (
 )
 from .data import data_input
 from .display import Display, TqdmDisplay, quiet_libraries, short_guarantee
-from .errors import BUDGET, DPLangError, Interrupted, one_line
+from .errors import BUDGET, DPLangError, Interrupted, input_error, one_line
 from .outputs import output_location
 from .params import python_api
 
@@ -82,7 +82,7 @@ def run_sample(request: ReleaseRequest, *, display: Display) -> tuple[ReleasePla
     except BudgetExceeded as exc:
         raise DPLangError(str(exc), BUDGET) from None
     except (SamplingDataError, ValueError, OSError) as exc:  # a ledger that cannot be written
-        raise DPLangError(one_line(exc)) from None
+        raise input_error(exc) from None
     except KeyboardInterrupt as exc:
         raise Interrupted(str(exc) or (  # the pipeline says what the stop left
             "interrupted before the samples were written: a release is charged "

@@ -187,7 +187,9 @@ def _main(argv: list[str] | None) -> int:
     except Exception as exc:  # a bug: one line, not a traceback (unless asked for)
         if os.environ.get("DPLANG_TRACEBACK"):
             raise
-        echo_error(f"unexpected {type(exc).__name__}: {_one_line(exc)} (a bug in dplang; "
+        from ..api.errors import one_line  # with what was charged, after a charge
+
+        echo_error(f"unexpected {type(exc).__name__}: {one_line(exc)} (a bug in dplang; "
                    "DPLANG_TRACEBACK=1 shows the traceback)")
         return 1
     return result if isinstance(result, int) else 0

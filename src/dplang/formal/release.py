@@ -250,8 +250,9 @@ def _release_locked(alg: Any, collection: Collection, data_path: Path, out: Path
     except KeyboardInterrupt:  # say what the stop left: charged or not (nothing is written)
         shutil.rmtree(staging, ignore_errors=True)
         raise KeyboardInterrupt(f"interrupted: {release.stop_note([])}") from None
-    except BaseException:
+    except BaseException as exc:  # an error after the charge (a full disk...) says so
         shutil.rmtree(staging, ignore_errors=True)
+        release.note_failure(exc, [])
         raise
     return ReleaseOutcome(manifest, rows, OutputPaths.of(out / "results.csv"))
 

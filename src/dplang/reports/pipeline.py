@@ -399,6 +399,9 @@ def _execute_locked(plan: ReportPlan, on_warning: Callable[[str], None] | None,
     except KeyboardInterrupt:  # say what the stop left: charged or not, which files written
         raise KeyboardInterrupt(
             f"interrupted: {release.stop_note([req.json_path, req.md_path])}") from None
+    except Exception as exc:  # an error after the charge (a full disk...) says it was charged
+        release.note_failure(exc, [req.json_path, req.md_path])
+        raise
 
 
 def _charge_and_write(plan: ReportPlan, release: Release, existing: list[Path],

@@ -368,6 +368,9 @@ def _execute_locked(plan: ReleasePlan,
     except KeyboardInterrupt:  # say what the stop left: charged or not, which files written
         raise KeyboardInterrupt(
             f"interrupted: {release.stop_note([plan.paths.manifest, req.out])}") from None
+    except Exception as exc:  # an error after the charge (a full disk...) says it was charged
+        release.note_failure(exc, [plan.paths.manifest, req.out])
+        raise
 
 
 def _charge_and_write(plan: ReleasePlan, release: Release, params: dict[str, Any],

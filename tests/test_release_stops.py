@@ -216,3 +216,12 @@ def test_formal_error_after_the_charge_says_it_was_charged(tmp_path, capsys, mon
     code, _, err = _formal(capsys, elements, tmp_path / "res")
     assert code == 1 and "the release was charged" in err and "No space left" in err, err
     assert sorted(os.listdir(tmp_path)) == ["e.txt"]
+
+
+def test_formal_reads_naturals_of_any_length():
+    from dplang.formal.release import _parse
+    from dplang.formal.universe import Naturals
+
+    big = "7" + "0" * 5000
+    assert _parse(big, Naturals()) == 7 * 10 ** 5000
+    assert _parse("42", Naturals()) == 42

@@ -64,12 +64,25 @@ class FormalDataError(ValueError):
     """Bad ``--data`` or ``--collection`` input (one-line message)."""
 
 
+def _digits_to_int(digits: str) -> int:
+    """A string of decimal digits as an int, however many (Python refuses ``int()`` of more
+    than 4,300 digits at once: sys.get_int_max_str_digits)."""
+    value = 0
+    for start in range(0, len(digits), 4000):
+        chunk = digits[start:start + 4000]
+        value = value * 10 ** len(chunk) + int(chunk)
+    return value
+
+
 def _parse(line: str, universe: Universe) -> Any:
     raw = line.rstrip("\n")
-    try:
-        value: Any = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
+    if raw.isascii() and raw.isdigit() and (raw == "0" or not raw.startswith("0")):
+        value: Any = _digits_to_int(raw)  # a JSON integer, of any length
+    else:
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
     if isinstance(universe, Naturals):
         if isinstance(value, str) and value in universe.noise:
             return value

@@ -727,6 +727,9 @@ class Release:
     #: neighbouring datasets sharing the seed and the key draw the same noise (a coupled
     #: audit). Only for toy runs (``guarantee.public_seed``): refused otherwise.
     coupling: str | None = None
+    #: The file ``data`` was copied from, when it is a copy (an experiment's references): the
+    #: file whose own budget :meth:`charge` checks is not seen (:meth:`_budget_elsewhere`).
+    data_source: Path | None = None
     _charge: Charge | None = field(default=None, repr=False)
 
     @classmethod
@@ -734,7 +737,8 @@ class Release:
              fingerprint: Mapping[str, Any], dataset: str | None = None,
              seed: int | None = None, ledger: str | Path | None = None,
              description: str = "", data_digest: str | None = None,
-             seed_source: str | None = None, coupling: str | None = None) -> Release:
+             seed_source: str | None = None, coupling: str | None = None,
+             data_source: str | Path | None = None) -> Release:
         """Fix a release: ``dataset`` defaults to the resolved data path, ``seed`` to fresh OS
         entropy; ``data_digest`` (SHA-256 of the data file) is computed when not given.
         ``coupling`` (audits): see :attr:`coupling`."""
@@ -749,7 +753,8 @@ class Release:
                    data_digest if data_digest is not None else file_digest(data),
                    fresh_seed() if seed is None else int(seed), source,
                    None if ledger is None else ledger_location(ledger), description,
-                   coupling=coupling)
+                   coupling=coupling,
+                   data_source=None if data_source is None else Path(data_source))
 
     @property
     def release_id(self) -> str:
@@ -838,13 +843,14 @@ class Release:
         """A warning when the data file itself has a budget in the ledger (keyed by its
         resolved path) but this release is charged to another dataset name: that budget does
         not see this charge."""
-        path_key = dataset_name(self.data)
+        data = self.data_source or self.data
+        path_key = dataset_name(data)
         if path_key == self.dataset:
             return []
         budget = ledger.budget(path_key)
         if budget is None:
             return []
-        return [f"the data file {self.data} has its own budget in the ledger (ε = "
+        return [f"the data file {data} has its own budget in the ledger (ε = "
                 f"{budget[0]:g}, δ = {budget[1]:g}), but this release is charged to dataset "
                 f"{self.dataset!r}, not to it: that budget does not see this charge (pass "
                 "--dataset with the name that holds the budget)"]

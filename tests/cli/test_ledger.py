@@ -239,3 +239,41 @@ def test_a_pure_dp_spend_is_shown_with_delta_zero(tmp_path, capsys, default_ledg
     ledger.charge("pure", "gen-1", _g(0.1), "dplang generate → a.jsonl")
     doc = json.loads(run(capsys, "show", "pure", "--json", "--delta", "1e-5")[1])["datasets"][0]
     assert doc["dp"]["total_delta"] == 1e-5
+
+
+def test_a_write_killed_mid_commit_does_not_lock_the_ledger_out(tmp_path, capsys):
+    """A process killed while it wrote (kill -9, OOM) leaves a hot rollback journal, which a
+    read-only connection cannot roll back: the ledger was refused as "not a dplang ledger"
+    by every command. It is rolled back, and what was committed stays."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "l.sqlite"
+    PrivacyLedger(path).set_budget("d", epsilon=5, delta=1e-6)
+    script = ("import os, sqlite3, sys\n"
+              "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+              "db.execute('PRAGMA cache_size = 1')\n"
+              "db.execute('BEGIN IMMEDIATE')\n"
+              "db.execute('CREATE TABLE junk (x)')\n"
+              "db.executemany('INSERT INTO junk VALUES (?)', [(i,) for i in range(20000)])\n"
+              "os._exit(0)\n")
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True)
+    assert path.with_name("l.sqlite-journal").stat().st_size > 0  # the hot journal
+    code, out, err = run(capsys, "show", "--ledger", str(path))
+    assert code == 0 and "ε = 5" in out, err
+    assert PrivacyLedger(path).budget("d") == (5, 1e-6)
+
+
+def test_the_remaining_budget_is_at_the_budgets_delta(tmp_path, capsys):
+    """``show --delta D`` states the total at D, but the room left is the budget's, at its own
+    δ (a larger D gives a smaller total, never more room)."""
+    from dplang.cli.ledger import dataset_summary
+
+    path = tmp_path / "l.sqlite"
+    book = PrivacyLedger(path)
+    book.set_budget("a", epsilon=5, delta=1e-5)
+    book.charge("a", "r1", _g(0.3), "x")
+    at_budget = 5 - rho_to_epsilon(0.3, 1e-5)
+    assert dataset_summary(book, "a")["remaining_epsilon"] == pytest.approx(at_budget)
+    assert dataset_summary(book, "a", delta=0.01)["remaining_epsilon"] == \
+        pytest.approx(at_budget)

@@ -639,3 +639,18 @@ def test_a_refusal_for_changed_data_names_no_digest(setup, capsys):
     err = capsys.readouterr().err
     assert "the data's content changed" in err, err
     assert before not in err and file_digest(tmp / "data.csv") not in err
+
+
+def test_a_budget_on_the_data_file_that_the_sweeps_name_does_not_see_is_warned(setup,
+                                                                                capsys):
+    """The sweep generates from a copy of the rows: the ledger's check for a budget kept
+    under the data file's own name looks at the data file, and its warnings reach stderr."""
+    from dplang.privacy.ledger import PrivacyLedger
+
+    tmp, _calls = setup
+    PrivacyLedger().set_budget(str((tmp / "data.csv").resolve()), epsilon=1000, delta=1e-6)
+    code = main(["experiment", str(tmp / "exp.toml"), "--out", str(tmp / "out"), "--dataset",
+                 "another-name"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "has its own budget in the ledger" in err and "data.csv" in err, err

@@ -76,7 +76,8 @@ def experiment(
         with quiet_libraries(quiet):
             rows = run_experiment(cfg, out, _load_model, progress=say,
                                   report_only=report_only, ledger=ledger, dataset=dataset,
-                                  check_model=_check_model, overwrite=overwrite)
+                                  check_model=_check_model, overwrite=overwrite,
+                                  warn=lambda m: typer.echo(f"warning: {m}", err=True))
     except BudgetExceeded as exc:
         fail(str(exc), code=3)
     except (ConfigError, GenerationError, ReferenceDataError, ReleaseError, LedgerError,

@@ -128,8 +128,11 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
             for r in releases
         ],
     }
-    if budget is not None and not math.isinf(total):
-        out["remaining_epsilon"] = max(budget[0] - total, 0.0)
+    if budget is not None:
+        # at the budget's own δ, whatever --delta shows the total at: the room the ledger's
+        # charges see (a larger --delta gives a smaller total, not more room)
+        at_budget = spent.epsilon_at(budget[1]) if spent.dp_releases else 0.0
+        out["remaining_epsilon"] = max(budget[0] - at_budget, 0.0)  # (0 when δ is spent)
     return out
 
 

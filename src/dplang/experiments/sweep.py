@@ -387,8 +387,8 @@ def _check_sweep_budget(book: PrivacyLedger, name: str, guarantees: list[Any]) -
 
 def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
               load_model: Callable[[str], LogitsModel], ledger: str | Path | None, dataset: str,
-              overwrite: bool = False, opened: float | None = None
-              ) -> tuple[Path, dict[str, Any]]:
+              overwrite: bool = False, opened: float | None = None,
+              warn: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]]:
     """Generate one cell; returns the output and its timing: ``gen_seconds`` (wall clock) and
     ``cpu_seconds`` (CPU time of this process over all threads, which a paused or contended
     run does not inflate), plus ``resumed: True`` when an interrupted generation was continued
@@ -416,9 +416,9 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
                                   cell.temperature, cell.top_k, seed, out)
         return out, timing()
     request = replace(_request(config, cell, refs, out, ledger, dataset), overwrite=overwrite,
-                      opened=opened)
+                      opened=opened, data_source=config.data_path)
     plan = plan_generation(request, load_model)
-    execute_plan(plan)
+    execute_plan(plan, on_warning=warn)  # the ledger's warnings: the data holder's terminal
     return out, timing()
 
 
@@ -494,6 +494,7 @@ def run_experiment(
     dataset: str | None = None,
     check_model: Callable[[str], None] | None = None,
     overwrite: bool = False,
+    warn: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every cell not yet finished, then write results.csv / results.md / plots.
 
@@ -503,7 +504,10 @@ def run_experiment(
     cell whose recorded configuration matches is skipped; one whose evaluation settings
     changed is re-evaluated (no privacy cost); one generated with other generation settings
     is refused, or with ``overwrite`` generated anew (a new release: charged; its old files
-    are replaced once the new generation is charged). With ``report_only`` nothing is
+    are replaced once the new generation is charged). ``warn`` receives the ledger's warnings
+    (a budget kept under the data file's own name that this sweep's dataset name does not
+    see, content that changed...), for the data holder's terminal only. With ``report_only``
+    nothing is
     generated: the results cover the finished cells only (the state of a long sweep).
 
     Privacy contract: each private cell is a release of the references, charged before its
@@ -529,7 +533,7 @@ def run_experiment(
         refs, real = (None, None) if report_only else split_data(config, out_dir, digest)
         try:
             rows, failed = _run_cells(config, out_dir, load_model, say, report_only, ledger,
-                                      name, specs, states, refs, real, opened)
+                                      name, specs, states, refs, real, opened, warn)
         except BaseException:
             if fresh_split and not report_only:
                 _remove_unused_split(out_dir)
@@ -562,7 +566,8 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
                load_model: Callable[[str, str], LogitsModel], say: Callable[[str], None],
                report_only: bool, ledger: str | Path | None, name: str,
                specs: dict[str, Any], states: dict[str, str], refs: Path | None,
-               real: Path | None, opened: float | None = None
+               real: Path | None, opened: float | None = None,
+               warn: Callable[[str], None] | None = None
                ) -> tuple[list[dict[str, Any]], list[str]]:
     """Generate and evaluate every cell not yet finished (see :func:`run_experiment`); the
     rows of the evaluated cells, and a line per cell whose evaluation failed.
@@ -619,7 +624,7 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
             try:
                 gen, timing = _generate(config, cell, refs, cell_dir, generation_model,
                                         ledger, name, overwrite=state == "changed",
-                                        opened=opened)
+                                        opened=opened, warn=warn)
             except BaseException:
                 if new and not _started(cell_dir / "gen.jsonl"):
                     _remove_empty_cell(cell_dir)  # a cell that never started leaves nothing

@@ -39,6 +39,7 @@ set its access rights (a file is created with mode 600): grant them to the data 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -303,6 +304,17 @@ class SQLiteBackend(LedgerBackend):
 
 
 def _sqlite_tables(path: Path) -> set[str]:
+    """The tables of the SQLite file ``path``, read without writing; a rollback journal left
+    by a process killed while it committed (a "hot journal", which a read-only connection
+    cannot roll back) is rolled back first, by one read through a writable connection."""
+    journal = path.with_name(path.name + "-journal")
+    if journal.exists() and journal.stat().st_size > 0 and os.access(path, os.W_OK):
+        with contextlib.suppress(sqlite3.Error):
+            db = sqlite3.connect(path, timeout=LOCK_TIMEOUT_S)
+            try:
+                db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            finally:
+                db.close()
     try:
         db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True,
                              timeout=LOCK_TIMEOUT_S)
@@ -312,6 +324,10 @@ def _sqlite_tables(path: Path) -> set[str]:
         return {row[0] for row in db.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.DatabaseError as exc:
+        if journal.exists():
+            raise LedgerError(f"ledger {path} has the rollback journal of a write that was "
+                              f"stopped; open it once with write access to {path.parent} to "
+                              f"roll it back ({exc})") from None
         raise LedgerError(f"ledger {path} is not a dplang ledger ({exc})") from None
     finally:
         db.close()

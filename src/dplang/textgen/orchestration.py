@@ -463,7 +463,7 @@ def _shared_prefix(plan: GenerationPlan, labels: dict[str, str], public: str) ->
 #: the dataset name (private side file), concurrency (does not change the output) and
 #: ``overwrite`` (what to do with an earlier run, not what this run is).
 _NOT_FINGERPRINTED = ("seed", "ledger", "out", "concurrent_groups", "data", "dataset",
-                      "overwrite", "public_seed", "coupling", "opened")
+                      "overwrite", "public_seed", "coupling", "opened", "data_source")
 
 
 def _public_parameters(req: GenerationRequest, method: CalibratedMethod) -> dict[str, Any]:
@@ -614,7 +614,7 @@ def _execute_locked(
         dataset=plan.dataset, seed=seed, ledger=req.ledger, data_digest=plan.data_digest,
         description=f"dplang generate ({req.method}) → {output_label(req.out)}",
         seed_source="resumed from the private side file" if resuming else None,
-        coupling=req.coupling,
+        coupling=req.coupling, data_source=req.data_source,
     )
     if req.opened is not None:
         release.opened = req.opened

@@ -77,3 +77,6 @@ class GenerationRequest:
     #: cell's time minus the one before it would show how long that cell's generation and
     #: evaluation on private rows took (:mod:`dplang.experiments.sweep`).
     opened: float | None = None
+    #: The file ``data`` was copied from (an experiment's data file, whose rows it copies):
+    #: the ledger's check that the file has a budget this release does not see looks at it.
+    data_source: Path | None = None

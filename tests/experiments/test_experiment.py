@@ -654,3 +654,13 @@ def test_a_budget_on_the_data_file_that_the_sweeps_name_does_not_see_is_warned(s
     err = capsys.readouterr().err
     assert code == 0, err
     assert "has its own budget in the ledger" in err and "data.csv" in err, err
+
+
+def test_an_unknown_text_column_names_the_configs_key(setup, capsys):
+    tmp, _calls = setup
+    (tmp / "exp.toml").write_text(CONFIG.replace('path = "data.csv"',
+                                                 'path = "data.csv"\ntext_column = "body"'))
+    code = main(["experiment", str(tmp / "exp.toml"), "--out", str(tmp / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown text column 'body'" in err, err
+    assert "[data].text_column" in err and "--text-column" not in err

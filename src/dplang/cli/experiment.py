@@ -82,7 +82,8 @@ def experiment(
         fail(str(exc), code=3)
     except (ConfigError, GenerationError, ReferenceDataError, ReleaseError, LedgerError,
             FileNotFoundError, ValueError) as exc:
-        fail(str(exc).splitlines()[0])
+        # the sweep's data options live in its configuration, not on the command line
+        fail(str(exc).splitlines()[0].replace("--text-column", "[data].text_column"))
     if not quiet:
         typer.echo(f"{len(rows)} cells; results in {out / 'results.csv'} and "
                    f"{out / 'results.md'}")

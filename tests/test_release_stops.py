@@ -72,7 +72,7 @@ def _sample(capsys, table, out, *extra):
 def test_sample_stopped_after_its_charge_says_so(tmp_path, capsys, monkeypatch, table):
     _stop_after_charge(monkeypatch)
     code, _, err = _sample(capsys, table, tmp_path / "s.csv")
-    assert code == 130 and "the release was charged to dataset" in err, err
+    assert code == 130 and "the release is in the ledger of dataset" in err, err
     assert "nothing was written" in err and "charged again" in err
 
 
@@ -225,3 +225,61 @@ def test_formal_reads_naturals_of_any_length():
     big = "7" + "0" * 5000
     assert _parse(big, Naturals()) == 7 * 10 ** 5000
     assert _parse("42", Naturals()) == 42
+
+
+def test_formal_a_lone_carriage_return_does_not_split_a_record(tmp_path):
+    """Read as bytes: text mode would turn a lone "\\r" into a line break, two records."""
+    from dplang.formal.release import FormalDataError, read_elements
+    from dplang.formal.universe import Naturals
+
+    path = tmp_path / "e.txt"
+    path.write_bytes(b"1\r\n2\n3\r4\n")
+    with pytest.raises(FormalDataError, match="line 3"):
+        read_elements(path, Naturals())
+    path.write_bytes(b"1\r\n2\n")
+    assert read_elements(path, Naturals()) == [1, 2]
+
+
+def test_formal_out_through_a_symbolic_link_to_an_empty_folder(tmp_path, capsys, elements):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    code, _, err = _formal(capsys, elements, tmp_path / "link")
+    assert code == 0, err
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "real" / "results.csv").exists()
+
+
+def test_a_failure_inside_the_charge_is_not_reported_as_charged(tmp_path, capsys, monkeypatch,
+                                                                table):
+    from dplang.privacy.ledger import LedgerError
+
+    assert _sample(capsys, table, tmp_path / "a.csv", "--seed", "9")[0] == 0
+
+    def locked(self, *args, **kw):
+        raise LedgerError("ledger l.sqlite: database is locked")
+
+    monkeypatch.setattr(PrivacyLedger, "charge", locked)
+    code, _, err = _sample(capsys, table, tmp_path / "b.csv", "--seed", "9")
+    assert code == 2 and "database is locked" in err and "after the charge" not in err, err
+
+
+def test_a_stop_before_the_charge_creates_no_ledger(tmp_path, capsys, monkeypatch, elements):
+    def stop(self, on_warning=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Release, "charge", stop)
+    ledger = tmp_path / "new" / "l.sqlite"
+    code, _, err = _formal(capsys, elements, tmp_path / "res", "--ledger", str(ledger))
+    assert code == 130 and "nothing was charged or written" in err, err
+    assert not ledger.exists()
+
+
+def test_formal_value_error_after_the_charge_exits_1_and_says_so(tmp_path, capsys,
+                                                                  monkeypatch, elements):
+    import dplang.formal.release as formal_release
+
+    def boom(*args, **kw):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(formal_release, "_run", boom)
+    code, _, err = _formal(capsys, elements, tmp_path / "res")
+    assert code == 1 and "boom" in err and "after the charge: the release was charged" in err

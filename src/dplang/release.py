@@ -105,6 +105,7 @@ __all__ = [
     "dataset_name",
     "fresh_seed",
     "fsync_dir",
+    "ledger_name",
     "make_release_id",
     "make_seed_tag",
     "make_stream_seed",
@@ -646,6 +647,15 @@ def dataset_name(data: str | Path, given: str | None = None) -> str:
     return str(Path(data).resolve())
 
 
+def ledger_name(location: str | Path | None) -> str:
+    """A ledger as side files record it: a file by its resolved path (the same file from any
+    folder), a URL with its password masked. Creates nothing."""
+    backend = backend_for(location)
+    if backend.path is not None:
+        return str(backend.path.expanduser().resolve())
+    return backend.location
+
+
 #: How :meth:`Release.note_failure` starts its note on an exception.
 CHARGED_NOTE_PREFIX = "after the charge: "
 
@@ -805,23 +815,26 @@ class Release:
 
     def stop_note(self, outputs: Sequence[str | Path]) -> str:
         """What a stop (a Ctrl-C, an error) of a release that writes its files at once left,
-        in words for the data holder's terminal: charged or not (the ledger asked when the
-        stop came inside the charge), which of its public ``outputs`` were written (after the
-        charge an ``--overwrite``'s earlier files are gone, so those that exist are this
-        release's), and what a rerun costs."""
+        in words for the data holder's terminal: charged or not, which of its public
+        ``outputs`` were written (after the charge an ``--overwrite``'s earlier files are gone,
+        so those that exist are this release's), and what a rerun costs. A stop inside the
+        charge asks the ledger (without creating one), which cannot tell this run's record
+        from an earlier run's of the same release: either way it is charged once."""
         charge = self._charge
-        try:
-            recorded = charge.recorded if charge is not None else PrivacyLedger(
-                self.ledger_path).has_release(self.release_id)
-        except Exception:  # the ledger cannot answer now: say what is known
-            recorded = charge is not None and charge.recorded
-        if charge is None and not recorded:
-            return "nothing was charged or written"
-        g = self.guarantee
-        cost = (f"the release was charged to dataset {self.dataset!r} (ε={g.epsilon:.4g}, "
-                f"δ={g.delta:g})" if recorded else
-                f"nothing new was charged to dataset {self.dataset!r} (the release was already "
-                "in the ledger)")
+        if charge is None:
+            if not self._in_ledger():
+                return "nothing was charged or written"
+            g = self.guarantee
+            cost = (f"the release is in the ledger of dataset {self.dataset!r} (ε="
+                    f"{g.epsilon:.4g}, δ={g.delta:g}; charged once, by this run or an "
+                    "earlier run of the same release)")
+        elif charge.recorded:
+            g = self.guarantee
+            cost = (f"the release was charged to dataset {self.dataset!r} (ε={g.epsilon:.4g}, "
+                    f"δ={g.delta:g})")
+        else:
+            cost = (f"nothing new was charged to dataset {self.dataset!r} (the release was "
+                    "already in the ledger)")
         # before the charge returned, what exists is an earlier release's (--overwrite)
         written = [str(p) for p in outputs if charge is not None and Path(p).exists()]
         wrote = (f"it wrote {', '.join(written)} but not all its files" if written else
@@ -831,13 +844,24 @@ class Release:
                  "its seed is not kept, so a rerun is a new release, charged again")
         return f"{cost}; {wrote}; {rerun}"
 
+    def _in_ledger(self) -> bool:
+        """Whether the ledger holds this release; False when it cannot answer, or does not
+        exist (it is not created to ask)."""
+        try:
+            backend = backend_for(self.ledger_path)
+            if backend.path is not None and not backend.path.exists():
+                return False
+            return PrivacyLedger(self.ledger_path).has_release(self.release_id)
+        except Exception:  # the ledger cannot answer now: say what is known
+            return False
+
     def note_failure(self, exc: BaseException, outputs: Sequence[str | Path]) -> None:
-        """Attach :meth:`stop_note` to ``exc`` (a failure after the release was opened: a full
-        disk, a bug) when the release is in the ledger, so that its message says so
-        (:func:`dplang.api.errors.one_line` shows the note)."""
-        note = self.stop_note(outputs)
-        if note != "nothing was charged or written":
-            exc.add_note(CHARGED_NOTE_PREFIX + note)
+        """Attach :meth:`stop_note` to ``exc``, a failure after this run's charge returned (a
+        full disk, a bug), so that its message says what was charged and written
+        (:func:`dplang.api.errors.one_line` shows the note). A failure inside the charge (a
+        locked or unreachable ledger) recorded nothing: no note."""
+        if self._charge is not None:
+            exc.add_note(CHARGED_NOTE_PREFIX + self.stop_note(outputs))
 
     def _budget_elsewhere(self, ledger: PrivacyLedger) -> list[str]:
         """A warning when the data file itself has a budget in the ledger (keyed by its
@@ -934,9 +958,9 @@ class Release:
             "seed": self.seed,
             "seed_source": self.seed_source,
             "fingerprint": self.fingerprint,
-            # the ledger it is charged to (a URL's password masked): only that ledger can say
-            # whether the opening's release was charged
-            "ledger": backend_for(self.ledger_path).location,
+            # the ledger it is charged to (a file by its resolved path, a URL with its
+            # password masked): only that ledger can say whether the release was charged
+            "ledger": ledger_name(self.ledger_path),
             "created": time.time(),
         }
         record.update(fields)

@@ -372,7 +372,10 @@ def run(
         except BudgetExceeded as exc:
             fail(str(exc), code=3)
         except (ReleaseError, ValueError) as exc:
-            fail(str(exc).splitlines()[0])
+            from ..api.errors import input_error  # code 1, saying so, after the charge
+
+            refusal = input_error(exc)
+            fail(str(refusal), refusal.code)
         typer.echo(f"{alg_name} on {res.manifest['n']} elements of {data} → {out}")
         for row in res.rows[-3:]:
             typer.echo(f"  released: {row}")

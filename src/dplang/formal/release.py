@@ -125,8 +125,8 @@ def data_lines(text: str) -> list[str]:
 def read_elements(path: Path, universe: Universe) -> list[Any]:
     """Read one element per line (:func:`data_lines`); FormalDataError (one line) for anything
     unreadable."""
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # bytes, decoded: a text-mode read would turn a lone "\r" into a line break
+        text = path.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise FormalDataError(f"cannot read --data {path}: {exc}") from None
     lines = data_lines(text)
@@ -223,7 +223,9 @@ def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path
     with RunLock(out):  # one process per --out, from before the data is read
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise ReleaseError(f"{out} already exists; choose another --out")
-        return _release_locked(alg, collection, data_path, out, parameters, seed=seed,
+        # an empty folder given through a symbolic link: the folder is the one replaced
+        target = out.resolve() if out.is_symlink() else out
+        return _release_locked(alg, collection, data_path, target, parameters, seed=seed,
                                dataset=dataset, ledger=ledger, on_warning=on_warning)
 
 

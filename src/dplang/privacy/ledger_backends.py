@@ -307,7 +307,8 @@ def _sqlite_tables(path: Path) -> set[str]:
     """The tables of the SQLite file ``path``, read without writing; a rollback journal left
     by a process killed while it committed (a "hot journal", which a read-only connection
     cannot roll back) is rolled back first, by one read through a writable connection."""
-    journal = path.with_name(path.name + "-journal")
+    real = path.resolve()  # SQLite keeps the journal beside the file a link names
+    journal = real.with_name(real.name + "-journal")
     if journal.exists() and journal.stat().st_size > 0 and os.access(path, os.W_OK):
         with contextlib.suppress(sqlite3.Error):
             db = sqlite3.connect(path, timeout=LOCK_TIMEOUT_S)

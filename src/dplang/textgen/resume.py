@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..models.base import public_model_name
 from ..privacy.ledger import PrivacyLedger
-from ..release import OPENED_STAGE, OutputPaths
+from ..release import OPENED_STAGE, OutputPaths, ledger_name
 from .errors import GenerationError
 
 if TYPE_CHECKING:
@@ -176,14 +176,15 @@ def _continue_opening(
     what = "; ".join(x for x in (shown, f"other {other}" if other else "") if x)
     release_id = opening.get("release_id")
     charged_to = opening.get("ledger")
-    ledger = PrivacyLedger(req.ledger)
-    if charged_to is not None and not _same("path", charged_to, ledger.location):
+    asked = ledger_name(req.ledger)  # (creates nothing)
+    if charged_to is not None and not _same("path", charged_to, asked):
         raise GenerationError(
             f"{private_path} holds the seed of a different run ({what}) that was stopped "
             f"inside or right after its charge to the ledger {charged_to}, not this run's "
-            f"{ledger.location}; run its command again to continue it (no new charge), or "
-            "--overwrite (or delete it) to start a new run (a new seed, charged anew)")
-    if not isinstance(release_id, str) or not ledger.has_release(release_id):
+            f"{asked} (which cannot tell whether it was charged); run its command again to "
+            "continue it, or --overwrite (or delete it) to start a new run (a new seed, "
+            "charged anew)")
+    if not isinstance(release_id, str) or not PrivacyLedger(req.ledger).has_release(release_id):
         return False, None  # never charged, nothing published: the new run replaces it
     raise GenerationError(
         f"{private_path} holds the seed of a different run ({what}) that was charged but "

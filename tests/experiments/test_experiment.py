@@ -664,3 +664,29 @@ def test_an_unknown_text_column_names_the_configs_key(setup, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "unknown text column 'body'" in err, err
     assert "[data].text_column" in err and "--text-column" not in err
+
+
+def test_a_stopped_sweep_says_how_to_resume_and_charges_each_cell_once(setup, capsys,
+                                                                       monkeypatch):
+    import dplang.experiments.sweep as sweep
+    from dplang.privacy.ledger import PrivacyLedger
+
+    tmp, _calls = setup
+    original = sweep.execute_plan
+    calls = {"n": 0}
+
+    def stop_in_the_second_cell(plan, **kw):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return original(plan, **kw)
+
+    monkeypatch.setattr(sweep, "execute_plan", stop_in_the_second_cell)
+    args = ["experiment", str(tmp / "exp.toml"), "--out", str(tmp / "out")]
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert "run the same command again to resume" in err and "charged twice" in err, err
+    monkeypatch.setattr(sweep, "execute_plan", original)
+    assert main(args) == 0
+    releases = PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases
+    assert releases == 4  # the four private cells, each charged once

@@ -78,6 +78,12 @@ def experiment(
                                   report_only=report_only, ledger=ledger, dataset=dataset,
                                   check_model=_check_model, overwrite=overwrite,
                                   warn=lambda m: typer.echo(f"warning: {m}", err=True))
+    except KeyboardInterrupt:  # what a stopped sweep kept, and how it resumes
+        raise KeyboardInterrupt(
+            f"interrupted: the finished cells and the unfinished cell's generations are kept "
+            f"in {out}; run the same command again to resume (each cell's seed is kept in its "
+            "private side file, from before its charge: no cell is charged twice); `dplang "
+            "ledger show` lists the charges") from None
     except BudgetExceeded as exc:
         fail(str(exc), code=3)
     except (ConfigError, GenerationError, ReferenceDataError, ReleaseError, LedgerError,

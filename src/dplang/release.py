@@ -69,7 +69,7 @@ import secrets
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -822,7 +822,7 @@ class Release:
         from an earlier run's of the same release: either way it is charged once."""
         charge = self._charge
         if charge is None:
-            if not self._in_ledger():
+            if not self.in_ledger():
                 return "nothing was charged or written"
             g = self.guarantee
             cost = (f"the release is in the ledger of dataset {self.dataset!r} (ε="
@@ -844,7 +844,7 @@ class Release:
                  "its seed is not kept, so a rerun is a new release, charged again")
         return f"{cost}; {wrote}; {rerun}"
 
-    def _in_ledger(self) -> bool:
+    def in_ledger(self) -> bool:
         """Whether the ledger holds this release; False when it cannot answer, or does not
         exist (it is not created to ask)."""
         try:
@@ -854,6 +854,18 @@ class Release:
             return PrivacyLedger(self.ledger_path).has_release(self.release_id)
         except Exception:  # the ledger cannot answer now: say what is known
             return False
+
+    @contextlib.contextmanager
+    def stops_reported(self, outputs: Sequence[str | Path]) -> Iterator[None]:
+        """Around a release's charge and writes: a Ctrl-C is re-raised with :meth:`stop_note`
+        as its message, and another failure gets it as a note (:meth:`note_failure`)."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(f"interrupted: {self.stop_note(outputs)}") from None
+        except Exception as exc:
+            self.note_failure(exc, outputs)
+            raise
 
     def note_failure(self, exc: BaseException, outputs: Sequence[str | Path]) -> None:
         """Attach :meth:`stop_note` to ``exc``, a failure after this run's charge returned (a

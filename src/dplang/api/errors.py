@@ -53,15 +53,17 @@ def one_line(exc: BaseException) -> str:
     (``Release.note_failure``)."""
     text = str(exc).strip()
     line = text.splitlines()[0] if text else type(exc).__name__
-    for note in getattr(exc, "__notes__", ()):
-        if isinstance(note, str) and note.startswith(CHARGED_NOTE_PREFIX):
-            line += f" ({note})"
-    return line
+    note = _charged_note(exc)
+    return line if note is None else f"{line} ({note})"
 
 
 def input_error(exc: BaseException) -> DPLangError:
     """:class:`DPLangError` for a refusal (code 2: nothing charged or written), or, for an
     error after a release's charge (its message says so), code 1."""
-    notes = getattr(exc, "__notes__", ())
-    charged = any(isinstance(n, str) and n.startswith(CHARGED_NOTE_PREFIX) for n in notes)
-    return DPLangError(one_line(exc), AFTER_CHARGE if charged else INPUT)
+    return DPLangError(one_line(exc), INPUT if _charged_note(exc) is None else AFTER_CHARGE)
+
+
+def _charged_note(exc: BaseException) -> str | None:
+    """The note ``Release.note_failure`` put on ``exc``, if any."""
+    return next((note for note in getattr(exc, "__notes__", ())
+                 if isinstance(note, str) and note.startswith(CHARGED_NOTE_PREFIX)), None)

@@ -264,13 +264,7 @@ class _RunState:
 
     def _recorded(self) -> bool:
         """Whether the release an interruption stopped inside its charge is in the ledger."""
-        if self.release is None:
-            return False
-        try:
-            return PrivacyLedger(self.release.ledger_path).has_release(
-                self.release.release_id)
-        except Exception:  # the ledger cannot answer now: say what is known
-            return False
+        return self.release is not None and self.release.in_ledger()
 
 
 def run_generation(request: GenerationRequest, *, display: Display,

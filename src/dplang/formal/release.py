@@ -246,30 +246,37 @@ def _release_locked(alg: Any, collection: Collection, data_path: Path, out: Path
     # what it holds), and renamed into place whole: --out never shows results without their
     # manifest, and a folder that cannot be made is found before the charge.
     staging = _staging_folder(out)
-    try:
-        release.charge(on_warning)  # before anything is written (DESIGN invariant 6)
-        rows = _run(alg, collection, elements, n, release)
-        from .experiments import rows_to_csv
-
-        staged = OutputPaths.of(staging / "results.csv")
-        release.write_private(staged, release.private_record(keep_seed=False,
-                                                             data={"elements": n}))
-        manifest = release.public_manifest(algorithm=alg.name, parameters=parameters,
-                                           collection=collection.describe(), n=n,
-                                           n_rule="n = the number of elements (public under "
-                                                  "replace-one adjacency)",
-                                           output_file=staged.output.name)
-        release.write_output(staged.output, rows_to_csv(rows))
-        release.write_manifest(staged, manifest)
-        _publish_folder(staging, out, release.opened)
-    except KeyboardInterrupt:  # say what the stop left: charged or not (nothing is written)
-        shutil.rmtree(staging, ignore_errors=True)
-        raise KeyboardInterrupt(f"interrupted: {release.stop_note([])}") from None
-    except BaseException as exc:  # an error after the charge (a full disk...) says so
-        shutil.rmtree(staging, ignore_errors=True)
-        release.note_failure(exc, [])
-        raise
+    with release.stops_reported([]):  # what a stop left (nothing is written before the end)
+        try:
+            manifest, rows = _charge_and_write(alg, collection, elements, parameters, release,
+                                               staging, on_warning)
+            _publish_folder(staging, out, release.opened)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return ReleaseOutcome(manifest, rows, OutputPaths.of(out / "results.csv"))
+
+
+def _charge_and_write(alg: Any, collection: Collection, elements: list[Any],
+                      parameters: dict[str, Any], release: Release, staging: Path,
+                      on_warning: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Charge the release, run the algorithm and write its files into ``staging``."""
+    from .experiments import rows_to_csv
+
+    n = len(elements)
+    release.charge(on_warning)  # before anything is written (DESIGN invariant 6)
+    rows = _run(alg, collection, elements, n, release)
+    staged = OutputPaths.of(staging / "results.csv")
+    release.write_private(staged, release.private_record(keep_seed=False,
+                                                         data={"elements": n}))
+    manifest = release.public_manifest(algorithm=alg.name, parameters=parameters,
+                                       collection=collection.describe(), n=n,
+                                       n_rule="n = the number of elements (public under "
+                                              "replace-one adjacency)",
+                                       output_file=staged.output.name)
+    release.write_output(staged.output, rows_to_csv(rows))
+    release.write_manifest(staged, manifest)
+    return manifest, rows
 
 
 def _staging_folder(out: Path) -> Path:

@@ -394,14 +394,8 @@ def _execute_locked(plan: ReportPlan, on_warning: Callable[[str], None] | None,
     # the charge comes right before the first computation on the records (as generate's):
     # a crash that depends on a record, a Ctrl-C or a refusal can then never leave a
     # computation on the data unrecorded, and a refusal costs nothing because nothing ran
-    try:
+    with release.stops_reported([req.json_path, req.md_path]):  # what a stop left
         return _charge_and_write(plan, release, existing, on_warning, status)
-    except KeyboardInterrupt:  # say what the stop left: charged or not, which files written
-        raise KeyboardInterrupt(
-            f"interrupted: {release.stop_note([req.json_path, req.md_path])}") from None
-    except Exception as exc:  # an error after the charge (a full disk...) says it was charged
-        release.note_failure(exc, [req.json_path, req.md_path])
-        raise
 
 
 def _charge_and_write(plan: ReportPlan, release: Release, existing: list[Path],

@@ -363,14 +363,8 @@ def _execute_locked(plan: ReleasePlan,
         dataset=plan.dataset, seed=req.seed, ledger=req.ledger,
         description=f"dplang sample ({req.method}, {req.num} draw(s)) → "
                     f"{output_label(req.out)}")
-    try:
+    with release.stops_reported([plan.paths.manifest, req.out]):  # what a stop left
         return _charge_and_write(plan, release, params, fingerprint, on_warning)
-    except KeyboardInterrupt:  # say what the stop left: charged or not, which files written
-        raise KeyboardInterrupt(
-            f"interrupted: {release.stop_note([plan.paths.manifest, req.out])}") from None
-    except Exception as exc:  # an error after the charge (a full disk...) says it was charged
-        release.note_failure(exc, [plan.paths.manifest, req.out])
-        raise
 
 
 def _charge_and_write(plan: ReleasePlan, release: Release, params: dict[str, Any],

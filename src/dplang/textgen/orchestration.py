@@ -53,7 +53,6 @@ from ..privacy.accounting import (
 from ..privacy.guarantees import Adjacency, Guarantee
 from ..privacy.ledger import BudgetExceeded, LedgerError, check_ledger_path
 from ..release import (
-    OPENED_STAGE,
     Charge,
     OutputPaths,
     Release,
@@ -76,7 +75,12 @@ from .prompts import (
     get_template,
 )
 from .request import GenerationRequest
-from .resume import check_existing, stored_fingerprint, truncate_to_finished_groups
+from .resume import (
+    check_existing,
+    is_opening,
+    stored_fingerprint,
+    truncate_to_finished_groups,
+)
 
 # Which methods exist, their adjacencies, budget forms and options: the method registry
 # (dplang.textgen.methods). No method offers add-remove at the data-set level: removing a row
@@ -770,19 +774,12 @@ def _open_side_file(plan: GenerationPlan, release: Release, resuming: bool,
     run is charged: its opening is written right after their removal)."""
     paths = plan.paths
     if resuming:
-        return _is_opening(paths.private), False
+        return is_opening(paths.private), False
     if not keep_seed or (plan.request.overwrite and paths.existing()):
         return False, False
     made_folder = not paths.private.parent.exists()
     release.write_opening(paths, release.opening_record())
     return True, made_folder
-
-
-def _is_opening(path: Path) -> bool:
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("stage") == OPENED_STAGE
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _remove_opening(paths: OutputPaths, made_folder: bool) -> None:

@@ -29,7 +29,8 @@ from .errors import GenerationError
 if TYPE_CHECKING:
     from .request import GenerationRequest
 
-__all__ = ["check_existing", "differences", "stored_fingerprint", "truncate_to_finished_groups"]
+__all__ = ["check_existing", "differences", "is_opening", "stored_fingerprint",
+           "truncate_to_finished_groups"]
 
 
 def truncate_to_finished_groups(out: Path) -> set[int]:
@@ -90,6 +91,24 @@ def _as_now(fingerprint: Any) -> Any:
     return fp
 
 
+def _fingerprint_differences(stored: dict[str, Any], parameters: dict[str, Any],
+                             fingerprint: dict[str, Any] | None) -> list[str]:
+    """What differs between a stored fingerprint (already :func:`_as_now`) and the request's
+    public ``parameters``, and its whole ``fingerprint`` when the model has loaded."""
+    diff = differences(stored.get("parameters"),
+                       _as_now({"parameters": parameters})["parameters"])
+    if fingerprint is not None:
+        diff += differences({k: v for k, v in stored.items() if k != "parameters"},
+                            {k: v for k, v in _as_now(fingerprint).items()
+                             if k != "parameters"})
+    return diff
+
+
+def _shown(diff: list[str]) -> str:
+    """The first three differences, and how many more."""
+    return "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
+
+
 def stored_fingerprint(out: Path) -> dict[str, Any] | None:
     """The public fingerprint of the run ``out`` holds (its manifest's, or its opening side
     file's), which a resumed run keeps: equal to the request's up to how an older version
@@ -147,6 +166,15 @@ def _opening(private_path: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and record.get("stage") == OPENED_STAGE else None
 
 
+def is_opening(private_path: Path) -> bool:
+    """Whether ``private_path`` is a side file written before its run's charge (False when
+    it is absent or unreadable)."""
+    try:
+        return private_path.exists() and _opening(private_path) is not None
+    except GenerationError:
+        return False
+
+
 def _continue_opening(
     req: GenerationRequest, private_path: Path, opening: dict[str, Any],
     parameters: dict[str, Any], private_fp: dict[str, Any], fingerprint: dict[str, Any] | None,
@@ -161,19 +189,14 @@ def _continue_opening(
         raise GenerationError(f"cannot resume {req.out}: {private_path} holds no seed"
                               ) from None
     old_fp = _as_now(opening.get("fingerprint"))
-    old_fp = old_fp if isinstance(old_fp, dict) else {}
-    diff = differences(old_fp.get("parameters"), _as_now({"parameters": parameters})["parameters"])
-    if fingerprint is not None:
-        diff += differences({k: v for k, v in old_fp.items() if k != "parameters"},
-                             {k: v for k, v in _as_now(fingerprint).items()
-                              if k != "parameters"})
+    diff = _fingerprint_differences(old_fp if isinstance(old_fp, dict) else {}, parameters,
+                                    fingerprint)
     other = _other_private(private_path, private_fp)
     if req.seed is not None and req.seed != seed:
         diff.append("--seed")
     if not diff and not other:
         return True, seed
-    shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
-    what = "; ".join(x for x in (shown, f"other {other}" if other else "") if x)
+    what = "; ".join(x for x in (_shown(diff), f"other {other}" if other else "") if x)
     release_id = opening.get("release_id")
     charged_to = opening.get("ledger")
     asked = ledger_name(req.ledger)  # (creates nothing)
@@ -230,15 +253,11 @@ def check_existing(
     old_fp = _as_now(old.get("fingerprint"))
     if not isinstance(old_fp, dict):
         raise _different_run(req, " (its manifest has no fingerprint)")
-    diff = differences(old_fp.get("parameters"), _as_now({"parameters": parameters})["parameters"])
-    if fingerprint is not None:
-        diff += differences({k: v for k, v in old_fp.items() if k != "parameters"},
-                             {k: v for k, v in _as_now(fingerprint).items()
-                              if k != "parameters"})
+    diff = _fingerprint_differences(old_fp, parameters, fingerprint)
     if diff:
-        shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
         other = _other_private(private_path, private_fp)
-        raise _different_run(req, f" ({shown}" + (f"; and other {other}" if other else "") + ")")
+        raise _different_run(req, f" ({_shown(diff)}"
+                             + (f"; and other {other}" if other else "") + ")")
     if not private_path.exists():
         raise GenerationError(f"cannot resume {req.out}: its private side file {private_path} "
                               "(with the secret seed) is gone; choose another --out")

@@ -277,3 +277,92 @@ def test_the_remaining_budget_is_at_the_budgets_delta(tmp_path, capsys):
     assert dataset_summary(book, "a")["remaining_epsilon"] == pytest.approx(at_budget)
     assert dataset_summary(book, "a", delta=0.01)["remaining_epsilon"] == \
         pytest.approx(at_budget)
+
+
+def _strict_json(text):
+    """Standard JSON only: ``Infinity`` and ``NaN`` (which Python writes and reads) refused."""
+    def refuse(name):
+        raise ValueError(f"not standard JSON: {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_show_json_is_standard_json_with_a_non_private_release(tmp_path, capsys):
+    """A non-private release (ε = ∞) was written as ``Infinity``, which jq and most JSON
+    parsers refuse; it is ``null``, and the release says ``not_private``."""
+    path = tmp_path / "l.sqlite"
+    book = PrivacyLedger(path)
+    book.charge("d", "np-1", Guarantee.non_private("nonprivate", "reference", "replace-by-null"),
+                "dplang generate (nonprivate) → a.jsonl")
+    book.charge("d", "gen-1", _g(0.1), "dplang generate → b.jsonl")
+    code, out, _ = run(capsys, "show", "--ledger", str(path), "--json")
+    assert code == 0
+    doc = _strict_json(out)["datasets"][0]
+    by_id = {r["release_id"]: r for r in doc["releases"]}
+    assert by_id["np-1"]["not_private"] is True and by_id["np-1"]["epsilon"] is None
+    assert by_id["gen-1"]["not_private"] is False and by_id["gen-1"]["epsilon"] > 0
+    assert doc["data_dependent"]["nominal_epsilon"] is None
+
+
+def test_an_approximate_spend_above_the_shown_delta_is_its_sum(tmp_path, capsys):
+    """Without zCDP releases the total is (Σε, Σδ) by basic composition: two (1, 1e-6)
+    releases shown at δ = 1e-6 were "ε = ∞"; they are (2, 2e-6)."""
+    path = tmp_path / "l.sqlite"
+    book = PrivacyLedger(path)
+    for i in range(2):
+        book.charge("d", f"a-{i}", Guarantee.approximate("report", "record", "replace-one",
+                                                          1.0, 1e-6), "x")
+    code, out, _ = run(capsys, "show", "--ledger", str(path), "--delta", "1e-6")
+    assert code == 0 and "total (ε = 2, δ = 2e-06)" in out, out
+    doc = _strict_json(run(capsys, "show", "--ledger", str(path), "--json")[1])["datasets"][0]
+    assert doc["dp"]["total_epsilon"] == 2 and doc["dp"]["total_delta"] == pytest.approx(2e-6)
+
+
+def test_a_budget_says_when_it_creates_the_ledger_and_when_its_delta_is_large(tmp_path,
+                                                                               capsys):
+    """A mistyped ``--ledger`` would hold a budget no release sees: setting it says that it
+    created the ledger; a δ above 1e-3 is set, with a warning."""
+    path = tmp_path / "typo.sqlite"
+    code, _, err = run(capsys, "budget", "d", "--epsilon", "1", "--delta", "1e-6",
+                       "--ledger", str(path))
+    assert code == 0 and "there was no ledger at" in err and str(path) in err, err
+    assert "is large" not in err
+    code, _, err = run(capsys, "budget", "d", "--epsilon", "1", "--delta", "0.01",
+                       "--ledger", str(path))
+    assert code == 0 and "there was no ledger" not in err and "δ = 0.01 is large" in err, err
+    assert PrivacyLedger(path).budget("d") == (1, 0.01)
+
+
+def test_ctrl_c_stops_a_charge_waiting_for_the_ledger_lock(tmp_path):
+    """SQLite's busy wait runs in C, where Python sees no signal: a charge waiting for another
+    process's write lock did not stop on Ctrl-C until its 60 s timeout. It stops at once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "l.sqlite"
+    PrivacyLedger(path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sqlite3, sys, time\n"
+         "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+         "db.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(60)\n",
+         str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        waiter = subprocess.Popen(
+            [sys.executable, "-c", "import sys\nfrom dplang.privacy.ledger import PrivacyLedger\n"
+             "book = PrivacyLedger(sys.argv[1]); print('waiting', flush=True)\n"
+             "try:\n    book.set_budget('d', 1.0, 1e-6)\n"
+             "except KeyboardInterrupt:\n    print('interrupted', flush=True)\n",
+             str(path)], stdout=subprocess.PIPE, text=True)
+        assert waiter.stdout.readline().strip() == "waiting"
+        time.sleep(1.0)  # inside the wait for the lock
+        assert waiter.poll() is None
+        sent = time.monotonic()
+        waiter.send_signal(signal.SIGINT)
+        out, _ = waiter.communicate(timeout=30)
+        assert time.monotonic() - sent < 10 and out.strip() == "interrupted"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert PrivacyLedger(path).budget("d") is None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 import typer
 
 from ..privacy.ledger import BudgetExceeded, PrivacyLedger
-from ..privacy.ledger_backends import is_ledger_url
+from ..privacy.ledger_backends import is_ledger_url, ledger_location
 from ..release import ReleaseError, dataset_key, dataset_name
 from .errors import fail
 from .options import ledger_option
@@ -41,6 +42,9 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+#: A budget δ above which ``ledger budget`` warns (it still sets it: δ is the data holder's
+#: choice, and a good one depends on the number of records, which the ledger does not know).
+LARGE_BUDGET_DELTA = 1e-3
 
 
 def _key(name: str | None, data: Path | None = None) -> str:
@@ -84,10 +88,13 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
     spent = book.spent(name)
     at = delta if delta is not None else (budget[1] if budget else 1e-6)
     releases = book.releases(name)
-    total = spent.epsilon_at(at) if spent.dp_releases else 0.0
-    # without zCDP releases the total is exactly (Σε, Σδ): a pure-DP spend has δ = 0, not the
-    # budget's δ (or 1e-6) it is compared at
-    total_delta = (spent.approx_delta if spent.rho == 0 and spent.approx_delta <= at else at)
+    if spent.rho == 0:
+        # without zCDP releases the total is exactly (Σε, Σδ) by basic composition, whatever
+        # δ it is asked at: a pure-DP spend has δ = 0, not the budget's δ (or 1e-6), and an
+        # approximate spend with Σδ above that δ is (Σε, Σδ), not "ε = ∞"
+        total, total_delta = spent.approx_epsilon, spent.approx_delta
+    else:
+        total, total_delta = spent.epsilon_at(at), at
     out: dict[str, Any] = {
         "dataset": name,
         "budget": None if budget is None else {"epsilon": budget[0], "delta": budget[1]},
@@ -118,6 +125,7 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
         "distinct_contents": len({r["data_digest"] for r in releases if r["data_digest"]}),
         "releases": [
             {"release_id": r["release_id"], "created": r["created"],
+             "not_private": _not_private(r["guarantee"]),
              "mechanism": r["guarantee"].get("mechanism"),
              "unit": r["guarantee"].get("unit"), "adjacency": r["guarantee"].get("adjacency"),
              "rho": r["guarantee"].get("rho"),
@@ -167,6 +175,19 @@ def _not_private(release: dict) -> bool:
     return isinstance(epsilon, float) and math.isinf(epsilon)
 
 
+def _standard_json(value: Any) -> Any:
+    """``value`` with every non-finite float as ``null``: standard JSON has no ``Infinity``
+    (Python's ``json`` writes it, ``jq`` and most parsers refuse it). An infinite ε is a release
+    with no privacy; each release says so in ``not_private``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _standard_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_standard_json(v) for v in value]
+    return value
+
+
 def show(
     dataset: str | None = typer.Argument(None, help="Only this dataset (its name)."),
     data: Path | None = DATA_OPTION,
@@ -188,8 +209,8 @@ def show(
         fail(f"dataset {names[0]!r} is not in the ledger {book.location}")
     summaries = [dataset_summary(book, n, delta) for n in names]
     if as_json:
-        typer.echo(json.dumps({"ledger": book.location, "datasets": summaries}, indent=2,
-                              ensure_ascii=False))
+        typer.echo(json.dumps(_standard_json({"ledger": book.location, "datasets": summaries}),
+                              indent=2, ensure_ascii=False, allow_nan=False))
         return
     lines = [f"ledger {book.location} (private to the data holder: do not share)"]
     if not summaries:
@@ -253,11 +274,20 @@ def budget(
     if not 0 < delta < 1:
         fail(f"--delta must be in (0, 1), got {delta}")
     key = _key(dataset, data)
+    where = ledger_location(ledger)
+    created = isinstance(where, Path) and not os.path.lexists(where)
     book = PrivacyLedger(ledger)
     try:
         book.set_budget(key, epsilon, delta)
     except BudgetExceeded as exc:
         fail(str(exc))
+    if created:  # a mistyped --ledger would otherwise hold a budget no release ever sees
+        typer.echo(f"note: there was no ledger at {book.location}; this created it (if you "
+                   "meant an existing ledger, check --ledger and $DPLANG_LEDGER)", err=True)
+    if delta > LARGE_BUDGET_DELTA:
+        typer.echo(f"warning: δ = {delta:g} is large: an (ε, δ) guarantee lets a release expose "
+                   "whole records with probability up to δ; for n records take δ well below "
+                   "1/n (1e-6 is common)", err=True)
     s = dataset_summary(book, key)
     spent = s["dp"]["total_epsilon"]
     typer.echo(f"budget of dataset {key}: ε = {epsilon:g}, δ = {delta:g}; spent so far "

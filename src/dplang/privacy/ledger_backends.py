@@ -44,6 +44,7 @@ import hashlib
 import os
 import re
 import sqlite3
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -91,6 +92,8 @@ BASE_COLUMNS = {
 SQLITE_MAGIC = b"SQLite format 3\x00"
 #: How long a charge waits for another process's transaction before giving up.
 LOCK_TIMEOUT_S = 60
+#: SQLite: the slice of that wait after which Python looks for a signal (Ctrl-C).
+LOCK_WAIT_SLICE_MS = 200
 #: PostgreSQL: how long a charge's transaction may sit idle between its statements (they
 #: follow each other within milliseconds) before the server ends the session, rolling the
 #: charge back and releasing the dataset's lock: a client cut off the network or stopped
@@ -286,7 +289,7 @@ class SQLiteBackend(LedgerBackend):
     def write(self, key: str) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE``: the file's write lock, taken before the first read."""
         with self.connect() as db:
-            db.execute("BEGIN IMMEDIATE")
+            _begin_immediate(db)
             try:
                 yield db
             except BaseException:
@@ -301,6 +304,25 @@ class SQLiteBackend(LedgerBackend):
             if cols:
                 out[table] = cols
         return out
+
+
+def _begin_immediate(db: sqlite3.Connection) -> None:
+    """``BEGIN IMMEDIATE``, waiting up to :data:`LOCK_TIMEOUT_S` for another writer, in slices
+    of :data:`LOCK_WAIT_SLICE_MS`: SQLite's own busy wait runs in C, where Python sees no
+    signal, so a Ctrl-C during one 60-second wait went unseen until it ended. Between two
+    slices Python runs its signal handlers, and a Ctrl-C stops the wait at once."""
+    deadline = time.monotonic() + LOCK_TIMEOUT_S
+    db.execute(f"PRAGMA busy_timeout = {LOCK_WAIT_SLICE_MS}")
+    try:
+        while True:
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+    finally:  # COMMIT may wait for readers too: the full timeout again
+        db.execute(f"PRAGMA busy_timeout = {LOCK_TIMEOUT_S * 1000}")
 
 
 def _sqlite_tables(path: Path) -> set[str]:

@@ -216,3 +216,12 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
     write_atomic(tmp_path / "out.jsonl", "x\n")
     assert not gone.exists() and live.exists() and other.exists()
     assert (tmp_path / "out.jsonl").read_text() == "x\n"
+
+
+def test_a_dataset_name_that_is_not_utf8_is_refused():
+    """Undecodable bytes of a name (lone surrogates) cannot be stored in a ledger."""
+    from dplang.release import ReleaseError, dataset_key
+
+    with pytest.raises(ReleaseError, match="not valid UTF-8"):
+        dataset_key("reviews\udcff")
+    assert dataset_key(" réviews ") == "réviews"

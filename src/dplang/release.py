@@ -636,6 +636,10 @@ def dataset_key(name: str) -> str:
     key = name.strip()
     if not key:
         raise ReleaseError("--dataset must not be empty")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:  # bytes of a command line that are not UTF-8 (surrogates)
+        raise ReleaseError(f"--dataset {key!a} is not valid UTF-8 text") from None
     return key
 
 
@@ -740,6 +744,10 @@ class Release:
     #: The file ``data`` was copied from, when it is a copy (an experiment's references): the
     #: file whose own budget :meth:`charge` checks is not seen (:meth:`_budget_elsewhere`).
     data_source: Path | None = None
+    #: SHA-256 of :attr:`data_source` (private): the content the ledger records and compares
+    #: (:attr:`content_digest`), so that a sweep's cells and a ``generate`` of the same file
+    #: are one content to it. The release id keeps :attr:`data_digest`, the copy's.
+    source_digest: str | None = field(default=None, repr=False)
     _charge: Charge | None = field(default=None, repr=False)
 
     @classmethod
@@ -764,12 +772,21 @@ class Release:
                    fresh_seed() if seed is None else int(seed), source,
                    None if ledger is None else ledger_location(ledger), description,
                    coupling=coupling,
-                   data_source=None if data_source is None else Path(data_source))
+                   data_source=None if data_source is None else Path(data_source),
+                   source_digest=(file_digest(data_source) if data_source is not None
+                                  and Path(data_source).is_file() else None))
 
     @property
     def release_id(self) -> str:
         return make_release_id(self.command, self.fingerprint, self.dataset, self.data_digest,
                                self.seed)
+
+    @property
+    def content_digest(self) -> str:
+        """The data content the ledger records and compares with a name's other releases:
+        the original file's (:attr:`source_digest`) when ``data`` is a copy of some of its
+        rows, else the data's own. Private."""
+        return self.source_digest or self.data_digest
 
     @property
     def stream_seed(self) -> int:
@@ -800,7 +817,7 @@ class Release:
         private to the data holder (it stores the content digest to warn when a name's content
         changes); ``on_warning`` receives those warnings, which must not go to a public file."""
         ledger = PrivacyLedger(self.ledger_path)
-        warnings = tuple(ledger.content_warnings(self.dataset, self.data_digest)
+        warnings = tuple(ledger.content_warnings(self.dataset, self.content_digest)
                          + self._budget_elsewhere(ledger)
                          + ([] if ledger.has_release(self.release_id) else
                             ledger.adjacency_warnings(self.dataset, self.guarantee)))
@@ -809,7 +826,7 @@ class Release:
                 on_warning(w)
         description = self.description or f"dplang {self.command}"
         recorded = ledger.charge(self.dataset, self.release_id, self.guarantee, description,
-                                 data_digest=self.data_digest, seed_tag=self.seed_tag)
+                                 data_digest=self.content_digest, seed_tag=self.seed_tag)
         self._charge = Charge(self.release_id, ledger.location, recorded, warnings)
         return self._charge
 

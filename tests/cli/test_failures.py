@@ -218,6 +218,11 @@ CASES: list[tuple[str, T, str]] = [
     ("add-remove adjacency",
      lambda w: gen(w, *eps("--method", "augpe", "--adjacency", "add-remove")), "--adjacency"),
     ("foreign --out", lambda w: gen(w, *eps(), out="taken.jsonl"), "without a manifest"),
+    # -- names that are not UTF-8 (undecodable bytes of a command line): no ledger, JSON file
+    # or terminal can hold them, and a run used to stop half-way with an encoding error
+    ("data path not UTF-8", lambda w: gen(w, *eps(), data="bad\udcff.csv"), "not valid UTF-8"),
+    ("dataset not UTF-8", lambda w: gen(w, *eps("--dataset", "r\udcff")), "not valid UTF-8"),
+    ("experiment config a folder", lambda w: experiment(w, "ledgerdir"), "is a folder"),
 ]
 
 

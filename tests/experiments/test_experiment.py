@@ -690,3 +690,55 @@ def test_a_stopped_sweep_says_how_to_resume_and_charges_each_cell_once(setup, ca
     assert main(args) == 0
     releases = PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases
     assert releases == 4  # the four private cells, each charged once
+
+
+def test_the_ledger_records_the_data_files_content_not_the_copys(setup, capsys):
+    """The cells generate from a copy of some of the file's rows; the ledger recorded the
+    copy's digest, so a later ``generate`` of the same file (same default dataset name) was
+    warned that the dataset "had other content", and the same-content check never matched."""
+    from dplang.privacy.ledger import PrivacyLedger
+    from dplang.release import file_digest
+
+    tmp, _calls = setup
+    assert main(["experiment", str(tmp / "exp.toml"), "--out", str(tmp / "out")]) == 0
+    capsys.readouterr()
+    name = str((tmp / "data.csv").resolve())
+    book = PrivacyLedger()
+    digests = {r["data_digest"] for r in book.releases(name)}
+    assert digests == {file_digest(tmp / "data.csv")}
+    assert book.content_warnings(name, file_digest(tmp / "data.csv")) == []
+    assert "the same file content" in " ".join(
+        book.content_warnings("another-name", file_digest(tmp / "data.csv")))
+
+
+def test_an_overwrite_stopped_before_its_charge_leaves_the_cell_under_its_old_settings(
+        setup, capsys, monkeypatch):
+    """``--overwrite`` of a changed cell recorded the new settings before the new release was
+    charged: stopped there (a Ctrl-C while the model loads), the cell held its old texts under
+    the new settings and both configs refused it. The record changes with the charge."""
+    import dplang.experiments.sweep as sweep
+    from dplang.privacy.ledger import PrivacyLedger
+
+    tmp, _calls = setup
+    cfg, out = tmp / "exp.toml", tmp / "out"
+    cfg.write_text(_small(CONFIG))
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    spent = PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases
+    original = sweep.execute_plan
+
+    def stop_before_the_charge(plan, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "execute_plan", stop_before_the_charge)
+    cfg.write_text(_small(CONFIG).replace("max_tokens = 6", "max_tokens = 7"))
+    assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 130
+    monkeypatch.setattr(sweep, "execute_plan", original)
+    capsys.readouterr()
+    cfg.write_text(_small(CONFIG))  # the old config: its cells are there, nothing to charge
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0, capsys.readouterr().err
+    assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == spent
+    cfg.write_text(_small(CONFIG).replace("max_tokens = 6", "max_tokens = 7"))
+    assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 0
+    assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == spent + 1
+    for gen in out.glob("cells/*/gen.jsonl"):
+        assert all(json.loads(line)["num_tokens"] == 7 for line in gen.read_text().splitlines())

@@ -138,11 +138,41 @@ def _terminated(*_args: object) -> None:
     raise KeyboardInterrupt
 
 
+def _not_utf8(args: list[str]) -> str | None:
+    """Why the command line cannot be run, when an argument or the current folder's path
+    holds bytes that are not UTF-8 (Python keeps them as lone surrogates, which no ledger,
+    JSON file or terminal line can hold: the run would stop half-way with an encoding error);
+    else None. Refused before anything is read, charged or written."""
+    def bad(text: str) -> bool:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+
+    for arg in args:
+        if bad(arg):
+            return (f"the argument {arg!a} is not valid UTF-8: dplang needs names and "
+                    "paths in UTF-8 (rename the file or folder)")
+    try:
+        here = os.getcwd()
+    except OSError:  # a removed current folder: the command says so where it matters
+        return None
+    if bad(here):
+        return (f"the current folder {here!a} is not a valid UTF-8 path: dplang needs "
+                "names and paths in UTF-8 (run it from another folder)")
+    return None
+
+
 def _main(argv: list[str] | None) -> int:
     from ..models.errors import ModelConfigurationError
     from ..privacy.ledger import LedgerError
     from ..release import ReleaseError
 
+    undecodable = _not_utf8(sys.argv[1:] if argv is None else argv)
+    if undecodable:
+        echo_error(undecodable)
+        return 2
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="dplang", standalone_mode=False)

@@ -311,10 +311,14 @@ def load_config(path: str | Path, data: str | Path | None = None) -> ExperimentC
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config not found: {path}")
+    if path.is_dir():
+        raise ConfigError(f"config {path} is a folder, not a TOML file")
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not valid UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"config {path} cannot be read ({exc.strerror or exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     _check_keys(raw)

@@ -388,11 +388,14 @@ def _check_sweep_budget(book: PrivacyLedger, name: str, guarantees: list[Any]) -
 def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
               load_model: Callable[[str], LogitsModel], ledger: str | Path | None, dataset: str,
               overwrite: bool = False, opened: float | None = None,
-              warn: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]]:
+              warn: Callable[[str], None] | None = None,
+              on_charge: Callable[[], None] | None = None) -> tuple[Path, dict[str, Any]]:
     """Generate one cell; returns the output and its timing: ``gen_seconds`` (wall clock) and
     ``cpu_seconds`` (CPU time of this process over all threads, which a paused or contended
     run does not inflate), plus ``resumed: True`` when an interrupted generation was continued
-    (its times then cover the continuation only). The model is loaded before the clocks start."""
+    (its times then cover the continuation only). The model is loaded before the clocks start.
+    ``on_charge()`` is called as soon as a private cell's release is charged (before any of
+    its output is written or an earlier one removed)."""
     out = cell_dir / "gen.jsonl"
     started = [p for p in (out, OutputPaths.of(out).partial) if p.exists()]
     resumed = not overwrite and any(p.stat().st_size > 0 for p in started)
@@ -418,7 +421,8 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
     request = replace(_request(config, cell, refs, out, ledger, dataset), overwrite=overwrite,
                       opened=opened, data_source=config.data_path)
     plan = plan_generation(request, load_model)
-    execute_plan(plan, on_warning=warn)  # the ledger's warnings: the data holder's terminal
+    execute_plan(plan, on_warning=warn,  # the ledger's warnings: the data holder's terminal
+                 on_charge=None if on_charge is None else lambda _charge: on_charge())
     return out, timing()
 
 
@@ -615,7 +619,18 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
                 if cell.method == PUBLIC:  # no release: nothing to charge first
                     (cell_dir / "gen.jsonl").unlink(missing_ok=True)
             cell_dir.mkdir(parents=True, exist_ok=True)
-            write_json(cell_dir / CELL_SPEC, specs[cell.key], private=True)
+            spec_path, spec = cell_dir / CELL_SPEC, specs[cell.key]
+
+            def record_spec(path: Path = spec_path, spec: dict[str, Any] = spec) -> None:
+                write_json(path, spec, private=True)
+
+            # A cell generated anew keeps its old record until the new release is charged:
+            # a stop before the charge leaves the old generation under the old settings (it
+            # resumes under the old config, or is generated anew again), never old texts
+            # recorded under new settings, which both configs would refuse.
+            anew = state == "changed" and cell.method != PUBLIC
+            if not anew:
+                record_spec()
             say(f"{tag}: " + ("generating anew (--overwrite)" if state == "changed"
                                else "generating" if new
                                or not _started(cell_dir / "gen.jsonl")
@@ -624,7 +639,8 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
             try:
                 gen, timing = _generate(config, cell, refs, cell_dir, generation_model,
                                         ledger, name, overwrite=state == "changed",
-                                        opened=opened, warn=warn)
+                                        opened=opened, warn=warn,
+                                        on_charge=record_spec if anew else None)
             except BaseException:
                 if new and not _started(cell_dir / "gen.jsonl"):
                     _remove_empty_cell(cell_dir)  # a cell that never started leaves nothing

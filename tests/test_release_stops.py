@@ -283,3 +283,41 @@ def test_formal_value_error_after_the_charge_exits_1_and_says_so(tmp_path, capsy
     monkeypatch.setattr(formal_release, "_run", boom)
     code, _, err = _formal(capsys, elements, tmp_path / "res")
     assert code == 1 and "boom" in err and "after the charge: the release was charged" in err
+
+
+def test_formal_a_stop_after_the_folder_is_published_says_it_is_complete(
+        tmp_path, capsys, monkeypatch, elements):
+    """A Ctrl-C after the folder was renamed into place (its last fsync) said "nothing was
+    written"; the folder is whole, and the message says so."""
+    import dplang.formal.release as formal_release
+
+    def stop_at_the_fsync(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(formal_release, "fsync_dir", stop_at_the_fsync)
+    out = tmp_path / "res"
+    code, _, err = _formal(capsys, elements, out)
+    assert code == 130 and "nothing was written" not in err, err
+    assert "holds all its files" in err and (out / "results.manifest.json").exists()
+
+
+def test_formal_a_staging_folder_left_by_a_killed_run_is_removed(tmp_path, capsys, elements):
+    """A run killed outright (kill -9) left its hidden staging folder for ever; the next run
+    into the same --out (under its lock) removes it, and never another --out's."""
+    out = tmp_path / "res"
+    dead = tmp_path / ".res.abcd_123.partial"
+    other = tmp_path / ".res.b.abcd_123.partial"  # the staging folder of --out res.b
+    for folder in (dead, other):
+        folder.mkdir(mode=0o700)
+        (folder / "results.csv").write_text("x\n")
+    assert _formal(capsys, elements, out)[0] == 0
+    assert not dead.exists() and other.exists()
+
+
+def test_formal_an_empty_out_keeps_its_mode(tmp_path, capsys, elements):
+    """A pre-created empty --out is replaced by the published folder: it keeps its mode."""
+    out = tmp_path / "res"
+    out.mkdir()
+    os.chmod(out, 0o750)
+    assert _formal(capsys, elements, out)[0] == 0
+    assert oct(os.stat(out).st_mode & 0o7777) == oct(0o750)

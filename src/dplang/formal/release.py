@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -246,14 +247,20 @@ def _release_locked(alg: Any, collection: Collection, data_path: Path, out: Path
     # what it holds), and renamed into place whole: --out never shows results without their
     # manifest, and a folder that cannot be made is found before the charge.
     staging = _staging_folder(out)
-    with release.stops_reported([]):  # what a stop left (nothing is written before the end)
-        try:
-            manifest, rows = _charge_and_write(alg, collection, elements, parameters, release,
-                                               staging, on_warning)
-            _publish_folder(staging, out, release.opened)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+    try:
+        with release.stops_reported([]):  # what a stop left (nothing is written before the end)
+            try:
+                manifest, rows = _charge_and_write(alg, collection, elements, parameters,
+                                                   release, staging, on_warning)
+                _publish_folder(staging, out, release.opened)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)  # (gone once renamed into place)
+                raise
+    except KeyboardInterrupt:
+        if not staging.exists() and (out / "results.csv").exists():  # renamed: complete
+            raise KeyboardInterrupt(f"interrupted after the end: the release was charged and "
+                                    f"{out} holds all its files") from None
+        raise
     return ReleaseOutcome(manifest, rows, OutputPaths.of(out / "results.csv"))
 
 
@@ -280,20 +287,38 @@ def _charge_and_write(alg: Any, collection: Collection, elements: list[Any],
 
 
 def _staging_folder(out: Path) -> Path:
-    """A new hidden folder beside ``out`` (mode 700) where its files are written."""
+    """A new hidden folder beside ``out`` (mode 700) where its files are written. Called
+    under ``out``'s lock: a staging folder of ``out`` left by a process killed outright
+    (``kill -9``, a power cut: its release charged, never published) is removed first."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_dead_staging(out)
         return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     except OSError as exc:
         raise ReleaseError(f"--out {out} cannot be created ({exc.strerror or exc})") from None
 
 
+def _remove_dead_staging(out: Path) -> None:
+    """Remove the staging folders of ``out`` (``.NAME.XXXXXXXX.partial``, the 8 characters
+    ``tempfile.mkdtemp`` draws, so never another --out's such as ``NAME.b``'s). Only under
+    ``out``'s lock: no live process writes one."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.[a-z0-9_]{{8}}\.partial")
+    for entry in os.scandir(out.parent):
+        if pattern.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
 def _publish_folder(staging: Path, out: Path, opened: float) -> None:
-    """Give ``staging`` the mode a new folder gets (the umask's) and the release's opening
-    time, and rename it to ``out`` (absent, or an empty folder: checked under the lock)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(staging, 0o777 & ~mask)
+    """Give ``staging`` the mode of the empty folder ``out`` it replaces, or else the mode a
+    new folder gets (the umask's), and the release's opening time, and rename it to ``out``
+    (absent, or an empty folder: checked under the lock)."""
+    if out.is_dir():
+        mode = out.stat().st_mode & 0o7777
+    else:
+        mask = os.umask(0)
+        os.umask(mask)
+        mode = 0o777 & ~mask
+    os.chmod(staging, mode)
     os.utime(staging, (opened, opened))
     os.rename(staging, out)  # onto an empty folder too (POSIX)
     fsync_dir(out.parent)

@@ -22,9 +22,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _private_ledger(tmp_path_factory, monkeypatch):
-    """Never let a test touch the user's real privacy ledger."""
-    monkeypatch.setenv("DPLANG_LEDGER", str(tmp_path_factory.mktemp("ledger") / "l.sqlite"))
+def _private_ledger(tmp_path_factory):
+    """Never let a test touch the user's real privacy ledger. Its own MonkeyPatch, not the
+    test's: a test that calls ``monkeypatch.undo()`` to drop its own patches would otherwise
+    undo this one too, and charge ``$DPLANG_LEDGER`` or the user's default ledger."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("DPLANG_LEDGER", str(tmp_path_factory.mktemp("ledger") / "l.sqlite"))
+    yield
+    patch.undo()
 
 
 @pytest.fixture(scope="session")

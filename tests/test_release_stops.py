@@ -321,3 +321,46 @@ def test_formal_an_empty_out_keeps_its_mode(tmp_path, capsys, elements):
     os.chmod(out, 0o750)
     assert _formal(capsys, elements, out)[0] == 0
     assert oct(os.stat(out).st_mode & 0o7777) == oct(0o750)
+
+
+def test_formal_out_through_a_link_is_locked_as_its_folder(tmp_path, capsys, elements):
+    """A run into a symbolic link and one into the folder it names are one --out: the lock
+    is the folder's (with the link's own lock, a second run removed the first one's staging
+    folder as a dead one)."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom dplang.release import RunLock\n"
+         "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)",
+         str(tmp_path / "real")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code, _, err = _formal(capsys, elements, tmp_path / "link")
+        assert code == 2 and "another dplang process" in err, err
+        assert _charges(elements) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_formal_a_new_out_in_a_setgid_folder_keeps_the_bit(tmp_path, capsys, elements):
+    """In a setgid folder a new folder inherits the bit (and the group), as mkdir's would."""
+    shared = tmp_path / "team"
+    shared.mkdir()
+    os.chmod(shared, 0o2775)
+    assert _formal(capsys, elements, shared / "res")[0] == 0
+    made = os.stat(shared / "res")
+    assert made.st_mode & 0o2000 and made.st_gid == os.stat(shared).st_gid
+
+
+def test_a_ledger_path_that_is_not_utf8_is_refused_before_the_charge(tmp_path, capsys,
+                                                                     monkeypatch, elements):
+    """$DPLANG_LEDGER under a folder whose name is not UTF-8: the run was charged and then
+    stopped, writing nothing, on the side file that records the ledger."""
+    bad = os.fsdecode(bytes(tmp_path) + b"/l\xff")
+    os.makedirs(bad)
+    monkeypatch.setenv("DPLANG_LEDGER", os.path.join(bad, "l.sqlite"))
+    code, _, err = _formal(capsys, elements, tmp_path / "res")
+    assert code == 2 and "the ledger" in err and "not valid UTF-8" in err, err
+    assert not os.path.exists(os.path.join(bad, "l.sqlite"))
+    assert not (tmp_path / "res").exists()

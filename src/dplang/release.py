@@ -622,6 +622,16 @@ def fresh_seed() -> int:
     return secrets.randbits(128)
 
 
+def require_utf8(what: str, text: str) -> None:
+    """Refuse (:class:`ReleaseError`) a name or path that holds bytes that are not UTF-8
+    (lone surrogates, as Python decodes them): no ledger, JSON file or terminal can hold it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ReleaseError(f"{what} {text!a} is not valid UTF-8: dplang needs names and paths "
+                           "in UTF-8") from None
+
+
 def dataset_key(name: str) -> str:
     """The ledger key of a dataset named by the user (``--dataset NAME``, ``dplang ledger
     budget NAME``, ``[data].dataset``): the name as written (surrounding spaces removed),
@@ -636,10 +646,7 @@ def dataset_key(name: str) -> str:
     key = name.strip()
     if not key:
         raise ReleaseError("--dataset must not be empty")
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:  # bytes of a command line that are not UTF-8 (surrogates)
-        raise ReleaseError(f"--dataset {key!a} is not valid UTF-8 text") from None
+    require_utf8("--dataset", key)
     return key
 
 
@@ -763,6 +770,14 @@ class Release:
         data = Path(data)
         if seed is not None and seed < 0:
             raise ReleaseError(f"--seed must be >= 0, got {seed}")
+        # what the ledger and the side files record must be text (a symbolic link into, or a
+        # $DPLANG_LEDGER under, a folder whose name is not UTF-8 stopped a run after its charge)
+        for what, text in (("the data path", str(data.resolve())),
+                           ("the data's source", "" if data_source is None
+                            else str(Path(data_source).resolve())),
+                           ("the ledger", ledger_name(ledger)),
+                           ("the release's description (its output path)", description)):
+            require_utf8(what, text)
         if coupling is not None and not guarantee.public_seed:
             raise ReleaseError("coupled random streams are for audits (toy runs) only: a "
                                "release's noise is never shared with another release")

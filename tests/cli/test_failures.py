@@ -373,3 +373,21 @@ def test_a_default_model_that_fails_its_checks_is_a_defect_not_unsupported(
     assert main(gen(world, *eps("--model", str(other)), "-q")) == 2
     err = capsys.readouterr().err
     assert f"--model {other}: cannot load it (UnsupportedModelError: {why})" in err, err
+
+
+def test_paths_given_to_main_as_path_objects_still_run(tmp_path, capsys):
+    """``main`` takes ``os.PathLike`` arguments (the UTF-8 check must not refuse them)."""
+    PrivacyLedger(tmp_path / "l.sqlite").set_budget("d", 1.0, 1e-6)
+    code = main(["ledger", "show", "--ledger", tmp_path / "l.sqlite"])
+    out = capsys.readouterr()
+    assert code == 0 and "dataset d" in out.out, out.err
+
+
+def test_version_and_help_answer_in_a_folder_whose_name_is_not_utf8(tmp_path, capsys,
+                                                                   monkeypatch):
+    bad = os.fsdecode(bytes(tmp_path) + b"/d\xff")
+    os.makedirs(bad)
+    monkeypatch.chdir(bad)
+    assert main(["--version"]) == 0 and "dplang" in capsys.readouterr().out
+    code = main(["ledger", "show"])
+    assert code == 2 and "current folder" in capsys.readouterr().err

@@ -100,10 +100,14 @@ def write_synthetic(
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Never reach the Hugging Face hub."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+def _offline():
+    """Never reach the Hugging Face hub (its own MonkeyPatch: a test's ``monkeypatch.undo()``
+    does not undo it)."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HF_HUB_OFFLINE", "1")
+    patch.setenv("TRANSFORMERS_OFFLINE", "1")
+    yield
+    patch.undo()
 
 
 @pytest.fixture(scope="session")

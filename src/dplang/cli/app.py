@@ -138,7 +138,7 @@ def _terminated(*_args: object) -> None:
     raise KeyboardInterrupt
 
 
-def _not_utf8(args: list[str]) -> str | None:
+def _not_utf8(args: list[Any]) -> str | None:
     """Why the command line cannot be run, when an argument or the current folder's path
     holds bytes that are not UTF-8 (Python keeps them as lone surrogates, which no ledger,
     JSON file or terminal line can hold: the run would stop half-way with an encoding error);
@@ -150,10 +150,13 @@ def _not_utf8(args: list[str]) -> str | None:
             return True
         return False
 
-    for arg in args:
-        if bad(arg):
+    texts = [os.fspath(a) for a in args if isinstance(a, str | os.PathLike)]
+    for arg in texts:
+        if isinstance(arg, str) and bad(arg):
             return (f"the argument {arg!a} is not valid UTF-8: dplang needs names and "
                     "paths in UTF-8 (rename the file or folder)")
+    if not texts or {"--help", "-h", "--version"} & set(texts):
+        return None  # nothing that resolves a path
     try:
         here = os.getcwd()
     except OSError:  # a removed current folder: the command says so where it matters

@@ -18,6 +18,7 @@ function of public inputs, or private (mode 600).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -221,11 +222,12 @@ def release_on_data(alg: Any, collection: Collection, data_path: Path, out: Path
     if hasattr(alg, "check"):  # a public property of the collection: refused before the data
         alg.check(collection)  # is read, and before the charge
     check_output_path(out, directory=True)
-    with RunLock(out):  # one process per --out, from before the data is read
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    # an empty folder given through a symbolic link: the folder is the one replaced, and the
+    # one locked (a run into the link and one into the folder itself are one --out)
+    target = out.resolve() if out.is_symlink() else out
+    with RunLock(target):  # one process per --out, from before the data is read
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
             raise ReleaseError(f"{out} already exists; choose another --out")
-        # an empty folder given through a symbolic link: the folder is the one replaced
-        target = out.resolve() if out.is_symlink() else out
         return _release_locked(alg, collection, data_path, target, parameters, seed=seed,
                                dataset=dataset, ledger=ledger, on_warning=on_warning)
 
@@ -254,7 +256,7 @@ def _release_locked(alg: Any, collection: Collection, data_path: Path, out: Path
                                                    release, staging, on_warning)
                 _publish_folder(staging, out, release.opened)
             except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)  # (gone once renamed into place)
+                _remove_staging(staging)  # (gone once renamed into place)
                 raise
     except KeyboardInterrupt:
         if not staging.exists() and (out / "results.csv").exists():  # renamed: complete
@@ -305,7 +307,15 @@ def _remove_dead_staging(out: Path) -> None:
     pattern = re.compile(rf"\.{re.escape(out.name)}\.[a-z0-9_]{{8}}\.partial")
     for entry in os.scandir(out.parent):
         if pattern.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
+            _remove_staging(Path(entry.path))
+
+
+def _remove_staging(staging: Path) -> None:
+    """Remove a staging folder, made writable first (it may already hold the mode of a
+    read-only --out it was to replace)."""
+    with contextlib.suppress(OSError):
+        os.chmod(staging, 0o700)
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def _publish_folder(staging: Path, out: Path, opened: float) -> None:
@@ -313,11 +323,18 @@ def _publish_folder(staging: Path, out: Path, opened: float) -> None:
     new folder gets (the umask's), and the release's opening time, and rename it to ``out``
     (absent, or an empty folder: checked under the lock)."""
     if out.is_dir():
-        mode = out.stat().st_mode & 0o7777
+        was = out.stat()
+        mode = was.st_mode & 0o7777
+        if staging.stat().st_gid != was.st_gid:
+            try:  # its group too (a team's folder): the mode's group bits are for that group
+                os.chown(staging, -1, was.st_gid)
+            except OSError:  # not ours to give: no group access, rather than another group's
+                mode &= ~0o2070
     else:
         mask = os.umask(0)
         os.umask(mask)
-        mode = 0o777 & ~mask
+        # a setgid parent's bit, which a new folder inherits (as mkdir's would), stays
+        mode = (0o777 & ~mask) | (staging.stat().st_mode & 0o2000)
     os.chmod(staging, mode)
     os.utime(staging, (opened, opened))
     os.rename(staging, out)  # onto an empty folder too (POSIX)

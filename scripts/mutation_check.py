@@ -676,6 +676,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/cli/test_generate_model_names.py",),
     ),
     Mutation(
+        "source-digest-published",
+        "the data file's digest a sweep gives each cell's release (for the ledger) is a "
+        "fingerprinted request field: it reaches every cell's public manifest",
+        (("src/dplang/textgen/orchestration.py",
+          '"opened", "data_source",\n                      "data_source_digest")',
+          '"opened", "data_source",\n                      )'),),
+        ("tests/experiments/test_experiment.py",),
+    ),
+    Mutation(
         "missing-weights-loaded",
         "a checkpoint missing some weights loads them random (another model at every load)",
         (("src/dplang/models/hf_loading.py",

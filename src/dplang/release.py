@@ -127,6 +127,8 @@ PRIVATE_DIR_MODE = 0o700
 PRIVATE_DIR = ".dplang-private"
 #: Suffix of an unfinished resumable output in the private folder (:attr:`OutputPaths.partial`).
 PARTIAL_SUFFIX = ".partial"
+#: Suffix of :attr:`OutputPaths.replacement` (after the output's whole name).
+REPLACING_SUFFIX = ".replacing.json"
 #: Public-manifest fields that hold wall-clock times (the only fields allowed to differ between
 #: runs on neighbouring datasets besides the released content). Each is taken *before* the
 #: release's computation on the private data (when the :class:`Release` is opened, or when a
@@ -245,6 +247,14 @@ class OutputPaths:
         return self.private.parent / (self.output.name + PARTIAL_SUFFIX)
 
     @property
+    def replacement(self) -> Path:
+        """The opening side file of a run that replaces this output (``--overwrite``),
+        written before its charge while the earlier run's files stay
+        (``DIR/.dplang-private/NAME.EXT.replacing.json``, mode 600): it keeps the new seed
+        until it takes :attr:`private`'s place, right after the charge."""
+        return self.private.parent / (self.output.name + REPLACING_SUFFIX)
+
+    @property
     def legacy_manifests(self) -> tuple[Path, ...]:
         """Where an older dplang put the public manifest (``NAME.EXT.manifest.json``)."""
         return self._others(self.manifest, self.output.with_name(self.output.name
@@ -307,12 +317,23 @@ class OutputPaths:
                  *self.legacy_privates, self.partial)
         return [p for p in paths if p.exists()]
 
-    def remove(self) -> None:
+    def remove(self, *, keep_private: bool = False) -> None:
         """Remove the output, its manifest, its private side file and an unfinished output,
-        legacy names included (``--overwrite``, once the new release is charged)."""
-        for path in (self.output, self.manifest, *self.legacy_manifests, self.private,
-                     *self.legacy_privates, self.partial):
+        legacy names included (``--overwrite``, once the new release is charged);
+        ``keep_private`` keeps :attr:`private` (its legacy copies go)."""
+        for path in (self.output, self.manifest, *self.legacy_manifests,
+                     *(() if keep_private else (self.private,)), *self.legacy_privates,
+                     self.partial):
             path.unlink(missing_ok=True)
+
+    def take_replacement(self) -> None:
+        """Once the replacing run is charged: the earlier run's public and unfinished files
+        go, then its :attr:`replacement` takes :attr:`private`'s place (one rename). A stop
+        between the two leaves the earlier side file without outputs beside the replacement;
+        the replacing command continues from the replacement (``dplang.textgen.resume``)."""
+        self.remove(keep_private=True)
+        os.replace(self.replacement, self.private)
+        fsync_dir(self.private.parent)
 
     def adopt_legacy_private(self) -> None:
         """Move a side file that an older dplang left under a legacy name into
@@ -763,7 +784,8 @@ class Release:
              seed: int | None = None, ledger: str | Path | None = None,
              description: str = "", data_digest: str | None = None,
              seed_source: str | None = None, coupling: str | None = None,
-             data_source: str | Path | None = None) -> Release:
+             data_source: str | Path | None = None,
+             source_digest: str | None = None) -> Release:
         """Fix a release: ``dataset`` defaults to the resolved data path, ``seed`` to fresh OS
         entropy; ``data_digest`` (SHA-256 of the data file) is computed when not given.
         ``coupling`` (audits): see :attr:`coupling`."""
@@ -788,8 +810,9 @@ class Release:
                    None if ledger is None else ledger_location(ledger), description,
                    coupling=coupling,
                    data_source=None if data_source is None else Path(data_source),
-                   source_digest=(file_digest(data_source) if data_source is not None
-                                  and Path(data_source).is_file() else None))
+                   source_digest=source_digest if source_digest is not None else
+                   (file_digest(data_source) if data_source is not None
+                    and Path(data_source).is_file() else None))
 
     @property
     def release_id(self) -> str:
@@ -1010,13 +1033,15 @@ class Release:
         record.update(fields)
         return record
 
-    def write_opening(self, paths: OutputPaths, record: Mapping[str, Any]) -> None:
+    def write_opening(self, paths: OutputPaths, record: Mapping[str, Any], *,
+                      replacing: bool = False) -> None:
         """Write :meth:`opening_record`'s record to ``paths.private`` (mode 600 in the mode-700
-        private folder), before the charge: the one private write allowed then. Nothing
-        public is written before the charge (invariant 6)."""
+        private folder), or with ``replacing`` to ``paths.replacement`` (an ``--overwrite``
+        whose earlier run's files stay until the charge), before the charge: the one private
+        write allowed then. Nothing public is written before the charge (invariant 6)."""
         if record.get("stage") != OPENED_STAGE:
             raise ValueError("write_opening takes an opening_record()")
-        write_json(paths.private, record, private=True)
+        write_json(paths.replacement if replacing else paths.private, record, private=True)
 
     def write_private(self, paths: OutputPaths, record: Mapping[str, Any]) -> None:
         """Write the private side file ``paths.private`` atomically with mode 600 from

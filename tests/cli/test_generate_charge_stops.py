@@ -178,13 +178,74 @@ def test_an_overwrite_stopped_before_its_manifest_keeps_its_seed(tmp_path, capsy
 
     monkeypatch.setattr(Release, "write_manifest", stop)
     code, _, err = run(capsys, *_args(tmp_path, data, "--overwrite"))
-    assert code == 130 and "without --overwrite to resume" in err, err
+    assert code == 130 and "nothing was published yet" in err, err
+    assert "run the same command again to continue it (no new charge)" in err
     opening = _side(tmp_path)
     assert opening["stage"] == OPENED_STAGE and opening["seed"] != first
     assert _releases(data) == 2
-    # as the message says: the same command without --overwrite continues it, no new charge
-    assert run(capsys, *_args(tmp_path, data))[0] == 0
+    # as the message says: the same command (--overwrite and all) continues it, no new charge
+    assert run(capsys, *_args(tmp_path, data, "--overwrite"))[0] == 0
     assert _side(tmp_path)["seed"] == opening["seed"] and _releases(data) == 2
+
+
+@pytest.mark.parametrize("plain_rerun", [False, True])
+def test_an_overwrite_stopped_right_after_its_charge_is_continued_once(
+        tmp_path, capsys, monkeypatch, plain_rerun):
+    """An --overwrite's new seed was written only after the earlier run's files went, after
+    the charge: a stop inside the charge (a Ctrl-C seen when COMMIT returns) lost it, and the
+    same command charged the same texts' release a second time. The seed is kept beside the
+    earlier files, before the charge."""
+    data = write_csv(tmp_path / "d.csv", 6)
+    assert run(capsys, *_args(tmp_path, data))[0] == 0
+    before = {p: p.read_bytes() for p in (tmp_path / "a.jsonl", tmp_path / "a.manifest.json",
+                                          tmp_path / PRIVATE / "a.private.json")}
+    _stop_in_charge(monkeypatch, record=True)
+    code, _, err = run(capsys, *_args(tmp_path, data, "--overwrite", "--max-tokens", "3"))
+    assert code == 130 and "a.jsonl.replacing.json" in err and "to continue it" in err, err
+    assert {p: p.read_bytes() for p in before} == before  # the earlier run is untouched
+    kept = json.loads((tmp_path / PRIVATE / "a.jsonl.replacing.json").read_text())
+    assert _releases(data) == 2
+    if plain_rerun:  # without --overwrite: the earlier run's manifest is another run's
+        code, _, err = run(capsys, *_args(tmp_path, data, "--max-tokens", "3"))
+        assert code == 2 and "--overwrite" in err, err
+    assert run(capsys, *_args(tmp_path, data, "--overwrite", "--max-tokens", "3"))[0] == 0
+    side = _side(tmp_path)
+    assert side["seed"] == kept["seed"] and side["release_id"] == kept["release_id"]
+    assert _releases(data) == 2 and not (tmp_path / PRIVATE / "a.jsonl.replacing.json").exists()
+
+
+def test_an_overwrite_stopped_while_it_replaces_the_earlier_files(tmp_path, capsys,
+                                                                  monkeypatch):
+    """Stopped after the earlier run's public files went, before its seed took the side
+    file's place: the plain command says how to continue; the same command does, charged
+    once."""
+    from dplang.release import OutputPaths
+
+    data = write_csv(tmp_path / "d.csv", 6)
+    assert run(capsys, *_args(tmp_path, data))[0] == 0
+
+    def half(self):
+        self.remove(keep_private=True)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:  # (undo() would drop the toy model too)
+        patch.setattr(OutputPaths, "take_replacement", half)
+        assert run(capsys, *_args(tmp_path, data, "--overwrite", "--max-tokens", "3"))[0] == 130
+    assert not (tmp_path / "a.jsonl").exists() and _releases(data) == 2
+    code, _, err = run(capsys, *_args(tmp_path, data, "--max-tokens", "3"))
+    assert code == 2 and "was being replaced" in err and "with --overwrite" in err, err
+    assert run(capsys, *_args(tmp_path, data, "--overwrite", "--max-tokens", "3"))[0] == 0
+    assert _releases(data) == 2 and _side(tmp_path)["data"]["read"]["used"] == 6
+
+
+def test_an_overwrite_refused_by_the_budget_leaves_the_earlier_run_alone(tmp_path, capsys):
+    data = write_csv(tmp_path / "d.csv", 6)
+    assert run(capsys, *_args(tmp_path, data))[0] == 0
+    PrivacyLedger().set_budget(str(data.resolve()), epsilon=6.0, delta=1e-6)
+    before = sorted(p.name for p in (tmp_path / PRIVATE).iterdir())
+    code, _, err = run(capsys, *_args(tmp_path, data, "--overwrite"))
+    assert code == 3 and "budget" in err, err
+    assert sorted(p.name for p in (tmp_path / PRIVATE).iterdir()) == before
 
 
 def test_an_output_path_that_looks_like_markup(tmp_path, capsys):

@@ -312,7 +312,7 @@ def test_an_approximate_spend_above_the_shown_delta_is_its_sum(tmp_path, capsys)
         book.charge("d", f"a-{i}", Guarantee.approximate("report", "record", "replace-one",
                                                           1.0, 1e-6), "x")
     code, out, _ = run(capsys, "show", "--ledger", str(path), "--delta", "1e-6")
-    assert code == 0 and "total (ε = 2, δ = 2e-06)" in out, out
+    assert code == 0 and "total (ε = 2, δ = 2e-06; above the δ asked, 1e-06)" in out, out
     doc = _strict_json(run(capsys, "show", "--ledger", str(path), "--json")[1])["datasets"][0]
     assert doc["dp"]["total_epsilon"] == 2 and doc["dp"]["total_delta"] == pytest.approx(2e-6)
 
@@ -366,3 +366,17 @@ def test_ctrl_c_stops_a_charge_waiting_for_the_ledger_lock(tmp_path):
         holder.kill()
         holder.wait()
     assert PrivacyLedger(path).budget("d") is None
+
+
+def test_an_approximate_spend_of_delta_one_or_more_has_no_guarantee(tmp_path, capsys):
+    """Σδ ≥ 1 without a budget (nothing refuses it): (Σε, 1) promises nothing; it is shown
+    as no guarantee (ε = ∞, null in JSON), not as a finite total."""
+    path = tmp_path / "l.sqlite"
+    book = PrivacyLedger(path)
+    for i in range(3):
+        book.charge("d", f"a-{i}", Guarantee.approximate("report", "record", "replace-one",
+                                                          1.0, 0.4), "x")
+    code, out, _ = run(capsys, "show", "--ledger", str(path))
+    assert code == 0 and "no guarantee: Σδ ≥ 1" in out, out
+    doc = _strict_json(run(capsys, "show", "--ledger", str(path), "--json")[1])["datasets"][0]
+    assert doc["dp"]["total_epsilon"] is None and doc["dp"]["total_delta"] == 1.0

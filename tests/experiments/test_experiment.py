@@ -742,3 +742,85 @@ def test_an_overwrite_stopped_before_its_charge_leaves_the_cell_under_its_old_se
     assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == spent + 1
     for gen in out.glob("cells/*/gen.jsonl"):
         assert all(json.loads(line)["num_tokens"] == 7 for line in gen.read_text().splitlines())
+
+
+def _stop_inside_the_charge(monkeypatch):
+    """The ledger records the charge, then a Ctrl-C (one seen when COMMIT returns)."""
+    from dplang.privacy.ledger import PrivacyLedger
+
+    original = PrivacyLedger.charge
+
+    def charge(self, *args, **kw):
+        original(self, *args, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PrivacyLedger, "charge", charge)
+
+
+def _stop_while_replacing(monkeypatch):
+    """The earlier run's public files are gone, its seed has not yet taken their place."""
+    from dplang.release import OutputPaths
+
+    def half(self):
+        self.remove(keep_private=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(OutputPaths, "take_replacement", half)
+
+
+def _stop_at_the_manifest(monkeypatch):
+    from dplang.release import Release
+
+    def stop(self, *args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Release, "write_manifest", stop)
+
+
+@pytest.mark.parametrize("stop", [_stop_inside_the_charge, _stop_while_replacing,
+                                  _stop_at_the_manifest])
+@pytest.mark.parametrize("again", [["--overwrite"], []])
+def test_an_overwrite_stopped_after_its_charge_is_continued_charged_once(
+        setup, capsys, monkeypatch, stop, again):
+    """A cell's --overwrite stopped at any point after its charge: the same config (with
+    --overwrite or without) continues the replacement with its kept seed, charged once; the
+    cell was stuck (refused by every config) or charged a second time."""
+    from dplang.privacy.ledger import PrivacyLedger
+
+    tmp, _calls = setup
+    cfg, out = tmp / "exp.toml", tmp / "out"
+    config = _small(CONFIG).replace("public_baseline = true", "public_baseline = false")
+    cfg.write_text(config)  # one private cell (a public one needs --overwrite to change)
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    spent = PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases
+    cfg.write_text(config.replace("max_tokens = 6", "max_tokens = 7"))
+    with monkeypatch.context() as patch:
+        stop(patch)
+        assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 130
+    capsys.readouterr()
+    assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == spent + 1
+    code = main(["experiment", str(cfg), "--out", str(out), *again])
+    assert code == 0, capsys.readouterr().err
+    assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == spent + 1
+    for gen in out.glob("cells/*/gen.jsonl"):
+        assert all(json.loads(line)["num_tokens"] == 7 for line in gen.read_text().splitlines())
+    assert not list(out.glob("cells/*/cell.replacing.private.json"))
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    assert capsys.readouterr().err.count("done, skipped") == 1
+
+
+def test_no_public_file_of_a_sweep_holds_a_data_digest(setup, capsys):
+    """The ledger records the data file's digest for each cell (given to the release as a
+    private request field): it must reach no public file, like the copy's."""
+    from dplang.release import file_digest
+
+    tmp, _calls = setup
+    out = tmp / "out"
+    assert main(["experiment", str(tmp / "exp.toml"), "--out", str(out)]) == 0
+    digests = {file_digest(tmp / "data.csv"), file_digest(out / "data" / "references.jsonl")}
+    public = [p for p in out.rglob("*") if p.is_file() and ".dplang-private" not in p.parts
+              and "private" not in p.name and p.parent.name != "data"]
+    assert any(p.name == "gen.manifest.json" for p in public)
+    for path in public:
+        text = path.read_bytes().decode("utf-8", "replace")
+        assert not any(d in text for d in digests), path

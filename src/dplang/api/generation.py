@@ -207,6 +207,7 @@ class _RunState:
         self.total = len(plan.jobs)
         self.done_before = 0
         self.written = 0
+        self.started = False  # the run's manifest, its first public file, is written
 
     def interrupted(self) -> str:
         plan = self.plan
@@ -214,10 +215,10 @@ class _RunState:
         if self.charge is None and self._recorded():
             recorded = (f"interrupted while the release was charged: it is in the ledger of "
                         f"dataset {plan.dataset!r} ({short_guarantee(plan.guarantee)})")
-            if self._seed_kept():  # in the side file written before the charge
-                return (f"{recorded}; its seed is kept in {plan.paths.find_private()}: run the "
-                        f"same command again{self._without_overwrite()} to continue it (no new "
-                        "charge)")
+            kept = self._seed_kept()  # in the side file written before the charge
+            if kept is not None:  # the same command, --overwrite or not, continues it
+                return (f"{recorded}; its seed is kept in {kept}: run the same command again "
+                        "to continue it (no new charge)")
             return (f"{recorded}, but its seed was not kept and nothing was written: a rerun "
                     "is a new release, charged again")
         if self.charge is None:
@@ -228,6 +229,10 @@ class _RunState:
                    if self.charge.recorded else
                    f"nothing new was charged to dataset {plan.dataset!r} (the release was "
                    "already in the ledger)")
+        kept_at = self._seed_kept() if self.keep and not self.started else None
+        if kept_at is not None:  # charged, nothing public yet: its opening is continued by the
+            return (f"interrupted: {charged}; nothing was published yet; its seed is kept in "
+                    f"{kept_at}: run the same command again to continue it (no new charge)")
         if not self.keep:
             return (f"interrupted: {charged}; its {self.written} finished generation(s) were "
                     "not kept (no out=); calling again draws a new seed, a new charge: pass "
@@ -250,17 +255,21 @@ class _RunState:
         and charge a new release."""
         return " without --overwrite" if self.plan.request.overwrite else ""
 
-    def _seed_kept(self) -> bool:
-        """Whether the run's side file holds this release's seed (written before the charge;
-        not for an API call's temporary output, nor for ``--overwrite`` of an existing run)."""
+    def _seed_kept(self) -> Path | None:
+        """The side file that holds this release's seed (written before the charge: the
+        side file, or the replacement of an earlier run's files under ``--overwrite``); None
+        when none does (an API call's temporary output keeps no seed)."""
         if self.release is None or not self.keep:
-            return False
-        try:
-            record = json.loads(self.plan.paths.find_private().read_text(encoding="utf-8"))
-            return (record.get("release_id") == self.release.release_id
-                    and record.get("seed") is not None)
-        except (OSError, ValueError, AttributeError):
-            return False
+            return None
+        for path in (self.plan.paths.replacement, self.plan.paths.find_private()):
+            try:
+                record = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if (isinstance(record, dict) and record.get("release_id") == self.release.release_id
+                    and record.get("seed") is not None):
+                return path
+        return None
 
     def _recorded(self) -> bool:
         """Whether the release an interruption stopped inside its charge is in the ledger."""
@@ -353,7 +362,7 @@ def _run_locked(request: GenerationRequest, display: Display, execution: Executi
         state.release = release
 
     def on_start(total: int, done: int) -> None:
-        state.total, state.done_before = total, done
+        state.total, state.done_before, state.started = total, done, True
         display.start(total, done, population=population, max_tokens=request.max_tokens)
         if done:
             display.info(f"resuming: {done} of {total} generations already in {request.out}")

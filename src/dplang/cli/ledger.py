@@ -92,7 +92,9 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
         # without zCDP releases the total is exactly (Σε, Σδ) by basic composition, whatever
         # δ it is asked at: a pure-DP spend has δ = 0, not the budget's δ (or 1e-6), and an
         # approximate spend with Σδ above that δ is (Σε, Σδ), not "ε = ∞"
-        total, total_delta = spent.approx_epsilon, spent.approx_delta
+        total, total_delta = spent.approx_epsilon, min(spent.approx_delta, 1.0)
+        if total_delta >= 1:  # (ε, 1)-DP promises nothing
+            total = math.inf
     else:
         total, total_delta = spent.epsilon_at(at), at
     out: dict[str, Any] = {
@@ -110,6 +112,7 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
             "pure_or_approx_delta": spent.approx_delta,
             "total_epsilon": None if math.isinf(total) else total,
             "total_delta": total_delta,
+            "delta_asked": at,  # total_delta is above it for a spend without zCDP releases
         },
         "data_dependent": {
             "releases": spent.data_dependent,
@@ -155,10 +158,13 @@ def _dp_line(s: dict[str, Any]) -> str:
         parts.append(f"ε = {dp['pure_or_approx_epsilon']:.6g}, δ = "
                      f"{dp['pure_or_approx_delta']:.3g} (pure/approximate releases, basic "
                      "composition)")
-    total = ("∞ (δ too small)" if dp["total_epsilon"] is None
+    total = ("∞ (no guarantee: Σδ ≥ 1)" if dp["total_epsilon"] is None
+             and dp["total_delta"] >= 1 else "∞ (δ too small)" if dp["total_epsilon"] is None
              else f"{dp['total_epsilon']:.6g}")
+    above = (f"; above the δ asked, {dp['delta_asked']:.3g}" if dp["total_epsilon"] is not None
+             and dp["total_delta"] > dp["delta_asked"] else "")
     line = (f"  DP spend        {' + '.join(parts) or 'ρ = 0'} → total (ε = {total}, "
-            f"δ = {dp['total_delta']:.3g}) over {dp['releases']} release(s), under "
+            f"δ = {dp['total_delta']:.3g}{above}) over {dp['releases']} release(s), under "
             f"{dp['adjacency']} adjacency")
     if len(dp["by_adjacency"]) > 1:
         mix = ", ".join(f"{b['releases']} {b['adjacency']}" for b in dp["by_adjacency"])

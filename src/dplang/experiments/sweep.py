@@ -167,6 +167,9 @@ def _read_spec(path: Path) -> dict[str, Any] | None:
 
 
 CELL_SPEC = "cell.private.json"
+#: A cell's settings while a run with them replaces its generation (``--overwrite``), until
+#: that run has its files in place and they become :data:`CELL_SPEC`.
+REPLACING_SPEC = "cell.replacing.private.json"
 
 
 def _prompt_identity(config: ExperimentConfig) -> dict[str, str]:
@@ -223,6 +226,9 @@ def _cell_state(cell_dir: Path, spec: dict[str, Any], overwrite: bool = False) -
     numbers with the new configuration."""
     if not cell_dir.exists():
         return "new"
+    replacing = _read_spec(cell_dir / REPLACING_SPEC)
+    if replacing is not None and replacing.get("generation") == spec["generation"]:
+        return "changed"  # a replacement by these settings, stopped before it began decoding
     stored = _read_spec(cell_dir / CELL_SPEC)
     if stored is None:
         if not any((cell_dir / name).exists() for name in ("gen.jsonl", "eval")):
@@ -389,13 +395,15 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
               load_model: Callable[[str], LogitsModel], ledger: str | Path | None, dataset: str,
               overwrite: bool = False, opened: float | None = None,
               warn: Callable[[str], None] | None = None,
-              on_charge: Callable[[], None] | None = None) -> tuple[Path, dict[str, Any]]:
+              on_started: Callable[[], None] | None = None,
+              source_digest: str | None = None) -> tuple[Path, dict[str, Any]]:
     """Generate one cell; returns the output and its timing: ``gen_seconds`` (wall clock) and
     ``cpu_seconds`` (CPU time of this process over all threads, which a paused or contended
     run does not inflate), plus ``resumed: True`` when an interrupted generation was continued
     (its times then cover the continuation only). The model is loaded before the clocks start.
-    ``on_charge()`` is called as soon as a private cell's release is charged (before any of
-    its output is written or an earlier one removed)."""
+    ``on_started()`` is called once a private cell's release is charged and its run has its
+    files in place (an earlier run's replaced, its manifest and side file written), right
+    before it decodes."""
     out = cell_dir / "gen.jsonl"
     started = [p for p in (out, OutputPaths.of(out).partial) if p.exists()]
     resumed = not overwrite and any(p.stat().st_size > 0 for p in started)
@@ -419,10 +427,12 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
                                   cell.temperature, cell.top_k, seed, out)
         return out, timing()
     request = replace(_request(config, cell, refs, out, ledger, dataset), overwrite=overwrite,
-                      opened=opened, data_source=config.data_path)
+                      opened=opened, data_source=config.data_path,
+                      # the content the copy was made from (no second read of the file)
+                      data_source_digest=source_digest)
     plan = plan_generation(request, load_model)
     execute_plan(plan, on_warning=warn,  # the ledger's warnings: the data holder's terminal
-                 on_charge=None if on_charge is None else lambda _charge: on_charge())
+                 on_start=None if on_started is None else lambda _total, _done: on_started())
     return out, timing()
 
 
@@ -623,13 +633,18 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
 
             def record_spec(path: Path = spec_path, spec: dict[str, Any] = spec) -> None:
                 write_json(path, spec, private=True)
+                (path.parent / REPLACING_SPEC).unlink(missing_ok=True)
 
-            # A cell generated anew keeps its old record until the new release is charged:
-            # a stop before the charge leaves the old generation under the old settings (it
-            # resumes under the old config, or is generated anew again), never old texts
-            # recorded under new settings, which both configs would refuse.
+            # A private cell generated anew keeps its old record until the new run has its
+            # files in place; until then the new settings are its replacement record. A stop
+            # before then leaves the old generation under the old settings (the old config
+            # resumes it), never old texts recorded under new settings, which both configs
+            # would refuse; the new config continues the replacement (its seed is kept by
+            # generate: charged once).
             anew = state == "changed" and cell.method != PUBLIC
-            if not anew:
+            if anew:
+                write_json(cell_dir / REPLACING_SPEC, spec, private=True)
+            else:
                 record_spec()
             say(f"{tag}: " + ("generating anew (--overwrite)" if state == "changed"
                                else "generating" if new
@@ -640,7 +655,8 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
                 gen, timing = _generate(config, cell, refs, cell_dir, generation_model,
                                         ledger, name, overwrite=state == "changed",
                                         opened=opened, warn=warn,
-                                        on_charge=record_spec if anew else None)
+                                        on_started=record_spec if anew else None,
+                                        source_digest=spec["generation"]["data_sha256"])
             except BaseException:
                 if new and not _started(cell_dir / "gen.jsonl"):
                     _remove_empty_cell(cell_dir)  # a cell that never started leaves nothing

@@ -467,7 +467,8 @@ def _shared_prefix(plan: GenerationPlan, labels: dict[str, str], public: str) ->
 #: the dataset name (private side file), concurrency (does not change the output) and
 #: ``overwrite`` (what to do with an earlier run, not what this run is).
 _NOT_FINGERPRINTED = ("seed", "ledger", "out", "concurrent_groups", "data", "dataset",
-                      "overwrite", "public_seed", "coupling", "opened", "data_source")
+                      "overwrite", "public_seed", "coupling", "opened", "data_source",
+                      "data_source_digest")
 
 
 def _public_parameters(req: GenerationRequest, method: CalibratedMethod) -> dict[str, Any]:
@@ -617,8 +618,9 @@ def _execute_locked(
         "generate", data=req.data, guarantee=plan.guarantee, fingerprint=fingerprint,
         dataset=plan.dataset, seed=seed, ledger=req.ledger, data_digest=plan.data_digest,
         description=f"dplang generate ({req.method}) → {output_label(req.out)}",
-        seed_source="resumed from the private side file" if resuming else None,
+        seed_source="resumed from the private side file" if stored_seed is not None else None,
         coupling=req.coupling, data_source=req.data_source,
+        source_digest=req.data_source_digest,
     )
     if req.opened is not None:
         release.opened = req.opened
@@ -651,15 +653,14 @@ def _execute_locked(
             charge = release.charge(on_warning)  # before any output (invariant 6); idempotent
         except BudgetExceeded:  # nothing was charged: nothing is left either
             if opening:
-                _remove_opening(plan.paths, made_folder)
+                _remove_opening(plan.paths, made_folder, replacing=opening == REPLACING)
             raise
         if on_charge is not None:
             on_charge(charge)
-        if req.overwrite and not opening:  # the earlier run's files go only now that the new
-            plan.paths.remove()  # run is charged (an opening means there were none)
-            if keep_seed:  # and its seed is kept at once, before the manifest
-                release.write_opening(plan.paths, release.opening_record())
-                opening = True
+        if opening == REPLACING:  # the earlier run's files go only now that the new run is
+            plan.paths.take_replacement()  # charged; its seed, kept beside them, takes over
+        elif req.overwrite and not opening:  # (an API call's temporary output: no seed kept)
+            plan.paths.remove()
         if restart:  # (see above) its unfinished texts, wherever an older dplang left them
             plan.paths.partial.unlink(missing_ok=True)
             req.out.unlink(missing_ok=True)
@@ -760,32 +761,42 @@ def _execute_locked(
                           time.time() - start, tokens)
 
 
-def _open_side_file(plan: GenerationPlan, release: Release, resuming: bool,
-                    keep_seed: bool) -> tuple[bool, bool]:
-    """Write the run's opening side file (its seed, before the charge) when it has none yet.
-    Returns (whether the side file is an opening: written now, or left by a run stopped
-    before its manifest, which this one continues; whether its private folder was made
-    now). A stop inside the charge, or between it and the
-    manifest, then keeps the seed of a release the ledger may hold: the same command
-    continues it, charged once (``resume.check_existing``).
+#: What :func:`_open_side_file` wrote: the opening of an ``--overwrite`` of an existing run
+#: (beside the earlier run's files, which stay until the charge).
+REPLACING = "replacing"
 
-    Not written for an API call's temporary output (never resumed: no seed is kept) nor,
-    before the charge, for ``--overwrite`` of an existing run (whose files stay until the new
-    run is charged: its opening is written right after their removal)."""
+
+def _open_side_file(plan: GenerationPlan, release: Release, resuming: bool,
+                    keep_seed: bool) -> tuple[bool | str, bool]:
+    """Write the run's opening side file (its seed, before the charge) when it has none yet.
+    Returns (True when the side file is an opening: written now, or left by a run stopped
+    before its manifest, which this one continues; :data:`REPLACING` when it was written as
+    the replacement of an existing run; whether its private folder was made now). A stop
+    inside the charge, or between it and the manifest, then keeps the seed of a release the
+    ledger may hold: the same command continues it, charged once
+    (``resume.check_existing``).
+
+    Not written for an API call's temporary output (never resumed: no seed is kept). For
+    ``--overwrite`` of an existing run, whose files stay until the new run is charged, it is
+    written to :attr:`~dplang.release.OutputPaths.replacement`, which takes the side file's
+    place right after the charge."""
     paths = plan.paths
     if resuming:
         return is_opening(paths.private), False
-    if not keep_seed or (plan.request.overwrite and paths.existing()):
+    if not keep_seed:
         return False, False
     made_folder = not paths.private.parent.exists()
+    if plan.request.overwrite and paths.existing():
+        release.write_opening(paths, release.opening_record(), replacing=True)
+        return REPLACING, made_folder
     release.write_opening(paths, release.opening_record())
     return True, made_folder
 
 
-def _remove_opening(paths: OutputPaths, made_folder: bool) -> None:
+def _remove_opening(paths: OutputPaths, made_folder: bool, *, replacing: bool = False) -> None:
     """Remove the opening side file of a refused charge, and its private folder when this run
     made it and it is still empty: a refused run leaves nothing behind."""
-    paths.private.unlink(missing_ok=True)
+    (paths.replacement if replacing else paths.private).unlink(missing_ok=True)
     if made_folder:
         with contextlib.suppress(OSError):
             paths.private.parent.rmdir()  # only when empty

@@ -215,6 +215,35 @@ def _continue_opening(
         "charge), or --overwrite (or delete it) to start a new run (a new seed, charged anew)")
 
 
+def _same_opening_seed(req: GenerationRequest, paths: OutputPaths,
+                       parameters: dict[str, Any], private_fp: dict[str, Any],
+                       fingerprint: dict[str, Any] | None) -> int | None:
+    """With ``--overwrite``: the seed of this very run when it was stopped before its first
+    public file — its opening, kept as the replacement of the earlier run's files or already
+    in the side file's place — so that "the same command again" continues it, charged once
+    (a new seed would be a second charge for the same texts). None otherwise: whatever else
+    is there is replaced by a new run."""
+    for path in (paths.replacement, paths.private):
+        try:
+            opening = _opening(path) if path.exists() else None
+        except GenerationError:  # unreadable: replaced like anything else
+            opening = None
+        if opening is None:
+            continue
+        try:
+            seed = int(opening["seed"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        old_fp = _as_now(opening.get("fingerprint"))
+        same = (isinstance(old_fp, dict)
+                and not _fingerprint_differences(old_fp, parameters, fingerprint)
+                and not _other_private(path, private_fp)
+                and (req.seed is None or req.seed == seed))
+        if same:
+            return seed
+    return None
+
+
 def check_existing(
     req: GenerationRequest, parameters: dict[str, Any], private_fp: dict[str, Any],
     fingerprint: dict[str, Any] | None = None,
@@ -223,16 +252,17 @@ def check_existing(
 
     Called twice: before the model load with the public ``parameters`` only, and after it
     with the whole public ``fingerprint`` (model digest and prompt form included). With
-    ``--overwrite`` whatever is there is to be replaced: (False, None). Refused with a
+    ``--overwrite`` whatever is there is to be replaced: (False, None), or (False, its seed)
+    when it is this very run, stopped before its first public file (an opening). Refused with a
     one-line error: an output without its manifest; a manifest of a different run (the
     message names what differs); a run whose private side file is gone; a private side file
     left without its run's outputs (a stale seed is never half-used). A side file written
     before its run's charge, with no manifest yet (a run stopped inside its charge or right
     after it), is continued by the same run, replaced by a different one when the ledger
     does not hold its release, and refused otherwise."""
-    if req.overwrite:
-        return False, None
     paths = OutputPaths.of(req.out)
+    if req.overwrite:
+        return False, _same_opening_seed(req, paths, parameters, private_fp, fingerprint)
     manifest_path = paths.find_manifest()
     private_path = paths.find_private()  # an older run's may be beside the output
     if not manifest_path.exists():
@@ -242,6 +272,12 @@ def check_existing(
         if not private_path.exists():
             return False, None
         opening = _opening(private_path)
+        if opening is None and paths.replacement.exists():
+            raise GenerationError(
+                f"{req.out} was being replaced by a new run (--overwrite) that was stopped "
+                "inside or right after its charge, before its first public file; run that "
+                "command again, with --overwrite, to continue it (its seed is kept: no new "
+                "charge)")
         if opening is None:
             raise GenerationError(
                 f"{private_path} is left from a run whose outputs are gone; restore "

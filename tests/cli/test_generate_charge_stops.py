@@ -178,7 +178,7 @@ def test_an_overwrite_stopped_before_its_manifest_keeps_its_seed(tmp_path, capsy
 
     monkeypatch.setattr(Release, "write_manifest", stop)
     code, _, err = run(capsys, *_args(tmp_path, data, "--overwrite"))
-    assert code == 130 and "nothing was published yet" in err, err
+    assert code == 130 and "no text was written yet" in err, err
     assert "run the same command again to continue it (no new charge)" in err
     opening = _side(tmp_path)
     assert opening["stage"] == OPENED_STAGE and opening["seed"] != first
@@ -257,3 +257,41 @@ def test_an_output_path_that_looks_like_markup(tmp_path, capsys):
     code, _, err = run(capsys, *args)
     assert code == 0, err
     assert out.exists() and str(out) in capsys.readouterr().err + err
+
+
+def test_an_overwrite_stopped_after_its_side_file_before_any_text(tmp_path, capsys,
+                                                                  monkeypatch):
+    """Manifest and side file written, no text yet: the message says the same command
+    continues it, and the same command (--overwrite included) does, charged once."""
+    data = write_csv(tmp_path / "d.csv", 6)
+    assert run(capsys, *_args(tmp_path, data))[0] == 0
+    original = Release.write_private
+
+    def stop(self, *args, **kw):
+        original(self, *args, **kw)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Release, "write_private", stop)
+        code, _, err = run(capsys, *_args(tmp_path, data, "--overwrite", "--max-tokens", "3"))
+    assert code == 130 and "no text was written yet" in err and "to continue it" in err, err
+    kept = _side(tmp_path)["seed"]
+    assert run(capsys, *_args(tmp_path, data, "--overwrite", "--max-tokens", "3"))[0] == 0
+    assert _side(tmp_path)["seed"] == kept and _releases(data) == 2
+
+
+def test_a_replacement_with_nothing_left_to_replace_is_removed(tmp_path, capsys, monkeypatch):
+    """A kept replacement whose earlier files were deleted by hand is continued once, then
+    goes: kept, every later --overwrite of its command would reuse its seed (no fresh
+    texts)."""
+    data = write_csv(tmp_path / "d.csv", 6)
+    assert run(capsys, *_args(tmp_path, data))[0] == 0
+    _stop_in_charge(monkeypatch, record=True)
+    assert run(capsys, *_args(tmp_path, data, "--overwrite"))[0] == 130
+    for name in ("a.jsonl", "a.manifest.json", PRIVATE + "/a.private.json"):
+        (tmp_path / name).unlink()
+    assert run(capsys, *_args(tmp_path, data, "--overwrite"))[0] == 0
+    assert not (tmp_path / PRIVATE / "a.jsonl.replacing.json").exists()
+    first = _side(tmp_path)["seed"]
+    assert run(capsys, *_args(tmp_path, data, "--overwrite"))[0] == 0
+    assert _side(tmp_path)["seed"] != first and _releases(data) == 3

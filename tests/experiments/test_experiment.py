@@ -777,8 +777,22 @@ def _stop_at_the_manifest(monkeypatch):
     monkeypatch.setattr(Release, "write_manifest", stop)
 
 
+def _stop_after_the_side_file(monkeypatch):
+    """The new run's manifest and side file are written, no text yet (and the cell's new
+    settings not yet recorded)."""
+    from dplang.release import Release
+
+    original = Release.write_private
+
+    def stop(self, *args, **kw):
+        original(self, *args, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Release, "write_private", stop)
+
+
 @pytest.mark.parametrize("stop", [_stop_inside_the_charge, _stop_while_replacing,
-                                  _stop_at_the_manifest])
+                                  _stop_at_the_manifest, _stop_after_the_side_file])
 @pytest.mark.parametrize("again", [["--overwrite"], []])
 def test_an_overwrite_stopped_after_its_charge_is_continued_charged_once(
         setup, capsys, monkeypatch, stop, again):
@@ -824,3 +838,27 @@ def test_no_public_file_of_a_sweep_holds_a_data_digest(setup, capsys):
     for path in public:
         text = path.read_bytes().decode("utf-8", "replace")
         assert not any(d in text for d in digests), path
+
+
+def test_a_charged_replacement_continued_is_not_counted_by_the_sweeps_budget(
+        setup, capsys, monkeypatch):
+    """A cell's --overwrite charged and then stopped: continuing it costs nothing new, so the
+    sweep's budget check does not refuse it where a new charge would not fit."""
+    from dplang.privacy.ledger import PrivacyLedger
+
+    tmp, _calls = setup
+    cfg, out = tmp / "exp.toml", tmp / "out"
+    config = _small(CONFIG).replace("public_baseline = true", "public_baseline = false")
+    cfg.write_text(config)
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    cfg.write_text(config.replace("max_tokens = 6", "max_tokens = 7"))
+    with monkeypatch.context() as patch:
+        _stop_inside_the_charge(patch)
+        assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 130
+    name = str((tmp / "data.csv").resolve())
+    book = PrivacyLedger()
+    spent = book.spent(name).epsilon_at(1e-6)
+    book.set_budget(name, epsilon=spent + 1, delta=1e-6)  # room for no new ε = 10 cell
+    code = main(["experiment", str(cfg), "--out", str(out), "--overwrite"])
+    assert code == 0, capsys.readouterr().err
+    assert book.spent(name).releases == 2

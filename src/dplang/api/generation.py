@@ -231,7 +231,7 @@ class _RunState:
                    "already in the ledger)")
         kept_at = self._seed_kept() if self.keep and not self.started else None
         if kept_at is not None:  # charged, nothing public yet: its opening is continued by the
-            return (f"interrupted: {charged}; nothing was published yet; its seed is kept in "
+            return (f"interrupted: {charged}; no text was written yet; its seed is kept in "
                     f"{kept_at}: run the same command again to continue it (no new charge)")
         if not self.keep:
             return (f"interrupted: {charged}; its {self.written} finished generation(s) were "

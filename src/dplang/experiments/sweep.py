@@ -50,6 +50,7 @@ from ..models.base import LogitsModel
 from ..privacy.accounting import rho_to_epsilon
 from ..privacy.ledger import BudgetExceeded, LedgerError, PrivacyLedger, check_ledger_path
 from ..release import (
+    OPENED_STAGE,
     PRIVATE_MODE,
     OutputPaths,
     ReleaseError,
@@ -227,9 +228,12 @@ def _cell_state(cell_dir: Path, spec: dict[str, Any], overwrite: bool = False) -
     if not cell_dir.exists():
         return "new"
     replacing = _read_spec(cell_dir / REPLACING_SPEC)
-    if replacing is not None and replacing.get("generation") == spec["generation"]:
-        return "changed"  # a replacement by these settings, stopped before it began decoding
     stored = _read_spec(cell_dir / CELL_SPEC)
+    if (replacing is not None and replacing.get("generation") == spec["generation"]
+            and (stored is None or stored.get("generation") != spec["generation"])):
+        # a replacement by these settings, stopped before it began decoding: generate
+        # continues it with its kept seed (charged once)
+        return "changed"
     if stored is None:
         if not any((cell_dir / name).exists() for name in ("gen.jsonl", "eval")):
             return "new"
@@ -353,9 +357,11 @@ def preflight(config: ExperimentConfig, out_dir: Path, ledger: str | Path | None
     states = {c.key: _cell_state(out_dir / "cells" / c.key, specs[c.key], overwrite)
               for c in config.cells}
     if not (isinstance(where, Path) and not where.exists()):
-        _check_sweep_budget(PrivacyLedger(ledger), name,
+        book = PrivacyLedger(ledger)
+        _check_sweep_budget(book, name,
                             [g for key, g in guarantees.items()
-                             if states[key] in ("new", "changed")])
+                             if states[key] == "new" or (states[key] == "changed"
+                             and not _charged_continuation(out_dir / "cells" / key, book))])
     return digest, specs, states
 
 
@@ -376,6 +382,22 @@ def _check_evaluation_sizes(config: ExperimentConfig) -> None:
             check_mauve_sizes(config.num, config.num, config.num_buckets)
         except EvaluationError as exc:
             raise ConfigError(f"[evaluation]: {str(exc).splitlines()[0]}") from None
+
+
+def _charged_continuation(cell_dir: Path, book: PrivacyLedger) -> bool:
+    """Whether a cell to generate anew continues a replacement that was charged and then
+    stopped before its first text (its kept opening's release is in the ledger): continuing
+    costs nothing new, so the sweep's budget check leaves it out. (Should the kept opening
+    belong to other settings, the cell's charge is a new one, and the ledger's own check at
+    that charge still refuses it over budget.)"""
+    paths = OutputPaths.of(cell_dir / "gen.jsonl")
+    for path in (paths.replacement, paths.private):
+        record = _read_spec(path)
+        if (record is not None and record.get("stage") == OPENED_STAGE
+                and isinstance(record.get("release_id"), str)
+                and book.has_release(record["release_id"])):
+            return True
+    return False
 
 
 def _check_sweep_budget(book: PrivacyLedger, name: str, guarantees: list[Any]) -> None:

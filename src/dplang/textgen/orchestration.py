@@ -790,6 +790,9 @@ def _open_side_file(plan: GenerationPlan, release: Release, resuming: bool,
         release.write_opening(paths, release.opening_record(), replacing=True)
         return REPLACING, made_folder
     release.write_opening(paths, release.opening_record())
+    # a replacement left with nothing to replace (its files deleted by hand) goes: kept, it
+    # would give every later --overwrite of its command the same seed
+    paths.replacement.unlink(missing_ok=True)
     return True, made_folder
 
 

@@ -219,29 +219,43 @@ def _same_opening_seed(req: GenerationRequest, paths: OutputPaths,
                        parameters: dict[str, Any], private_fp: dict[str, Any],
                        fingerprint: dict[str, Any] | None) -> int | None:
     """With ``--overwrite``: the seed of this very run when it was stopped before its first
-    public file — its opening, kept as the replacement of the earlier run's files or already
-    in the side file's place — so that "the same command again" continues it, charged once
-    (a new seed would be a second charge for the same texts). None otherwise: whatever else
-    is there is replaced by a new run."""
-    for path in (paths.replacement, paths.private):
+    text — its opening, kept as the replacement of the earlier run's files or already in the
+    side file's place, or its manifest and side file with no text written yet — so that "the
+    same command again" continues it, charged once (a new seed would be a second charge for
+    the same texts). None otherwise: whatever else is there is replaced by a new run."""
+    def same(record: dict[str, Any] | None, fp: Any, path: Path) -> int | None:
+        if not isinstance(record, dict):
+            return None
         try:
-            opening = _opening(path) if path.exists() else None
-        except GenerationError:  # unreadable: replaced like anything else
-            opening = None
-        if opening is None:
-            continue
-        try:
-            seed = int(opening["seed"])
+            seed = int(record["seed"])
         except (KeyError, TypeError, ValueError):
-            continue
-        old_fp = _as_now(opening.get("fingerprint"))
-        same = (isinstance(old_fp, dict)
-                and not _fingerprint_differences(old_fp, parameters, fingerprint)
+            return None
+        fp = _as_now(fp)
+        if (isinstance(fp, dict) and not _fingerprint_differences(fp, parameters, fingerprint)
                 and not _other_private(path, private_fp)
-                and (req.seed is None or req.seed == seed))
-        if same:
+                and (req.seed is None or req.seed == seed)):
             return seed
-    return None
+        return None
+
+    def read(path: Path) -> dict[str, Any] | None:
+        try:
+            record = _read_json(path) if path.exists() else None
+        except GenerationError:  # unreadable: replaced like anything else
+            return None
+        return record if isinstance(record, dict) else None
+
+    for path in (paths.replacement, paths.private):
+        opening = read(path)
+        if opening is not None and opening.get("stage") == OPENED_STAGE:
+            seed = same(opening, opening.get("fingerprint"), path)
+            if seed is not None:
+                return seed
+    if paths.output.exists() or paths.partial.exists():
+        return None  # texts were written (or are being): an --overwrite is a new run
+    manifest, private = read(paths.find_manifest()), read(paths.find_private())
+    if manifest is None or private is None:
+        return None
+    return same(private, manifest.get("fingerprint"), paths.find_private())
 
 
 def check_existing(

@@ -80,6 +80,7 @@ from .io import file_digest
 from .privacy.guarantees import Guarantee
 from .privacy.ledger import BudgetExceeded, PrivacyLedger, SeedReused
 from .privacy.ledger_backends import backend_for, ledger_location
+from .utf8 import utf8_refusal
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -206,6 +207,9 @@ class OutputPaths:
         manifest  DIR/NAME.manifest.json                    public manifest
         private   DIR/.dplang-private/NAME.private.json     private side file (mode 600, in
                                                             a folder of mode 700)
+        partial   DIR/.dplang-private/NAME.EXT.partial      a resumable output while it grows
+        replacement DIR/.dplang-private/NAME.EXT.replacing.json  the opening of a run that
+                                                            replaces this one (--overwrite)
         lock      DIR/.NAME.EXT.lock                        while a process writes the output
 
     ``NAME`` is the output's name without its last suffix (``runs/x.jsonl`` → ``x``,
@@ -645,12 +649,10 @@ def fresh_seed() -> int:
 
 def require_utf8(what: str, text: str) -> None:
     """Refuse (:class:`ReleaseError`) a name or path that holds bytes that are not UTF-8
-    (lone surrogates, as Python decodes them): no ledger, JSON file or terminal can hold it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ReleaseError(f"{what} {text!a} is not valid UTF-8: dplang needs names and paths "
-                           "in UTF-8") from None
+    (:mod:`dplang.utf8`): no ledger, JSON file or terminal can hold it."""
+    refusal = utf8_refusal(what, text)
+    if refusal is not None:
+        raise ReleaseError(refusal)
 
 
 def dataset_key(name: str) -> str:
@@ -775,7 +777,7 @@ class Release:
     #: SHA-256 of :attr:`data_source` (private): the content the ledger records and compares
     #: (:attr:`content_digest`), so that a sweep's cells and a ``generate`` of the same file
     #: are one content to it. The release id keeps :attr:`data_digest`, the copy's.
-    source_digest: str | None = field(default=None, repr=False)
+    data_source_digest: str | None = field(default=None, repr=False)
     _charge: Charge | None = field(default=None, repr=False)
 
     @classmethod
@@ -785,7 +787,7 @@ class Release:
              description: str = "", data_digest: str | None = None,
              seed_source: str | None = None, coupling: str | None = None,
              data_source: str | Path | None = None,
-             source_digest: str | None = None) -> Release:
+             data_source_digest: str | None = None) -> Release:
         """Fix a release: ``dataset`` defaults to the resolved data path, ``seed`` to fresh OS
         entropy; ``data_digest`` (SHA-256 of the data file) is computed when not given.
         ``coupling`` (audits): see :attr:`coupling`."""
@@ -810,9 +812,10 @@ class Release:
                    None if ledger is None else ledger_location(ledger), description,
                    coupling=coupling,
                    data_source=None if data_source is None else Path(data_source),
-                   source_digest=source_digest if source_digest is not None else
-                   (file_digest(data_source) if data_source is not None
-                    and Path(data_source).is_file() else None))
+                   data_source_digest=(
+                       data_source_digest if data_source_digest is not None
+                       else file_digest(data_source) if data_source is not None
+                       and Path(data_source).is_file() else None))
 
     @property
     def release_id(self) -> str:
@@ -822,9 +825,9 @@ class Release:
     @property
     def content_digest(self) -> str:
         """The data content the ledger records and compares with a name's other releases:
-        the original file's (:attr:`source_digest`) when ``data`` is a copy of some of its
+        the original file's (:attr:`data_source_digest`) when ``data`` is a copy of some of its
         rows, else the data's own. Private."""
-        return self.source_digest or self.data_digest
+        return self.data_source_digest or self.data_digest
 
     @property
     def stream_seed(self) -> int:

@@ -813,6 +813,12 @@ def test_an_overwrite_stopped_after_its_charge_is_continued_charged_once(
         assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 130
     capsys.readouterr()
     assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == spent + 1
+    if stop is _stop_inside_the_charge and not again:
+        # the charge returned no answer: the cell cannot tell it was charged, and asks for
+        # --overwrite (which continues the kept seed: charged once)
+        assert main(["experiment", str(cfg), "--out", str(out)]) == 2
+        assert "--overwrite" in capsys.readouterr().err
+        again = ["--overwrite"]
     code = main(["experiment", str(cfg), "--out", str(out), *again])
     assert code == 0, capsys.readouterr().err
     assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == spent + 1
@@ -862,3 +868,26 @@ def test_a_charged_replacement_continued_is_not_counted_by_the_sweeps_budget(
     code = main(["experiment", str(cfg), "--out", str(out), "--overwrite"])
     assert code == 0, capsys.readouterr().err
     assert book.spent(name).releases == 2
+
+
+def test_an_overwrite_stopped_before_its_charge_still_needs_overwrite(setup, capsys,
+                                                                    monkeypatch):
+    """The cell's replacement record of an --overwrite stopped before its charge does not
+    make the new config regenerate the cell without --overwrite (it did, charging anew)."""
+    import dplang.experiments.sweep as sweep
+    from dplang.privacy.ledger import PrivacyLedger
+
+    tmp, _calls = setup
+    cfg, out = tmp / "exp.toml", tmp / "out"
+    config = _small(CONFIG).replace("public_baseline = true", "public_baseline = false")
+    cfg.write_text(config)
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    cfg.write_text(config.replace("max_tokens = 6", "max_tokens = 7"))
+    with monkeypatch.context() as patch:
+        patch.setattr(sweep, "execute_plan", lambda plan, **kw: (_ for _ in ()).throw(
+            KeyboardInterrupt()))
+        assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 130
+    capsys.readouterr()
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == 1

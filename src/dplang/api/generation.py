@@ -49,6 +49,7 @@ from ..textgen.orchestration import (
     plan_generation,
 )
 from ..textgen.prompts import DEFAULT_MAX_REFERENCE_TOKENS
+from ..textgen.resume import read_record
 from .data import data_input
 from .display import (
     Display,
@@ -198,7 +199,9 @@ def plan_line(plan: GenerationPlan) -> str:
 
 
 class _RunState:
-    """What an interrupted run had done: charged or not, and how many generations it kept."""
+    """What an interrupted run had done: charged or not, whether its seed is kept (the side
+    file, or the replacement of an earlier run's files: :meth:`_seed_kept`), whether it had
+    begun decoding (``started``), and how many generations it kept."""
 
     def __init__(self, plan: GenerationPlan, keep: bool) -> None:
         self.plan, self.keep = plan, keep
@@ -207,7 +210,7 @@ class _RunState:
         self.total = len(plan.jobs)
         self.done_before = 0
         self.written = 0
-        self.started = False  # the run's manifest, its first public file, is written
+        self.started = False  # its files are in place and it decodes (``on_start``)
 
     def interrupted(self) -> str:
         plan = self.plan
@@ -229,8 +232,11 @@ class _RunState:
                    if self.charge.recorded else
                    f"nothing new was charged to dataset {plan.dataset!r} (the release was "
                    "already in the ledger)")
-        kept_at = self._seed_kept() if self.keep and not self.started else None
-        if kept_at is not None:  # charged, nothing public yet: its opening is continued by the
+        paths = plan.paths
+        no_text = not (self.started or paths.partial.exists() or out.exists())
+        kept_at = self._seed_kept() if no_text else None
+        if kept_at is not None:  # charged, no text yet: the same command (--overwrite or
+            # not) continues it with the kept seed (dplang.textgen.resume.check_existing)
             return (f"interrupted: {charged}; no text was written yet; its seed is kept in "
                     f"{kept_at}: run the same command again to continue it (no new charge)")
         if not self.keep:
@@ -262,11 +268,8 @@ class _RunState:
         if self.release is None or not self.keep:
             return None
         for path in (self.plan.paths.replacement, self.plan.paths.find_private()):
-            try:
-                record = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            if (isinstance(record, dict) and record.get("release_id") == self.release.release_id
+            record = read_record(path)
+            if (record is not None and record.get("release_id") == self.release.release_id
                     and record.get("seed") is not None):
                 return path
         return None

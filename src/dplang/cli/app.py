@@ -138,33 +138,26 @@ def _terminated(*_args: object) -> None:
     raise KeyboardInterrupt
 
 
-def _not_utf8(args: list[Any]) -> str | None:
+def _non_utf8_refusal(args: list[Any]) -> str | None:
     """Why the command line cannot be run, when an argument or the current folder's path
-    holds bytes that are not UTF-8 (Python keeps them as lone surrogates, which no ledger,
-    JSON file or terminal line can hold: the run would stop half-way with an encoding error);
-    else None. Refused before anything is read, charged or written."""
-    def bad(text: str) -> bool:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
+    holds bytes that are not UTF-8 (:mod:`dplang.utf8`); else None. Refused before anything
+    is read, charged or written. The current folder is not asked about for ``--help`` and
+    ``--version``, which resolve no path."""
+    from ..utf8 import utf8_refusal
 
     texts = [os.fspath(a) for a in args if isinstance(a, str | os.PathLike)]
     for arg in texts:
-        if isinstance(arg, str) and bad(arg):
-            return (f"the argument {arg!a} is not valid UTF-8: dplang needs names and "
-                    "paths in UTF-8 (rename the file or folder)")
+        refusal = isinstance(arg, str) and utf8_refusal("the argument", arg)
+        if refusal:
+            return refusal + " (rename the file or folder)"
     if not texts or {"--help", "-h", "--version"} & set(texts):
-        return None  # nothing that resolves a path
+        return None
     try:
         here = os.getcwd()
     except OSError:  # a removed current folder: the command says so where it matters
         return None
-    if bad(here):
-        return (f"the current folder {here!a} is not a valid UTF-8 path: dplang needs "
-                "names and paths in UTF-8 (run it from another folder)")
-    return None
+    refusal = utf8_refusal("the current folder", here)
+    return None if refusal is None else refusal + " (run it from another folder)"
 
 
 def _main(argv: list[str] | None) -> int:
@@ -172,7 +165,7 @@ def _main(argv: list[str] | None) -> int:
     from ..privacy.ledger import LedgerError
     from ..release import ReleaseError
 
-    undecodable = _not_utf8(sys.argv[1:] if argv is None else argv)
+    undecodable = _non_utf8_refusal(sys.argv[1:] if argv is None else argv)
     if undecodable:
         echo_error(undecodable)
         return 2

@@ -10,6 +10,12 @@ they mix adjacencies, each release's adjacency shown), the data-dependent releas
 ``--data FILE`` instead of NAME (``show`` and ``budget``) names the key a release of FILE made
 without ``--dataset`` is charged to: the file's resolved path.
 
+A spend without zCDP releases is stated exactly, (Σε, Σδ), at any ``--delta`` (said when Σδ is
+above it; no guarantee once Σδ ≥ 1). ``show --json`` is standard JSON: an infinite ε is
+``null``, each release says ``not_private``, and ``dp.delta_asked`` is the δ the total was
+asked at. ``budget`` says when it created the ledger (a mistyped ``--ledger``) and warns when
+δ > :data:`LARGE_BUDGET_DELTA`.
+
 ``--ledger`` (default ``$DPLANG_LEDGER``) is an SQLite file or a ``postgresql://`` URL (a ledger
 shared by several machines); a URL is printed with its password masked.
 
@@ -112,7 +118,7 @@ def dataset_summary(book: PrivacyLedger, name: str, delta: float | None = None
             "pure_or_approx_delta": spent.approx_delta,
             "total_epsilon": None if math.isinf(total) else total,
             "total_delta": total_delta,
-            "delta_asked": at,  # total_delta is above it for a spend without zCDP releases
+            "delta_asked": at,  # total_delta may be above it (no zCDP releases: (Σε, Σδ))
         },
         "data_dependent": {
             "releases": spent.data_dependent,
@@ -158,11 +164,15 @@ def _dp_line(s: dict[str, Any]) -> str:
         parts.append(f"ε = {dp['pure_or_approx_epsilon']:.6g}, δ = "
                      f"{dp['pure_or_approx_delta']:.3g} (pure/approximate releases, basic "
                      "composition)")
-    total = ("∞ (no guarantee: Σδ ≥ 1)" if dp["total_epsilon"] is None
-             and dp["total_delta"] >= 1 else "∞ (δ too small)" if dp["total_epsilon"] is None
-             else f"{dp['total_epsilon']:.6g}")
-    above = (f"; above the δ asked, {dp['delta_asked']:.3g}" if dp["total_epsilon"] is not None
-             and dp["total_delta"] > dp["delta_asked"] else "")
+    above = ""
+    if dp["total_epsilon"] is None and dp["total_delta"] >= 1:
+        total = "∞ (no guarantee: Σδ ≥ 1)"
+    elif dp["total_epsilon"] is None:
+        total = "∞ (δ too small)"
+    else:
+        total = f"{dp['total_epsilon']:.6g}"
+        if dp["total_delta"] > dp["delta_asked"]:  # (Σε, Σδ) without zCDP releases
+            above = f"; above the δ asked, {dp['delta_asked']:.3g}"
     line = (f"  DP spend        {' + '.join(parts) or 'ρ = 0'} → total (ε = {total}, "
             f"δ = {dp['total_delta']:.3g}{above}) over {dp['releases']} release(s), under "
             f"{dp['adjacency']} adjacency")
@@ -295,10 +305,10 @@ def budget(
                    "whole records with probability up to δ; for n records take δ well below "
                    "1/n (1e-6 is common)", err=True)
     s = dataset_summary(book, key)
-    spent = s["dp"]["total_epsilon"]
+    spent = s["dp"]["total_epsilon"]  # None: ∞ (δ too small, or Σδ ≥ 1)
+    shown = "∞" if spent is None and s["dp"]["releases"] else f"{spent or 0.0:.6g}"
     typer.echo(f"budget of dataset {key}: ε = {epsilon:g}, δ = {delta:g}; spent so far "
-               f"ε = {0.0 if spent is None else spent:.6g} over {s['dp']['releases']} DP "
-               f"release(s) (ledger {book.location})")
+               f"ε = {shown} over {s['dp']['releases']} DP release(s) (ledger {book.location})")
     if dataset is not None and Path(key).is_file() and dataset_name(key) != key:
         typer.echo(f"warning: {key!r} is a dataset name, and also a file here: its budget "
                    f"counts the releases made with --dataset {key}; a release of the file "

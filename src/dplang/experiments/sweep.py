@@ -50,7 +50,6 @@ from ..models.base import LogitsModel
 from ..privacy.accounting import rho_to_epsilon
 from ..privacy.ledger import BudgetExceeded, LedgerError, PrivacyLedger, check_ledger_path
 from ..release import (
-    OPENED_STAGE,
     PRIVATE_MODE,
     OutputPaths,
     ReleaseError,
@@ -72,7 +71,7 @@ from ..textgen.orchestration import (
 )
 from ..textgen.prompts import get_template
 from ..textgen.public import generate_public_texts
-from ..textgen.resume import differences
+from ..textgen.resume import differences, kept_openings, read_record
 from .config import (
     PUBLIC,
     Cell,
@@ -128,7 +127,7 @@ def split_data(config: ExperimentConfig, out_dir: Path,
     refs, real = data_dir / "references.jsonl", data_dir / "real.jsonl"
     spec_path = data_dir / "split.private.json"
     spec = _split_spec(config, data_digest or file_digest(config.data_path))
-    if refs.exists() and real.exists() and _read_spec(spec_path) == spec:
+    if refs.exists() and real.exists() and read_record(spec_path) == spec:
         for p in (data_dir, refs, real):
             if p.stat().st_mode & 0o077:
                 p.chmod(0o700 if p.is_dir() else PRIVATE_MODE)
@@ -156,20 +155,14 @@ def split_data(config: ExperimentConfig, out_dir: Path,
     return refs, real
 
 
-def _read_spec(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 # ---------------------------------------------------------------------------------------------
 # What determines a cell's result
 
 
 CELL_SPEC = "cell.private.json"
 #: A cell's settings while a run with them replaces its generation (``--overwrite``), until
-#: that run has its files in place and they become :data:`CELL_SPEC`.
+#: that run has its files in place and they become :data:`CELL_SPEC`; from its charge on, with
+#: the id of the release it was charged as (private, like the seed it hashes).
 REPLACING_SPEC = "cell.replacing.private.json"
 
 
@@ -219,20 +212,20 @@ def cell_spec(config: ExperimentConfig, cell: Cell, data_digest: str) -> dict[st
     return {"generation": generation, "evaluation": evaluation}
 
 
-def _cell_state(cell_dir: Path, spec: dict[str, Any], overwrite: bool = False) -> str:
+def _cell_state(cell_dir: Path, spec: dict[str, Any], overwrite: bool = False,
+                book: PrivacyLedger | None = None) -> str:
     """``new`` (nothing there), ``same``, ``re-evaluate`` (the generation is the one the config
-    asks for, the evaluation settings changed) or, with ``overwrite``, ``changed`` (to be
-    generated anew). Without ``overwrite`` a generation made with other settings (or by an
-    older dplang that recorded none) raises :class:`ConfigError`: rerunning would relabel old
-    numbers with the new configuration."""
+    asks for, the evaluation settings changed) or ``changed`` (to be generated anew): with
+    ``overwrite``, or without it when the cell continues a replacement by these very settings
+    that was charged (in ``book``) and then stopped before its first text (generate continues
+    it with its kept seed: charged once). Without ``overwrite`` a generation made with other
+    settings (or by an older dplang that recorded none) raises :class:`ConfigError`:
+    rerunning would relabel old numbers with the new configuration."""
     if not cell_dir.exists():
         return "new"
-    replacing = _read_spec(cell_dir / REPLACING_SPEC)
-    stored = _read_spec(cell_dir / CELL_SPEC)
-    if (replacing is not None and replacing.get("generation") == spec["generation"]
-            and (stored is None or stored.get("generation") != spec["generation"])):
-        # a replacement by these settings, stopped before it began decoding: generate
-        # continues it with its kept seed (charged once)
+    stored = read_record(cell_dir / CELL_SPEC)
+    if ((stored is None or stored.get("generation") != spec["generation"])
+            and book is not None and _charged_replacement(cell_dir, spec, book)):
         return "changed"
     if stored is None:
         if not any((cell_dir / name).exists() for name in ("gen.jsonl", "eval")):
@@ -354,14 +347,15 @@ def preflight(config: ExperimentConfig, out_dir: Path, ledger: str | Path | None
     _check_evaluation_sizes(config)
     digest = file_digest(config.data_path)
     specs = {c.key: cell_spec(config, c, digest) for c in config.cells}
-    states = {c.key: _cell_state(out_dir / "cells" / c.key, specs[c.key], overwrite)
+    book = None if isinstance(where, Path) and not where.exists() else PrivacyLedger(ledger)
+    states = {c.key: _cell_state(out_dir / "cells" / c.key, specs[c.key], overwrite, book)
               for c in config.cells}
-    if not (isinstance(where, Path) and not where.exists()):
-        book = PrivacyLedger(ledger)
+    if book is not None:
         _check_sweep_budget(book, name,
                             [g for key, g in guarantees.items()
                              if states[key] == "new" or (states[key] == "changed"
-                             and not _charged_continuation(out_dir / "cells" / key, book))])
+                             and not _continues_a_charge(out_dir / "cells" / key, specs[key],
+                                                         book))])
     return digest, specs, states
 
 
@@ -384,20 +378,31 @@ def _check_evaluation_sizes(config: ExperimentConfig) -> None:
             raise ConfigError(f"[evaluation]: {str(exc).splitlines()[0]}") from None
 
 
-def _charged_continuation(cell_dir: Path, book: PrivacyLedger) -> bool:
-    """Whether a cell to generate anew continues a replacement that was charged and then
-    stopped before its first text (its kept opening's release is in the ledger): continuing
-    costs nothing new, so the sweep's budget check leaves it out. (Should the kept opening
+def _charged_replacement(cell_dir: Path, spec: dict[str, Any], book: PrivacyLedger) -> bool:
+    """Whether the cell's replacement by the generation settings of ``spec`` was charged (its
+    record names the release, which ``book`` holds) and stopped before its first text:
+    generate continues it with its kept seed, at no new cost."""
+    replacing = read_record(cell_dir / REPLACING_SPEC)
+    return (replacing is not None and replacing.get("generation") == spec["generation"]
+            and isinstance(replacing.get("release_id"), str)
+            and book.has_release(replacing["release_id"]))
+
+
+def _continues_a_charge(cell_dir: Path, spec: dict[str, Any], book: PrivacyLedger) -> bool:
+    """For the sweep's budget check: whether a cell to generate anew likely continues a
+    charged release at no new cost — its replacement record says so
+    (:func:`_charged_replacement`), or it was stopped inside its charge, before the record
+    could, and generate kept an opening whose release the ledger holds. (Should that opening
     belong to other settings, the cell's charge is a new one, and the ledger's own check at
     that charge still refuses it over budget.)"""
-    paths = OutputPaths.of(cell_dir / "gen.jsonl")
-    for path in (paths.replacement, paths.private):
-        record = _read_spec(path)
-        if (record is not None and record.get("stage") == OPENED_STAGE
-                and isinstance(record.get("release_id"), str)
-                and book.has_release(record["release_id"])):
-            return True
-    return False
+    if _charged_replacement(cell_dir, spec, book):
+        return True
+    replacing = read_record(cell_dir / REPLACING_SPEC)
+    if replacing is None or replacing.get("generation") != spec["generation"]:
+        return False
+    return any(isinstance(opening.get("release_id"), str)
+               and book.has_release(opening["release_id"])
+               for _path, opening in kept_openings(OutputPaths.of(cell_dir / "gen.jsonl")))
 
 
 def _check_sweep_budget(book: PrivacyLedger, name: str, guarantees: list[Any]) -> None:
@@ -417,15 +422,18 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
               load_model: Callable[[str], LogitsModel], ledger: str | Path | None, dataset: str,
               overwrite: bool = False, opened: float | None = None,
               warn: Callable[[str], None] | None = None,
+              on_charged: Callable[[str], None] | None = None,
               on_started: Callable[[], None] | None = None,
-              source_digest: str | None = None) -> tuple[Path, dict[str, Any]]:
+              data_source_digest: str | None = None) -> tuple[Path, dict[str, Any]]:
     """Generate one cell; returns the output and its timing: ``gen_seconds`` (wall clock) and
     ``cpu_seconds`` (CPU time of this process over all threads, which a paused or contended
     run does not inflate), plus ``resumed: True`` when an interrupted generation was continued
     (its times then cover the continuation only). The model is loaded before the clocks start.
-    ``on_started()`` is called once a private cell's release is charged and its run has its
-    files in place (an earlier run's replaced, its manifest and side file written), right
-    before it decodes."""
+    ``on_charged(release_id)`` is called as soon as a private cell's release is charged, and
+    ``on_started()`` once its run also has its files in place (an earlier run's replaced, its
+    manifest and side file written), right before it decodes. ``data_source_digest`` is the
+    SHA-256 of the data file the references were copied from, which the ledger records
+    (private: never in a public file)."""
     out = cell_dir / "gen.jsonl"
     started = [p for p in (out, OutputPaths.of(out).partial) if p.exists()]
     resumed = not overwrite and any(p.stat().st_size > 0 for p in started)
@@ -451,9 +459,11 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
     request = replace(_request(config, cell, refs, out, ledger, dataset), overwrite=overwrite,
                       opened=opened, data_source=config.data_path,
                       # the content the copy was made from (no second read of the file)
-                      data_source_digest=source_digest)
+                      data_source_digest=data_source_digest)
     plan = plan_generation(request, load_model)
     execute_plan(plan, on_warning=warn,  # the ledger's warnings: the data holder's terminal
+                 on_charge=None if on_charged is None else
+                 lambda charge: on_charged(charge.release_id),
                  on_start=None if on_started is None else lambda _total, _done: on_started())
     return out, timing()
 
@@ -540,7 +550,13 @@ def run_experiment(
     cell whose recorded configuration matches is skipped; one whose evaluation settings
     changed is re-evaluated (no privacy cost); one generated with other generation settings
     is refused, or with ``overwrite`` generated anew (a new release: charged; its old files
-    are replaced once the new generation is charged). ``warn`` receives the ledger's warnings
+    are replaced once the new generation is charged, and its record, ``cell.private.json``,
+    once the new run has its files in place: until then the new settings are in
+    ``cell.replacing.private.json``, and a replacement charged and stopped before its first
+    text is continued by the same config, with ``overwrite`` or without, charged once; the
+    budget check counts no new charge for it). The ledger records, for every cell, the
+    content digest of the data file its references were copied from. ``warn`` receives the
+    ledger's warnings
     (a budget kept under the data file's own name that this sweep's dataset name does not
     see, content that changed...), for the data holder's terminal only. With ``report_only``
     nothing is
@@ -657,17 +673,22 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
                 write_json(path, spec, private=True)
                 (path.parent / REPLACING_SPEC).unlink(missing_ok=True)
 
+            def record_charge(release_id: str, path: Path = cell_dir / REPLACING_SPEC,
+                              spec: dict[str, Any] = spec) -> None:
+                write_json(path, {**spec, "release_id": release_id}, private=True)
+
             # A private cell generated anew keeps its old record until the new run has its
-            # files in place; until then the new settings are its replacement record. A stop
-            # before then leaves the old generation under the old settings (the old config
-            # resumes it), never old texts recorded under new settings, which both configs
-            # would refuse; the new config continues the replacement (its seed is kept by
-            # generate: charged once).
-            anew = state == "changed" and cell.method != PUBLIC
-            if anew:
-                write_json(cell_dir / REPLACING_SPEC, spec, private=True)
-            else:
+            # files in place; until then the new settings are its replacement record (with
+            # the release id from its charge on). A stop before then leaves the old
+            # generation under the old settings (the old config resumes it), never old texts
+            # recorded under new settings, which both configs would refuse; the new config
+            # continues the replacement (generate keeps its seed: charged once).
+            replacing = state == "changed" and cell.method != PUBLIC
+            kept = read_record(cell_dir / REPLACING_SPEC)
+            if not replacing:
                 record_spec()
+            elif kept is None or kept.get("generation") != spec["generation"]:
+                write_json(cell_dir / REPLACING_SPEC, spec, private=True)  # (else: continued)
             say(f"{tag}: " + ("generating anew (--overwrite)" if state == "changed"
                                else "generating" if new
                                or not _started(cell_dir / "gen.jsonl")
@@ -677,8 +698,9 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
                 gen, timing = _generate(config, cell, refs, cell_dir, generation_model,
                                         ledger, name, overwrite=state == "changed",
                                         opened=opened, warn=warn,
-                                        on_started=record_spec if anew else None,
-                                        source_digest=spec["generation"]["data_sha256"])
+                                        on_charged=record_charge if replacing else None,
+                                        on_started=record_spec if replacing else None,
+                                        data_source_digest=spec["generation"]["data_sha256"])
             except BaseException:
                 if new and not _started(cell_dir / "gen.jsonl"):
                     _remove_empty_cell(cell_dir)  # a cell that never started leaves nothing

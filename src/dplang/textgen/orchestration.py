@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..io import (
     ReadStats,
@@ -540,7 +540,8 @@ class RunSummary:
 
 
 def _resume_seed(plan: GenerationPlan, fingerprint: dict[str, Any]) -> tuple[bool, int | None]:
-    """:func:`_check_existing` with the loaded model's whole fingerprint."""
+    """:func:`~dplang.textgen.resume.check_existing` with the loaded model's whole
+    fingerprint."""
     return check_existing(plan.request, fingerprint["parameters"],
                            _private_fingerprint(plan), fingerprint)
 
@@ -555,8 +556,9 @@ def execute_plan(
     on_charge: Callable[[Charge], None] | None = None,
     on_release: Callable[[Release], None] | None = None,
 ) -> RunSummary:
-    """Charge the ledger, write the private side file and the public manifest, and generate
-    every group not yet in the output.
+    """Write the opening side file (the seed, before the charge: beside an earlier run's
+    files for ``--overwrite``), charge the ledger, replace an earlier run's files, write the
+    public manifest and the full side file, and generate every group not yet in the output.
 
     ``on_start(total, already_done)`` is called once before decoding; ``on_result(record)``
     after each generation is persisted; ``on_step(n)`` after each decode step;
@@ -570,7 +572,8 @@ def execute_plan(
     fingerprint, dataset name, data digest, seed) is in the ledger before anything is written
     (charged once however often it is resumed; a new seed is a new charge); the manifest holds
     public inputs only and the seed, digest, counts and paths go to ``OUT.private.json``
-    (mode 600 from creation). Raises ``BudgetExceeded`` when over budget (nothing written).
+    (mode 600 from creation). Raises ``BudgetExceeded`` when over budget (nothing left: the
+    opening is removed, an earlier run's files stay).
 
     The whole of it runs under the run's lock (:class:`~dplang.release.RunLock`): a second
     process writing the same ``--out`` is refused with :class:`~dplang.release.RunLocked`.
@@ -620,7 +623,7 @@ def _execute_locked(
         description=f"dplang generate ({req.method}) → {output_label(req.out)}",
         seed_source="resumed from the private side file" if stored_seed is not None else None,
         coupling=req.coupling, data_source=req.data_source,
-        source_digest=req.data_source_digest,
+        data_source_digest=req.data_source_digest,
     )
     if req.opened is not None:
         release.opened = req.opened
@@ -646,20 +649,20 @@ def _execute_locked(
     with executor_session(executor, recipe, len(pending)):
         if plan.method.spec.prepare is not None and pending:
             plan.method.spec.prepare(plan.method.params)  # e.g. an embedder, before the charge
-        opening, made_folder = _open_side_file(plan, release, resuming, keep_seed)
+        side_file, made_folder = _open_side_file(plan, release, resuming, keep_seed)
         if on_release is not None:
             on_release(release)
         try:
             charge = release.charge(on_warning)  # before any output (invariant 6); idempotent
         except BudgetExceeded:  # nothing was charged: nothing is left either
-            if opening:
-                _remove_opening(plan.paths, made_folder, replacing=opening == REPLACING)
+            if side_file != "none":
+                _remove_opening(plan.paths, made_folder, replacing=side_file == "replacing")
             raise
         if on_charge is not None:
             on_charge(charge)
-        if opening == REPLACING:  # the earlier run's files go only now that the new run is
-            plan.paths.take_replacement()  # charged; its seed, kept beside them, takes over
-        elif req.overwrite and not opening:  # (an API call's temporary output: no seed kept)
+        if side_file == "replacing":  # the earlier run's files go only now that the new run
+            plan.paths.take_replacement()  # is charged; its seed, kept beside them, takes over
+        elif req.overwrite and side_file == "none":  # (an API call's temporary output)
             plan.paths.remove()
         if restart:  # (see above) its unfinished texts, wherever an older dplang left them
             plan.paths.partial.unlink(missing_ok=True)
@@ -710,8 +713,9 @@ def _execute_locked(
         publishing = False
         try:  # from the first public file on, a stop leaves the manifest saying "interrupted"
             release.write_manifest(plan.paths, manifest)
-            if opening or not resuming:  # after the manifest: a stop between the two leaves
-                # the opening record, from which the same command resumes
+            # after the manifest: a stop between the two leaves the opening record, from which
+            # the same command resumes
+            if side_file != "none" or not resuming:
                 release.write_private(plan.paths, release.private_record(
                     # the seed is kept to resume; an API call's temporary output is never
                     # resumed, and a crash (kill -9) would leave its seed behind
@@ -761,19 +765,19 @@ def _execute_locked(
                           time.time() - start, tokens)
 
 
-#: What :func:`_open_side_file` wrote: the opening of an ``--overwrite`` of an existing run
-#: (beside the earlier run's files, which stay until the charge).
-REPLACING = "replacing"
+#: What :func:`_open_side_file` left for the charge: no opening (an API call's temporary
+#: output keeps no seed; a resumed run past its manifest), an opening in the side file's place
+#: (written now, or left by a run stopped before its manifest, which this one continues), or
+#: one beside an earlier run's files that an ``--overwrite`` replaces after the charge.
+SideFile = Literal["none", "opened", "replacing"]
 
 
 def _open_side_file(plan: GenerationPlan, release: Release, resuming: bool,
-                    keep_seed: bool) -> tuple[bool | str, bool]:
-    """Write the run's opening side file (its seed, before the charge) when it has none yet.
-    Returns (True when the side file is an opening: written now, or left by a run stopped
-    before its manifest, which this one continues; :data:`REPLACING` when it was written as
-    the replacement of an existing run; whether its private folder was made now). A stop
-    inside the charge, or between it and the manifest, then keeps the seed of a release the
-    ledger may hold: the same command continues it, charged once
+                    keep_seed: bool) -> tuple[SideFile, bool]:
+    """Write the run's opening side file (its seed, before the charge) when it has none yet,
+    and say what there is (:data:`SideFile`) and whether its private folder was made now. A
+    stop inside the charge, or between it and the manifest, then keeps the seed of a release
+    the ledger may hold: the same command continues it, charged once
     (``resume.check_existing``).
 
     Not written for an API call's temporary output (never resumed: no seed is kept). For
@@ -782,18 +786,18 @@ def _open_side_file(plan: GenerationPlan, release: Release, resuming: bool,
     place right after the charge."""
     paths = plan.paths
     if resuming:
-        return is_opening(paths.private), False
+        return ("opened" if is_opening(paths.private) else "none"), False
     if not keep_seed:
-        return False, False
+        return "none", False
     made_folder = not paths.private.parent.exists()
     if plan.request.overwrite and paths.existing():
         release.write_opening(paths, release.opening_record(), replacing=True)
-        return REPLACING, made_folder
+        return "replacing", made_folder
     release.write_opening(paths, release.opening_record())
     # a replacement left with nothing to replace (its files deleted by hand) goes: kept, it
     # would give every later --overwrite of its command the same seed
     paths.replacement.unlink(missing_ok=True)
-    return True, made_folder
+    return "opened", made_folder
 
 
 def _remove_opening(paths: OutputPaths, made_folder: bool, *, replacing: bool = False) -> None:

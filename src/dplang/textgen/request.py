@@ -78,8 +78,9 @@ class GenerationRequest:
     #: evaluation on private rows took (:mod:`dplang.experiments.sweep`).
     opened: float | None = None
     #: The file ``data`` was copied from (an experiment's data file, whose rows it copies):
-    #: the ledger's check that the file has a budget this release does not see looks at it,
-    #: and the ledger records its content (SHA-256 ``data_source_digest``, computed when not
-    #: given: the sweep gives the one its copy was made from). Private: never fingerprinted.
+    #: the ledger's check that the file has a budget this release does not see looks at it.
     data_source: Path | None = None
+    #: SHA-256 of :attr:`data_source`, the content the ledger records for this release
+    #: (computed when not given; a sweep gives the one its copy was made from). Private:
+    #: never fingerprinted.
     data_source_digest: str | None = None

@@ -9,7 +9,10 @@ the same run (resume with the stored seed), a new one (nothing there) or a diffe
 cuts a torn last line off the output (a write killed midway) and returns the groups it holds.
 A run's side file is written before its charge (its ``stage`` is then ``"opened"``), so a run
 stopped inside the charge, or before its manifest, keeps its seed: the same command continues
-it, charged once.
+it, charged once. An ``--overwrite`` of an existing run writes it beside the earlier run's files
+instead (``.dplang-private/NAME.EXT.replacing.json``, :attr:`OutputPaths.replacement`), and it
+takes the side file's place right after the charge; ``--overwrite`` continues this very run
+when it was stopped before its first text (:func:`check_existing`).
 
 Privacy contract: reads the data holder's own files and prints only to the data holder; the
 messages name which private field differs (path, content, dataset name), never its value.
@@ -29,8 +32,8 @@ from .errors import GenerationError
 if TYPE_CHECKING:
     from .request import GenerationRequest
 
-__all__ = ["check_existing", "differences", "is_opening", "stored_fingerprint",
-           "truncate_to_finished_groups"]
+__all__ = ["check_existing", "differences", "is_opening", "kept_openings", "read_record",
+           "stored_fingerprint", "truncate_to_finished_groups"]
 
 
 def truncate_to_finished_groups(out: Path) -> set[int]:
@@ -169,10 +172,25 @@ def _opening(private_path: Path) -> dict[str, Any] | None:
 def is_opening(private_path: Path) -> bool:
     """Whether ``private_path`` is a side file written before its run's charge (False when
     it is absent or unreadable)."""
+    record = read_record(private_path)
+    return record is not None and record.get("stage") == OPENED_STAGE
+
+
+def _compared(req: GenerationRequest, record: dict[str, Any], fp: Any, path: Path,
+              parameters: dict[str, Any], private_fp: dict[str, Any],
+              fingerprint: dict[str, Any] | None) -> tuple[int | None, list[str], str]:
+    """A kept run against the request: its seed (None when ``record`` holds none), what
+    differs in its public fingerprint ``fp`` (and ``--seed``, when given and another), and
+    which private identities of its side file ``path`` differ (:func:`_other_private`)."""
     try:
-        return private_path.exists() and _opening(private_path) is not None
-    except GenerationError:
-        return False
+        seed: int | None = int(record["seed"])
+    except (KeyError, TypeError, ValueError):
+        seed = None
+    fp = _as_now(fp)
+    diff = _fingerprint_differences(fp if isinstance(fp, dict) else {}, parameters, fingerprint)
+    if req.seed is not None and req.seed != seed:
+        diff.append("--seed")
+    return seed, diff, _other_private(path, private_fp)
 
 
 def _continue_opening(
@@ -183,17 +201,10 @@ def _continue_opening(
     its charge, or right after it): the same run continues with its seed (charged once); a
     different run replaces it when the ledger does not hold its release (nothing was charged
     or published with that seed), and is refused when it does (its seed would be lost)."""
-    try:
-        seed = int(opening["seed"])
-    except (KeyError, TypeError, ValueError):
-        raise GenerationError(f"cannot resume {req.out}: {private_path} holds no seed"
-                              ) from None
-    old_fp = _as_now(opening.get("fingerprint"))
-    diff = _fingerprint_differences(old_fp if isinstance(old_fp, dict) else {}, parameters,
-                                    fingerprint)
-    other = _other_private(private_path, private_fp)
-    if req.seed is not None and req.seed != seed:
-        diff.append("--seed")
+    seed, diff, other = _compared(req, opening, opening.get("fingerprint"), private_path,
+                                  parameters, private_fp, fingerprint)
+    if seed is None:
+        raise GenerationError(f"cannot resume {req.out}: {private_path} holds no seed")
     if not diff and not other:
         return True, seed
     what = "; ".join(x for x in (_shown(diff), f"other {other}" if other else "") if x)
@@ -215,47 +226,50 @@ def _continue_opening(
         "charge), or --overwrite (or delete it) to start a new run (a new seed, charged anew)")
 
 
-def _same_opening_seed(req: GenerationRequest, paths: OutputPaths,
-                       parameters: dict[str, Any], private_fp: dict[str, Any],
-                       fingerprint: dict[str, Any] | None) -> int | None:
+def _same_run_seed(req: GenerationRequest, paths: OutputPaths,
+                   parameters: dict[str, Any], private_fp: dict[str, Any],
+                   fingerprint: dict[str, Any] | None) -> int | None:
     """With ``--overwrite``: the seed of this very run when it was stopped before its first
-    text — its opening, kept as the replacement of the earlier run's files or already in the
-    side file's place, or its manifest and side file with no text written yet — so that "the
-    same command again" continues it, charged once (a new seed would be a second charge for
-    the same texts). None otherwise: whatever else is there is replaced by a new run."""
-    def same(record: dict[str, Any] | None, fp: Any, path: Path) -> int | None:
-        if not isinstance(record, dict):
-            return None
-        try:
-            seed = int(record["seed"])
-        except (KeyError, TypeError, ValueError):
-            return None
-        fp = _as_now(fp)
-        if (isinstance(fp, dict) and not _fingerprint_differences(fp, parameters, fingerprint)
-                and not _other_private(path, private_fp)
-                and (req.seed is None or req.seed == seed)):
+    text — its opening (:func:`kept_openings`), or its manifest and side file with no text
+    written yet — so that "the same command again" continues it, charged once (a new seed
+    would be a second charge for the same texts). None otherwise: whatever else is there is
+    replaced by a new run."""
+    def matching(record: dict[str, Any], fp: Any, path: Path) -> int | None:
+        seed, diff, other = _compared(req, record, fp, path, parameters, private_fp,
+                                      fingerprint)
+        return seed if seed is not None and not diff and not other else None
+
+    for path, opening in kept_openings(paths):
+        seed = matching(opening, opening.get("fingerprint"), path)
+        if seed is not None:
             return seed
-        return None
-
-    def read(path: Path) -> dict[str, Any] | None:
-        try:
-            record = _read_json(path) if path.exists() else None
-        except GenerationError:  # unreadable: replaced like anything else
-            return None
-        return record if isinstance(record, dict) else None
-
-    for path in (paths.replacement, paths.private):
-        opening = read(path)
-        if opening is not None and opening.get("stage") == OPENED_STAGE:
-            seed = same(opening, opening.get("fingerprint"), path)
-            if seed is not None:
-                return seed
     if paths.output.exists() or paths.partial.exists():
         return None  # texts were written (or are being): an --overwrite is a new run
-    manifest, private = read(paths.find_manifest()), read(paths.find_private())
+    manifest, private = read_record(paths.find_manifest()), read_record(paths.find_private())
     if manifest is None or private is None:
         return None
-    return same(private, manifest.get("fingerprint"), paths.find_private())
+    return matching(private, manifest.get("fingerprint"), paths.find_private())
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None when it is absent, unreadable or not an object."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def kept_openings(paths: OutputPaths) -> list[tuple[Path, dict[str, Any]]]:
+    """The openings kept for the output ``paths`` (records written before a charge, with
+    the seed: ``"stage": "opened"``): the replacement of an earlier run's files
+    (``--overwrite``), then the side file; each with its path."""
+    found = []
+    for path in (paths.replacement, paths.private):
+        record = read_record(path)
+        if record is not None and record.get("stage") == OPENED_STAGE:
+            found.append((path, record))
+    return found
 
 
 def check_existing(
@@ -266,17 +280,21 @@ def check_existing(
 
     Called twice: before the model load with the public ``parameters`` only, and after it
     with the whole public ``fingerprint`` (model digest and prompt form included). With
-    ``--overwrite`` whatever is there is to be replaced: (False, None), or (False, its seed)
-    when it is this very run, stopped before its first public file (an opening). Refused with a
+    ``--overwrite`` whatever is there is to be replaced: (False, None); but when it is this
+    very run, stopped before its first text (its opening kept, or its manifest and side file
+    written and no text yet), (False, its seed): not resumed (its files are replaced), yet
+    continued with its seed, so that it is charged once. Refused with a
     one-line error: an output without its manifest; a manifest of a different run (the
     message names what differs); a run whose private side file is gone; a private side file
     left without its run's outputs (a stale seed is never half-used). A side file written
     before its run's charge, with no manifest yet (a run stopped inside its charge or right
     after it), is continued by the same run, replaced by a different one when the ledger
-    does not hold its release, and refused otherwise."""
+    does not hold its release, and refused otherwise. A side file left without outputs beside
+    a replacement (an ``--overwrite`` stopped while it replaced them) is refused with the
+    advice to rerun that command with ``--overwrite``."""
     paths = OutputPaths.of(req.out)
     if req.overwrite:
-        return False, _same_opening_seed(req, paths, parameters, private_fp, fingerprint)
+        return False, _same_run_seed(req, paths, parameters, private_fp, fingerprint)
     manifest_path = paths.find_manifest()
     private_path = paths.find_private()  # an older run's may be beside the output
     if not manifest_path.exists():

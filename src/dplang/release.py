@@ -335,6 +335,7 @@ class OutputPaths:
         go, then its :attr:`replacement` takes :attr:`private`'s place (one rename). A stop
         between the two leaves the earlier side file without outputs beside the replacement;
         the replacing command continues from the replacement (``dplang.textgen.resume``)."""
+        self.adopt_legacy_private()  # an older dplang's side file, kept under its own name
         self.remove(keep_private=True)
         os.replace(self.replacement, self.private)
         fsync_dir(self.private.parent)

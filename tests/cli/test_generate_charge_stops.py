@@ -295,3 +295,72 @@ def test_a_replacement_with_nothing_left_to_replace_is_removed(tmp_path, capsys,
     first = _side(tmp_path)["seed"]
     assert run(capsys, *_args(tmp_path, data, "--overwrite"))[0] == 0
     assert _side(tmp_path)["seed"] != first and _releases(data) == 3
+
+
+def _half_replace(monkeypatch):
+    from dplang.release import OutputPaths
+
+    def half(self):
+        self.adopt_legacy_private()
+        self.remove(keep_private=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(OutputPaths, "take_replacement", half)
+
+
+def test_an_overwrite_continued_after_an_upgrade_keeps_its_release(tmp_path, capsys,
+                                                                   monkeypatch):
+    """A newer version's fingerprint (a key added, None here) still matches the kept run:
+    the continuation keeps the kept fingerprint, so its release id is the charged one (with
+    today's, the ledger refused the seed as reused, the kept seed was dropped, and the next
+    --overwrite charged again)."""
+    import dplang.textgen.orchestration as orchestration
+
+    data = write_csv(tmp_path / "d.csv", 6)
+    assert run(capsys, *_args(tmp_path, data))[0] == 0
+    original = orchestration._fingerprint
+    with monkeypatch.context() as patch:
+        patch.setattr(orchestration, "_fingerprint",
+                      lambda plan: {k: v for k, v in original(plan).items() if k != "numerics"})
+        _half_replace(patch)
+        assert run(capsys, *_args(tmp_path, data, "--overwrite", "-T", "3"))[0] == 130
+    assert _releases(data) == 2
+    code, _, err = run(capsys, *_args(tmp_path, data, "--overwrite", "-T", "3"))
+    assert code == 0, err
+    assert _releases(data) == 2
+
+
+def test_an_overwrite_after_the_texts_of_a_complete_run_were_deleted_is_a_new_run(
+        tmp_path, capsys):
+    data = write_csv(tmp_path / "d.csv", 6)
+    assert run(capsys, *_args(tmp_path, data))[0] == 0
+    first = _side(tmp_path)["seed"]
+    (tmp_path / "a.jsonl").unlink()
+    assert run(capsys, *_args(tmp_path, data, "--overwrite"))[0] == 0
+    assert _side(tmp_path)["seed"] != first and _releases(data) == 2
+
+
+def test_an_overwrite_of_a_run_with_a_legacy_side_file_stopped_half_way(tmp_path, capsys,
+                                                                        monkeypatch):
+    """An older dplang's side file name: half-way through the replacement it is kept (under
+    the current name), so the earlier command is refused and the same command continues."""
+    data = write_csv(tmp_path / "d.csv", 6)
+    assert run(capsys, *_args(tmp_path, data))[0] == 0
+    (tmp_path / PRIVATE / "a.private.json").rename(tmp_path / PRIVATE / "a.jsonl.private.json")
+    from dplang.release import OutputPaths
+
+    original = OutputPaths.remove
+
+    def remove_then_stop(self, *, keep_private=False):
+        original(self, keep_private=keep_private)
+        if keep_private:  # inside take_replacement, before its rename
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(OutputPaths, "remove", remove_then_stop)
+        assert run(capsys, *_args(tmp_path, data, "--overwrite", "-T", "3"))[0] == 130
+    assert _releases(data) == 2
+    code, _, err = run(capsys, *_args(tmp_path, data))
+    assert code == 2 and "was being replaced" in err, err
+    assert run(capsys, *_args(tmp_path, data, "--overwrite", "-T", "3"))[0] == 0
+    assert _releases(data) == 2

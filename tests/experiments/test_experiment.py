@@ -891,3 +891,30 @@ def test_an_overwrite_stopped_before_its_charge_still_needs_overwrite(setup, cap
     assert main(["experiment", str(cfg), "--out", str(out)]) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == 1
+
+
+def test_a_replacement_the_cell_can_no_longer_continue_is_refused_not_charged_anew(
+        setup, capsys, monkeypatch):
+    """Without --overwrite a sweep continues a cell's charged replacement only as that very
+    release: when the model's libraries changed since (another release), generate refuses
+    rather than draw a new seed (it charged anew, unasked)."""
+    from dplang.privacy.ledger import PrivacyLedger
+
+    tmp, _calls = setup
+    cfg, out = tmp / "exp.toml", tmp / "out"
+    config = _small(CONFIG).replace("public_baseline = true", "public_baseline = false")
+    cfg.write_text(config)
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    cfg.write_text(config.replace("max_tokens = 6", "max_tokens = 7"))
+    with monkeypatch.context() as patch:
+        _stop_while_replacing(patch)
+        assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 130
+    capsys.readouterr()
+    name = str((tmp / "data.csv").resolve())
+    assert PrivacyLedger().spent(name).releases == 2
+    model = exp_cli._load_model("toy")
+    monkeypatch.setattr(model, "numerics", {"torch": "another version"}, raising=False)
+    code = main(["experiment", str(cfg), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--overwrite" in err, err
+    assert PrivacyLedger().spent(name).releases == 2

@@ -215,18 +215,18 @@ def cell_spec(config: ExperimentConfig, cell: Cell, data_digest: str) -> dict[st
 def _cell_state(cell_dir: Path, spec: dict[str, Any], overwrite: bool = False,
                 book: PrivacyLedger | None = None) -> str:
     """``new`` (nothing there), ``same``, ``re-evaluate`` (the generation is the one the config
-    asks for, the evaluation settings changed) or ``changed`` (to be generated anew): with
-    ``overwrite``, or without it when the cell continues a replacement by these very settings
-    that was charged (in ``book``) and then stopped before its first text (generate continues
-    it with its kept seed: charged once). Without ``overwrite`` a generation made with other
-    settings (or by an older dplang that recorded none) raises :class:`ConfigError`:
-    rerunning would relabel old numbers with the new configuration."""
+    asks for, the evaluation settings changed), ``changed`` (to be generated anew, with
+    ``overwrite``) or ``continue``: without ``overwrite``, the cell's replacement by these very
+    settings was charged (in ``book``) and stopped before its first text, and generate is to
+    continue it with its kept seed (charged once), or refuse. Without ``overwrite`` a
+    generation made with other settings (or by an older dplang that recorded none) raises
+    :class:`ConfigError`: rerunning would relabel old numbers with the new configuration."""
     if not cell_dir.exists():
         return "new"
     stored = read_record(cell_dir / CELL_SPEC)
     if ((stored is None or stored.get("generation") != spec["generation"])
             and book is not None and _charged_replacement(cell_dir, spec, book)):
-        return "changed"
+        return "changed" if overwrite else "continue"
     if stored is None:
         if not any((cell_dir / name).exists() for name in ("gen.jsonl", "eval")):
             return "new"
@@ -243,9 +243,13 @@ def _cell_state(cell_dir: Path, spec: dict[str, Any], overwrite: bool = False,
         diff = [("the data's content changed" if d.split(":")[0].endswith("data_sha256") else d)
                 for d in diff]
         shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
+        replacing = read_record(cell_dir / REPLACING_SPEC)
+        anew = ("--overwrite to continue its interrupted replacement by these settings (no "
+                "new charge if it was charged, else a new release)"
+                if replacing is not None and replacing.get("generation") == spec["generation"]
+                else "--overwrite to generate it anew (a new release, charged anew)")
         raise ConfigError(f"cell {cell_dir.name} in this --out was generated with other "
-                          f"settings ({shown}); use a new --out, restore the config, or "
-                          "--overwrite to generate it anew (a new release, charged anew)")
+                          f"settings ({shown}); use a new --out, restore the config, or {anew}")
     return "same" if stored.get("evaluation") == spec["evaluation"] else "re-evaluate"
 
 
@@ -355,7 +359,7 @@ def preflight(config: ExperimentConfig, out_dir: Path, ledger: str | Path | None
                             [g for key, g in guarantees.items()
                              if states[key] == "new" or (states[key] == "changed"
                              and not _continues_a_charge(out_dir / "cells" / key, specs[key],
-                                                         book))])
+                                                         book))])  # ("continue": no charge)
     return digest, specs, states
 
 
@@ -420,7 +424,8 @@ def _check_sweep_budget(book: PrivacyLedger, name: str, guarantees: list[Any]) -
 
 def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
               load_model: Callable[[str], LogitsModel], ledger: str | Path | None, dataset: str,
-              overwrite: bool = False, opened: float | None = None,
+              overwrite: bool = False, continue_only: bool = False,
+              opened: float | None = None,
               warn: Callable[[str], None] | None = None,
               on_charged: Callable[[str], None] | None = None,
               on_started: Callable[[], None] | None = None,
@@ -457,7 +462,7 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
                                   cell.temperature, cell.top_k, seed, out)
         return out, timing()
     request = replace(_request(config, cell, refs, out, ledger, dataset), overwrite=overwrite,
-                      opened=opened, data_source=config.data_path,
+                      continue_only=continue_only, opened=opened, data_source=config.data_path,
                       # the content the copy was made from (no second read of the file)
                       data_source_digest=data_source_digest)
     plan = plan_generation(request, load_model)
@@ -659,10 +664,10 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
             continue
         else:
             assert refs is not None and real is not None
-            new = state == "new"
-            if state in ("re-evaluate", "changed"):
+            new, anew = state == "new", state in ("changed", "continue")
+            if state == "re-evaluate" or anew:
                 metrics_path.unlink(missing_ok=True)  # never a stale "done" marker
-            if state == "changed":
+            if anew:
                 timing_path.unlink(missing_ok=True)
                 if cell.method == PUBLIC:  # no release: nothing to charge first
                     (cell_dir / "gen.jsonl").unlink(missing_ok=True)
@@ -683,20 +688,22 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
             # generation under the old settings (the old config resumes it), never old texts
             # recorded under new settings, which both configs would refuse; the new config
             # continues the replacement (generate keeps its seed: charged once).
-            replacing = state == "changed" and cell.method != PUBLIC
+            replacing = anew and cell.method != PUBLIC
             kept = read_record(cell_dir / REPLACING_SPEC)
             if not replacing:
                 record_spec()
             elif kept is None or kept.get("generation") != spec["generation"]:
                 write_json(cell_dir / REPLACING_SPEC, spec, private=True)  # (else: continued)
             say(f"{tag}: " + ("generating anew (--overwrite)" if state == "changed"
-                               else "generating" if new
+                               else "continuing its interrupted --overwrite (charged once)"
+                               if state == "continue" else "generating" if new
                                or not _started(cell_dir / "gen.jsonl")
                                else "evaluation settings changed, re-evaluating"
                                if state == "re-evaluate" else "resuming"))
             try:
                 gen, timing = _generate(config, cell, refs, cell_dir, generation_model,
-                                        ledger, name, overwrite=state == "changed",
+                                        ledger, name, overwrite=anew,
+                                        continue_only=state == "continue",
                                         opened=opened, warn=warn,
                                         on_charged=record_charge if replacing else None,
                                         on_started=record_spec if replacing else None,

@@ -78,6 +78,7 @@ from .request import GenerationRequest
 from .resume import (
     check_existing,
     is_opening,
+    kept_fingerprint,
     stored_fingerprint,
     truncate_to_finished_groups,
 )
@@ -468,7 +469,7 @@ def _shared_prefix(plan: GenerationPlan, labels: dict[str, str], public: str) ->
 #: ``overwrite`` (what to do with an earlier run, not what this run is).
 _NOT_FINGERPRINTED = ("seed", "ledger", "out", "concurrent_groups", "data", "dataset",
                       "overwrite", "public_seed", "coupling", "opened", "data_source",
-                      "data_source_digest")
+                      "data_source_digest", "continue_only")
 
 
 def _public_parameters(req: GenerationRequest, method: CalibratedMethod) -> dict[str, Any]:
@@ -616,6 +617,8 @@ def _execute_locked(
     resuming, stored_seed = _resume_seed(plan, fingerprint)
     if resuming:  # the stored one: equal up to how an older dplang named the model, and part
         fingerprint = stored_fingerprint(req.out) or fingerprint  # of the ledger's release id
+    elif stored_seed is not None:  # an --overwrite continuing this very run: likewise its own
+        fingerprint = kept_fingerprint(plan.paths, stored_seed) or fingerprint
     seed = stored_seed if stored_seed is not None else req.seed
     release = Release.open(
         "generate", data=req.data, guarantee=plan.guarantee, fingerprint=fingerprint,

@@ -32,8 +32,8 @@ from .errors import GenerationError
 if TYPE_CHECKING:
     from .request import GenerationRequest
 
-__all__ = ["check_existing", "differences", "is_opening", "kept_openings", "read_record",
-           "stored_fingerprint", "truncate_to_finished_groups"]
+__all__ = ["check_existing", "differences", "is_opening", "kept_fingerprint", "kept_openings",
+           "read_record", "stored_fingerprint", "truncate_to_finished_groups"]
 
 
 def truncate_to_finished_groups(out: Path) -> set[int]:
@@ -246,9 +246,20 @@ def _same_run_seed(req: GenerationRequest, paths: OutputPaths,
     if paths.output.exists() or paths.partial.exists():
         return None  # texts were written (or are being): an --overwrite is a new run
     manifest, private = read_record(paths.find_manifest()), read_record(paths.find_private())
-    if manifest is None or private is None:
-        return None
+    if manifest is None or private is None or manifest.get("status") == "complete":
+        return None  # (a complete run whose texts were deleted: --overwrite is a new run)
     return matching(private, manifest.get("fingerprint"), paths.find_private())
+
+
+def kept_fingerprint(paths: OutputPaths, seed: int) -> dict[str, Any] | None:
+    """The public fingerprint of the run kept with ``seed`` (a kept opening's, or its
+    manifest's), which an ``--overwrite`` continuing it keeps, as a resumed run keeps its own:
+    equal to the request's up to how an older version named things, and part of the release
+    id the ledger knows."""
+    for _path, opening in kept_openings(paths):
+        if opening.get("seed") == seed and isinstance(opening.get("fingerprint"), dict):
+            return opening["fingerprint"]
+    return stored_fingerprint(paths.output)
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
@@ -294,22 +305,28 @@ def check_existing(
     advice to rerun that command with ``--overwrite``."""
     paths = OutputPaths.of(req.out)
     if req.overwrite:
-        return False, _same_run_seed(req, paths, parameters, private_fp, fingerprint)
+        seed = _same_run_seed(req, paths, parameters, private_fp, fingerprint)
+        if seed is None and req.continue_only:
+            raise GenerationError(
+                f"{req.out}: the interrupted run to continue is not this one any more (the "
+                "model, its libraries or the prompt changed since it was charged); --overwrite "
+                "to generate it anew (a new release, charged anew)")
+        return False, seed
     manifest_path = paths.find_manifest()
     private_path = paths.find_private()  # an older run's may be beside the output
     if not manifest_path.exists():
         if req.out.exists() or paths.partial.exists():
             raise GenerationError(f"{req.out} exists without a manifest; choose another --out "
                                   "or --overwrite")
-        if not private_path.exists():
-            return False, None
-        opening = _opening(private_path)
+        opening = _opening(private_path) if private_path.exists() else None
         if opening is None and paths.replacement.exists():
             raise GenerationError(
                 f"{req.out} was being replaced by a new run (--overwrite) that was stopped "
                 "inside or right after its charge, before its first public file; run that "
                 "command again, with --overwrite, to continue it (its seed is kept: no new "
                 "charge)")
+        if not private_path.exists():
+            return False, None
         if opening is None:
             raise GenerationError(
                 f"{private_path} is left from a run whose outputs are gone; restore "

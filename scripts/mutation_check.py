@@ -680,8 +680,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the data file's digest a sweep gives each cell's release (for the ledger) is a "
         "fingerprinted request field: it reaches every cell's public manifest",
         (("src/dplang/textgen/orchestration.py",
-          '"opened", "data_source",\n                      "data_source_digest")',
-          '"opened", "data_source",\n                      )'),),
+          '"data_source_digest", "continue_release")',
+          '"continue_release")'),),
         ("tests/experiments/test_experiment.py",),
     ),
     Mutation(

@@ -364,3 +364,29 @@ def test_an_overwrite_of_a_run_with_a_legacy_side_file_stopped_half_way(tmp_path
     assert code == 2 and "was being replaced" in err, err
     assert run(capsys, *_args(tmp_path, data, "--overwrite", "-T", "3"))[0] == 0
     assert _releases(data) == 2
+
+
+def test_two_kept_runs_with_one_given_seed_are_told_apart(tmp_path, capsys, monkeypatch):
+    """Run A (ε = 8) and run B (ε = 1) with one given --seed both left a kept opening (A's
+    uncharged in the side file, B's charged as a replacement). A's command with --overwrite
+    is A's own release, which the ledger refuses (its seed is B's): the kept run was found by
+    its seed alone, and A's ε = 8 texts went out under B's fingerprint and B's ε = 1 charge."""
+    data = write_csv(tmp_path / "d.csv", 6)
+
+    def args(epsilon, *extra):
+        return [*_args(tmp_path, data, "--seed", "5", *extra)[:5], epsilon,
+                *_args(tmp_path, data, "--seed", "5", *extra)[6:]]
+
+    _stop_in_charge(monkeypatch, record=False)
+    assert run(capsys, *args("8"))[0] == 130
+    _stop_in_charge(monkeypatch, record=True)
+    assert run(capsys, *args("1", "--overwrite"))[0] == 130
+    assert _releases(data) == 1
+    code, _, err = run(capsys, *args("8", "--overwrite"))
+    assert code == 3 and "seed was already used" in err, err
+    assert not (tmp_path / "a.manifest.json").exists() and _releases(data) == 1
+    # B's command continues B, charged once
+    assert run(capsys, *args("1", "--overwrite"))[0] == 0
+    manifest = json.loads((tmp_path / "a.manifest.json").read_text())
+    assert manifest["fingerprint"]["parameters"]["epsilon"] == manifest["epsilon"] == 1
+    assert _releases(data) == 1

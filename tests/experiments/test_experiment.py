@@ -918,3 +918,32 @@ def test_a_replacement_the_cell_can_no_longer_continue_is_refused_not_charged_an
     err = capsys.readouterr().err
     assert code == 2 and "--overwrite" in err, err
     assert PrivacyLedger().spent(name).releases == 2
+
+
+def test_a_sweep_continues_only_the_release_its_cell_recorded(setup, capsys, monkeypatch):
+    """A cell's charged replacement R1 can no longer be continued (the libraries changed);
+    the --overwrite it was told to run drew R2 and was stopped before R2's charge. The
+    config without --overwrite must not continue R2 (a new charge, unasked): only R1."""
+    from dplang.privacy.ledger import PrivacyLedger
+
+    tmp, _calls = setup
+    cfg, out = tmp / "exp.toml", tmp / "out"
+    config = _small(CONFIG).replace("public_baseline = true", "public_baseline = false")
+    cfg.write_text(config)
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    cfg.write_text(config.replace("max_tokens = 6", "max_tokens = 7"))
+    with monkeypatch.context() as patch:
+        _stop_while_replacing(patch)
+        assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 130
+    name = str((tmp / "data.csv").resolve())
+    model = exp_cli._load_model("toy")
+    monkeypatch.setattr(model, "numerics", {"torch": "another version"}, raising=False)
+    with monkeypatch.context() as patch:
+        patch.setattr(PrivacyLedger, "charge", lambda self, *a, **kw: (_ for _ in ()).throw(
+            KeyboardInterrupt()))
+        assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 130
+    capsys.readouterr()
+    assert PrivacyLedger().spent(name).releases == 2
+    code = main(["experiment", str(cfg), "--out", str(out)])
+    assert code == 2 and "--overwrite" in capsys.readouterr().err
+    assert PrivacyLedger().spent(name).releases == 2

@@ -424,7 +424,7 @@ def _check_sweep_budget(book: PrivacyLedger, name: str, guarantees: list[Any]) -
 
 def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
               load_model: Callable[[str], LogitsModel], ledger: str | Path | None, dataset: str,
-              overwrite: bool = False, continue_only: bool = False,
+              overwrite: bool = False, continue_release: str | None = None,
               opened: float | None = None,
               warn: Callable[[str], None] | None = None,
               on_charged: Callable[[str], None] | None = None,
@@ -462,7 +462,8 @@ def _generate(config: ExperimentConfig, cell: Cell, refs: Path, cell_dir: Path,
                                   cell.temperature, cell.top_k, seed, out)
         return out, timing()
     request = replace(_request(config, cell, refs, out, ledger, dataset), overwrite=overwrite,
-                      continue_only=continue_only, opened=opened, data_source=config.data_path,
+                      continue_release=continue_release, opened=opened,
+                      data_source=config.data_path,
                       # the content the copy was made from (no second read of the file)
                       data_source_digest=data_source_digest)
     plan = plan_generation(request, load_model)
@@ -703,7 +704,8 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
             try:
                 gen, timing = _generate(config, cell, refs, cell_dir, generation_model,
                                         ledger, name, overwrite=anew,
-                                        continue_only=state == "continue",
+                                        continue_release=(kept or {}).get("release_id")
+                                        if state == "continue" else None,
                                         opened=opened, warn=warn,
                                         on_charged=record_charge if replacing else None,
                                         on_started=record_spec if replacing else None,

@@ -77,8 +77,8 @@ from .prompts import (
 from .request import GenerationRequest
 from .resume import (
     check_existing,
+    continued_run,
     is_opening,
-    kept_fingerprint,
     stored_fingerprint,
     truncate_to_finished_groups,
 )
@@ -469,7 +469,7 @@ def _shared_prefix(plan: GenerationPlan, labels: dict[str, str], public: str) ->
 #: ``overwrite`` (what to do with an earlier run, not what this run is).
 _NOT_FINGERPRINTED = ("seed", "ledger", "out", "concurrent_groups", "data", "dataset",
                       "overwrite", "public_seed", "coupling", "opened", "data_source",
-                      "data_source_digest", "continue_only")
+                      "data_source_digest", "continue_release")
 
 
 def _public_parameters(req: GenerationRequest, method: CalibratedMethod) -> dict[str, Any]:
@@ -618,7 +618,11 @@ def _execute_locked(
     if resuming:  # the stored one: equal up to how an older dplang named the model, and part
         fingerprint = stored_fingerprint(req.out) or fingerprint  # of the ledger's release id
     elif stored_seed is not None:  # an --overwrite continuing this very run: likewise its own
-        fingerprint = kept_fingerprint(plan.paths, stored_seed) or fingerprint
+        kept = continued_run(req, fingerprint["parameters"], _private_fingerprint(plan),
+                             fingerprint)  # (the record check_existing matched)
+        if kept is None or kept.seed != stored_seed:  # pragma: no cover - same inputs, same run
+            raise GenerationError(f"{req.out}: the run to continue changed while it was read")
+        fingerprint = kept.fingerprint
     seed = stored_seed if stored_seed is not None else req.seed
     release = Release.open(
         "generate", data=req.data, guarantee=plan.guarantee, fingerprint=fingerprint,

@@ -65,10 +65,11 @@ class GenerationRequest:
     #: Replace what ``out`` holds (another run, or a stale private side file) with a new run.
     #: The old files are removed only once the new release has been charged.
     overwrite: bool = False
-    #: With ``overwrite``: only continue this very run, stopped before its first text, with
-    #: its kept seed; refuse (rather than start a new run, a new charge) when it cannot be
-    #: found. A sweep sets it when it continues a cell's interrupted replacement on its own.
-    continue_only: bool = False
+    #: With ``overwrite``: only continue the run kept as this release (stopped before its
+    #: first text, with its seed), and refuse — rather than start a new run, a new charge —
+    #: when the run that matches the request is another. A sweep sets it when it continues a
+    #: cell's interrupted replacement on its own. Private (a release id hashes the seed).
+    continue_release: str | None = None
     #: The seed is public (written in a configuration file): a *toy run*, whose guarantee is
     #: void; it is labelled so in the public manifest and the ledger (``Guarantee.public_seed``).
     public_seed: bool = False

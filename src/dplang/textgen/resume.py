@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..models.base import public_model_name
 from ..privacy.ledger import PrivacyLedger
@@ -32,8 +32,8 @@ from .errors import GenerationError
 if TYPE_CHECKING:
     from .request import GenerationRequest
 
-__all__ = ["check_existing", "differences", "is_opening", "kept_fingerprint", "kept_openings",
-           "read_record", "stored_fingerprint", "truncate_to_finished_groups"]
+__all__ = ["KeptRun", "check_existing", "continued_run", "differences", "is_opening",
+           "kept_openings", "read_record", "stored_fingerprint", "truncate_to_finished_groups"]
 
 
 def truncate_to_finished_groups(out: Path) -> set[int]:
@@ -226,40 +226,45 @@ def _continue_opening(
         "charge), or --overwrite (or delete it) to start a new run (a new seed, charged anew)")
 
 
-def _same_run_seed(req: GenerationRequest, paths: OutputPaths,
-                   parameters: dict[str, Any], private_fp: dict[str, Any],
-                   fingerprint: dict[str, Any] | None) -> int | None:
-    """With ``--overwrite``: the seed of this very run when it was stopped before its first
-    text — its opening (:func:`kept_openings`), or its manifest and side file with no text
-    written yet — so that "the same command again" continues it, charged once (a new seed
-    would be a second charge for the same texts). None otherwise: whatever else is there is
-    replaced by a new run."""
-    def matching(record: dict[str, Any], fp: Any, path: Path) -> int | None:
+class KeptRun(NamedTuple):
+    """This very run, kept from before its first text (:func:`continued_run`): its seed, its
+    public fingerprint (part of its release id) and its release id."""
+
+    seed: int
+    fingerprint: dict[str, Any]
+    release_id: str | None
+
+
+def continued_run(req: GenerationRequest, parameters: dict[str, Any],
+                  private_fp: dict[str, Any],
+                  fingerprint: dict[str, Any] | None = None) -> KeptRun | None:
+    """With ``--overwrite``: this very run when it was stopped before its first text — its
+    opening (:func:`kept_openings`), or its manifest and side file with no text written yet —
+    so that "the same command again" continues it with its seed and fingerprint (the
+    release the ledger may hold), charged once: a new seed would be a second charge for the
+    same texts. None otherwise: whatever else is there is replaced by a new run. The run is
+    the one whose record matches the request (:func:`_compared`), never another found by
+    its seed alone (two runs may share a given ``--seed``)."""
+    paths = OutputPaths.of(req.out)
+
+    def matching(record: dict[str, Any], fp: Any, path: Path) -> KeptRun | None:
         seed, diff, other = _compared(req, record, fp, path, parameters, private_fp,
                                       fingerprint)
-        return seed if seed is not None and not diff and not other else None
+        if seed is None or diff or other or not isinstance(fp, dict):
+            return None
+        release_id = record.get("release_id")
+        return KeptRun(seed, fp, release_id if isinstance(release_id, str) else None)
 
     for path, opening in kept_openings(paths):
-        seed = matching(opening, opening.get("fingerprint"), path)
-        if seed is not None:
-            return seed
+        kept = matching(opening, opening.get("fingerprint"), path)
+        if kept is not None:
+            return kept
     if paths.output.exists() or paths.partial.exists():
         return None  # texts were written (or are being): an --overwrite is a new run
     manifest, private = read_record(paths.find_manifest()), read_record(paths.find_private())
     if manifest is None or private is None or manifest.get("status") == "complete":
         return None  # (a complete run whose texts were deleted: --overwrite is a new run)
     return matching(private, manifest.get("fingerprint"), paths.find_private())
-
-
-def kept_fingerprint(paths: OutputPaths, seed: int) -> dict[str, Any] | None:
-    """The public fingerprint of the run kept with ``seed`` (a kept opening's, or its
-    manifest's), which an ``--overwrite`` continuing it keeps, as a resumed run keeps its own:
-    equal to the request's up to how an older version named things, and part of the release
-    id the ledger knows."""
-    for _path, opening in kept_openings(paths):
-        if opening.get("seed") == seed and isinstance(opening.get("fingerprint"), dict):
-            return opening["fingerprint"]
-    return stored_fingerprint(paths.output)
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
@@ -305,13 +310,14 @@ def check_existing(
     advice to rerun that command with ``--overwrite``."""
     paths = OutputPaths.of(req.out)
     if req.overwrite:
-        seed = _same_run_seed(req, paths, parameters, private_fp, fingerprint)
-        if seed is None and req.continue_only:
+        kept = continued_run(req, parameters, private_fp, fingerprint)
+        if req.continue_release is not None and (kept is None
+                                                 or kept.release_id != req.continue_release):
             raise GenerationError(
                 f"{req.out}: the interrupted run to continue is not this one any more (the "
                 "model, its libraries or the prompt changed since it was charged); --overwrite "
                 "to generate it anew (a new release, charged anew)")
-        return False, seed
+        return False, None if kept is None else kept.seed
     manifest_path = paths.find_manifest()
     private_path = paths.find_private()  # an older run's may be beside the output
     if not manifest_path.exists():

@@ -243,10 +243,9 @@ def _cell_state(cell_dir: Path, spec: dict[str, Any], overwrite: bool = False,
         diff = [("the data's content changed" if d.split(":")[0].endswith("data_sha256") else d)
                 for d in diff]
         shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
-        replacing = read_record(cell_dir / REPLACING_SPEC)
         anew = ("--overwrite to continue its interrupted replacement by these settings (no "
                 "new charge if it was charged, else a new release)"
-                if replacing is not None and replacing.get("generation") == spec["generation"]
+                if _replacing_record(cell_dir, spec) is not None
                 else "--overwrite to generate it anew (a new release, charged anew)")
         raise ConfigError(f"cell {cell_dir.name} in this --out was generated with other "
                           f"settings ({shown}); use a new --out, restore the config, or {anew}")
@@ -382,14 +381,21 @@ def _check_evaluation_sizes(config: ExperimentConfig) -> None:
             raise ConfigError(f"[evaluation]: {str(exc).splitlines()[0]}") from None
 
 
+def _replacing_record(cell_dir: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The cell's replacement record (:data:`REPLACING_SPEC`) when it is a replacement by the
+    generation settings of ``spec``; else None."""
+    replacing = read_record(cell_dir / REPLACING_SPEC)
+    if replacing is None or replacing.get("generation") != spec["generation"]:
+        return None
+    return replacing
+
+
 def _charged_replacement(cell_dir: Path, spec: dict[str, Any], book: PrivacyLedger) -> bool:
     """Whether the cell's replacement by the generation settings of ``spec`` was charged (its
     record names the release, which ``book`` holds) and stopped before its first text:
     generate continues it with its kept seed, at no new cost."""
-    replacing = read_record(cell_dir / REPLACING_SPEC)
-    return (replacing is not None and replacing.get("generation") == spec["generation"]
-            and isinstance(replacing.get("release_id"), str)
-            and book.has_release(replacing["release_id"]))
+    replacing = _replacing_record(cell_dir, spec)
+    return replacing is not None and _in_ledger(book, replacing.get("release_id"))
 
 
 def _continues_a_charge(cell_dir: Path, spec: dict[str, Any], book: PrivacyLedger) -> bool:
@@ -399,14 +405,17 @@ def _continues_a_charge(cell_dir: Path, spec: dict[str, Any], book: PrivacyLedge
     could, and generate kept an opening whose release the ledger holds. (Should that opening
     belong to other settings, the cell's charge is a new one, and the ledger's own check at
     that charge still refuses it over budget.)"""
-    if _charged_replacement(cell_dir, spec, book):
-        return True
-    replacing = read_record(cell_dir / REPLACING_SPEC)
-    if replacing is None or replacing.get("generation") != spec["generation"]:
+    replacing = _replacing_record(cell_dir, spec)
+    if replacing is None:
         return False
-    return any(isinstance(opening.get("release_id"), str)
-               and book.has_release(opening["release_id"])
-               for _path, opening in kept_openings(OutputPaths.of(cell_dir / "gen.jsonl")))
+    kept = [opening.get("release_id")
+            for _path, opening in kept_openings(OutputPaths.of(cell_dir / "gen.jsonl"))]
+    return any(_in_ledger(book, release_id)
+               for release_id in (replacing.get("release_id"), *kept))
+
+
+def _in_ledger(book: PrivacyLedger, release_id: Any) -> bool:
+    return isinstance(release_id, str) and book.has_release(release_id)
 
 
 def _check_sweep_budget(book: PrivacyLedger, name: str, guarantees: list[Any]) -> None:
@@ -562,11 +571,10 @@ def run_experiment(
     text is continued by the same config, with ``overwrite`` or without, charged once; the
     budget check counts no new charge for it). The ledger records, for every cell, the
     content digest of the data file its references were copied from. ``warn`` receives the
-    ledger's warnings
-    (a budget kept under the data file's own name that this sweep's dataset name does not
-    see, content that changed...), for the data holder's terminal only. With ``report_only``
-    nothing is
-    generated: the results cover the finished cells only (the state of a long sweep).
+    ledger's warnings (a budget kept under the data file's own name that this sweep's dataset
+    name does not see, content that changed...), for the data holder's terminal only. With
+    ``report_only`` nothing is generated: the results cover the finished cells only (the
+    state of a long sweep).
 
     Privacy contract: each private cell is a release of the references, charged before its
     output to ``ledger`` (default: the user's ledger) under ``dataset`` (default
@@ -690,10 +698,10 @@ def _run_cells(config: ExperimentConfig, out_dir: Path,
             # recorded under new settings, which both configs would refuse; the new config
             # continues the replacement (generate keeps its seed: charged once).
             replacing = anew and cell.method != PUBLIC
-            kept = read_record(cell_dir / REPLACING_SPEC)
+            kept = _replacing_record(cell_dir, spec)
             if not replacing:
                 record_spec()
-            elif kept is None or kept.get("generation") != spec["generation"]:
+            elif kept is None:
                 write_json(cell_dir / REPLACING_SPEC, spec, private=True)  # (else: continued)
             say(f"{tag}: " + ("generating anew (--overwrite)" if state == "changed"
                                else "continuing its interrupted --overwrite (charged once)"

@@ -75,13 +75,7 @@ from .prompts import (
     get_template,
 )
 from .request import GenerationRequest
-from .resume import (
-    check_existing,
-    continued_run,
-    is_opening,
-    stored_fingerprint,
-    truncate_to_finished_groups,
-)
+from .resume import Existing, check_existing, is_opening, truncate_to_finished_groups
 
 # Which methods exist, their adjacencies, budget forms and options: the method registry
 # (dplang.textgen.methods). No method offers add-remove at the data-set level: removing a row
@@ -540,7 +534,7 @@ class RunSummary:
     tokens: int
 
 
-def _resume_seed(plan: GenerationPlan, fingerprint: dict[str, Any]) -> tuple[bool, int | None]:
+def _existing(plan: GenerationPlan, fingerprint: dict[str, Any]) -> Existing:
     """:func:`~dplang.textgen.resume.check_existing` with the loaded model's whole
     fingerprint."""
     return check_existing(plan.request, fingerprint["parameters"],
@@ -614,15 +608,10 @@ def _execute_locked(
 ) -> RunSummary:
     req = plan.request
     fingerprint = _fingerprint(plan)
-    resuming, stored_seed = _resume_seed(plan, fingerprint)
-    if resuming:  # the stored one: equal up to how an older dplang named the model, and part
-        fingerprint = stored_fingerprint(req.out) or fingerprint  # of the ledger's release id
-    elif stored_seed is not None:  # an --overwrite continuing this very run: likewise its own
-        kept = continued_run(req, fingerprint["parameters"], _private_fingerprint(plan),
-                             fingerprint)  # (the record check_existing matched)
-        if kept is None or kept.seed != stored_seed:  # pragma: no cover - same inputs, same run
-            raise GenerationError(f"{req.out}: the run to continue changed while it was read")
-        fingerprint = kept.fingerprint
+    resuming, stored_seed, kept_fingerprint = _existing(plan, fingerprint)
+    # a resumed or continued run keeps its own fingerprint: equal up to how an older dplang
+    # named things, and part of the ledger's release id
+    fingerprint = kept_fingerprint or fingerprint
     seed = stored_seed if stored_seed is not None else req.seed
     release = Release.open(
         "generate", data=req.data, guarantee=plan.guarantee, fingerprint=fingerprint,

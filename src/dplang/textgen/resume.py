@@ -32,7 +32,7 @@ from .errors import GenerationError
 if TYPE_CHECKING:
     from .request import GenerationRequest
 
-__all__ = ["KeptRun", "check_existing", "continued_run", "differences", "is_opening",
+__all__ = ["Existing", "KeptRun", "check_existing", "continued_run", "differences", "is_opening",
            "kept_openings", "read_record", "stored_fingerprint", "truncate_to_finished_groups"]
 
 
@@ -288,18 +288,31 @@ def kept_openings(paths: OutputPaths) -> list[tuple[Path, dict[str, Any]]]:
     return found
 
 
+class Existing(NamedTuple):
+    """What :func:`check_existing` found in ``--out`` for a request."""
+
+    #: The run there is this one, to be resumed in place.
+    resuming: bool
+    #: The seed to use (a resumed run's, or a continued one's); None: a new seed.
+    seed: int | None
+    #: The public fingerprint the run keeps (part of its release id): a resumed run's stored
+    #: one, a continued run's own; equal to the request's up to how an older dplang named
+    #: things. None for a new run.
+    fingerprint: dict[str, Any] | None
+
+
 def check_existing(
     req: GenerationRequest, parameters: dict[str, Any], private_fp: dict[str, Any],
     fingerprint: dict[str, Any] | None = None,
-) -> tuple[bool, int | None]:
-    """(resuming, stored seed) after checking what ``--out`` already holds.
+) -> Existing:
+    """What ``--out`` already holds for this request (:class:`Existing`), after checking it.
 
     Called twice: before the model load with the public ``parameters`` only, and after it
     with the whole public ``fingerprint`` (model digest and prompt form included). With
-    ``--overwrite`` whatever is there is to be replaced: (False, None); but when it is this
-    very run, stopped before its first text (its opening kept, or its manifest and side file
-    written and no text yet), (False, its seed): not resumed (its files are replaced), yet
-    continued with its seed, so that it is charged once. Refused with a
+    ``--overwrite`` whatever is there is to be replaced: a new run; but when it is this very
+    run, stopped before its first text (its opening kept, or its manifest and side file
+    written and no text yet), it is continued with its seed and fingerprint (not resumed:
+    its files are replaced), so that it is charged once. Refused with a
     one-line error: an output without its manifest; a manifest of a different run (the
     message names what differs); a run whose private side file is gone; a private side file
     left without its run's outputs (a stale seed is never half-used). A side file written
@@ -308,7 +321,6 @@ def check_existing(
     does not hold its release, and refused otherwise. A side file left without outputs beside
     a replacement (an ``--overwrite`` stopped while it replaced them) is refused with the
     advice to rerun that command with ``--overwrite``."""
-    paths = OutputPaths.of(req.out)
     if req.overwrite:
         kept = continued_run(req, parameters, private_fp, fingerprint)
         if req.continue_release is not None and (kept is None
@@ -317,7 +329,18 @@ def check_existing(
                 f"{req.out}: the interrupted run to continue is not this one any more (the "
                 "model, its libraries or the prompt changed since it was charged); --overwrite "
                 "to generate it anew (a new release, charged anew)")
-        return False, None if kept is None else kept.seed
+        return (Existing(False, None, None) if kept is None
+                else Existing(False, kept.seed, kept.fingerprint))
+    resuming, seed = _check_in_place(req, parameters, private_fp, fingerprint)
+    return Existing(resuming, seed, stored_fingerprint(req.out) if resuming else None)
+
+
+def _check_in_place(
+    req: GenerationRequest, parameters: dict[str, Any], private_fp: dict[str, Any],
+    fingerprint: dict[str, Any] | None,
+) -> tuple[bool, int | None]:
+    """:func:`check_existing` without ``--overwrite``: (resuming, stored seed), or refused."""
+    paths = OutputPaths.of(req.out)
     manifest_path = paths.find_manifest()
     private_path = paths.find_private()  # an older run's may be beside the output
     if not manifest_path.exists():

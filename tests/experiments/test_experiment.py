@@ -791,6 +791,37 @@ def _stop_after_the_side_file(monkeypatch):
     monkeypatch.setattr(Release, "write_private", stop)
 
 
+def _overwrite_stopped(setup, monkeypatch, stop):
+    """A sweep of one private cell (a public one needs --overwrite to change) is run, then
+    run again with another max_tokens and --overwrite, stopped by ``stop``. Returns the
+    command line of the changed config (without --overwrite), its --out, the dataset's
+    ledger name and how many releases it had before the --overwrite."""
+    from dplang.privacy.ledger import PrivacyLedger
+
+    tmp, _calls = setup
+    cfg, out = tmp / "exp.toml", tmp / "out"
+    config = _small(CONFIG).replace("public_baseline = true", "public_baseline = false")
+    cfg.write_text(config)
+    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    name = str((tmp / "data.csv").resolve())
+    before = PrivacyLedger().spent(name).releases
+    cfg.write_text(config.replace("max_tokens = 6", "max_tokens = 7"))
+    args = ["experiment", str(cfg), "--out", str(out)]
+    with monkeypatch.context() as patch:
+        stop(patch)
+        assert main([*args, "--overwrite"]) == 130
+    return args, out, name, before
+
+
+def _stop_before_the_charge(monkeypatch):
+    import dplang.experiments.sweep as sweep
+
+    def stop(plan, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "execute_plan", stop)
+
+
 @pytest.mark.parametrize("stop", [_stop_inside_the_charge, _stop_while_replacing,
                                   _stop_at_the_manifest, _stop_after_the_side_file])
 @pytest.mark.parametrize("again", [["--overwrite"], []])
@@ -801,31 +832,22 @@ def test_an_overwrite_stopped_after_its_charge_is_continued_charged_once(
     cell was stuck (refused by every config) or charged a second time."""
     from dplang.privacy.ledger import PrivacyLedger
 
-    tmp, _calls = setup
-    cfg, out = tmp / "exp.toml", tmp / "out"
-    config = _small(CONFIG).replace("public_baseline = true", "public_baseline = false")
-    cfg.write_text(config)  # one private cell (a public one needs --overwrite to change)
-    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
-    spent = PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases
-    cfg.write_text(config.replace("max_tokens = 6", "max_tokens = 7"))
-    with monkeypatch.context() as patch:
-        stop(patch)
-        assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 130
+    args, out, name, spent = _overwrite_stopped(setup, monkeypatch, stop)
     capsys.readouterr()
-    assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == spent + 1
+    assert PrivacyLedger().spent(name).releases == spent + 1
     if stop is _stop_inside_the_charge and not again:
         # the charge returned no answer: the cell cannot tell it was charged, and asks for
         # --overwrite (which continues the kept seed: charged once)
-        assert main(["experiment", str(cfg), "--out", str(out)]) == 2
+        assert main(args) == 2
         assert "--overwrite" in capsys.readouterr().err
         again = ["--overwrite"]
-    code = main(["experiment", str(cfg), "--out", str(out), *again])
+    code = main([*args, *again])
     assert code == 0, capsys.readouterr().err
-    assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == spent + 1
+    assert PrivacyLedger().spent(name).releases == spent + 1
     for gen in out.glob("cells/*/gen.jsonl"):
         assert all(json.loads(line)["num_tokens"] == 7 for line in gen.read_text().splitlines())
     assert not list(out.glob("cells/*/cell.replacing.private.json"))
-    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
+    assert main(args) == 0
     assert capsys.readouterr().err.count("done, skipped") == 1
 
 
@@ -852,20 +874,11 @@ def test_a_charged_replacement_continued_is_not_counted_by_the_sweeps_budget(
     sweep's budget check does not refuse it where a new charge would not fit."""
     from dplang.privacy.ledger import PrivacyLedger
 
-    tmp, _calls = setup
-    cfg, out = tmp / "exp.toml", tmp / "out"
-    config = _small(CONFIG).replace("public_baseline = true", "public_baseline = false")
-    cfg.write_text(config)
-    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
-    cfg.write_text(config.replace("max_tokens = 6", "max_tokens = 7"))
-    with monkeypatch.context() as patch:
-        _stop_inside_the_charge(patch)
-        assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 130
-    name = str((tmp / "data.csv").resolve())
+    args, _out, name, _before = _overwrite_stopped(setup, monkeypatch, _stop_inside_the_charge)
     book = PrivacyLedger()
     spent = book.spent(name).epsilon_at(1e-6)
     book.set_budget(name, epsilon=spent + 1, delta=1e-6)  # room for no new ε = 10 cell
-    code = main(["experiment", str(cfg), "--out", str(out), "--overwrite"])
+    code = main([*args, "--overwrite"])
     assert code == 0, capsys.readouterr().err
     assert book.spent(name).releases == 2
 
@@ -874,23 +887,13 @@ def test_an_overwrite_stopped_before_its_charge_still_needs_overwrite(setup, cap
                                                                     monkeypatch):
     """The cell's replacement record of an --overwrite stopped before its charge does not
     make the new config regenerate the cell without --overwrite (it did, charging anew)."""
-    import dplang.experiments.sweep as sweep
     from dplang.privacy.ledger import PrivacyLedger
 
-    tmp, _calls = setup
-    cfg, out = tmp / "exp.toml", tmp / "out"
-    config = _small(CONFIG).replace("public_baseline = true", "public_baseline = false")
-    cfg.write_text(config)
-    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
-    cfg.write_text(config.replace("max_tokens = 6", "max_tokens = 7"))
-    with monkeypatch.context() as patch:
-        patch.setattr(sweep, "execute_plan", lambda plan, **kw: (_ for _ in ()).throw(
-            KeyboardInterrupt()))
-        assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 130
+    args, _out, name, _before = _overwrite_stopped(setup, monkeypatch, _stop_before_the_charge)
     capsys.readouterr()
-    assert main(["experiment", str(cfg), "--out", str(out)]) == 2
+    assert main(args) == 2
     assert "--overwrite" in capsys.readouterr().err
-    assert PrivacyLedger().spent(str((tmp / "data.csv").resolve())).releases == 1
+    assert PrivacyLedger().spent(name).releases == 1
 
 
 def test_a_replacement_the_cell_can_no_longer_continue_is_refused_not_charged_anew(
@@ -900,21 +903,12 @@ def test_a_replacement_the_cell_can_no_longer_continue_is_refused_not_charged_an
     rather than draw a new seed (it charged anew, unasked)."""
     from dplang.privacy.ledger import PrivacyLedger
 
-    tmp, _calls = setup
-    cfg, out = tmp / "exp.toml", tmp / "out"
-    config = _small(CONFIG).replace("public_baseline = true", "public_baseline = false")
-    cfg.write_text(config)
-    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
-    cfg.write_text(config.replace("max_tokens = 6", "max_tokens = 7"))
-    with monkeypatch.context() as patch:
-        _stop_while_replacing(patch)
-        assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 130
+    args, _out, name, _before = _overwrite_stopped(setup, monkeypatch, _stop_while_replacing)
     capsys.readouterr()
-    name = str((tmp / "data.csv").resolve())
     assert PrivacyLedger().spent(name).releases == 2
     model = exp_cli._load_model("toy")
     monkeypatch.setattr(model, "numerics", {"torch": "another version"}, raising=False)
-    code = main(["experiment", str(cfg), "--out", str(out)])
+    code = main(args)
     err = capsys.readouterr().err
     assert code == 2 and "--overwrite" in err, err
     assert PrivacyLedger().spent(name).releases == 2
@@ -926,24 +920,15 @@ def test_a_sweep_continues_only_the_release_its_cell_recorded(setup, capsys, mon
     config without --overwrite must not continue R2 (a new charge, unasked): only R1."""
     from dplang.privacy.ledger import PrivacyLedger
 
-    tmp, _calls = setup
-    cfg, out = tmp / "exp.toml", tmp / "out"
-    config = _small(CONFIG).replace("public_baseline = true", "public_baseline = false")
-    cfg.write_text(config)
-    assert main(["experiment", str(cfg), "--out", str(out)]) == 0
-    cfg.write_text(config.replace("max_tokens = 6", "max_tokens = 7"))
-    with monkeypatch.context() as patch:
-        _stop_while_replacing(patch)
-        assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 130
-    name = str((tmp / "data.csv").resolve())
+    args, _out, name, _before = _overwrite_stopped(setup, monkeypatch, _stop_while_replacing)
     model = exp_cli._load_model("toy")
     monkeypatch.setattr(model, "numerics", {"torch": "another version"}, raising=False)
     with monkeypatch.context() as patch:
         patch.setattr(PrivacyLedger, "charge", lambda self, *a, **kw: (_ for _ in ()).throw(
             KeyboardInterrupt()))
-        assert main(["experiment", str(cfg), "--out", str(out), "--overwrite"]) == 130
+        assert main([*args, "--overwrite"]) == 130
     capsys.readouterr()
     assert PrivacyLedger().spent(name).releases == 2
-    code = main(["experiment", str(cfg), "--out", str(out)])
+    code = main(args)
     assert code == 2 and "--overwrite" in capsys.readouterr().err
     assert PrivacyLedger().spent(name).releases == 2

@@ -463,3 +463,57 @@ def test_gathered_head(monkeypatch: pytest.MonkeyPatch, bits: int) -> None:
     slow = _torch_path(monkeypatch, lambda: lin.gathered(x, ids))
     _same(fast, slow)
     _same(fast, _torch_path(monkeypatch, lambda: lin(x)).gather(1, ids))
+
+
+@pytest.mark.parametrize("width", [1, 40, 640, 1030])
+def test_weight_products(width: int) -> None:
+    """The int8 dot products of weight rows with limb rows are the integers of the float32
+    chunks and of the int8 kernel, at the extremes (-128 x -128 everywhere: the largest sum)
+    and on random limbs, widths across a float32 chunk's boundary."""
+    gen = torch.Generator().manual_seed(width)
+    weights = torch.randint(-128, 128, (37, width), generator=gen, dtype=torch.int8)
+    limbs = torch.randint(-128, 128, (6, width), generator=gen, dtype=torch.int8)
+    weights[0] = -128
+    limbs[0] = -128
+    weights[1] = 127
+    limbs[1] = -128
+    got = cpu_kernels.weight_products(weights, limbs)
+    want = exact.exact_products(weights, limbs.t().contiguous(), "float32")
+    assert got.dtype == torch.int32
+    assert torch.equal(got, want)
+    assert torch.equal(got.long(), weights.long() @ limbs.long().t())
+    assert int(got[0, 0]) == width * 128 * 128
+
+
+def test_weight_products_refuse_what_int32_cannot_hold() -> None:
+    with pytest.raises(ValueError, match="too large"):
+        cpu_kernels.weight_products(torch.zeros((1, 2**17), dtype=torch.int8),
+                                    torch.zeros((1, 2**17), dtype=torch.int8))
+    with pytest.raises(ValueError, match="int8"):
+        cpu_kernels.weight_products(torch.zeros((1, 4), dtype=torch.int16),
+                                    torch.zeros((1, 4), dtype=torch.int8))
+
+
+def test_top_superset_from_the_compiled_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head's bounds from the compiled int8 dot products (the float32 kernel: a CPU
+    without int8 dot products) give the set and logits of the float32 chunks, bit for bit."""
+    from dplang.models import kernels
+
+    gen = torch.Generator().manual_seed(3)
+    head = exact.IntegerLinear(torch.randn(3000, 64, generator=gen), layout="nk")
+    head.kernel = "float32"
+    x = torch.randn(5, 64, generator=gen)
+    calls: list[int] = []
+    real = cpu_kernels.weight_products
+    with monkeypatch.context() as m:
+        m.setattr(cpu_kernels, "weight_products",
+                  lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
+        direct = head.top_superset(x, 20, 0.5)
+    assert calls  # the compiled products ran
+    lookup = kernels.lookup
+    with monkeypatch.context() as m:
+        m.setattr(kernels, "lookup",
+                  lambda op, t: None if op == "weight_products" else lookup(op, t))
+        chunks = head.top_superset(x, 20, 0.5)
+    assert direct is not None and chunks is not None
+    _same(direct, chunks)

@@ -294,8 +294,10 @@ def test_integer_linear_is_close_exact_and_row_invariant(bits: int) -> None:
         assert _bitwise_equal(got[i], lin(x[i:i + 1])[0])
     # The int8 kernel and the float32 chunks compute the same integers: the same bits; so do
     # both limbs multiplied in one call (stacked) and in two.
-    lin.kernel = "float32"
-    assert _bitwise_equal(lin(x), got)
+    for kernel in ("float32", "int8") if exact.int8_kernel_is_exact("cpu", 40) else ("float32",):
+        lin.kernel = kernel  # whichever the machine chose (product_kernel), the other too
+        lin.packed = None
+        assert _bitwise_equal(lin(x), got)
     for layout in ("kn", "nk"):
         for stacked in (True, False):
             other = exact.IntegerLinear(weight, bias, weight_bits=bits, layout=layout,
@@ -315,6 +317,23 @@ def test_integer_products_are_exact_on_extreme_limbs() -> None:
     kernel = "int8" if exact.int8_kernel_is_exact("cpu", k) else "float32"
     for name in {kernel, "float32"}:
         assert torch.equal(exact.exact_products(left, right, name).double(), want)
+
+
+def test_the_int8_kernel_only_where_the_cpu_has_int8_dot_products(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU without int8 dot products ``torch._int_mm`` is a generic loop (30-60 times
+    slower than float32 on an AMD EPYC Zen 3): the float32 chunks are used there; with them,
+    the int8 kernel where it is exact. Speed only: both give the same integers."""
+    from dplang.models import packed_int8
+
+    monkeypatch.setenv("DPLANG_NO_PACKED_INT8", "1")  # (the packing's probe: not this test's)
+    monkeypatch.setattr(packed_int8, "cpu_multiplies_int8_exactly", lambda: False)
+    assert exact.product_kernel("cpu", 640) == "float32"
+    assert exact.IntegerLinear(torch.randn(8, 640)).kernel == "float32"
+    monkeypatch.setattr(packed_int8, "cpu_multiplies_int8_exactly", lambda: True)
+    want = "int8" if exact.int8_kernel_is_exact("cpu", 640) else "float32"
+    assert exact.product_kernel("cpu", 640) == want
+    assert exact.IntegerLinear(torch.randn(8, 640)).kernel == want
 
 
 @pytest.mark.parametrize("shape", [(1, 640, 2), (3, 13, 5), (16, 64, 8), (17, 8, 9),

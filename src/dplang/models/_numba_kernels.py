@@ -908,6 +908,17 @@ def superset_logits(cand_ids: Any, cand_upper: Any, cand_hh: Any, cand_hl: Any, 
 
 
 @njit(parallel=True, **opts)
+def weight_products(weights: Any, limbs: Any, out: Any) -> None:
+    # out[c, r]: the exact int32 dot product of int8 weight row c with int8 limb row r (every
+    # partial sum within int32: 2**14 per product, widths below 2**17), the integers of
+    # exact_products(weights, limbs.T) without a float32 copy of the weights. One weight row
+    # per iteration: it is read from memory once and stays in cache for every limb row.
+    for c in prange(weights.shape[0]):
+        for r in range(limbs.shape[0]):
+            out[c, r] = exact_dot(weights[c], limbs[r])
+
+
+@njit(parallel=True, **opts)
 def gathered_head(limbs: Any, rows: Any, w_hi: Any, w_lo: Any, ids: Any, row_scale: Any,
                   col_scale: Any, bias: Any, high_shift: Any, low_shift: Any, out: Any) -> None:
     # IntegerLinear.gathered (layout "nk"): row i's outputs on its own columns ids[i], from

@@ -513,6 +513,20 @@ def gathered_head(limbs: torch.Tensor, row_scale: torch.Tensor, w_hi: torch.Tens
     return out
 
 
+def weight_products(weights: torch.Tensor, limbs: torch.Tensor) -> torch.Tensor:
+    """``weights @ limbs.T`` as exact int32 ``[C, R]`` for int8 ``weights [C, K]`` and int8
+    ``limbs [R, K]``: the integers of :func:`~dplang.models.exact.exact_products` (every sum
+    is exact in int32 in any order, so the same integers), reading the int8 weights once
+    instead of a float32 copy of them."""
+    if limbs.shape[1] >= 2**17:  # int8 x int8 products summed in int32 (_numba_kernels)
+        raise ValueError(f"weight products: width {limbs.shape[1]} too large for int32 sums")
+    if weights.dtype != torch.int8 or limbs.dtype != torch.int8:
+        raise ValueError("weight products take int8 weights and limbs")
+    out = torch.empty((weights.shape[0], limbs.shape[0]), dtype=torch.int32)
+    _kernels()["weight_products"](_np(weights.contiguous()), _np(limbs.contiguous()), _np(out))
+    return out
+
+
 def low_limb_range(high_limbs: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """``(least, most)`` int64 ``[M]``: the range of ``sum_k w_k h_k`` over every int8 weight
     vector ``w``, for each row ``h`` of ``high_limbs [M, K]`` (int8): ``w_k h_k`` is at most

@@ -14,7 +14,8 @@ depend on such choices:
   (:func:`quantize_rows`, a function of the row only) and split into two 8-bit *limbs*
   (:func:`split_limbs`), the weights are integers per output channel, and the products are
   computed either by an int8 kernel with int32 accumulation (used only where a probe on
-  saturating operands shows it exact: :func:`int8_kernel_is_exact`; on x86 CPUs with VNNI or
+  saturating operands shows it exact, :func:`int8_kernel_is_exact`, and on a CPU only where
+  it has int8 dot products, :func:`product_kernel`; on x86 CPUs with VNNI or
   AMX, for reductions of up to 1,024 terms, oneDNN's matmul with weights packed once:
   :mod:`dplang.models.packed_int8`) or by float32 products of chunks whose sums stay below
   2**24 (:func:`exact_products`). All give the same integers, so the choice changes no bit.
@@ -62,6 +63,7 @@ __all__ = [
     "hadamard",
     "int8_kernel_is_exact",
     "pow2",
+    "product_kernel",
     "quantize_rows",
     "residual_rows",
     "rms_norm",
@@ -341,6 +343,22 @@ def int8_kernel_is_exact(device: str, k: int) -> bool:
     return True
 
 
+def product_kernel(device: str, k: int) -> str:
+    """The kernel :class:`IntegerLinear` multiplies with on ``device`` for reductions of
+    length ``k``: ``"int8"`` where ``torch._int_mm`` is exact (:func:`int8_kernel_is_exact`)
+    and fast, else ``"float32"`` (exact float32 chunks). Both give the same integers, so this
+    choice is about speed only and changes no bit.
+
+    Fast means a GPU, or an x86 CPU with int8 dot products (AVX-512 VNNI, AVX-VNNI or
+    AMX-INT8) that oneDNN may use (:func:`dplang.models.packed_int8.cpu_multiplies_int8_exactly`).
+    On other CPUs ``torch._int_mm`` runs a generic loop: on an AMD EPYC (Zen 3, AVX2) it
+    reached 1.8 GOP/s against float32's 50-110 (docs/benchmarks.md, "CPUs without int8 dot
+    products"), and a ``make demo`` took ten minutes instead of one."""
+    if torch.device(device).type == "cpu" and not packed_int8.cpu_multiplies_int8_exactly():
+        return "float32"
+    return "int8" if int8_kernel_is_exact(device, k) else "float32"
+
+
 #: Shape classes ``(rows, K, N)`` (after the zero padding) for which CUDA's int8 kernel raised
 #: ``CUBLAS_STATUS_NOT_SUPPORTED`` in this process: their products go to the float32 chunks at
 #: once instead of failing again in cuBLASLt on every call.
@@ -525,8 +543,7 @@ class IntegerLinear:
         else:  # [K, N] column-major views of the contiguous [N, K] limbs (no copy)
             self.limbs = [rows[limb].t() for limb in range(count)]
         self.bias = None if bias is None else bias.detach().float().contiguous()
-        self.kernel = "int8" if int8_kernel_is_exact(str(self.device), self.in_features) \
-            else "float32"
+        self.kernel = product_kernel(str(self.device), self.in_features)
         self._pack()
 
     def _pack(self) -> None:
@@ -597,8 +614,7 @@ class IntegerLinear:
         self.col_scale = self.col_scale.to(self.device)
         if self.bias is not None:
             self.bias = self.bias.to(self.device)
-        self.kernel = "int8" if int8_kernel_is_exact(str(self.device), self.in_features) \
-            else "float32"
+        self.kernel = product_kernel(str(self.device), self.in_features)
         self._pack()
         return self
 
@@ -803,8 +819,14 @@ class IntegerLinear:
             return None
         right = prepared.limbs.t().contiguous()  # [K, 2M]: high limbs, then low limbs
         weights = self.limbs[0]
+        # Where the int8 kernel is not used (a CPU without int8 dot products), the compiled
+        # int8 dot products read the weights once, not a float32 copy of each block of them
+        # (the head is the largest weight; the same integers either way)
+        direct = kernels.lookup("weight_products", x) if self.kernel == "float32" else None
 
         def products(start: int, stop: int) -> torch.Tensor:
+            if direct is not None:
+                return direct(weights[start:stop], prepared.limbs)
             return exact_products(weights[start:stop], right, self.kernel)
 
         return fused(prepared.limbs, prepared.scale, products, self.limbs[1], n,

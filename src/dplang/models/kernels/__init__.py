@@ -77,6 +77,7 @@ OPS: dict[str, tuple[str, ...]] = {
     "topk_plus_rows": ("cpu",),
     "gathered_head": ("cpu", "cuda"),
     "top_superset": ("cpu",),
+    "weight_products": ("cpu",),
 }
 
 

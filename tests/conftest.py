@@ -32,6 +32,33 @@ def _private_ledger(tmp_path_factory):
     patch.undo()
 
 
+#: The CPU flags each ``ATEN_CPU_CAPABILITY`` value's kernels use. PyTorch takes the variable's
+#: word for it: a capability the CPU lacks runs instructions it does not have (SIGILL, seen
+#: with ``avx512`` on an AMD EPYC Zen 3), so a simulated machine can only be a lesser one.
+_ATEN_CAPABILITY_FLAGS = {"default": set(), "avx2": {"avx2", "fma"},
+                          "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}}
+
+
+@pytest.fixture(scope="session")
+def skip_capability_this_cpu_lacks():
+    """A function that skips the test where ``ATEN_CPU_CAPABILITY=capability`` would run
+    instructions this CPU does not have (``None`` or ``default``: never)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines()
+                  if line.startswith("flags")), set())
+
+    def skip(capability):
+        missing = _ATEN_CAPABILITY_FLAGS.get(capability or "default", set()) - flags
+        if missing:
+            pytest.skip(f"this CPU lacks {', '.join(sorted(missing))}: ATEN_CPU_CAPABILITY="
+                        f"{capability} would run instructions it does not have")
+
+    return skip
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory):
     """A tiny Llama-architecture model without a chat template (no downloads)."""

@@ -267,6 +267,25 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/models/test_cpu_kernels.py",),
     ),
     Mutation(
+        "float32-chunks-too-long",
+        "the exact float32 products (the kernel of every CPU without int8 dot products) sum "
+        "chunks of 4,096 limb products: partial sums beyond 2**24 are rounded, so a row's "
+        "integers are no longer exact (and could depend on the library's summation order)",
+        (("src/dplang/models/exact.py",
+          "_FLOAT32_CHUNK = 2**24 // (_LIMB_MAX * _LIMB_MAX)",
+          "_FLOAT32_CHUNK = 4 * 2**24 // (_LIMB_MAX * _LIMB_MAX)"),),
+        ("tests/models/test_transformers_backend.py", "tests/models/test_cpu_kernels.py"),
+    ),
+    Mutation(
+        "weight-products-other-row",
+        "the compiled int8 dot products of the LM head's bounds multiply every row's column "
+        "by the first row's limbs (another row's data decides a row's candidate set)",
+        (("src/dplang/models/_numba_kernels.py",
+          "            out[c, r] = exact_dot(weights[c], limbs[r])",
+          "            out[c, r] = exact_dot(weights[c], limbs[0])"),),
+        ("tests/models/test_cpu_kernels.py", "tests/models/test_top_superset.py"),
+    ),
+    Mutation(
         "numba-norm-sum-narrowed",
         "the CPU norms' fixed-point sum of squares keeps each rounded term in int32 (wraps: "
         "another norm than the definition's exact sum)",

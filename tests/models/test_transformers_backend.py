@@ -317,6 +317,16 @@ def test_integer_products_are_exact_on_extreme_limbs() -> None:
     kernel = "int8" if exact.int8_kernel_is_exact("cpu", k) else "float32"
     for name in {kernel, "float32"}:
         assert torch.equal(exact.exact_products(left, right, name).double(), want)
+    # large limbs of one sign and random low bits: partial sums pass 2**24 within 1,100 terms
+    # and are not multiples of a power of two, so a float32 chunk longer than 1,024 terms
+    # would round them (equal extremes, as above, stay exact in float32 at any length)
+    gen = torch.Generator().manual_seed(k)
+    left = torch.randint(100, 128, (3, k), generator=gen, dtype=torch.int8)
+    right = torch.randint(100, 128, (k, 5), generator=gen, dtype=torch.int8)
+    want = left.double() @ right.double()
+    assert float(want.min()) > 2**24
+    for name in {kernel, "float32"}:
+        assert torch.equal(exact.exact_products(left, right, name).double(), want)
 
 
 def test_the_int8_kernel_only_where_the_cpu_has_int8_dot_products(

@@ -817,12 +817,13 @@ class IntegerLinear:
         rows = prepared.count
         if rows == 0:
             return None
-        right = prepared.limbs.t().contiguous()  # [K, 2M]: high limbs, then low limbs
         weights = self.limbs[0]
         # Where the int8 kernel is not used (a CPU without int8 dot products), the compiled
         # int8 dot products read the weights once, not a float32 copy of each block of them
         # (the head is the largest weight; the same integers either way)
         direct = kernels.lookup("weight_products", x) if self.kernel == "float32" else None
+        # [K, 2M] (high limbs, then low limbs): the right operand of the product kernel only
+        right = prepared.limbs.t().contiguous() if direct is None else prepared.limbs
 
         def products(start: int, stop: int) -> torch.Tensor:
             if direct is not None:
